@@ -1,0 +1,141 @@
+"""Configs are data: TOML sections validated into frozen dataclasses.
+
+Every component owns one frozen dataclass and receives only its own section (STYLE.md,
+"Configuration and launch"). Validation of types is pydantic's; unknown keys are refused here,
+before pydantic, so the message can name the file, the section, the key and the valid keys.
+`ModelConfig` lives here because every package above `evalm/` needs it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import pydantic
+from pydantic.dataclasses import dataclass
+
+T = TypeVar("T")
+FROZEN = pydantic.ConfigDict(extra="forbid", frozen=True)
+
+
+class ConfigError(ValueError):
+    """A config file or override that cannot be used; the message says where and what to do."""
+
+
+@dataclass(config=FROZEN, frozen=True)
+class ModelConfig:
+    """Shape of one EVALM decoder (EVA_SPEC.md §1, §3, §5)."""
+
+    vocab_size: int = 50272
+    """Rows of the token embedding (padded vocabulary; OPT pads GPT-2's to 50272)."""
+    d_model: int = 1024
+    """Residual width E."""
+    n_layer: int = 24
+    """Number of decoder blocks."""
+    n_head: int = 16
+    """Attention heads H; the head dimension is d_model // n_head."""
+    d_ff: int = 4096
+    """Hidden width of the feed-forward layer (4E in OPT)."""
+    window_size: int = 128
+    """w: length of the causal local block (EVA_SPEC §1.1; the EVA LM recipe's 128)."""
+    chunk_size: int = 8
+    """c: tokens compressed into one remote summary; window_size must be a multiple of it."""
+    overlap_window: bool = False
+    """Each block also sees the whole previous block (ext = w)."""
+    use_t5_bias: bool = False
+    """T5 relative-position bias inside the local block, shared across heads (§1.2)."""
+    exclude_window_chunks: bool = False
+    """EvaByte semantics (§1.7): chunks inside the query's own block are not remote entries."""
+    adaptive_proj: Literal["qk", "no-ln"] = "qk"
+    """A_q/A_k: Linear+LayerNorm ('qk') or Linear only ('no-ln'); the reference's 'default' crashes."""
+    circular_period: int = 8192
+    """M: rows of the learned position table; token i uses row i mod M (EVALM §3.1)."""
+    attention: str = "eva"
+    """'eva' or 'full' (exact causal softmax attention, the baseline)."""
+    activation: Literal["relu", "gelu"] = "relu"
+    """Feed-forward nonlinearity (OPT uses ReLU)."""
+    dropout: float = 0.1
+    """Residual dropout (EVALM Table 6)."""
+    attn_dropout: float = 0.1
+    """Dropout on the joint attention probabilities."""
+    tie_embeddings: bool = True
+    """Share the input embedding with the output projection (OPT)."""
+    init_std: float = 0.006
+    """Standard deviation of the normal inits (OPT's megatron sigma)."""
+
+    def __post_init__(self) -> None:
+        from evalm.model import ATTENTION  # the one dict of attention classes
+
+        if self.attention not in ATTENTION:
+            raise ValueError(f"attention={self.attention!r} is not known; valid: {sorted(ATTENTION)}")
+        if self.d_model % self.n_head:
+            raise ValueError(f"d_model={self.d_model} is not divisible by n_head={self.n_head}")
+        if self.chunk_size < 1 or self.window_size % self.chunk_size:
+            raise ValueError(
+                f"window_size={self.window_size} must be a positive multiple of chunk_size="
+                f"{self.chunk_size}: chunks never cross block boundaries (EVA_SPEC §1.1)"
+            )
+        for name in ("vocab_size", "d_model", "n_layer", "n_head", "d_ff", "circular_period"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not (0.0 <= self.dropout < 1.0 and 0.0 <= self.attn_dropout < 1.0):
+            raise ValueError("dropout and attn_dropout must lie in [0, 1)")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_head
+
+
+def read_toml(path: str | Path) -> dict[str, Any]:
+    """Parse a TOML file, turning syntax errors into a message with file and line."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found")
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{path}: not valid TOML: {err}") from None
+
+
+def build(cls: type[T], section: Mapping[str, Any] | None, *, where: str) -> T:
+    """Validate one section into its dataclass; `where` names the file and section in errors."""
+    section = dict(section or {})
+    valid = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(section) - set(valid))
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {unknown}; valid keys: {valid}")
+    try:
+        return cls(**section)
+    except pydantic.ValidationError as err:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '?'}: {e['msg']}" for e in err.errors())
+        raise ConfigError(f"{where}: {problems}") from None
+    except ValueError as err:
+        raise ConfigError(f"{where}: {err}") from None
+
+
+def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """Apply `section.key=value` overrides; values are parsed as TOML, else kept as strings."""
+    out: dict[str, Any] = {k: dict(v) if isinstance(v, Mapping) else v for k, v in data.items()}
+    for item in overrides:
+        dotted, sep, raw = item.partition("=")
+        if not sep or "." not in dotted:
+            raise ConfigError(f"override {item!r}: expected section.key=value, e.g. model.d_model=64")
+        *sections, key = dotted.strip().split(".")
+        node = out
+        for name in sections:
+            node = node.setdefault(name, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r}: {name!r} is not a section")
+        try:
+            node[key] = tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError:
+            node[key] = raw
+    return out
+
+
+def to_dict(config: Any) -> dict[str, Any]:
+    """A JSON-ready dict of a config dataclass (for `config.json` in every output folder)."""
+    return dataclasses.asdict(config)

@@ -1,0 +1,1 @@
+"""icl_eval package."""

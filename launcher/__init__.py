@@ -1,0 +1,1 @@
+"""The `evalm` command: one dict of subcommands, each importing its package lazily."""

@@ -1,0 +1,68 @@
+"""Shared fixtures: a real redis-server, a reset torch dtype, an offline hub.
+
+Run: python -m pytest -m "not slow"
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+
+@pytest.fixture(autouse=True)
+def _isolate(tmp_path_factory, monkeypatch):
+    """Reset the default dtype and keep any hub cache inside a temporary folder."""
+    import torch
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path_factory.mktemp("hf_home")))
+    dtype = torch.get_default_dtype()
+    yield
+    torch.set_default_dtype(dtype)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def redis_url():
+    """A real Redis: EVALM_REDIS_URL (set by .ci/run), else a redis-server started here.
+
+    Never a mock. Without a server: skip locally, fail under CI so a missing install cannot hide.
+    """
+    url = os.environ.get("EVALM_REDIS_URL")
+    if url:
+        yield url
+        return
+    binary = shutil.which("redis-server")
+    if binary is None:
+        if os.environ.get("CI"):
+            pytest.fail("redis-server is not installed; .ci/run must install Debian's redis-server")
+        pytest.skip("redis-server not on PATH (apt-get install redis-server)")
+    port = _free_port()
+    proc = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+    )
+    import redis
+
+    client = redis.Redis(host="127.0.0.1", port=port)
+    for _ in range(100):
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            time.sleep(0.05)
+    yield f"redis://127.0.0.1:{port}/0"
+    proc.terminate()
+    proc.wait(timeout=10)
