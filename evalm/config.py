@@ -18,7 +18,7 @@ import pydantic
 from pydantic.dataclasses import dataclass
 
 T = TypeVar("T")
-FROZEN = pydantic.ConfigDict(extra="forbid", frozen=True)
+FROZEN = pydantic.ConfigDict(extra="forbid")
 
 
 class ConfigError(ValueError):

@@ -1,0 +1,165 @@
+"""The incremental-encoding cache (EVALM Algorithm 1, EVA_SPEC §4.2-4.3).
+
+A `Cache` owns the position (`n_seen`, nanochat's KVCache) and one state per layer. For EVA a
+layer's state is exactly what the next token can attend to: the window K/V of the current block,
+the queries of the incomplete chunk, and one compressed (key, value) pair per completed chunk, so
+after n tokens a layer holds n // chunk_size remote entries, at most ext + window_size window rows
+and fewer than chunk_size pending queries: memory linear in n and chunk_size times smaller than a
+full K/V cache. For full attention the state is the plain K/V.
+
+States are never mutated in place: an update builds new tensors, so `fork()` is a shallow copy
+and a child can never change its parent. Long, shared tensors are kept as tuples of parts so a
+batch of forks broadcasts the parent's batch-1 parts instead of copying them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+Parts = tuple[Tensor, ...]
+
+
+def parts_len(parts: Parts) -> int:
+    return sum(p.shape[-2] for p in parts)
+
+
+def parts_head(parts: Parts, n: int) -> Parts:
+    """The first n rows (along dim -2) of a tuple of parts, as views."""
+    out = []
+    for p in parts:
+        if n <= 0:
+            break
+        out.append(p[..., :n, :])
+        n -= p.shape[-2]
+    return tuple(out)
+
+
+def parts_append(parts: Parts, new: Tensor, n_owned: int) -> tuple[Parts, int]:
+    """Append rows; merge into the last part only if this cache owns it (never copy a parent's)."""
+    if new.shape[-2] == 0:
+        return parts, n_owned
+    if n_owned and parts[-1].shape[0] == new.shape[0]:
+        return parts[:-1] + (torch.cat([parts[-1], new], dim=-2),), n_owned
+    return parts + (new,), n_owned + 1
+
+
+def parts_bytes(parts: Parts) -> int:
+    return sum(p.numel() * p.element_size() for p in parts)
+
+
+@dataclass(frozen=True)
+class EvaState:
+    """One EVA layer after n_seen tokens (EVA_SPEC §4.2). B is 1 for a shared parent."""
+
+    local_k: Tensor  # (B, H, ℓ, D) window keys, positions max(0, ⌊n/w⌋·w − ext) … n−1
+    local_v: Tensor  # (B, H, ℓ, D) window values
+    pending_q: Tensor  # (B, H, n − ⌊n/c⌋·c, D) queries of the incomplete chunk
+    remote_k: Parts = ()  # parts (B, H, C_i, D): k̃_r of completed chunks, in order
+    remote_v: Parts = ()  # parts (B, H, C_i, D): β_r
+    n_owned: int = 0  # trailing remote parts this cache may merge into
+
+    def entries(self) -> tuple[Tensor, Tensor]:
+        """Everything a later token may attend to: (B, H, ℓ + n_chunks, D) keys and values."""
+        return (torch.cat([*self.remote_k, self.local_k], -2), torch.cat([*self.remote_v, self.local_v], -2))
+
+    def nbytes(self) -> int:
+        return parts_bytes((self.local_k, self.local_v, self.pending_q, *self.remote_k, *self.remote_v))
+
+    def disowned(self) -> EvaState:
+        return dataclasses.replace(self, n_owned=0)
+
+
+@dataclass(frozen=True)
+class FullState:
+    """One exact-attention layer: the plain K/V of every token seen."""
+
+    k: Parts = ()  # parts (B, H, T_i, D)
+    v: Parts = ()
+    n_owned: int = 0
+
+    def entries(self) -> tuple[Tensor, Tensor]:
+        return torch.cat(self.k, -2), torch.cat(self.v, -2)
+
+    def nbytes(self) -> int:
+        return parts_bytes(self.k + self.v)
+
+    def disowned(self) -> FullState:
+        return dataclasses.replace(self, n_owned=0)
+
+
+@dataclass
+class Cache:
+    """Position plus per-layer states; pass it to `EvalmModel.forward(tokens, cache=cache)`.
+
+    `position_offset` is the absolute position of the cache's first token (right-aligned groups in
+    Structured Prompting); block and chunk alignment always count from the cache's start.
+    `prefix` holds, per layer, entries merged from other caches that every new token attends to
+    (`merge`), and `own_logit_bias` is added to the logits of this cache's own entries.
+    """
+
+    n_layer: int
+    batch_size: int = 1
+    position_offset: int = 0
+    n_seen: int = 0
+    layers: list = field(default_factory=list)  # per layer: EvaState | FullState | None
+    prefix: list = field(default_factory=list)  # per layer: (k, v) (1, H, P, D) or None
+    own_logit_bias: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.layers = self.layers or [None] * self.n_layer
+        self.prefix = self.prefix or [None] * self.n_layer
+
+    def get_pos(self) -> int:
+        """Absolute position of the next token (drives the circular positions)."""
+        return self.position_offset + self.n_seen
+
+    def advance(self, n_tokens: int) -> None:
+        self.n_seen += n_tokens
+
+    def fork(self, batch_size: int | None = None) -> Cache:
+        """An independent child; with batch_size, N children broadcast from a batch-1 parent.
+
+        Children of a batch must be fed RIGHT-padded tokens (EVA_SPEC §4.3): padding after the
+        real tokens never reaches them, while left padding would shift blocks, chunks, positions.
+        """
+        if batch_size is not None and batch_size != self.batch_size and self.batch_size != 1:
+            raise ValueError(f"fork(batch_size={batch_size}) needs a batch-1 parent, not {self.batch_size}")
+        layers = [s.disowned() if s is not None else None for s in self.layers]
+        return dataclasses.replace(self, batch_size=batch_size or self.batch_size, layers=layers, prefix=list(self.prefix))
+
+    def nbytes(self) -> int:
+        """Bytes held by the layer states and merged prefixes (shared parts counted once here)."""
+        states = sum(s.nbytes() for s in self.layers if s is not None)
+        return states + sum(parts_bytes(p) for p in self.prefix if p is not None)
+
+
+def merge(caches: list[Cache], own_logit_bias: float = 0.0, position_offset: int | None = None) -> Cache:
+    """A fresh cache whose tokens attend to the union of every group's entries plus their own.
+
+    Structured Prompting (Hao et al., Eq. 2): groups are encoded independently; the test tokens
+    attend to all groups' keys/values and to themselves, their own logits raised by log M. For
+    EVA a group's entries are its window K/V plus its remote chunk summaries (ICL_SPEC §3).
+    """
+    if not caches:
+        raise ValueError("merge needs at least one cache")
+    n_layer = caches[0].n_layer
+    if any(c.batch_size != 1 or c.n_layer != n_layer for c in caches):
+        raise ValueError("merge needs batch-1 caches of one model")
+    prefix = []
+    for i in range(n_layer):
+        ks, vs = [], []
+        for c in caches:
+            if c.prefix[i] is not None:
+                ks.append(c.prefix[i][0])
+                vs.append(c.prefix[i][1])
+            if c.layers[i] is not None:
+                k, v = c.layers[i].entries()
+                ks.append(k)
+                vs.append(v)
+        prefix.append((torch.cat(ks, -2), torch.cat(vs, -2)) if ks else None)
+    offset = max(c.get_pos() for c in caches) if position_offset is None else position_offset
+    return Cache(n_layer=n_layer, position_offset=offset, prefix=prefix, own_logit_bias=own_logit_bias)

@@ -1,0 +1,234 @@
+"""Causal EVA attention (EVA_SPEC §1): block-local softmax attention plus one compressed
+pseudo-token per completed earlier chunk, in one softmax.
+
+For the query at absolute position i, with block b = ⌊i/w⌋ and chunk a = ⌊i/c⌋ (§1.3):
+  local keys  L(i) = { j : max(0, b·w − ext) ≤ j ≤ i }          (a causal block, not a sliding window)
+  remote keys R(i) = { chunks r : r < a }                        (or r < ⌊(b·w − ext)/c⌋ with
+                                                                   exclude_window_chunks, §1.7)
+  chunk r:   k̃_r = A_k(mean k),  ω_r = A_q(mean q) + k̃_r (+ ε ~ N(0, I) in training only),
+             β_r = Σ_j softmax_j(s·ω_r·k_j − s·‖k_j‖²/2) v_j      (causal EVA has no 0.5 in ω; ‖k‖² is scaled by s)
+  o_i = softmax([s·q_i·k_j + t5(i, j)]_{j∈L(i)} ⧺ [s·q_i·k̃_r]_{r∈R(i)}) · [v_j ⧺ β_r]
+
+One code path serves training (empty cache) and incremental encoding (EVA_SPEC §4.2): the new
+tokens are laid out after the cached window rows on the block grid, so a segment of any length
+continues exactly where the cache stopped. Softmax runs in fp32 (§8.8). Query blocks are tiled so
+the remote logits of a long segment never exceed a fixed budget, and each tile reads only the
+chunks its last query can see. No dense B·H·n²/c mask is built (§8.6).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from evalm.cache import Cache, EvaState, parts_append, parts_head, parts_len
+
+TILE_LOGITS = 1 << 24  # logits per query tile (B·H·tile·keys): bounds memory on long segments
+
+
+def upcast(x: Tensor) -> Tensor:
+    """Softmax inputs in at least fp32 (EVA_SPEC §8.8); float64 stays float64 for exact tests."""
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+
+
+def t5_bucket(distance: Tensor, num_buckets: int, max_distance: int) -> Tensor:
+    """Causal T5 bucketing of non-negative distances: exact below num_buckets/2, then log-spaced."""
+    max_exact = num_buckets // 2
+    large = max_exact + (
+        torch.log(distance.float().clamp(min=1) / max_exact)
+        / math.log(max_distance / max_exact)
+        * (num_buckets - max_exact)
+    ).long()
+    large = large.clamp(max=num_buckets - 1)
+    return torch.where(distance < max_exact, distance, large)
+
+
+class T5RelativeBias(nn.Module):
+    """One scalar per distance bucket, shared by all heads of a layer (EVA_SPEC §1.2)."""
+
+    def __init__(self, window_size: int, ext: int):
+        super().__init__()
+        span = window_size + ext
+        self.num_buckets = int(max(min(span // 2, 64), 16))
+        self.max_distance = span
+        self.ext = ext
+        self.relative_attention_bias = nn.Embedding(self.num_buckets, 1)
+
+    def forward(self, distance: Tensor) -> Tensor:
+        """Bias for key distance i − j ≥ 0; the reference buckets max(0, i − j − ext) (§1.3, §8.4)."""
+        bucket = t5_bucket((distance - self.ext).clamp(min=0), self.num_buckets, self.max_distance)
+        return self.relative_attention_bias(bucket).squeeze(-1)
+
+
+def _adaptive_map(head_dim: int, layer_norm: bool) -> nn.Sequential:
+    """A_q / A_k: Linear(D→D) then LayerNorm(D), shared across heads ('qk' mode, §1.2)."""
+    layers = [nn.Linear(head_dim, head_dim)]
+    if layer_norm:
+        layers.append(nn.LayerNorm(head_dim))
+    return nn.Sequential(*layers)
+
+
+class EvaAttention(nn.Module):
+    """Causal EVA with the public reference's parameter names, so its weights load strictly."""
+
+    def __init__(self, config, layer_idx: int = 0):
+        super().__init__()
+        E, H = config.d_model, config.n_head
+        self.layer_idx = layer_idx
+        self.n_head, self.head_dim = H, E // H
+        self.window_size, self.chunk_size = config.window_size, config.chunk_size
+        self.ext = config.window_size if config.overlap_window else 0
+        self.exclude_window_chunks = config.exclude_window_chunks
+        self.attn_dropout = config.attn_dropout
+        self.q_proj, self.k_proj = nn.Linear(E, E), nn.Linear(E, E)
+        self.v_proj, self.out_proj = nn.Linear(E, E), nn.Linear(E, E)
+        self.adaptive_mu_q = _adaptive_map(self.head_dim, config.adaptive_proj == "qk")
+        self.adaptive_mu_k = _adaptive_map(self.head_dim, config.adaptive_proj == "qk")
+        self.rel_pos_bias = T5RelativeBias(self.window_size, self.ext) if config.use_t5_bias else None
+
+    def init_weights(self) -> None:
+        """Inits of the reference (§1.2): Xavier gain 1/√2 on q/k/v and A_q/A_k, Xavier on out."""
+        for lin in (self.q_proj, self.k_proj, self.v_proj, self.adaptive_mu_q[0], self.adaptive_mu_k[0]):
+            lin.reset_parameters()
+            nn.init.xavier_uniform_(lin.weight, gain=2**-0.5)
+        nn.init.xavier_uniform_(self.out_proj.weight)
+        nn.init.zeros_(self.out_proj.bias)
+        for mod in (*self.adaptive_mu_q[1:], *self.adaptive_mu_k[1:]):
+            mod.reset_parameters()
+        if self.rel_pos_bias is not None:
+            nn.init.normal_(self.rel_pos_bias.relative_attention_bias.weight)
+
+    def _heads(self, x: Tensor) -> Tensor:
+        B, T, _ = x.shape
+        return x.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, D)
+
+    def summarize(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Remote (key, value) of whole chunks: q, k, v (B, H, n, c, D) -> k̃, β (B, H, n, D)."""
+        s = self.head_dim**-0.5
+        k_tilde = self.adaptive_mu_k(k.mean(-2))
+        omega = self.adaptive_mu_q(q.mean(-2)) + k_tilde  # μ_r: causal EVA has no 0.5 (§1.3)
+        if self.training:  # one random-feature sample per chunk per head, fresh every forward
+            omega = omega + torch.randn_like(omega)
+        lam = s * (k @ omega.unsqueeze(-1)).squeeze(-1) - s * k.pow(2).sum(-1) / 2  # (B, H, n, c)
+        weights = torch.softmax(upcast(lam), dim=-1).to(v.dtype)
+        beta = (weights.unsqueeze(-2) @ v).squeeze(-2)
+        return k_tilde, beta
+
+    def forward(self, x: Tensor, cache: Cache | None = None) -> Tensor:
+        """x (B, T, E) -> (B, T, E); with a cache, continue after its n_seen tokens and update it."""
+        B, T, _ = x.shape
+        w, c, ext = self.window_size, self.chunk_size, self.ext
+        q, k, v = self._heads(self.q_proj(x)), self._heads(self.k_proj(x)), self._heads(self.v_proj(x))
+        state: EvaState | None = cache.layers[self.layer_idx] if cache is not None else None
+        n0 = cache.n_seen if cache is not None else 0
+        p0 = max(0, (n0 // w) * w - ext)  # absolute position of the first cached window row
+        if state is not None:
+            seq_k = torch.cat([state.local_k.expand(B, -1, -1, -1), k], -2)  # positions p0 … n0+T−1
+            seq_v = torch.cat([state.local_v.expand(B, -1, -1, -1), v], -2)
+            chunk_q = torch.cat([state.pending_q.expand(B, -1, -1, -1), q], -2)  # from ⌊n0/c⌋·c
+            remote_k, remote_v, n_owned = state.remote_k, state.remote_v, state.n_owned
+        else:
+            seq_k, seq_v, chunk_q, remote_k, remote_v, n_owned = k, v, q, (), (), 0
+
+        # Chunks completed by this segment become remote entries (Algorithm 1: compress every c tokens).
+        n_done = parts_len(remote_k)
+        n_new = (n0 + T) // c - n_done
+        if n_new > 0:
+            at = n_done * c - p0
+            shape = (B, self.n_head, n_new, c, self.head_dim)
+            new_k, new_v = self.summarize(
+                chunk_q[..., : n_new * c, :].reshape(shape),
+                seq_k[..., at : at + n_new * c, :].reshape(shape),
+                seq_v[..., at : at + n_new * c, :].reshape(shape),
+            )
+            remote_k, _ = parts_append(remote_k, new_k, n_owned)
+            remote_v, n_owned = parts_append(remote_v, new_v, n_owned)
+
+        out = self._attend(q, seq_k, seq_v, remote_k, remote_v, n0, p0, cache)
+        if cache is not None:
+            n1 = n0 + T
+            keep = max(0, (n1 // w) * w - ext) - p0  # evict rows before the new window start
+            cache.layers[self.layer_idx] = EvaState(
+                local_k=seq_k[..., keep:, :].clone(),
+                local_v=seq_v[..., keep:, :].clone(),
+                pending_q=chunk_q[..., (n1 // c) * c - (n0 // c) * c :, :].clone(),
+                remote_k=remote_k,
+                remote_v=remote_v,
+                n_owned=n_owned,
+            )
+        return self.out_proj(out.transpose(1, 2).reshape(B, T, -1))
+
+    def _attend(self, q, seq_k, seq_v, remote_k, remote_v, n0: int, p0: int, cache: Cache | None) -> Tensor:
+        """Queries at n0 … n0+T−1 over their block, the visible chunks and any merged prefix.
+
+        The queries are placed on the block grid starting at block ⌊n0/w⌋ (dummy zero rows before
+        n0 and after the end are computed and dropped); block g's keys are the ext + w rows that
+        end with it, so one unfold gives every block its local keys.
+        """
+        B, H, T, D = q.shape
+        w, c, ext = self.window_size, self.chunk_size, self.ext
+        b0 = n0 // w
+        n_blocks = -(-(n0 + T) // w) - b0
+        lead = n0 - b0 * w  # dummy query rows before n0 in the first block
+        base = b0 * w - ext  # absolute position of the first key row on the grid (may be < 0)
+        q_grid = F.pad(q, (0, 0, lead, n_blocks * w - lead - T))
+        key_pad = (p0 - base, base + ext + n_blocks * w - p0 - seq_k.shape[-2])
+        k_grid = F.pad(seq_k, (0, 0, *key_pad))
+        v_grid = F.pad(seq_v, (0, 0, *key_pad))
+        prefix = cache.prefix[self.layer_idx] if cache is not None else None
+        own_bias = cache.own_logit_bias if cache is not None else 0.0
+
+        span = ext + w + parts_len(remote_k) + (prefix[0].shape[-2] if prefix is not None else 0)
+        tile = max(1, min(n_blocks, TILE_LOGITS // max(1, B * H * w * span)))
+        outs = []
+        for g0 in range(0, n_blocks, tile):
+            g1 = min(n_blocks, g0 + tile)
+            outs.append(
+                self._attend_tile(
+                    q_grid[..., g0 * w : g1 * w, :].unflatten(-2, (g1 - g0, w)),
+                    k_grid[..., g0 * w : g1 * w + ext, :].unfold(-2, ext + w, w),  # (B,H,G,D,ext+w)
+                    v_grid[..., g0 * w : g1 * w + ext, :].unfold(-2, ext + w, w),
+                    remote_k, remote_v, prefix, own_bias,
+                    q_pos=(b0 + g0) * w + torch.arange((g1 - g0) * w, device=q.device).view(-1, w, 1),
+                )
+            )
+        out = torch.cat(outs, dim=2).flatten(2, 3)  # (B, H, n_blocks·w, D)
+        return out[..., lead : lead + T, :]
+
+    def _attend_tile(self, qb, kb, vb, remote_k, remote_v, prefix, own_bias: float, q_pos: Tensor) -> Tensor:
+        """One tile of G blocks: qb (B,H,G,w,D), kb/vb (B,H,G,D,ext+w), q_pos (G,w,1) -> (B,H,G,w,D)."""
+        w, c, ext, s = self.window_size, self.chunk_size, self.ext, self.head_dim**-0.5
+        k_pos = q_pos[:, :1] - ext + torch.arange(ext + w, device=qb.device)  # (G, 1, ext+w): block start − ext …
+        local = upcast(s * (qb @ kb))  # (B, H, G, w, ext+w)
+        if self.rel_pos_bias is not None:
+            local = local + s * self.rel_pos_bias((q_pos - k_pos).clamp(min=0))
+        local = local.masked_fill(~((k_pos <= q_pos) & (k_pos >= 0)), float("-inf"))
+        logits, values = [local + own_bias], [vb.transpose(-1, -2)]
+
+        # Remote chunks: visible while r < ⌊i/c⌋ (or before the query's window, §1.7).
+        limit = q_pos // c
+        if self.exclude_window_chunks:
+            limit = (q_pos - q_pos % w - ext).clamp(min=0) // c
+        n_vis = min(int(limit.max()), parts_len(remote_k))
+        if n_vis > 0:
+            rk = parts_head(remote_k, n_vis)
+            rv = parts_head(remote_v, n_vis)
+            remote = torch.cat([upcast(s * (qb @ p.unsqueeze(2).transpose(-1, -2))) for p in rk], -1)
+            visible = torch.arange(n_vis, device=qb.device) < limit  # (G, w, n_vis)
+            logits.append(remote.masked_fill(~visible, float("-inf")) + own_bias)
+            values.extend(p.unsqueeze(2) for p in rv)
+        if prefix is not None:  # entries merged from other caches: all visible, no bias
+            logits.append(upcast(s * (qb @ prefix[0].unsqueeze(2).transpose(-1, -2))))
+            values.append(prefix[1].unsqueeze(2))
+
+        probs = torch.softmax(torch.cat(logits, -1), dim=-1).to(qb.dtype)  # one softmax over the union
+        probs = F.dropout(probs, self.attn_dropout, self.training)
+        out, at = 0, 0
+        for val in values:
+            n = val.shape[-2]
+            out = out + probs[..., at : at + n] @ val
+            at += n
+        return out
