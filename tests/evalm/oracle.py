@@ -1,0 +1,84 @@
+"""An independent per-token implementation of causal EVA (EVA_SPEC §1.3), in NumPy float64.
+
+It shares no code with evalm/eva.py: loops over queries, keys and chunks exactly as the closed
+form reads, with the module's parameters read out as plain arrays.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def _np(t):
+    return t.detach().double().cpu().numpy()
+
+
+def t5_bucket_ref(distance: int, num_buckets: int, max_distance: int) -> int:
+    max_exact = num_buckets // 2
+    if distance < max_exact:
+        return distance
+    return min(num_buckets - 1, max_exact + int(math.log(distance / max_exact) / math.log(max_distance / max_exact) * (num_buckets - max_exact)))
+
+
+def _affine(x, lin):
+    return x @ _np(lin.weight).T + _np(lin.bias)
+
+
+def _adaptive(x, seq):
+    y = _affine(x, seq[0])
+    if len(seq) > 1:  # LayerNorm(D)
+        ln = seq[1]
+        y = (y - y.mean()) / math.sqrt(y.var() + ln.eps) * _np(ln.weight) + _np(ln.bias)
+    return y
+
+
+def _softmax(xs):
+    m = max(xs)
+    e = [math.exp(x - m) for x in xs]
+    z = sum(e)
+    return [x / z for x in e]
+
+
+def eva_per_token(attn, x) -> np.ndarray:
+    """Output of EvaAttention `attn` (eval mode) for x (B, T, E), one query at a time."""
+    x = _np(x)
+    B, T, E = x.shape
+    H, D = attn.n_head, attn.head_dim
+    w, c, ext, s = attn.window_size, attn.chunk_size, attn.ext, D**-0.5
+    q = _affine(x, attn.q_proj).reshape(B, T, H, D)
+    k = _affine(x, attn.k_proj).reshape(B, T, H, D)
+    v = _affine(x, attn.v_proj).reshape(B, T, H, D)
+    table = None
+    if attn.rel_pos_bias is not None:
+        table = _np(attn.rel_pos_bias.relative_attention_bias.weight)[:, 0]
+        nb, maxd = len(table), w + ext
+    out = np.zeros((B, T, H, D))
+    for b in range(B):
+        for h in range(H):
+            k_tilde, beta = [], []
+            for r in range(T // c):
+                qs, ks, vs = q[b, r * c : (r + 1) * c, h], k[b, r * c : (r + 1) * c, h], v[b, r * c : (r + 1) * c, h]
+                kt = _adaptive(ks.mean(0), attn.adaptive_mu_k)
+                omega = _adaptive(qs.mean(0), attn.adaptive_mu_q) + kt
+                lam = [s * float(omega @ ks[j]) - s * float(ks[j] @ ks[j]) / 2 for j in range(c)]
+                wts = _softmax(lam)
+                k_tilde.append(kt)
+                beta.append(sum(wts[j] * vs[j] for j in range(c)))
+            for i in range(T):
+                lo = max(0, (i // w) * w - ext)
+                logits, values = [], []
+                for j in range(lo, i + 1):
+                    logit = s * float(q[b, i, h] @ k[b, j, h])
+                    if table is not None:
+                        logit += s * table[t5_bucket_ref(max(0, i - j - ext), nb, maxd)]
+                    logits.append(logit)
+                    values.append(v[b, j, h])
+                n_remote = lo // c if attn.exclude_window_chunks else i // c
+                for r in range(n_remote):
+                    logits.append(s * float(q[b, i, h] @ k_tilde[r]))
+                    values.append(beta[r])
+                p = _softmax(logits)
+                out[b, i, h] = sum(pi * vi for pi, vi in zip(p, values))
+    return _affine(out.reshape(B, T, E), attn.out_proj)
