@@ -1,0 +1,199 @@
+"""DCP checkpoints that count only once complete (STYLE.md "Checkpoints and resume").
+
+Layout under a run folder OUT:
+    OUT/checkpoints/step-00001000/   a `torch.distributed.checkpoint` folder plus
+        config.json                  the run's resolved config (the architecture check reads it)
+        .complete                    the marker: written last, so only marked folders count
+Every rank writes its shards into `.tmp-step-00001000/`; when DCP's save has returned on all
+ranks, rank 0 writes config.json and the marker there and renames the folder into place. A save
+killed at any point leaves at most a `.tmp-*` folder (or an unmarked one), never a newer "latest":
+the previous complete checkpoint stays what `--resume auto` finds (torchtitan's `.metadata` probe,
+nanochat's "manifest written last").
+
+Saved under fixed keys: `model` and `optim` (sharded, via `get_state_dict`), `train` (step and tokens
+seen, the same on every rank), `scheduler` (the step: the LR is a pure function of it), and
+`rank_<r>` for each rank's data cursor and RNG states. Plain values must sit under rank keys:
+DCP keeps only rank 0's copy of a non-tensor value that every rank saves under the same key.
+Loads unpickle non-tensor values with `weights_only=True` (`SafeLoadPlanner`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
+
+MARKER = ".complete"
+STEP_DIR = re.compile(r"^step-(\d{8})$")
+# Fields that change no parameter and no computation's shape: a resume may change them.
+NON_ARCHITECTURE = {"dropout", "attn_dropout", "init_std"}
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be used; the message names it and says what to do."""
+
+
+class SafeLoadPlanner(DefaultLoadPlanner):
+    """DefaultLoadPlanner, but non-tensor values are unpickled with `weights_only=True`."""
+
+    def load_bytes(self, read_item, value) -> None:
+        loaded = torch.load(value, weights_only=True)
+        if self.flatten_state_dict:
+            from torch.distributed.checkpoint._nested_dict import set_element
+
+            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
+        else:
+            self.state_dict[read_item.dest_index.fqn] = loaded
+
+
+def step_dir(out: str | Path, step: int) -> Path:
+    return Path(out) / "checkpoints" / f"step-{step:08d}"
+
+
+def complete_checkpoints(out: str | Path) -> list[Path]:
+    """Marked `step-XXXXXXXX` folders of a run, oldest first."""
+    root = Path(out) / "checkpoints"
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if STEP_DIR.match(p.name) and (p / MARKER).is_file()]
+    return sorted(found, key=lambda p: p.name)
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A complete step folder, given it or a run folder (then its latest); else a clear error."""
+    path = Path(path)
+    if (path / MARKER).is_file():
+        return path
+    latest = complete_checkpoints(path)
+    if latest:
+        return latest[-1]
+    raise CheckpointError(
+        f"{path}: neither a complete checkpoint (no {MARKER} marker) nor a run folder with one; "
+        "pass OUT/checkpoints/step-XXXXXXXX or a run folder that holds complete checkpoints")
+
+
+def find_resume_path(out: str | Path, resume: str) -> Path | None:
+    """`none`: start fresh; `auto`: the latest complete checkpoint of OUT, if any; else that path."""
+    if resume in ("", "none"):
+        return None
+    if resume == "auto":
+        found = complete_checkpoints(out)
+        return found[-1] if found else None
+    return resolve_checkpoint(resume)
+
+
+def check_architecture(path: Path, model_config: dict[str, Any]) -> None:
+    """Refuse a checkpoint whose model differs (gpt-neox `check_checkpoint_args`)."""
+    saved = json.loads((path / "config.json").read_text())["model"]
+    diffs = [f"{k}: checkpoint {saved.get(k)!r}, config {v!r}" for k, v in model_config.items()
+             if k not in NON_ARCHITECTURE and saved.get(k) != v]
+    if diffs:
+        raise CheckpointError(
+            f"{path} was trained with a different architecture ({'; '.join(diffs)}); use the [model] "
+            "section it was saved with (its config.json), or start a new run in another --out folder")
+
+
+def rng_state() -> dict[str, Any]:
+    """Python, NumPy, torch and CUDA RNG states as tensors and plain values (weights_only-safe)."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {"python": random.getstate(), "torch": torch.get_rng_state(),
+             "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                       "has_gauss": int(has_gauss), "cached": float(cached)}}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(_tuples(state["python"]))
+    n = state["numpy"]
+    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached"]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def _tuples(value):
+    """random.setstate needs tuples where serialisation may hand back lists."""
+    return tuple(_tuples(v) for v in value) if isinstance(value, (list, tuple)) else value
+
+
+def save(out: str | Path, step: int, *, model, optimizer, train_state: dict[str, int],
+         rank_state: dict[str, Any], config_json: dict[str, Any], keep_latest_k: int) -> Path:
+    """Write step-XXXXXXXX under a temporary name, mark it, rename it; then prune. Collective."""
+    rank = dist.get_rank()
+    final = step_dir(out, step)
+    tmp = final.with_name(f".tmp-{final.name}")
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)  # debris of a save killed earlier
+    dist.barrier()
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state = {"model": model_sd, "optim": optim_sd, "train": dict(train_state),
+             "scheduler": {"step": train_state["step"]}, f"rank_{rank}": rank_state}
+    dcp.save(state, checkpoint_id=str(tmp))
+    dist.barrier()  # every rank's files are in tmp before it is marked
+    if rank == 0:
+        _finish(tmp, final, config_json)
+        prune(out, keep_latest_k)
+    dist.barrier()
+    return final
+
+
+def _finish(tmp: Path, final: Path, config_json: dict[str, Any]) -> None:
+    """config.json, then the marker, then the atomic rename: the last steps of a save."""
+    (tmp / "config.json").write_text(json.dumps(config_json, indent=2))
+    (tmp / MARKER).write_text("complete\n")
+    shutil.rmtree(final, ignore_errors=True)  # an unmarked folder of the same step, if any
+    os.replace(tmp, final)
+
+
+def prune(out: str | Path, keep_latest_k: int) -> None:
+    """Delete complete checkpoints beyond the newest k (0 keeps all)."""
+    if keep_latest_k > 0:
+        for old in complete_checkpoints(out)[:-keep_latest_k]:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def load(path: Path, *, model, optimizer) -> tuple[dict[str, int], dict[str, Any] | None]:
+    """Restore model and optimizer in place; return (train state, this rank's state or None). Collective."""
+    rank = dist.get_rank()
+    keys = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    has_rank = any(k.startswith(f"rank_{rank}.") for k in keys)
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state: dict[str, Any] = {"model": model_sd, "optim": optim_sd, "train": {"step": 0, "tokens_seen": 0}}
+    if has_rank:
+        state[f"rank_{rank}"] = template = _rank_template()
+        if f"rank_{rank}.rng.cuda" not in keys:  # saved on a machine without CUDA
+            template["rng"].pop("cuda", None)
+    dcp.load(state, checkpoint_id=str(path), planner=SafeLoadPlanner())
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    return state["train"], state.get(f"rank_{rank}")
+
+
+def _rank_template() -> dict[str, Any]:
+    """The shape of a rank entry, so DCP knows which keys to read (values are replaced)."""
+    return {"data": {"cursor": 0, "world_size": 0}, "rng": rng_state()}
+
+
+def load_model_only(path: Path, model) -> None:
+    """Load just the model weights of a checkpoint (MSIT starting from a pretrained run). Collective."""
+    model_sd = get_model_state_dict(model)
+    state = {"model": model_sd}
+    dcp.load(state, checkpoint_id=str(path), planner=SafeLoadPlanner())
+    set_model_state_dict(model, state["model"])

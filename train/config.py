@@ -1,0 +1,200 @@
+"""Training configs: one frozen dataclass per TOML section (STYLE.md, "Configuration and launch").
+
+A run's TOML file holds `[model]`, `[data]`, `[optim]`, `[train]` and `[checkpoint]`; each
+component receives only its own section, validated by `evalm.config.build` (unknown keys name the
+file, the key and the valid keys). Defaults are the paper's Table 6 where it speaks, else the
+metaseq/OPT recipe it started from (EVA_SPEC.md §5), marked as such.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from dataclasses import dataclass as _std_dataclass
+from dataclasses import field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic.dataclasses import dataclass
+
+from evalm.config import FROZEN, ConfigError, ModelConfig, apply_overrides, build, read_toml, to_dict
+
+
+@dataclass(config=FROZEN, frozen=True)
+class DataConfig:
+    """Pretraining data: token shards written by `evalm train tokenizer` (ARCHITECTURE "Data formats")."""
+
+    shards: str = "out/tokens"
+    """Folder holding `manifest.json` and the token shards."""
+    seq_len: int = 8192
+    """Tokens per line; each line reads seq_len + 1 tokens (inputs and shifted targets). EVALM §3.2: 8192."""
+    shuffle: bool = True
+    """Visit the lines of each epoch in a seeded random order (else in file order)."""
+    seed: int = 1234
+    """Seed of the line order; the order is a pure function of (seed, epoch), so resume is exact."""
+
+    def __post_init__(self) -> None:
+        if self.seq_len < 1:
+            raise ValueError(f"seq_len must be >= 1, got {self.seq_len}")
+
+
+@dataclass(config=FROZEN, frozen=True)
+class MsitDataConfig:
+    """Many-shot instruction tuning data (EVALM §3.2, Appendix B; EVA_SPEC.md §6)."""
+
+    train_file: str = "train/samples/msit-sample.jsonl"
+    """Instruction examples as jsonl, one `{"task": ..., "input": ..., "output": ...}` per line."""
+    tokenizer: str = "bytes"
+    """`tokenizer.json`, its folder, a SentencePiece `.model`, or "bytes" (no file)."""
+    templates: dict[str, list[str]] = field(default_factory=dict)
+    """Per task: [prompt, answer] with `{input}` / `{output}` slots; tasks not listed use `default_template`."""
+    default_template: list[str] = field(default_factory=lambda: ["{input}\n", "{output}"])
+    """[prompt, answer] used for tasks without their own template."""
+    seq_len: int = 8192
+    """Tokens per line: 8192 for MSIT, 16384 (2 x 8192) for MSIT+ (EVALM §3.2)."""
+    allow_split: bool = False
+    """Let examples straddle lines (metaseq `none`); default packs whole examples (`complete`)."""
+    oversize: Literal["drop", "truncate"] = "drop"
+    """An example longer than a line: dropped (counted in the log) or right-truncated (metaseq)."""
+    group_by_task: bool = True
+    """Fill each line with examples of one task, which is what makes a line many-shot (EVA_SPEC §6)."""
+    loss_on: Literal["answer", "all"] = "answer"
+    """Loss on answer tokens and their end-of-example token only (metaseq src/tgt), or on every token."""
+    clusters: dict[str, list[str]] = field(default_factory=dict)
+    """FLAN-style clusters: cluster name -> its tasks (EVALM Appendix B)."""
+    held_out_clusters: list[str] = field(default_factory=list)
+    """Clusters whose tasks never appear in tuning data (they are evaluation clusters)."""
+    held_out_tasks: list[str] = field(default_factory=list)
+    """Single tasks held out (EVALM Appendix B holds out AGNews itself, not its cluster)."""
+    shuffle: bool = True
+    """Shuffle examples within each task (seeded) before packing, and lines across epochs."""
+    seed: int = 1234
+    """Seed of example and line order."""
+
+    def __post_init__(self) -> None:
+        if self.seq_len < 2:
+            raise ValueError(f"seq_len must be >= 2, got {self.seq_len}")
+        for name in ("default_template", *self.templates):
+            pair = self.default_template if name == "default_template" else self.templates[name]
+            if len(pair) != 2 or "{output}" not in pair[1]:
+                raise ValueError(f"template {name!r} must be [prompt, answer] with {{output}} in the answer")
+        unknown = sorted(set(self.held_out_clusters) - set(self.clusters))
+        if unknown:
+            raise ValueError(f"held_out_clusters {unknown} are not in clusters {sorted(self.clusters)}")
+
+
+@dataclass(config=FROZEN, frozen=True)
+class OptimConfig:
+    """AdamW with warm-up and polynomial decay (EVALM Table 6; metaseq `adam` is AdamW)."""
+
+    lr: float = 8e-5
+    """Peak learning rate (Table 6)."""
+    betas: tuple[float, float] = (0.9, 0.95)
+    """Adam betas (OPT recipe [metaseq default])."""
+    eps: float = 1e-8
+    """Adam epsilon (OPT recipe)."""
+    weight_decay: float = 0.1
+    """Decoupled weight decay on matrices and embeddings, not on biases or norms (Table 6: 0.1)."""
+    clip_norm: float = 1.0
+    """Global L2 gradient-norm clip (Table 6: 1.0, L2); 0 disables."""
+    warmup_steps: int = 715
+    """Linear warm-up steps (OPT: 375M tokens, about 715 steps of 0.5M tokens)."""
+    decay_power: float = 1.0
+    """Exponent of the polynomial decay after warm-up (1.0 = linear, fairseq's default)."""
+    min_lr_ratio: float = 0.1
+    """LR at the last step as a fraction of `lr` (OPT decays to 0.1 x LR)."""
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0 or self.warmup_steps < 0 or not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError("need lr > 0, warmup_steps >= 0 and 0 <= min_lr_ratio <= 1")
+
+
+@dataclass(config=FROZEN, frozen=True)
+class TrainConfig:
+    """The loop: how long, how big, where, and how often to report."""
+
+    steps: int = 100
+    """Optimizer steps in the whole run (the LR schedule ends here)."""
+    batch_size: int = 1
+    """Lines per rank per micro-step; the global batch is batch_size x grad_accum x world size."""
+    grad_accum: int = 1
+    """Micro-steps per optimizer step."""
+    seed: int = 0
+    """Seed of the weight init (same on every rank) and, plus the rank, of dropout."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """`auto` uses CUDA with NCCL when available, else CPU with gloo."""
+    mixed_precision: Literal["fp32", "bf16"] = "fp32"
+    """bf16 compute with fp32 parameters and gradient reduction (FSDP2 MixedPrecisionPolicy)."""
+    activation_checkpointing: bool = False
+    """Recompute each block in the backward pass: memory for 8k lines at the cost of ~1/3 more compute."""
+    log_every: int = 1
+    """Optimizer steps between log lines and metrics.jsonl records."""
+    tensorboard: bool = False
+    """Also write TensorBoard events under OUT/tensorboard (needs `pip install 'evalm[tensorboard]'`)."""
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "grad_accum", "log_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass(config=FROZEN, frozen=True)
+class CheckpointConfig:
+    """DCP checkpoints under OUT/checkpoints/step-XXXXXXXX/ (ARCHITECTURE "Data formats")."""
+
+    save_every: int = 1000
+    """Optimizer steps between checkpoints; one is also written at the last step. 0: only at the end."""
+    keep_latest_k: int = 3
+    """Complete checkpoints kept; older ones are deleted after a new one is complete. 0 keeps all."""
+    init_from: str = ""
+    """A checkpoint (step folder or run folder) whose model weights start the run (MSIT); "" for none."""
+
+    def __post_init__(self) -> None:
+        if self.save_every < 0 or self.keep_latest_k < 0:
+            raise ValueError("save_every and keep_latest_k must be >= 0")
+
+
+@_std_dataclass(frozen=True)
+class RunConfig:
+    """The sections of one run file, each validated on its own."""
+
+    model: ModelConfig
+    data: Any
+    optim: OptimConfig
+    train: TrainConfig
+    checkpoint: CheckpointConfig
+
+    def to_json(self) -> dict[str, Any]:
+        return {name: to_dict(getattr(self, name)) for name in ("model", "data", "optim", "train", "checkpoint")}
+
+
+SECTIONS = ("model", "data", "optim", "train", "checkpoint")
+
+
+def load_run_config(path: str | Path, overrides: list[str], data_cls: type = DataConfig) -> RunConfig:
+    """Read a run file, apply `section.key=value` overrides, validate each section."""
+    raw = apply_overrides(read_toml(path), overrides)
+    unknown = sorted(set(raw) - set(SECTIONS))
+    if unknown:
+        raise ConfigError(f"{path}: unknown section(s) {unknown}; valid sections: {list(SECTIONS)}")
+    classes = {"model": ModelConfig, "data": data_cls, "optim": OptimConfig, "train": TrainConfig,
+               "checkpoint": CheckpointConfig}
+    built = {name: build(cls, raw.get(name), where=f"{path} [{name}]") for name, cls in classes.items()}
+    return RunConfig(**built)
+
+
+def parse_run_args(argv: Sequence[str] | None, *, prog: str, description: str, default_config: str,
+                   data_cls: type = DataConfig) -> tuple[RunConfig, Path, str]:
+    """`--config FILE --out DIR [--set section.key=value ...] [--resume none|auto|PATH]`."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--config", default=default_config, help=f"run file (default {default_config})")
+    parser.add_argument("--out", default=None, help="run folder (default runs/<config name>)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="override one config value, e.g. --set train.steps=10 (repeatable)")
+    parser.add_argument("--resume", default="none",
+                        help="none (default; refuses a folder with checkpoints), auto (latest complete "
+                             "checkpoint of --out, else fresh), or a checkpoint path")
+    args = parser.parse_args(argv)
+    config = load_run_config(args.config, args.overrides, data_cls)
+    out = Path(args.out) if args.out else Path("runs") / Path(args.config).stem
+    return config, out, args.resume

@@ -1,0 +1,85 @@
+"""Progress: one fixed-format line per log step on rank 0, the same record in metrics.jsonl.
+
+The line (nanochat `print0`, torchtitan `MetricsProcessor`):
+    step    10/100 | loss 5.4321 | lr 8.00e-05 | gnorm 0.912 | tok/s 12,345 | mfu n/a | mem 1.23GiB | eta 0:01:23
+MFU is shown where the accelerator's peak is known (`PEAK_FLOPS`); a CPU has none. TensorBoard is
+optional and sits behind the same `log` call as a null logger when off.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+# Dense bf16 peak FLOP/s by device-name fragment (vendor data sheets, no sparsity).
+PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "A10G": 125e12, "L40S": 362e12,
+              "L4": 121e12, "V100": 125e12}
+
+
+def peak_flops(device: torch.device) -> float | None:
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((v for k, v in PEAK_FLOPS.items() if k in name), None)
+
+
+def flops_per_token(n_params: int, n_layer: int, d_model: int, seq_len: int) -> float:
+    """Training FLOPs per token: 6N for the matmuls plus 6 L T E for causal attention scores
+    (PaLM appendix B, halved for the causal mask); EVA's attention costs less, so MFU is a bound."""
+    return 6 * n_params + 6 * n_layer * seq_len * d_model
+
+
+def peak_memory_gib(device: torch.device) -> float:
+    """Peak accelerator memory allocated, or the process's peak resident set on CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
+
+
+def format_line(r: dict[str, Any]) -> str:
+    width = len(str(r["total_steps"]))
+    mfu = "n/a" if r.get("mfu") is None else f"{100 * r['mfu']:.1f}%"
+    eta = time.strftime("%H:%M:%S", time.gmtime(r["eta_s"])) if r["eta_s"] < 86400 else f"{r['eta_s'] / 3600:.0f}h"
+    return (f"step {r['step']:>{width}}/{r['total_steps']} | loss {r['loss']:.4f} | lr {r['lr']:.2e} | "
+            f"gnorm {r['grad_norm']:.3f} | tok/s {r['tokens_per_s']:,.0f} | mfu {mfu} | "
+            f"mem {r['peak_mem_gib']:.2f}GiB | eta {eta}")
+
+
+class MetricsLogger:
+    """Writes on rank 0 only; other ranks get a logger that does nothing."""
+
+    def __init__(self, out: str | Path, *, enabled: bool, tensorboard: bool):
+        self.enabled = enabled
+        self.path = Path(out) / "metrics.jsonl"
+        self._tb = None
+        if enabled and tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError as err:
+                raise ImportError("train.tensorboard = true needs: pip install 'evalm[tensorboard]'") from err
+            self._tb = SummaryWriter(str(Path(out) / "tensorboard"))
+
+    def log(self, record: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        print(format_line(record), flush=True)
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self._tb is not None:
+            for key, value in record.items():
+                if isinstance(value, (int, float)) and key != "step":
+                    self._tb.add_scalar(key, value, record["step"])
+
+    def info(self, text: str) -> None:
+        if self.enabled:
+            print(text, file=sys.stdout, flush=True)
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()

@@ -1,0 +1,167 @@
+"""Many-shot instruction tuning data: templates, held-out clusters, packing and loss masks.
+
+EVALM §3.2 concatenates templated instruction examples "until their total length reaches the
+limitation of 8192" (MSIT) or 2 x 8192 (MSIT+), with no attention reset, so later examples in a
+line see earlier ones as demonstrations. The recipe's details are unknown; this module follows
+EVA_SPEC.md §6 [recommend]:
+- example = tokens(prompt) + tokens(answer) + [eos]; the loss mask covers the answer and its eos
+  (metaseq src/tgt: the prompt positions are pad in the target copy), or every token;
+- whole examples are packed greedily into lines of exactly seq_len + 1 tokens (metaseq `complete`),
+  the rest of a line is eos padding with mask 0; an example longer than a line is dropped or
+  right-truncated; `allow_split` instead streams examples across lines (metaseq `none`);
+- lines hold one task each by default (many shots of the same task);
+- FLAN-style held-out clusters and tasks are removed before anything else (EVALM Appendix B).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from train.config import MsitDataConfig
+
+
+@dataclass(frozen=True, slots=True)
+class Example:
+    task: str
+    input: str
+    output: str
+
+
+@dataclass(frozen=True, slots=True)
+class Encoded:
+    """One templated example: ids (N,) and loss mask (N,) of 0/1, same length."""
+
+    task: str
+    ids: np.ndarray
+    mask: np.ndarray
+
+
+def read_examples(path: str | Path) -> list[Example]:
+    """`{"task", "input", "output"}` per jsonl line; errors name the file and line."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: instruction data not found (jsonl of task/input/output)")
+    examples = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            examples.append(Example(str(row["task"]), str(row["input"]), str(row["output"])))
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise ValueError(f"{path}:{number}: expected a JSON object with task, input, output") from None
+    return examples
+
+
+def held_out(config: MsitDataConfig) -> set[str]:
+    """Tasks that must never appear in tuning data: held-out tasks plus every task of a held-out cluster."""
+    return set(config.held_out_tasks).union(*(config.clusters[c] for c in config.held_out_clusters))
+
+
+def encode_example(example: Example, tokenizer, config: MsitDataConfig) -> Encoded:
+    """I(x, y) as ids with its loss mask: 0 on the prompt, 1 on the answer and its eos (or 1 everywhere)."""
+    prompt, answer = config.templates.get(example.task, config.default_template)
+    prompt_ids = tokenizer.encode(prompt.format(input=example.input, output=example.output))
+    answer_ids = [*tokenizer.encode(answer.format(input=example.input, output=example.output)), tokenizer.eos_id]
+    ids = np.asarray(prompt_ids + answer_ids, dtype=np.int64)
+    mask = np.ones(len(ids), dtype=np.uint8)
+    if config.loss_on == "answer":
+        mask[: len(prompt_ids)] = 0
+    return Encoded(example.task, ids, mask)
+
+
+def _groups(encoded: list[Encoded], config: MsitDataConfig) -> list[list[Encoded]]:
+    """Examples in packing order: one group per task (sorted by name) or one mixed group, each seeded-shuffled."""
+    rng = np.random.default_rng(config.seed)
+    if config.group_by_task:
+        by_task: dict[str, list[Encoded]] = defaultdict(list)
+        for e in encoded:
+            by_task[e.task].append(e)
+        groups = [by_task[t] for t in sorted(by_task)]
+    else:
+        groups = [list(encoded)]
+    if config.shuffle:
+        groups = [[g[i] for i in rng.permutation(len(g))] for g in groups]
+    return groups
+
+
+def pack(encoded: list[Encoded], config: MsitDataConfig, pad_id: int) -> tuple[np.ndarray, np.ndarray, dict]:
+    """Lines (L, seq_len + 1) of ids and of loss mask, and counts of what happened to examples."""
+    width = config.seq_len + 1
+    lines: list[tuple[np.ndarray, np.ndarray]] = []
+    stats = {"examples": 0, "dropped_oversize": 0, "truncated": 0, "lines": 0}
+    for group in _groups(encoded, config):
+        ids_buf: list[np.ndarray] = []
+        mask_buf: list[np.ndarray] = []
+        used = 0
+
+        def close_line() -> None:
+            nonlocal used
+            pad = width - used
+            lines.append((np.concatenate([*ids_buf, np.full(pad, pad_id, dtype=np.int64)]),
+                          np.concatenate([*mask_buf, np.zeros(pad, dtype=np.uint8)])))
+            ids_buf.clear(), mask_buf.clear()
+            used = 0
+
+        for ex in group:
+            ids, mask = ex.ids, ex.mask
+            if config.allow_split:  # metaseq `none`: a stream cut into equal lines
+                while len(ids):
+                    take = min(width - used, len(ids))
+                    ids_buf.append(ids[:take]), mask_buf.append(mask[:take])
+                    used += take
+                    ids, mask = ids[take:], mask[take:]
+                    if used == width:
+                        close_line()
+                stats["examples"] += 1
+                continue
+            if len(ids) > width:
+                if config.oversize == "drop":
+                    stats["dropped_oversize"] += 1
+                    continue
+                ids, mask = ids[:width], mask[:width]
+                stats["truncated"] += 1
+            if used + len(ids) > width:
+                close_line()
+            ids_buf.append(ids), mask_buf.append(mask)
+            used += len(ids)
+            stats["examples"] += 1
+        if used:
+            close_line()
+    if not lines:
+        raise ValueError("no instruction example fits a line: raise data.seq_len or set data.oversize='truncate'")
+    stats["lines"] = len(lines)
+    ids = np.stack([line for line, _ in lines])
+    masks = np.stack([mask for _, mask in lines])
+    return ids, masks, stats
+
+
+class PackedLines:
+    """A line source over packed MSIT lines (same interface as `shards.PretrainLines`)."""
+
+    def __init__(self, ids: np.ndarray, masks: np.ndarray):
+        self.ids, self.masks = ids, masks
+        self.seq_len = ids.shape[1] - 1
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def line(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.ids[i], self.masks[i]
+
+
+def build_lines(config: MsitDataConfig, tokenizer, examples: Sequence[Example] | None = None) -> tuple[PackedLines, dict]:
+    """Read, hold out, template, encode and pack: the whole MSIT data path in one call."""
+    examples = read_examples(config.train_file) if examples is None else list(examples)
+    excluded = held_out(config)
+    kept = [e for e in examples if e.task not in excluded]
+    ids, masks, stats = pack([encode_example(e, tokenizer, config) for e in kept], config, tokenizer.eos_id)
+    stats |= {"held_out_tasks": sorted(excluded), "removed_held_out": len(examples) - len(kept),
+              "tasks": sorted({e.task for e in kept})}
+    return PackedLines(ids, masks), stats

@@ -1,0 +1,45 @@
+"""`evalm train pretrain`: causal-LM pretraining on token shards (EVALM §3.2, Appendix A.2).
+
+    python -m train.pretrain --config configs/pretrain-tiny.toml --out runs/tiny
+    torchrun --nproc_per_node=8 -m train.pretrain --config configs/evalm-350m.toml --out runs/350m
+    python -m train.pretrain --config ... --out runs/350m --resume auto    # continue a run
+
+The same entry point serves one process and torchrun (nanochat `compute_init`).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from train.config import parse_run_args
+from train.parallelize import Runtime
+from train.shards import PretrainLines, TokenShards
+
+DEFAULT_CONFIG = "configs/pretrain-tiny.toml"
+
+
+def make_source(config, model_vocab: int):
+    """Fixed seq_len + 1 lines over the token shards named by `[data] shards`."""
+
+    def source(runtime: Runtime) -> PretrainLines:
+        shards = TokenShards(config.shards)
+        if shards.vocab_size > model_vocab:
+            raise ValueError(f"{config.shards}: the tokenizer has {shards.vocab_size} ids but "
+                             f"model.vocab_size is {model_vocab}; raise model.vocab_size")
+        return PretrainLines(shards, config.seq_len)
+
+    return source
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    config, out, resume = parse_run_args(argv, prog="evalm train pretrain", description=__doc__.split("\n")[0],
+                                         default_config=DEFAULT_CONFIG)
+    from train.trainer import run
+
+    run(config, out, make_source(config.data, config.model.vocab_size), resume=resume, command="pretrain")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

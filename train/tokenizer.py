@@ -1,0 +1,138 @@
+"""`evalm train tokenizer`: train a byte-level BPE (or load one), then encode documents to shards.
+
+Documents are the data pipeline's output (ARCHITECTURE.md "Data formats"): jsonl, jsonl.gz,
+jsonl.zst or parquet with `text` and `metadata.pile_set_name` (the subset tag). The tokenizer is
+GPT-2 style byte-level BPE trained with `tokenizers` (EVA_SPEC.md §5: OPT uses GPT-2's byte-level
+BPE), with `</s>` as the end-of-document token written after every document, or an existing
+`tokenizer.json` / SentencePiece `.model` given with `--tokenizer`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import io
+import json
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from evalm.tokenizer import load_tokenizer
+from train.shards import ShardWriter
+
+SPECIAL_TOKENS = ["</s>", "<pad>"]  # eos first: id 0 (EVA_SPEC §5 `</s>` after each document)
+SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".parquet")
+# Folders of a data-pipeline output that hold dropped documents, never training text.
+SKIPPED_FOLDERS = {"rejected", "rejects", "removed", "duplicates", "errors", "stats", "done"}
+
+
+def document_files(folder: str | Path) -> list[Path]:
+    """Document files under `folder` (sorted, so encoding order is reproducible)."""
+    folder = Path(folder)
+    if folder.is_file():
+        return [folder]
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name.endswith(SUFFIXES)
+                   and not SKIPPED_FOLDERS & set(p.relative_to(folder).parts[:-1]))
+    if not files:
+        raise FileNotFoundError(f"{folder}: no document files ({', '.join(SUFFIXES)}) found")
+    return files
+
+
+def _jsonl_lines(path: Path) -> Iterator[str]:
+    if path.name.endswith(".zst"):
+        import zstandard
+
+        with path.open("rb") as raw:
+            yield from io.TextIOWrapper(zstandard.ZstdDecompressor().stream_reader(raw), encoding="utf-8")
+    elif path.name.endswith(".gz"):
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            yield from f
+    else:
+        with path.open(encoding="utf-8") as f:
+            yield from f
+
+
+def read_documents(files: Sequence[Path]) -> Iterator[tuple[str, str]]:
+    """(text, subset) of every document; a line that is not a JSON document is an error with its place."""
+    for path in files:
+        if path.name.endswith(".parquet"):
+            import pyarrow.parquet as pq
+
+            for row in pq.read_table(path).to_pylist():
+                yield row["text"], ((row.get("metadata") or {}).get("pile_set_name") or "unknown")
+            continue
+        for number, line in enumerate(_jsonl_lines(path), 1):
+            if not line.strip():
+                continue
+            try:
+                doc = json.loads(line)
+                text = doc["text"]
+            except (json.JSONDecodeError, KeyError, TypeError):
+                raise ValueError(f"{path}:{number}: not a JSON document with a 'text' field") from None
+            yield text, ((doc.get("metadata") or {}).get("pile_set_name") or "unknown")
+
+
+def train_bpe(texts: Iterator[str], vocab_size: int):
+    """A byte-level BPE `tokenizers.Tokenizer`: no normaliser, so decode(encode(t)) == t."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator(texts, trainer=trainer)
+    return tok
+
+
+def encode_to_shards(tokenizer, files: Sequence[Path], out_dir: Path, tokenizer_path: str,
+                     tokens_per_shard: int, batch_docs: int = 256) -> dict:
+    """Encode every document into shards with the end-of-document id after each."""
+    writer = ShardWriter(out_dir, vocab_size=tokenizer.vocab_size, eos_id=tokenizer.eos_id,
+                         tokenizer=tokenizer_path, tokens_per_shard=tokens_per_shard)
+    batch: list[tuple[str, str]] = []
+
+    def flush() -> None:
+        for ids, (_, subset) in zip(tokenizer.encode_batch([t for t, _ in batch]), batch):
+            writer.add(ids, subset)
+        batch.clear()
+
+    for doc in read_documents(files):
+        batch.append(doc)
+        if len(batch) >= batch_docs:
+            flush()
+    flush()
+    return writer.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="evalm train tokenizer", description=__doc__.split("\n")[0])
+    parser.add_argument("--input", required=True, help="folder (or file) of documents")
+    parser.add_argument("--output", required=True, help="folder for tokenizer.json and the token shards")
+    parser.add_argument("--vocab-size", type=int, default=8192, help="BPE vocabulary size (default 8192)")
+    parser.add_argument("--tokenizer", default=None,
+                        help="use this tokenizer.json / .model / 'bytes' instead of training one")
+    parser.add_argument("--tokens-per-shard", type=int, default=100_000_000)
+    args = parser.parse_args(argv)
+    out = Path(args.output)
+    out.mkdir(parents=True, exist_ok=True)
+    files = document_files(args.input)
+    started = time.time()
+    if args.tokenizer is None:
+        path = out / "tokenizer.json"
+        train_bpe((text for text, _ in read_documents(files)), args.vocab_size).save(str(path))
+        print(f"trained byte-level BPE ({args.vocab_size} ids) on {len(files)} file(s) -> {path}")
+    else:
+        path = args.tokenizer
+    tokenizer = load_tokenizer(path)
+    manifest = encode_to_shards(tokenizer, files, out, str(path), args.tokens_per_shard)
+    print(f"encoded {manifest['documents']} documents, {manifest['tokens']} tokens "
+          f"({manifest['dtype']}, {len(manifest['shards'])} shard(s), subsets {manifest['subsets']}) "
+          f"-> {out} in {time.time() - started:.1f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
