@@ -1,0 +1,86 @@
+"""Blending: per-subset token budgets -> which documents (and how many copies) go where.
+
+EVALM Appendix A.1 / Table 5 and DATA_SPEC.md §5. For each subset with budget T and available
+tokens A, epochs e = T / A. Every document is taken floor(e) times, then a seeded shuffle of the
+subset's documents is taken in order until the fractional part's tokens are reached; with
+overflow = "cap", e is at most 1. All copies are shuffled together with the seed and cut into
+equal shards, so every shard (and every training batch) mixes the subsets in proportion.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from data_pipeline.config import Budgets
+
+
+def estimate_tokens(text: str, bytes_per_token: float) -> int:
+    """Tokens before tokenisation: UTF-8 bytes / bytes per token, at least 1."""
+    return max(1, math.ceil(len(text.encode("utf-8")) / bytes_per_token))
+
+
+def targets(budgets: Budgets, available: dict[str, int]) -> dict[str, float]:
+    """Target tokens per budgeted subset (absolute, or relative scaled to the data)."""
+    if not budgets.relative:
+        return {s: v * budgets.unit * budgets.scale for s, v in budgets.tokens.items()}
+    total = sum(budgets.tokens.values())
+    shares = {s: v / total for s, v in budgets.tokens.items() if v > 0}
+    # the largest blend in these proportions that repeats no subset
+    size = min((available.get(s, 0) / share for s, share in shares.items()), default=0.0)
+    return {s: shares.get(s, 0.0) * size for s in budgets.tokens}
+
+
+@dataclass(frozen=True)
+class Plan:
+    copies: np.ndarray
+    """Dense document ids of the blend, in output order (a document repeats once per epoch)."""
+    report: dict[str, dict[str, float]]
+    """Per subset: target, available and actual tokens, epochs."""
+
+
+def plan(subsets: Sequence[str], tokens: Sequence[int], budgets: Budgets, seed: int) -> Plan:
+    """Choose the copies of each document and their shuffled order."""
+    rng = np.random.default_rng(seed)
+    tokens_arr = np.asarray(tokens, dtype=np.int64)
+    by_subset: dict[str, list[int]] = {}
+    for i, s in enumerate(subsets):
+        by_subset.setdefault(s, []).append(i)
+    available = {s: int(tokens_arr[idx].sum()) for s, idx in by_subset.items()}
+    goal = targets(budgets, available)
+    chosen, report = [], {}
+    for subset in sorted(goal):
+        idx = np.asarray(by_subset.get(subset, []), dtype=np.int64)
+        have = available.get(subset, 0)
+        epochs = goal[subset] / have if have else 0.0
+        if budgets.overflow == "cap":
+            epochs = min(epochs, 1.0)
+        whole = int(epochs)
+        picked = [np.repeat(idx, whole)] if whole else []
+        order = idx[rng.permutation(len(idx))]
+        need = (epochs - whole) * have
+        if need > 0 and len(order):
+            cum = np.cumsum(tokens_arr[order])
+            picked.append(order[: int(np.searchsorted(cum, need)) + 1])
+        got = np.concatenate(picked) if picked else np.empty(0, dtype=np.int64)
+        chosen.append(got)
+        actual = int(tokens_arr[got].sum())
+        report[subset] = {
+            "target_tokens": goal[subset],
+            "available_tokens": have,
+            "actual_tokens": actual,
+            "epochs": actual / have if have else 0.0,
+        }
+    unbudgeted = sorted(set(available) - set(goal))
+    for subset in unbudgeted:  # present in the data, absent from the budgets: dropped, recorded
+        report[subset] = {"target_tokens": 0.0, "available_tokens": available[subset], "actual_tokens": 0, "epochs": 0.0}
+    copies = np.concatenate(chosen) if chosen else np.empty(0, dtype=np.int64)
+    return Plan(copies=copies[rng.permutation(len(copies))], report=report)
+
+
+def shard_of(position: np.ndarray, n_copies: int, shards: int) -> np.ndarray:
+    """Equal contiguous cuts of the shuffled order: copy at position p goes to shard p*K // n."""
+    return (position * shards) // max(n_copies, 1)

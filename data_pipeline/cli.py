@@ -1,0 +1,156 @@
+"""`evalm data`: the corpus jobs of EVALM Appendix A.1, one subcommand each.
+
+Subcommands come from one dict, COMMANDS (litgpt's PARSER_DATA): add an entry to add a command.
+Each stage is N idempotent tasks on a datatrove executor; relaunching the same command finishes
+an interrupted run. See docs/data_pipeline.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from data_pipeline import config as cfg
+from data_pipeline.runner import StageError, parse_options, record_settings, resolve_inputs, run_steps
+
+DEFAULT_BUDGETS = Path(__file__).with_name("budgets") / "table5.toml"
+
+
+def _common(p: argparse.ArgumentParser, *, multi_input: bool) -> None:
+    if multi_input:
+        p.add_argument("--input", nargs="+", required=True, metavar="PATH", help="files or folders of jsonl, jsonl.zst, jsonl.gz or parquet shards")
+    else:
+        p.add_argument("--input", required=True, metavar="DIR", help="output folder of the previous stage (its documents/ are read), or a folder of shards")
+    p.add_argument("--output", required=True, metavar="DIR", help="output folder; relaunching with the same arguments finishes an interrupted run")
+    p.add_argument("--config", metavar="FILE", help="TOML data config with [filter], [dedup], [blend] sections (defaults: DATA_SPEC.md)")
+    p.add_argument("--tasks", type=int, default=1, metavar="N", help="number of tasks (input files are dealt round-robin); fixed for an output folder")
+    p.add_argument("--workers", type=int, default=1, metavar="K", help="tasks run at once by the local executor")
+    p.add_argument("--executor", default="local", choices=["local", "slurm", "ray"], help="datatrove executor (default: local processes)")
+    p.add_argument("--executor-option", action="append", default=[], metavar="KEY=VALUE", help="passed to the executor, e.g. partition=cpu time=04:00:00 (Slurm)")
+
+
+def _filter_args(p: argparse.ArgumentParser) -> None:
+    _common(p, multi_input=True)
+
+
+def _dedup_args(p: argparse.ArgumentParser) -> None:
+    _common(p, multi_input=False)
+    p.add_argument("--redis-url", metavar="URL", help="redis://HOST:PORT/DB for the fingerprint cache and LSH buckets; without it an in-memory index (one machine)")
+
+
+def _blend_args(p: argparse.ArgumentParser) -> None:
+    _common(p, multi_input=False)
+    p.add_argument("--budgets", default=str(DEFAULT_BUDGETS), metavar="FILE", help=f"per-subset token budgets (default: Table 5, {DEFAULT_BUDGETS.name})")
+
+
+def _launch(args: argparse.Namespace, stage: str, extra: dict, build_steps: Callable) -> int:
+    config = cfg.load_stage(stage, args.config)
+    root, files = resolve_inputs(args.input if isinstance(args.input, list) else [args.input])
+    if args.tasks < 1:
+        raise StageError("--tasks must be >= 1")
+    output = Path(args.output).resolve()
+    settings = {"stage": stage, "tasks": args.tasks, "input_root": str(root), "inputs": files, **extra(config)}
+    record_settings(output, settings, files)
+    options = parse_options(args.executor_option)
+    if args.executor == "local":
+        options["workers"] = args.workers
+    run_steps(output, build_steps(output, config, args), args.executor, options)
+    if args.executor == "local":
+        print(f"{stage}: done; see {output / 'manifest.json'}")
+    else:
+        print(f"{stage}: submitted; {output / 'manifest.json'} appears when every step has finished")
+    return 0
+
+
+def _filter(args: argparse.Namespace) -> int:
+    from data_pipeline import filter_job
+
+    return _launch(args, "filter", filter_job.settings, lambda out, c, a: filter_job.steps(out, c, a.tasks))
+
+
+def _dedup(args: argparse.Namespace) -> int:
+    from data_pipeline import dedup_job
+
+    return _launch(
+        args, "dedup", lambda c: dedup_job.settings(c, args.redis_url), lambda out, c, a: dedup_job.steps(out, c, a.tasks, a.redis_url)
+    )
+
+
+def _blend(args: argparse.Namespace) -> int:
+    from data_pipeline import blend_job
+
+    budgets = cfg.load_budgets(args.budgets)
+    return _launch(args, "blend", lambda c: blend_job.settings(c, budgets), lambda out, c, a: blend_job.steps(out, c, budgets, a.tasks))
+
+
+@dataclass(frozen=True)
+class Command:
+    summary: str
+    description: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+COMMANDS: dict[str, Command] = {
+    "filter": Command(
+        "keep the ten Pile subsets, normalise, apply the six quality filters",
+        "Reads Pile-format shards (`text`, `meta.pile_set_name`), keeps the ten subsets of EVALM "
+        "Appendix A.1, normalises whitespace and removes non-ASCII characters, then applies the word "
+        "count, character/word repetition, special character, stop-word and flagged-word filters with "
+        "per-subset thresholds. Writes documents/ (kept), rejected/ (with filter_reason), errors/ "
+        "(bad input records with file and line), stats/ and manifest.json.",
+        _filter_args,
+        _filter,
+    ),
+    "dedup": Command(
+        "fuzzy dedup: 1-gram MinHash, LSH (memory or Redis), exact Jaccard > 0.95, components",
+        "Fingerprints each document's set of whitespace tokens with datasketch-compatible MinHash "
+        "(128 permutations), finds candidates with LSH of 8 bands x 16 rows, keeps only pairs whose "
+        "exact Jaccard exceeds 0.95, takes connected components with scipy and keeps one document "
+        "per component by subset priority. Writes documents/ (survivors), removed/ (each with its "
+        "component and survivor), graph/ (edges, removals, component sizes) and manifest.json.",
+        _dedup_args,
+        _dedup,
+    ),
+    "blend": Command(
+        "per-subset token budgets into shuffled heterogeneous shards",
+        "Samples (or repeats) each subset's documents to its token budget (Table 5 of EVALM by "
+        "default, scalable or relative), shuffles all of them together with a seed and writes "
+        "--tasks shards, plus blend_report.json: target vs actual tokens and epochs per subset.",
+        _blend_args,
+        _blend,
+    ),
+}
+
+
+def usage() -> str:
+    width = max(map(len, COMMANDS))
+    rows = "\n".join(f"  {name:<{width}}  {c.summary}" for name, c in COMMANDS.items())
+    return f"usage: evalm data COMMAND [ARGS...]\n\ncommands:\n{rows}\n\n`evalm data COMMAND --help` explains each one.\n"
+
+
+def main(argv: Sequence[str]) -> int:
+    argv = list(argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(usage())
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"evalm data: unknown command {name!r}; valid: {', '.join(COMMANDS)}\n\n{usage()}", file=sys.stderr)
+        return 2
+    command = COMMANDS[name]
+    parser = argparse.ArgumentParser(prog=f"evalm data {name}", description=command.description)
+    command.add_arguments(parser)
+    args = parser.parse_args(rest)
+    try:
+        return command.run(args)
+    except (StageError, cfg.ConfigError, FileNotFoundError) as err:
+        print(f"evalm data {name}: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

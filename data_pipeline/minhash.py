@@ -1,0 +1,107 @@
+"""1-gram MinHash fingerprints, bit-identical to datasketch 2.x `MinHash` (DATA_SPEC.md §4).
+
+A document's fingerprint set is its set of whitespace tokens (EVALM Appendix A.1: "whitespace-
+tokenized ... vectorized with the 1-gram language model"). datasketch's default scheme since 2.0,
+"affine32", hashes a token t as
+
+    h(t)   = fmix32(sha1_32(utf8(t)))              (MurmurHash3 finaliser of SHA-1's first 4 bytes)
+    v_k(t) = a_k * h(t) + b_k  mod 2^32             (k = 1..num_perm; a_k odd, from RandomState(seed))
+    sig_k  = min over tokens of v_k(t)
+
+`datasketch.MinHash.bulk` recomputes SHA-1 and the whole affine step for every token of every
+document. Natural text reuses a small vocabulary, so here each distinct token's permuted row
+v(t) is computed once and kept in a bounded table (`max_vocab` rows of num_perm uint32, 128 MiB
+at the defaults); a document's signature is then one row gather and one column-wise min.
+The permutations are taken from datasketch itself, so scheme, seed and num_perm mean the same
+thing in both, and tests compare the signatures for equality.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from operator import itemgetter
+
+import numpy as np
+from datasketch import LeanMinHash, MinHash
+from datasketch.hashfunc import sha1_hash32
+
+SCHEME = "affine32"
+_EMPTY = np.uint32(0xFFFFFFFF)  # datasketch's initial value: the signature of an empty set
+
+
+def token_set(text: str) -> set[str]:
+    """The fingerprinted set: distinct whitespace tokens of the normalised text."""
+    return set(text.split())
+
+
+def _fmix32(h: np.ndarray) -> np.ndarray:
+    # MurmurHash3 finaliser, the pre-mix datasketch applies once per input hash (uint32 wraps).
+    h = h ^ (h >> np.uint32(16))
+    h = h * np.uint32(0x85EBCA6B)
+    h = h ^ (h >> np.uint32(13))
+    h = h * np.uint32(0xC2B2AE35)
+    return h ^ (h >> np.uint32(16))
+
+
+class Fingerprinter:
+    """Signatures for many documents; one instance per task (it caches the vocabulary)."""
+
+    def __init__(self, num_perm: int = 128, seed: int = 1, max_vocab: int = 1 << 18):
+        a, b = MinHash(num_perm=num_perm, seed=seed, scheme=SCHEME).permutations
+        self.num_perm, self.seed = num_perm, seed
+        self._a, self._b = a.astype(np.uint32), b.astype(np.uint32)
+        self._max_vocab = max_vocab
+        self._rows: dict[str, int] = {}
+        self._table = np.empty((0, num_perm), dtype=np.uint32)
+
+    def _permuted(self, tokens: list[str]) -> np.ndarray:
+        """v(t) for each token: shape (len(tokens), num_perm), uint32."""
+        h = np.fromiter((sha1_hash32(t.encode("utf-8")) for t in tokens), dtype=np.uint32, count=len(tokens))
+        return _fmix32(h)[:, None] * self._a + self._b
+
+    def _learn(self, tokens: set[str]) -> None:
+        """Add the rows of the tokens not yet cached (doubling the table, bounded by max_vocab)."""
+        new = [t for t in tokens if t not in self._rows]
+        if len(self._rows) + len(new) > self._max_vocab:  # bounded memory: start the cache afresh
+            self._rows.clear()
+            new = list(tokens)
+        start, stop = len(self._rows), len(self._rows) + len(new)
+        if stop > len(self._table):
+            grown = np.empty((max(stop, 2 * len(self._table), 1024), self.num_perm), dtype=np.uint32)
+            grown[:start] = self._table[:start]
+            self._table = grown
+        self._table[start:stop] = self._permuted(new)
+        self._rows.update(zip(new, range(start, stop)))
+
+    def _rows_of(self, tokens: set[str]) -> np.ndarray:
+        if len(tokens) == 1:  # itemgetter of one key returns the value, not a tuple
+            return np.array([self._rows[next(iter(tokens))]], dtype=np.intp)
+        return np.fromiter(itemgetter(*tokens)(self._rows), dtype=np.intp, count=len(tokens))
+
+    def signatures(self, token_sets: Iterable[Iterable[str]]) -> np.ndarray:
+        """Signatures of documents given as token sets: shape (n, num_perm), uint32."""
+        sets = [s if isinstance(s, (set, frozenset)) else set(s) for s in token_sets]
+        out = np.full((len(sets), self.num_perm), _EMPTY, dtype=np.uint32)
+        for i, tokens in enumerate(sets):
+            if not tokens:
+                continue
+            try:
+                idx = self._rows_of(tokens)
+            except KeyError:  # the slow path, once per document with unseen tokens
+                self._learn(tokens)
+                idx = self._rows_of(tokens)
+            # small per-document arrays stay in cache; one batch-wide gather would page-fault
+            self._table.take(idx, axis=0).min(axis=0, out=out[i])
+        return out
+
+def lean(signature: np.ndarray, seed: int) -> LeanMinHash:
+    """A datasketch LeanMinHash for the LSH index (no copy of the permutations)."""
+    return LeanMinHash(seed=seed, hashvalues=signature, scheme=SCHEME)
+
+
+def lean_bytes(signature: np.ndarray, seed: int) -> bytes:
+    """LeanMinHash's own byte format (seed, size, scheme, values): what Redis caches, never pickle."""
+    m = lean(signature, seed)
+    buf = bytearray(m.bytesize())
+    m.serialize(buf)
+    return bytes(buf)

@@ -1,0 +1,249 @@
+"""Everything a stage needs around its pure steps: folders, tasks, executors, markers, manifest.
+
+A stage is a chain of datatrove executors (STYLE.md, "Data pipeline"; datatrove's
+`_run_for_rank`): each step runs as N tasks and each task writes its outputs, then its stats
+(ours in `stats/`, datatrove's in `logs/<step>/stats/`), then datatrove's completion marker
+`logs/<step>/completions/<rank>`. A relaunch skips completed tasks and reruns the others from
+scratch, overwriting their partial files; outputs are deterministic, so the result is byte for
+byte that of an uninterrupted run. The last step of every stage writes `manifest.json`.
+
+`config.json` records the stage, inputs, task count and resolved config on the first launch;
+a relaunch with anything different is refused (a mixed folder would be silently wrong).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+from datatrove.pipeline.base import PipelineStep
+from datatrove.pipeline.writers.jsonl import JsonlWriter
+
+from data_pipeline.document import Document
+from data_pipeline.reader import PileReader, is_data_file
+
+
+class StageError(RuntimeError):
+    """A stage that cannot run as asked; the message says why and what to do."""
+
+
+# ---------------------------------------------------------------- inputs
+
+
+def resolve_inputs(paths: Sequence[str | Path]) -> tuple[Path, list[str]]:
+    """(common root, sorted data files relative to it). A stage output folder means its documents/."""
+    files: list[Path] = []
+    for raw in paths:
+        path = Path(raw).resolve()
+        if path.is_dir() and (path / "manifest.json").is_file() and (path / "documents").is_dir():
+            path = path / "documents"
+        if path.is_dir():
+            found = sorted(p for p in path.rglob("*") if p.is_file() and is_data_file(p.name))
+            if not found:
+                raise StageError(f"{path}: no .jsonl, .jsonl.zst, .jsonl.gz or .parquet files inside")
+            files.extend(found)
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise StageError(f"{raw}: input not found")
+    files = sorted(set(files))
+    root = Path(os.path.commonpath([str(f.parent) for f in files]))
+    return root, [str(f.relative_to(root)) for f in files]
+
+
+def task_files(files: Sequence[str], rank: int, tasks: int) -> list[str]:
+    """datatrove's sharding of a paths file: file i belongs to task i mod tasks."""
+    return [f for i, f in enumerate(files) if i % tasks == rank]
+
+
+def reader(output: Path) -> PileReader:
+    """A reader over the inputs recorded in output/config.json (datatrove shards them)."""
+    settings = json.loads((output / "config.json").read_text())
+    return PileReader(settings["input_root"], paths_file=str(output / "inputs.txt"))
+
+
+def read_all(output: Path) -> Iterator[tuple[int, Document]]:
+    """Every input document in task order (task 0's files, then task 1's...), numbered densely.
+
+    The global steps (graph, blend plan) see documents in the same order as the per-task
+    fingerprint files, so a dense id means the same document everywhere.
+    """
+    settings = json.loads((output / "config.json").read_text())
+    n = 0
+    for rank in range(settings["tasks"]):
+        for doc in reader(output).run(None, rank, settings["tasks"]):
+            yield n, doc
+            n += 1
+
+
+# ---------------------------------------------------------------- outputs
+
+
+def writer(output: Path, kind: str, compression: str) -> JsonlWriter:
+    """datatrove's jsonl writer for `output/kind/<rank>.jsonl[.zst|.gz]` in our record format."""
+    suffix = {"zstd": ".zst", "gzip": ".gz", "none": ""}[compression]
+    return JsonlWriter(
+        str(output / kind),
+        output_filename="${rank}.jsonl" + suffix,
+        compression=None if compression == "none" else compression,
+        adapter=lambda _self, doc: doc.to_record(),
+    )
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write then rename, so a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY))
+    tmp.replace(path)
+
+
+def write_errors(output: Path, rank: int, errors: list[dict], records: int, max_fraction: float) -> None:
+    """errors/<rank>.jsonl (always written, possibly empty); fail past the allowed fraction."""
+    path = output / "errors" / f"{rank:05d}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"".join(orjson.dumps(e, option=orjson.OPT_APPEND_NEWLINE) for e in errors))
+    if records and len(errors) / records > max_fraction:
+        raise StageError(
+            f"task {rank}: {len(errors)} bad records out of {records} exceed max_error_fraction="
+            f"{max_fraction}; see {path} (file, line, kind of each). Fix or remove those inputs, "
+            "or raise max_error_fraction in the config."
+        )
+
+
+# ---------------------------------------------------------------- folder contract
+
+
+def record_settings(output: Path, settings: dict[str, Any], files: Sequence[str]) -> None:
+    """Write config.json + inputs.txt on first launch; refuse a relaunch that differs."""
+    output.mkdir(parents=True, exist_ok=True)
+    path = output / "config.json"
+    settings = json.loads(json.dumps(settings))  # tuples -> lists, as they will read back
+    if path.is_file():
+        before = json.loads(path.read_text())
+        changed = sorted(k for k in set(before) | set(settings) if before.get(k) != settings.get(k))
+        if changed:
+            detail = "; ".join(f"{k}: recorded {before.get(k)!r}, now {settings.get(k)!r}" for k in changed)
+            raise StageError(
+                f"{output} was made by another configuration ({detail}). Relaunch with the recorded "
+                f"settings (see {path}) to finish it, or choose a new --output folder."
+            )
+        return
+    (output / "inputs.txt").write_text("".join(f"{f}\n" for f in files))
+    write_json(path, settings)
+
+
+# ---------------------------------------------------------------- executors
+
+
+def _local(pipeline, tasks, logging_dir, depends, options):
+    from datatrove.executor import LocalPipelineExecutor
+
+    workers = int(options.pop("workers", 1))
+    return LocalPipelineExecutor(
+        pipeline, tasks=tasks, workers=min(workers, tasks), logging_dir=logging_dir, depends=depends, **options
+    )
+
+
+def _slurm(pipeline, tasks, logging_dir, depends, options):
+    from datatrove.executor import SlurmPipelineExecutor
+
+    options.pop("workers", None)
+    options.setdefault("time", "24:00:00")
+    if "partition" not in options:
+        raise StageError("--executor slurm needs --executor-option partition=NAME (and time=HH:MM:SS)")
+    return SlurmPipelineExecutor(pipeline, tasks=tasks, logging_dir=logging_dir, depends=depends, **options)
+
+
+def _ray(pipeline, tasks, logging_dir, depends, options):
+    try:
+        from datatrove.executor.ray import RayPipelineExecutor
+        import ray  # noqa: F401  (datatrove imports it lazily; fail here with a clear message)
+    except ImportError:
+        raise StageError("--executor ray needs `pip install ray` on every node") from None
+    workers = int(options.pop("workers", -1))
+    return RayPipelineExecutor(pipeline, tasks=tasks, workers=workers, logging_dir=logging_dir, depends=depends, **options)
+
+
+EXECUTORS: dict[str, Callable] = {"local": _local, "slurm": _slurm, "ray": _ray}
+
+
+def parse_options(items: Sequence[str]) -> dict[str, Any]:
+    """`KEY=VALUE` executor options; values read as TOML (numbers, booleans), else strings."""
+    out = {}
+    for item in items:
+        name, sep, raw = item.partition("=")
+        if not sep:
+            raise StageError(f"--executor-option {item!r}: expected KEY=VALUE, e.g. partition=cpu")
+        try:
+            out[name.strip()] = tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError:
+            out[name.strip()] = raw
+    return out
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    tasks: int
+    step: PipelineStep
+
+
+def run_steps(output: Path, steps: Sequence[Step], executor: str, options: dict[str, Any]) -> None:
+    """Chain the steps (each depends on the previous) and launch the last; datatrove runs the
+    chain, skipping completed tasks. Locally everything has finished on return; on Slurm or
+    Ray the jobs are submitted."""
+    if executor not in EXECUTORS:
+        raise StageError(f"unknown executor {executor!r}; valid: {sorted(EXECUTORS)}")
+    previous = None
+    for s in steps:
+        previous = EXECUTORS[executor]([s.step], s.tasks, str(output / "logs" / s.name), previous, dict(options))
+    previous.run()
+    if executor == "local":
+        for s in steps:
+            done = len(list((output / "logs" / s.name / "completions").glob("*")))
+            if done < s.tasks:
+                raise StageError(
+                    f"step {s.name!r}: {s.tasks - done} of {s.tasks} tasks did not complete; see "
+                    f"{output / 'logs' / s.name / 'logs'}; relaunch the same command to run only those"
+                )
+
+
+def task_stats(output: Path, step: str) -> list[dict[str, Any]]:
+    return [json.loads(p.read_text()) for p in sorted((output / "stats" / step).glob("*.json"))]
+
+
+def merge_counts(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Sum nested dicts of numbers (and element-wise lists: histograms)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        for k, v in item.items():
+            if isinstance(v, dict):
+                out[k] = merge_counts([out.get(k, {}), v])
+            elif isinstance(v, list):
+                prev = out.get(k, [0] * len(v))
+                out[k] = [a + b for a, b in zip(prev, v)]
+            elif isinstance(v, (int, float)):
+                out[k] = out.get(k, 0) + v
+    return out
+
+
+class Manifest(PipelineStep):
+    """The last step of every stage: manifest.json = settings + summed stats of every step."""
+
+    name = "manifest"
+
+    def __init__(self, output: str, summarize: Callable[[Path], dict[str, Any]]):
+        super().__init__()
+        self.output, self.summarize = output, summarize
+
+    def run(self, data=None, rank: int = 0, world_size: int = 1):
+        output = Path(self.output)
+        settings = json.loads((output / "config.json").read_text())
+        write_json(output / "manifest.json", {**settings, **self.summarize(output)})
