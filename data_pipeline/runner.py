@@ -68,18 +68,22 @@ def reader(output: Path) -> PileReader:
     return PileReader(settings["input_root"], paths_file=str(output / "inputs.txt"))
 
 
-def read_all(output: Path) -> Iterator[tuple[int, Document]]:
+def read_all(output: Path, errors: list[dict] | None = None) -> Iterator[tuple[int, Document]]:
     """Every input document in task order (task 0's files, then task 1's...), numbered densely.
 
     The global steps (graph, blend plan) see documents in the same order as the per-task
-    fingerprint files, so a dense id means the same document everywhere.
+    fingerprint files, so a dense id means the same document everywhere. Bad records are
+    appended to `errors` when given.
     """
     settings = json.loads((output / "config.json").read_text())
     n = 0
     for rank in range(settings["tasks"]):
-        for doc in reader(output).run(None, rank, settings["tasks"]):
+        source = reader(output)
+        for doc in source.run(None, rank, settings["tasks"]):
             yield n, doc
             n += 1
+        if errors is not None:
+            errors.extend(source.errors)
 
 
 # ---------------------------------------------------------------- outputs

@@ -1,0 +1,273 @@
+"""`evalm data dedup`: fuzzy dedup as restartable steps (DATA_SPEC.md §4, EVALM Appendix A.1).
+
+  fingerprints  N tasks  MinHash of each document's token set -> fingerprints/<rank>.npz
+                         (+ LeanMinHash bytes in the Redis hash fp:<basename> with --redis-url)
+  lsh           memory: 1 task, query-then-insert over all fingerprints
+  lsh_insert    Redis: N tasks insert their fingerprints (insertion_session, idempotent sets)
+  lsh_query     Redis: N tasks query their documents; a pair is kept from its larger id's side
+                -> candidates/<rank>.npy, each unordered pair exactly once
+  graph         1 task: exact Jaccard > threshold, scipy components, survivor by priority
+                -> graph/removals.jsonl, graph/stats.json
+  write         N tasks: documents/<rank> (survivors), removed/<rank> (with component, survivor)
+  manifest      1 task
+
+Dense ids number the documents in task order (runner.read_all), the same in every step.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+from datatrove.pipeline.base import PipelineStep
+
+from data_pipeline import dedup_graph, lsh
+from data_pipeline.config import DedupConfig, to_dict
+from data_pipeline.minhash import SCHEME, Fingerprinter, lean, lean_bytes, token_set
+from data_pipeline.runner import (
+    Manifest,
+    StageError,
+    Step,
+    merge_counts,
+    read_all,
+    reader,
+    task_stats,
+    write_errors,
+    write_json,
+    writer,
+)
+
+
+def _fp_path(output: Path, rank: int) -> Path:
+    return output / "fingerprints" / f"{rank:05d}.npz"
+
+
+def load_fingerprints(output: Path, rank: int, config: DedupConfig) -> dict[str, np.ndarray]:
+    """One task's fingerprints; refuses a file made with another scheme, seed or num_perm."""
+    with np.load(_fp_path(output, rank), allow_pickle=False) as data:
+        fp = {k: data[k] for k in data.files}
+    made = (str(fp["scheme"]), int(fp["seed"]), int(fp["num_perm"]))
+    if made != (config.scheme, config.seed, config.num_perm):
+        raise StageError(f"{_fp_path(output, rank)} was made with (scheme, seed, num_perm)={made}; config wants "
+                         f"{(config.scheme, config.seed, config.num_perm)}. Use a new --output folder.")
+    return fp
+
+
+def offsets(output: Path, tasks: int) -> np.ndarray:
+    """Dense id of each task's first document (length tasks + 1)."""
+    counts = []
+    for rank in range(tasks):
+        with np.load(_fp_path(output, rank), allow_pickle=False) as data:
+            counts.append(len(data["lengths"]))
+    return np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+
+
+class FingerprintStep(PipelineStep):
+    name = "fingerprints"
+
+    def __init__(self, output: str, config: DedupConfig, redis_url: str | None):
+        super().__init__()
+        self.output, self.config, self.redis_url = output, config, redis_url
+
+    def run(self, data=None, rank: int = 0, world_size: int = 1):
+        output, c = Path(self.output), self.config
+        source = reader(output)
+        ids, subsets, lengths, sets = [], [], [], []
+        for doc in source.run(None, rank, world_size):
+            ids.append(doc.id)
+            subsets.append(doc.subset)
+            lengths.append(len(doc.text))
+            sets.append(token_set(doc.text))
+        signatures = Fingerprinter(c.num_perm, c.seed).signatures(sets)
+        if self.redis_url:  # DATA_SPEC §4: the fingerprint cache, LeanMinHash bytes (never pickle)
+            client = lsh.connect(self.redis_url)
+            name = lsh.fingerprint_hash(lsh.basename_for(output))
+            with client.pipeline(transaction=False) as pipe:
+                for doc_id, sig in zip(ids, signatures):
+                    pipe.hset(name, doc_id, lean_bytes(sig, c.seed))
+                pipe.execute()
+        path = _fp_path(output, rank)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "wb") as f:  # np.savez on a handle: no ".npz" appended, same bytes each run
+            np.savez(f, signatures=signatures, ids=np.array(ids, dtype=str), subsets=np.array(subsets, dtype=str),
+                     lengths=np.array(lengths, dtype=np.int64), scheme=np.array(SCHEME), seed=np.array(c.seed),
+                     num_perm=np.array(c.num_perm))
+        write_errors(output, rank, source.errors, source.records, c.max_error_fraction)
+        write_json(output / "stats" / "fingerprints" / f"{rank:05d}.json",
+                   {"documents_in": dict(Counter(subsets)), "errors": len(source.errors)})
+
+
+def _write_candidates(output: Path, rank: int, pairs: list[tuple[int, int]]) -> None:
+    path = output / "candidates" / f"{rank:05d}.npy"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    arr = np.array(sorted(set(pairs)), dtype=np.int64).reshape(-1, 2)
+    with open(path, "wb") as f:
+        np.save(f, arr, allow_pickle=False)
+
+
+class MemoryLshStep(PipelineStep):
+    """One pass, query then insert: each candidate pair (earlier, later) is found exactly once."""
+
+    name = "lsh"
+
+    def __init__(self, output: str, config: DedupConfig, tasks: int):
+        super().__init__()
+        self.output, self.config, self.tasks = output, config, tasks
+
+    def run(self, data=None, rank: int = 0, world_size: int = 1):
+        output, c = Path(self.output), self.config
+        index = lsh.make_index(c.num_perm, c.bands, c.rows)
+        pairs, dense = [], 0
+        for task in range(self.tasks):
+            for sig in load_fingerprints(output, task, c)["signatures"]:
+                m = lean(sig, c.seed)
+                pairs.extend((other, dense) for other in index.query(m))
+                index.insert(dense, m, check_duplication=False)
+                dense += 1
+        _write_candidates(output, 0, pairs)
+
+
+class RedisInsertStep(PipelineStep):
+    name = "lsh_insert"
+
+    def __init__(self, output: str, config: DedupConfig, tasks: int, redis_url: str):
+        super().__init__()
+        self.output, self.config, self.tasks, self.redis_url = output, config, tasks, redis_url
+
+    def run(self, data=None, rank: int = 0, world_size: int = 1):
+        output, c = Path(self.output), self.config
+        index = lsh.make_index(c.num_perm, c.bands, c.rows, self.redis_url, lsh.basename_for(output))
+        first = int(offsets(output, self.tasks)[rank])
+        # re-inserting after a restart only re-adds members to bucket sets: idempotent
+        with index.insertion_session() as session:
+            for i, sig in enumerate(load_fingerprints(output, rank, c)["signatures"]):
+                session.insert(lsh.key(first + i, True), lean(sig, c.seed), check_duplication=False)
+
+
+class RedisQueryStep(PipelineStep):
+    name = "lsh_query"
+
+    def __init__(self, output: str, config: DedupConfig, tasks: int, redis_url: str):
+        super().__init__()
+        self.output, self.config, self.tasks, self.redis_url = output, config, tasks, redis_url
+
+    def run(self, data=None, rank: int = 0, world_size: int = 1):
+        output, c = Path(self.output), self.config
+        index = lsh.make_index(c.num_perm, c.bands, c.rows, self.redis_url, lsh.basename_for(output))
+        first = int(offsets(output, self.tasks)[rank])
+        pairs = []
+        for i, sig in enumerate(load_fingerprints(output, rank, c)["signatures"]):
+            me = first + i
+            # both ends of a pair find each other; keep it from the larger id's side only
+            pairs.extend((other, me) for other in map(lsh.dense, index.query(lean(sig, c.seed))) if other < me)
+        _write_candidates(output, rank, pairs)
+
+
+class GraphStep(PipelineStep):
+    name = "graph"
+
+    def __init__(self, output: str, config: DedupConfig, tasks: int):
+        super().__init__()
+        self.output, self.config, self.tasks = output, config, tasks
+
+    def run(self, data=None, rank: int = 0, world_size: int = 1):
+        output, c = Path(self.output), self.config
+        files = sorted((output / "candidates").glob("*.npy"))
+        pairs = np.unique(np.concatenate([np.load(f, allow_pickle=False) for f in files]), axis=0)
+        needed = set(pairs.ravel().tolist())
+        tokens = {n: token_set(doc.text) for n, doc in read_all(output) if n in needed}
+        fps = [load_fingerprints(output, t, c) for t in range(self.tasks)]
+        ids = np.concatenate([f["ids"] for f in fps]).tolist()
+        subsets = np.concatenate([f["subsets"] for f in fps]).tolist()
+        lengths = np.concatenate([f["lengths"] for f in fps]).tolist()
+        edges = dedup_graph.verify(map(tuple, pairs.tolist()), tokens.__getitem__, c.threshold)
+        labels = dedup_graph.components(len(ids), edges)
+        removed = dedup_graph.survivors(labels, subsets, lengths, ids, c.priority)
+        rows = [
+            {"dense": k, "id": ids[k], "subset": subsets[k], "component": int(labels[k]),
+             "survivor": ids[s], "survivor_subset": subsets[s]}
+            for k, s in sorted(removed.items())
+        ]
+        (output / "graph").mkdir(parents=True, exist_ok=True)
+        (output / "graph" / "removals.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+        write_json(output / "graph" / "stats.json", graph_stats(pairs, edges, labels, subsets, removed, lengths))
+
+
+def graph_stats(pairs, edges, labels, subsets, removed, lengths) -> dict[str, Any]:
+    """DATA_SPEC §4 metrics, with DM Mathematics' component sizes reported on their own."""
+    sizes = Counter(labels.tolist())
+    big = {label: size for label, size in sizes.items() if size > 1}
+    dm_labels = {int(labels[k]) for k, s in enumerate(subsets) if s == "DM Mathematics"}
+    dm = sorted((size for label, size in big.items() if label in dm_labels), reverse=True)
+    return {
+        "candidates": int(len(pairs)),
+        "verified_edges": len(edges),
+        "verification_rejection_rate": 1 - len(edges) / len(pairs) if len(pairs) else 0.0,
+        "components_with_duplicates": len(big),
+        "component_size_histogram": {str(k): v for k, v in sorted(Counter(big.values()).items())},
+        "documents_removed": dict(Counter(subsets[k] for k in removed)),
+        "characters_removed": dict(sum((Counter({subsets[k]: lengths[k]}) for k in removed), Counter())),
+        "dm_mathematics_component_sizes": dm[:100],
+    }
+
+
+class WriteStep(PipelineStep):
+    name = "write"
+
+    def __init__(self, output: str, config: DedupConfig, tasks: int):
+        super().__init__()
+        self.output, self.config, self.tasks = output, config, tasks
+
+    def run(self, data=None, rank: int = 0, world_size: int = 1):
+        output, c = Path(self.output), self.config
+        first = int(offsets(output, self.tasks)[rank])
+        removals = {}
+        for line in (output / "graph" / "removals.jsonl").read_bytes().splitlines():
+            row = orjson.loads(line)
+            removals[row["dense"]] = row
+        kept, removed = writer(output, "documents", c.compression), writer(output, "removed", c.compression)
+        counts = {"documents_kept": Counter(), "documents_removed": Counter()}
+        with kept, removed:
+            for i, doc in enumerate(reader(output).run(None, rank, world_size)):
+                row = removals.get(first + i)
+                if row is None:
+                    kept.write(doc, rank)
+                    counts["documents_kept"][doc.subset] += 1
+                else:
+                    doc.annotations.update(dedup_component=row["component"], dedup_survivor=row["survivor"])
+                    removed.write(doc, rank)
+                    counts["documents_removed"][doc.subset] += 1
+        write_json(output / "stats" / "write" / f"{rank:05d}.json", {k: dict(v) for k, v in counts.items()})
+
+
+def summarize(output: Path) -> dict[str, Any]:
+    import json
+
+    return {
+        "stats": merge_counts(task_stats(output, "fingerprints") + task_stats(output, "write")),
+        "graph": json.loads((output / "graph" / "stats.json").read_text()),
+    }
+
+
+def steps(output: Path, config: DedupConfig, tasks: int, redis_url: str | None) -> list[Step]:
+    out = str(output)
+    if redis_url:
+        lsh.connect(redis_url)  # fail fast, before any task starts
+        index = [Step("lsh_insert", tasks, RedisInsertStep(out, config, tasks, redis_url)),
+                 Step("lsh_query", tasks, RedisQueryStep(out, config, tasks, redis_url))]
+    else:
+        index = [Step("lsh", 1, MemoryLshStep(out, config, tasks))]
+    return [
+        Step("fingerprints", tasks, FingerprintStep(out, config, redis_url)),
+        *index,
+        Step("graph", 1, GraphStep(out, config, tasks)),
+        Step("write", tasks, WriteStep(out, config, tasks)),
+        Step("manifest", 1, Manifest(out, summarize)),
+    ]
+
+
+def settings(config: DedupConfig, redis_url: str | None) -> dict[str, Any]:
+    return {"config": to_dict(config), "index": {"kind": "redis" if redis_url else "memory", "redis_url": redis_url}}
