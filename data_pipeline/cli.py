@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from data_pipeline import config as cfg
+from data_pipeline.lsh import RedisUnavailable
 from data_pipeline.runner import StageError, parse_options, record_settings, resolve_inputs, run_steps
 
 DEFAULT_BUDGETS = Path(__file__).with_name("budgets") / "table5.toml"
@@ -147,7 +148,7 @@ def main(argv: Sequence[str]) -> int:
     args = parser.parse_args(rest)
     try:
         return command.run(args)
-    except (StageError, cfg.ConfigError, FileNotFoundError) as err:
+    except (StageError, RedisUnavailable, cfg.ConfigError, FileNotFoundError) as err:
         print(f"evalm data {name}: error: {err}", file=sys.stderr)
         return 2
 
