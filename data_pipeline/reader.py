@@ -36,10 +36,31 @@ def is_data_file(path: str) -> bool:
     return _extension(path) != ""
 
 
-def _lines(f, chunk: int = 1 << 20) -> Iterator[bytes]:
-    """Lines of a binary stream; zstandard's reader has no readline, so split chunks ourselves."""
+def _zstd_blocks(raw, chunk: int = 1 << 20) -> Iterator[bytes]:
+    """Decompressed blocks of a (multi-frame) zstd stream; EOFError if it ends inside a frame.
+
+    zstandard's stream_reader (what fsspec uses) returns a short read at a truncated end without
+    any error, which would lose the rest of the file silently."""
+    dobj, fed = zstandard.ZstdDecompressor().decompressobj(), False
+    while block := raw.read(chunk):
+        while block:
+            out = dobj.decompress(block)
+            fed = True
+            if out:
+                yield out
+            if dobj.eof:  # frame complete; anything left starts the next frame
+                block = dobj.unused_data
+                dobj, fed = zstandard.ZstdDecompressor().decompressobj(), False
+            else:
+                block = b""
+    if fed:
+        raise EOFError("zstd stream ends inside a frame (truncated file)")
+
+
+def _lines(blocks: Iterator[bytes]) -> Iterator[bytes]:
+    """Lines of a stream of byte blocks."""
     rest = b""
-    while block := f.read(chunk):
+    for block in blocks:
         lines = (rest + block).split(b"\n")
         rest = lines.pop()
         yield from lines
@@ -84,8 +105,10 @@ class PileReader(BaseDiskReader):
     def _read_jsonl(self, filepath: str) -> Iterator[Document]:
         line = 0
         try:
-            with self.data_folder.open(filepath, "rb", compression="infer") as f:
-                for line, raw in enumerate(_lines(f), start=1):
+            zstd = _extension(filepath).endswith((".zst", ".zstd"))
+            with self.data_folder.open(filepath, "rb", compression=None if zstd else "infer") as f:
+                blocks = _zstd_blocks(f) if zstd else iter(lambda: f.read(1 << 20), b"")
+                for line, raw in enumerate(_lines(blocks), start=1):
                     if not raw.strip():
                         continue
                     try:
