@@ -195,6 +195,9 @@ def parse_run_args(argv: Sequence[str] | None, *, prog: str, description: str, d
                         help="none (default; refuses a folder with checkpoints), auto (latest complete "
                              "checkpoint of --out, else fresh), or a checkpoint path")
     args = parser.parse_args(argv)
-    config = load_run_config(args.config, args.overrides, data_cls)
+    try:
+        config = load_run_config(args.config, args.overrides, data_cls)
+    except ConfigError as err:
+        parser.exit(2, f"{prog}: error: {err}\n")
     out = Path(args.out) if args.out else Path("runs") / Path(args.config).stem
     return config, out, args.resume

@@ -44,9 +44,14 @@ def make_source(config: MsitDataConfig, model_vocab: int):
 def main(argv: Sequence[str] | None = None) -> int:
     config, out, resume = parse_run_args(argv, prog="evalm train msit", description=__doc__.split("\n")[0],
                                          default_config=DEFAULT_CONFIG, data_cls=MsitDataConfig)
+    from train.checkpoint import CheckpointError
     from train.trainer import run
 
-    run(config, out, make_source(config.data, config.model.vocab_size), resume=resume, command="msit")
+    try:
+        run(config, out, make_source(config.data, config.model.vocab_size), resume=resume, command="msit")
+    except (CheckpointError, FileNotFoundError, ValueError) as err:  # what to fix, without a traceback
+        print(f"evalm train msit: error: {err}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -35,9 +35,14 @@ def make_source(config, model_vocab: int):
 def main(argv: Sequence[str] | None = None) -> int:
     config, out, resume = parse_run_args(argv, prog="evalm train pretrain", description=__doc__.split("\n")[0],
                                          default_config=DEFAULT_CONFIG)
+    from train.checkpoint import CheckpointError
     from train.trainer import run
 
-    run(config, out, make_source(config.data, config.model.vocab_size), resume=resume, command="pretrain")
+    try:
+        run(config, out, make_source(config.data, config.model.vocab_size), resume=resume, command="pretrain")
+    except (CheckpointError, FileNotFoundError, ValueError) as err:  # what to fix, without a traceback
+        print(f"evalm train pretrain: error: {err}", file=sys.stderr)
+        return 2
     return 0
 
 
