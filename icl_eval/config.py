@@ -1,0 +1,90 @@
+"""Evaluation configs: `[eval]` (many-shot ICL protocol and method knobs) and `[ppl]` (perplexity).
+
+Built with `evalm.config.build`, so an unknown key names the file, the section and the valid keys.
+The method knobs live in `icl_eval.methods.MethodOptions` (section `[eval.method]`) and the
+synthetic family in `icl_eval.synthetic.SyntheticConfig` (section `[synthetic]`).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic.dataclasses import dataclass
+
+from evalm.config import FROZEN
+
+PAPER_SHOTS = (0, 1, 3, 4, 8, 16, 32, 64, 80, 128, 192, 256, 372, 512, 640, 768, 896, 1024, 1280, 1536, 1792, 2000)
+"""EVALM Appendix C.1."""
+
+
+@dataclass(config=FROZEN, frozen=True)
+class EvalConfig:
+    """Many-shot ICL protocol (ICL_SPEC §4-§5)."""
+
+    task: str = "synthetic"
+    """A built-in task name (see `tasks.TEMPLATE_SETS`), `synthetic`, or a task file (.toml/.yaml)."""
+    template_set: Literal["evalm", "structured"] = "evalm"
+    """EVALM Table 8 templates, or Structured Prompting Appendix A."""
+    data: str | None = None
+    """Folder with train/validation/test .jsonl/.csv/.parquet files or saved `datasets` splits."""
+    methods: tuple[str, ...] = ("incremental", "concat", "structured", "saicl")
+    """Methods to run (icl_eval.methods.METHODS)."""
+    shots: tuple[int, ...] = (0, 1, 4, 16, 32)
+    """Demonstrations per prompt (the paper's list is config.PAPER_SHOTS)."""
+    seeds: tuple[int, ...] = (1, 2, 3)
+    """One demonstration draw per seed; results give mean and std over seeds."""
+    selection: Literal["random", "topk"] = "random"
+    """Dataset-level seeded sampling, or instance-level Top-k by TF-IDF."""
+    balanced: bool = False
+    """Label-balanced dataset-level sampling."""
+    separator: Literal["newline", "eos", "space-newline"] = "newline"
+    """Between demonstrations (ICL_SPEC §2)."""
+    calibration: Literal["none", "contextual", "pmi"] = "none"
+    """Zhao et al.'s contextual calibration, or PMI against an "N/A" input."""
+    max_test_items: int | None = 200
+    """Score at most this many test items (the first ones, in file order); None for all."""
+    validation_items: int = 500
+    """Held out from train when the data has no validation split (EVALM §4.1)."""
+    choose_shot_on_validation: bool = False
+    """Also score the validation split and report test accuracy at its best shot, per method."""
+    save_predictions: bool = False
+    """Write predictions.jsonl: every candidate's score per item, method, shot and seed."""
+    device: str = "cpu"
+    """Torch device of the model."""
+    dtype: Literal["float32", "float64", "bfloat16", "float16"] = "float32"
+    """Model dtype (scores are computed in float32 from the logits)."""
+    context_window: int | None = None
+    """Override the model's window (EVALM: no limit; HF: max_position_embeddings)."""
+
+    def __post_init__(self) -> None:
+        from icl_eval.methods import METHODS
+
+        unknown = [m for m in self.methods if m not in METHODS]
+        if unknown:
+            raise ValueError(f"unknown method(s) {unknown}; valid: {list(METHODS)}")
+        if any(k < 0 for k in self.shots) or not self.seeds:
+            raise ValueError("shots must be >= 0 and at least one seed is needed")
+
+
+@dataclass(config=FROZEN, frozen=True)
+class PerplexityConfig:
+    """Perplexity vs context length (ICL_SPEC §6, EVALM §4.4)."""
+
+    books: tuple[str, ...] = ()
+    """Folders of .txt books (PG-19's split folders) or single .txt files."""
+    max_books: int | None = 10
+    """Read at most this many books (sorted by file name)."""
+    max_tokens: int = 262_144
+    """Score at most this many tokens per book."""
+    segment_tokens: int = 8192
+    """Incremental-encoding segment (the training length)."""
+    buckets: tuple[int, ...] = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144)
+    """Upper ends of the position buckets; a token at position p falls in the first bucket > p."""
+    baselines: tuple[Literal["nonoverlap", "sliding"], ...] = ("nonoverlap", "sliding")
+    """Re-encoding baselines on the same books."""
+    window_tokens: int | None = None
+    """Window of the baselines (default: segment_tokens)."""
+    stride_tokens: int | None = None
+    """Stride of the sliding baseline (default: window / 2)."""
+    device: str = "cpu"
+    dtype: Literal["float32", "float64", "bfloat16", "float16"] = "float32"

@@ -1,0 +1,154 @@
+"""The many-shot protocol (ICL_SPEC §5): methods x shots x seeds, mean ± std, best shot on validation.
+
+For each seed and shot count, the demonstrations are drawn once (dataset level: the same ordered
+list for every test item, so the cache is reused) or per item (Top-k), every method scores every
+test item, and the record keeps what was used: demonstrations per item, context tokens, groups,
+seconds per item and cache bytes. The synthetic task draws a fresh episode (rule) per seed.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from icl_eval.config import EvalConfig
+from icl_eval.lm import CausalLM
+from icl_eval.methods import METHODS, MethodOptions, MethodResult
+from icl_eval.prompts import Demo, PromptBuilder, TestItem
+from icl_eval.scoring import calibrate, metrics
+from icl_eval.selection import TopK, dataset_level
+from icl_eval.tasks import Task
+
+Splits = dict[str, list[dict[str, Any]]]
+
+
+def hold_out_validation(splits: Splits, n: int) -> tuple[Splits, list[int]]:
+    """Use the validation split if present, else the last `n` training items (excluded from demos)."""
+    if splits.get("validation"):
+        return splits, []
+    train = splits["train"]
+    if n >= len(train):
+        raise ValueError(f"cannot hold out {n} validation items from {len(train)} training items")
+    held = list(range(len(train) - n, len(train)))
+    return {**splits, "validation": [train[i] for i in held]}, held
+
+
+class Runner:
+    """Scores one task on one model over the protocol grid."""
+
+    def __init__(self, lm: CausalLM, task: Task, config: EvalConfig, options: MethodOptions,
+                 splits_for_seed: Callable[[int], Splits], progress=None):
+        self.lm, self.task, self.config, self.options = lm, task, config, options
+        self.splits_for_seed, self.progress = splits_for_seed, progress
+        self.prompt = PromptBuilder(task, lm.tokenizer, config.separator)
+        self.records: list[dict] = []
+        self.predictions: list[dict] = []
+
+    def run(self) -> list[dict]:
+        for seed in self.config.seeds:
+            splits, held = hold_out_validation(self.splits_for_seed(seed), self.config.validation_items) \
+                if self.config.choose_shot_on_validation else (self.splits_for_seed(seed), [])
+            parts = ["test"] + (["validation"] if self.config.choose_shot_on_validation else [])
+            for split in parts:
+                self._run_split(splits, split, seed, held)
+        return self.records
+
+    def _run_split(self, splits: Splits, split: str, seed: int, held: list[int]) -> None:
+        train = splits["train"]
+        rows = splits[split][: self.config.max_test_items] if self.config.max_test_items else splits[split]
+        demo_cache: dict[int, Demo] = {}
+
+        def demo(i: int) -> Demo:
+            if i not in demo_cache:
+                demo_cache[i] = self.prompt.demo(i, train[i])
+            return demo_cache[i]
+
+        labels = [self.task.gold(r) for r in train] if self.config.balanced else None
+        topk = TopK([self._text(r) for r in train]) if self.config.selection == "topk" else None
+        for k in self.config.shots:
+            items = [self.prompt.test_item(i, r, k) for i, r in enumerate(rows)]
+            if topk is not None:
+                per_item = [[demo(j) for j in topk.select(self._text(r), k, exclude=held)] for r in rows]
+            else:
+                ids = dataset_level(len(train), k, seed, exclude=held, labels=labels)
+                per_item = [[demo(j) for j in ids]] * len(items)
+            for name in self.config.methods:
+                result = self._score(name, per_item, items, rows, k)
+                self._record(name, split, seed, k, items, per_item, result)
+
+    def _score(self, name: str, per_item: list[list[Demo]], items: list[TestItem], rows, k: int) -> MethodResult:
+        method = METHODS[name]
+        if self.config.selection == "topk":  # a different context per item: no reuse across items
+            parts = [method(self.lm, self.prompt, d, [it], self.options, self._tick) for d, it in zip(per_item, items)]
+            info = dict(parts[0].info)
+            info["demos_used"] = [p.info["demos_used"][0] for p in parts]
+            info["seconds_per_item"] = float(np.mean([p.info["seconds"] for p in parts]))
+            result = MethodResult([p.scores[0] for p in parts], info)
+        else:
+            result = method(self.lm, self.prompt, per_item[0], items, self.options, self._tick)
+        if self.config.calibration != "none":
+            if self.task.choice_fields:
+                raise ValueError(f"calibration needs a fixed label space; {self.task.name!r} is multiple choice")
+            cf_items = self.prompt.content_free_items(rows[0], k)
+            cf = method(self.lm, self.prompt, per_item[0], cf_items, self.options).scores
+            result.scores = calibrate(np.array(result.scores), np.array(cf), self.config.calibration).tolist()
+        return result
+
+    def _tick(self, n: int) -> None:
+        if self.progress is not None:
+            self.progress(n)
+
+    def _text(self, row: dict) -> str:
+        return " ".join(self.task.fields(row).values())
+
+    def _record(self, name, split, seed, k, items, per_item, result: MethodResult) -> None:
+        preds = [int(np.argmax(s)) for s in result.scores]
+        gold = [it.gold for it in items]
+        demos = per_item[0]
+        info = {key: v for key, v in result.info.items() if key != "demos_used"}
+        used = result.info.get("demos_used", [k] * len(items))
+        self.records.append({
+            "method": name, "split": split, "seed": seed, "shots": k, **metrics(preds, gold),
+            "demos_used_min": min(used, default=k), "demos_used_mean": float(np.mean(used)) if used else float(k),
+            "demo_ids": [d.item_id for d in demos] if self.config.selection == "random" else None,
+            "tokens_per_demo": float(np.mean([len(d.tokens) for d in demos])) if demos else 0.0,
+            **info,
+        })
+        if self.config.save_predictions:
+            for it, s, p in zip(items, result.scores, preds):
+                self.predictions.append({"method": name, "split": split, "seed": seed, "shots": k, "item": it.item_id,
+                                         "gold": it.gold, "prediction": p, "scores": [float(x) for x in s]})
+
+
+def summarize(records: list[dict]) -> dict[str, Any]:
+    """Per method and shot: mean ± std accuracy (and macro-F1) over seeds; best validation shot per method."""
+    table: dict[str, dict[str, dict]] = {}
+    for split in ("test", "validation"):
+        for r in (r for r in records if r["split"] == split):
+            cell = table.setdefault(split, {}).setdefault(r["method"], {}).setdefault(str(r["shots"]), {
+                "accuracy": [], "macro_f1": [], "seconds_per_item": [], "demos_used_mean": []})
+            for key in cell:
+                cell[key].append(r[key])
+    out: dict[str, Any] = {}
+    for split, methods in table.items():
+        out[split] = {m: {k: _stats(v) for k, v in shots.items()} for m, shots in methods.items()}
+    if "validation" in out:
+        best = {}
+        for m, shots in out["validation"].items():
+            k = max(shots, key=lambda s: (shots[s]["accuracy_mean"], -int(s)))
+            best[m] = {"best_shot": int(k), "validation_accuracy": shots[k]["accuracy_mean"],
+                       "test_accuracy": out["test"][m][k]["accuracy_mean"], "test_accuracy_std": out["test"][m][k]["accuracy_std"]}
+        out["best_shot"] = best
+    return out
+
+
+def _stats(cell: dict[str, list[float]]) -> dict[str, float]:
+    out = {}
+    for key, values in cell.items():
+        out[f"{key}_mean"] = float(statistics.fmean(values))
+        out[f"{key}_std"] = float(statistics.stdev(values)) if len(values) > 1 else 0.0
+    out["n_seeds"] = len(cell["accuracy"])
+    return out
