@@ -26,7 +26,7 @@ _EXCERPT = 2000  # bytes of a bad line kept in the errors file (base64), enough 
 
 def _extension(path: str) -> str:
     name = path.lower()
-    for ext in (".jsonl.zst", ".jsonl.zstd", ".jsonl.gz", ".jsonl", ".json.zst", ".json.gz", ".json", ".parquet"):
+    for ext in (".jsonl.zst", ".jsonl.zstd", ".jsonl.gz", ".jsonl", ".parquet"):
         if name.endswith(ext):
             return ext
     return ""

@@ -41,7 +41,9 @@ def resolve_inputs(paths: Sequence[str | Path]) -> tuple[Path, list[str]]:
     files: list[Path] = []
     for raw in paths:
         path = Path(raw).resolve()
-        if path.is_dir() and (path / "manifest.json").is_file() and (path / "documents").is_dir():
+        if path.is_dir() and (path / "manifest.json").is_file():
+            if not (path / "documents").is_dir():
+                raise StageError(f"{path} is a finished stage with no documents/ (everything was dropped? see its manifest.json)")
             path = path / "documents"
         if path.is_dir():
             found = sorted(p for p in path.rglob("*") if p.is_file() and is_data_file(p.name))
