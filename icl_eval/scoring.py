@@ -31,7 +31,8 @@ from icl_eval.prompts import Candidate
 
 def token_logprobs(logits: Tensor, tokens: Tensor) -> Tensor:
     """(B, T, V), (B, T) -> (B, T): log p(tokens[t] | < t) at t >= 1; index 0 is 0 (no prediction)."""
-    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    wide = torch.promote_types(logits.dtype, torch.float32)  # float32, or float64 when given
+    logp = torch.log_softmax(logits[:, :-1].to(wide), dim=-1)
     picked = logp.gather(-1, tokens[:, 1:, None].to(logp.device)).squeeze(-1)
     return torch.cat([torch.zeros_like(picked[:, :1]), picked], dim=1)
 

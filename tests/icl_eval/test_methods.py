@@ -1,0 +1,146 @@
+"""Exactness oracles of the ICL methods (ICL_SPEC §3) on tiny EVA and full-attention EvalmModels.
+
+Run: python -m pytest tests/icl_eval/test_methods.py -q
+Tolerance 1e-6 on float64 models (the paths differ only in the order of the arithmetic: one forward
+vs cached segments and merged groups, so the differences are rounding, ~1e-14). One float32 check
+uses a relative 1e-6: a score near -12 has an ulp of ~1e-6 in float32.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from icl_eval.methods import METHODS, MethodOptions, PromptTooLong, make_groups, structured
+from tests.icl_eval.conftest import demos_and_items
+
+TOL = 1e-6
+
+
+def scores(method, lm, prompt, demos, items, **opts):
+    return np.array(METHODS[method](lm, prompt, demos, items, MethodOptions(**opts)).scores)
+
+
+def test_incremental_equals_concat(lm, synth):
+    prompt, splits = synth
+    demos, items = demos_and_items(prompt, splits, 30)  # 1 + 30*3 - 1 = 90 tokens: blocks, chunks, several segments
+    a = scores("concat", lm, prompt, demos, items)
+    b = scores("incremental", lm, prompt, demos, items, segment_tokens=7)  # odd segments: cache split points
+    assert np.abs(a - b).max() <= TOL
+    assert np.ptp(a) > 1e-3  # the scores are not all equal (an oracle that cannot fail is a defect)
+
+
+def test_incremental_equals_concat_float32(synth):
+    from tests.icl_eval.conftest import tiny_evalm
+
+    prompt, splits = synth
+    demos, items = demos_and_items(prompt, splits, 30)
+    for attention in ("eva", "full"):
+        lm = tiny_evalm(attention)
+        a = scores("concat", lm, prompt, demos, items)
+        b = scores("incremental", lm, prompt, demos, items, segment_tokens=7)
+        np.testing.assert_allclose(b, a, rtol=1e-6, atol=0)
+
+
+def test_structured_one_group_equals_concat(lm, synth):
+    """[EVA alignment note] With EVA the group length must be a multiple of window_size (16 demos x 3
+    tokens = 48 = 3 windows): a merged group's open window is always visible to the test tokens,
+    while in `concat` the test tokens that start a new block see it only through chunk summaries."""
+    prompt, splits = synth
+    demos, items = demos_and_items(prompt, splits, 16)
+    assert len(prompt.context(demos)) % 16 == 0
+    a = scores("concat", lm, prompt, demos, items)
+    b = scores("structured", lm, prompt, demos, items, n_groups=1)
+    assert np.abs(a - b).max() <= TOL
+
+
+def test_structured_one_group_equals_concat_any_length_full_attention(synth):
+    from tests.icl_eval.conftest import tiny_evalm
+
+    lm = tiny_evalm("full", dtype=torch.float64)
+    prompt, splits = synth
+    demos, items = demos_and_items(prompt, splits, 21)  # 63 tokens: no alignment needed without EVA blocks
+    a = scores("concat", lm, prompt, demos, items)
+    assert np.abs(a - scores("structured", lm, prompt, demos, items, n_groups=1)).max() <= TOL
+
+
+def test_log_m_boost_equals_repeating_the_group(lm, synth):
+    """M identical groups + log M on the test's own logits == one group (Eq. 2: 'repeat the test M times').
+
+    Each copy adds the same exp-mass to the softmax denominator, so the union over M copies equals
+    one copy with its mass times M; raising the own logits by exactly log M restores the ratio.
+    """
+    prompt, splits = synth
+    demos, items = demos_and_items(prompt, splits, 16)  # 48 tokens: a multiple of window_size (EVA)
+    one = scores("concat", lm, prompt, demos, items)
+    opts = MethodOptions(n_groups=1)
+    group = make_groups(prompt, demos, opts)[0]
+    from icl_eval.methods import _grouped
+
+    for m in (2, 3):
+        copies = [type(group)(list(group.demo_ids), list(group.tokens)) for _ in range(m)]
+        boosted = np.array(_grouped(lm, prompt, copies, items, opts, math.log(m), None).scores)
+        plain = np.array(_grouped(lm, prompt, copies, items, opts, 0.0, None).scores)
+        assert np.abs(boosted - one).max() <= TOL
+        assert np.abs(plain - one).max() > 1e-3  # without the rescale the test over-attends to the context
+
+
+@pytest.mark.parametrize("method", ["saicl", "structured"])
+def test_one_demo_per_group_is_order_invariant(lm, synth, method):
+    prompt, splits = synth
+    demos, items = demos_and_items(prompt, splits, 7)
+    opts = {"n_groups": 7} if method == "structured" else {}
+    a = scores(method, lm, prompt, demos, items, **opts)
+    shuffled = list(demos)
+    random.Random(3).shuffle(shuffled)
+    b = scores(method, lm, prompt, shuffled, items, **opts)
+    assert np.abs(a - b).max() <= TOL
+    # ...whereas concatenation does depend on the order (so the check above can fail)
+    assert np.abs(scores("concat", lm, prompt, demos, items) - scores("concat", lm, prompt, shuffled, items)).max() > 1e-4
+
+
+def test_groups_keep_every_demo_and_record_tokens(synth):
+    prompt, splits = synth
+    demos, _ = demos_and_items(prompt, splits, 25)
+    groups = make_groups(prompt, demos, MethodOptions(group_tokens=32))
+    assert [i for g in groups for i in g.demo_ids] == [d.item_id for d in demos]  # order kept, nothing dropped
+    assert all(len(g.tokens) <= 32 for g in groups) and len(groups[-1].tokens) < 32  # the unfilled last group is kept
+    with pytest.raises(PromptTooLong):
+        make_groups(prompt, demos, MethodOptions(group_tokens=2))
+
+
+def test_window_overflow_is_never_silent(synth):
+    from tests.icl_eval.conftest import tiny_evalm
+
+    lm = tiny_evalm("full")
+    lm.max_positions = 40
+    prompt, splits = synth
+    demos, items = demos_and_items(prompt, splits, 20)  # 60 tokens of context > 40
+    with pytest.raises(PromptTooLong, match="fit"):
+        METHODS["concat"](lm, prompt, demos, items, MethodOptions())
+    with pytest.raises(PromptTooLong):
+        METHODS["incremental"](lm, prompt, demos, items, MethodOptions())
+    res = METHODS["concat"](lm, prompt, demos, items, MethodOptions(on_overflow="drop_left"))
+    used = res.info["demos_used"]
+    assert all(0 < u < 20 for u in used)
+    # the kept demonstrations are the LAST ones (dropped from the left), and they fit
+    kept = demos[-used[0]:]
+    assert len(prompt.context(kept)) + max(len(c.tokens) for c in items[0].candidates) <= 40
+
+
+def test_every_method_runs_at_zero_shots(lm, synth):
+    prompt, splits = synth
+    _, items = demos_and_items(prompt, splits, 0)
+    base = scores("concat", lm, prompt, [], items)
+    for name in METHODS:
+        assert np.abs(scores(name, lm, prompt, [], items) - base).max() <= TOL, name
+
+
+def test_ensemble_single_demo_equals_incremental(lm, synth):
+    prompt, splits = synth
+    demos, items = demos_and_items(prompt, splits, 1)
+    assert np.abs(scores("ensemble", lm, prompt, demos, items) - scores("incremental", lm, prompt, demos, items)).max() <= TOL
