@@ -10,10 +10,12 @@ For the query at absolute position i, with block b = ⌊i/w⌋ and chunk a = ⌊
   o_i = softmax([s·q_i·k_j + t5(i, j)]_{j∈L(i)} ⧺ [s·q_i·k̃_r]_{r∈R(i)}) · [v_j ⧺ β_r]
 
 One code path serves training (empty cache) and incremental encoding (EVA_SPEC §4.2): the new
-tokens are laid out after the cached window rows on the block grid, so a segment of any length
-continues exactly where the cache stopped. Softmax runs in fp32 (§8.8). Query blocks are tiled so
-the remote logits of a long segment never exceed a fixed budget, and each tile reads only the
-chunks its last query can see. No dense B·H·n²/c mask is built (§8.6).
+tokens' keys follow the cached window rows, so a segment of any length continues exactly where
+the cache stopped. Queries are tiled so a long segment's keys never exceed a fixed budget and each
+group of tiles reads only the chunks its last query can see. Causality, windows, chunk visibility
+and biases form one additive mask per tile, shared by all heads and sequences, never the
+reference's dense B·H·n²/c tensor (§8.6); the joint softmax runs in PyTorch's fused attention
+kernel with fp32 accumulation (§8.8).
 """
 
 from __future__ import annotations
@@ -88,6 +90,7 @@ class EvaAttention(nn.Module):
         self.adaptive_mu_q = _adaptive_map(self.head_dim, config.adaptive_proj == "qk")
         self.adaptive_mu_k = _adaptive_map(self.head_dim, config.adaptive_proj == "qk")
         self.rel_pos_bias = T5RelativeBias(self.window_size, self.ext) if config.use_t5_bias else None
+        self.query_tile = 2 * self.window_size  # rows per query tile: larger tiles copy remote entries less often but waste more masked local logits (2w measured fastest, benchmarks/attention.py)
 
     def init_weights(self) -> None:
         """Inits of the reference (§1.2): Xavier gain 1/√2 on q/k/v and A_q/A_k, Xavier on out."""
@@ -162,73 +165,73 @@ class EvaAttention(nn.Module):
         return self.out_proj(out.transpose(1, 2).reshape(B, T, -1))
 
     def _attend(self, q, seq_k, seq_v, remote_k, remote_v, n0: int, p0: int, cache: Cache | None) -> Tensor:
-        """Queries at n0 … n0+T−1 over their block, the visible chunks and any merged prefix.
+        """Queries at n0 … n0+T−1 over their window, the visible chunks and any merged prefix.
 
-        The queries are placed on the block grid starting at block ⌊n0/w⌋ (dummy zero rows before
-        n0 and after the end are computed and dropped); block g's keys are the ext + w rows that
-        end with it, so one unfold gives every block its local keys.
+        Queries are laid on a grid of tiles of `query_tile` rows aligned to absolute positions
+        (dummy rows pad the first and last tile and are dropped); tile j's local keys are the
+        ext + rows positions that end with it, so one unfold gives every tile its keys and autograd
+        sees one view, not one slice per tile. Tiles run in groups, each group reading only the
+        chunks its last query can see. One additive mask per group, shared by all heads, carries
+        causality, windows, chunk visibility and the biases; PyTorch's fused attention kernel does
+        the joint softmax with fp32 accumulation.
         """
         B, H, T, D = q.shape
-        w, c, ext = self.window_size, self.chunk_size, self.ext
-        b0 = n0 // w
-        n_blocks = -(-(n0 + T) // w) - b0
-        lead = n0 - b0 * w  # dummy query rows before n0 in the first block
-        base = b0 * w - ext  # absolute position of the first key row on the grid (may be < 0)
-        q_grid = F.pad(q, (0, 0, lead, n_blocks * w - lead - T))
-        key_pad = (p0 - base, base + ext + n_blocks * w - p0 - seq_k.shape[-2])
-        k_grid = F.pad(seq_k, (0, 0, *key_pad))
-        v_grid = F.pad(seq_v, (0, 0, *key_pad))
+        rows, ext = self.query_tile, self.ext
+        g0 = (n0 // rows) * rows  # absolute position of the grid's first row
+        n_tiles = -(-(n0 + T - g0) // rows)
+        lead = n0 - g0
+        q_grid = F.pad(q, (0, 0, lead, n_tiles * rows - lead - T)).unflatten(-2, (n_tiles, rows))
+        key_pad = (p0 - (g0 - ext), g0 + n_tiles * rows - (n0 + T))  # grid keys start at g0 − ext
+        k_grid = F.pad(seq_k, (0, 0, *key_pad)).unfold(-2, ext + rows, rows)  # (B, H, n_tiles, D, ext+rows)
+        v_grid = F.pad(seq_v, (0, 0, *key_pad)).unfold(-2, ext + rows, rows)
         prefix = cache.prefix[self.layer_idx] if cache is not None else None
         own_bias = cache.own_logit_bias if cache is not None else 0.0
 
-        span = ext + w + parts_len(remote_k) + (prefix[0].shape[-2] if prefix is not None else 0)
-        tile = max(1, min(n_blocks, TILE_LOGITS // max(1, B * H * w * span)))
+        n_extra = parts_len(remote_k) + (prefix[0].shape[-2] if prefix is not None else 0)
+        per_tile = B * H * rows * (ext + rows + n_extra)
+        group = max(1, min(n_tiles, TILE_LOGITS // per_tile))
+        tiles = torch.arange(n_tiles, device=q.device)
         outs = []
-        for g0 in range(0, n_blocks, tile):
-            g1 = min(n_blocks, g0 + tile)
-            outs.append(
-                self._attend_tile(
-                    q_grid[..., g0 * w : g1 * w, :].unflatten(-2, (g1 - g0, w)),
-                    k_grid[..., g0 * w : g1 * w + ext, :].unfold(-2, ext + w, w),  # (B,H,G,D,ext+w)
-                    v_grid[..., g0 * w : g1 * w + ext, :].unfold(-2, ext + w, w),
-                    remote_k, remote_v, prefix, own_bias,
-                    q_pos=(b0 + g0) * w + torch.arange((g1 - g0) * w, device=q.device).view(-1, w, 1),
-                )
-            )
-        out = torch.cat(outs, dim=2).flatten(2, 3)  # (B, H, n_blocks·w, D)
-        return out[..., lead : lead + T, :]
+        for j, (qg, kg, vg) in enumerate(zip(q_grid.split(group, 2), k_grid.split(group, 2), v_grid.split(group, 2))):
+            q_pos = g0 + (tiles[j * group : j * group + qg.shape[2]] * rows)[:, None, None] + torch.arange(rows, device=q.device)[:, None]
+            outs.append(self._attend_group(qg, kg, vg, remote_k, remote_v, prefix, own_bias, q_pos))
+        return torch.cat(outs, 2).flatten(2, 3)[..., lead : lead + T, :]
 
-    def _attend_tile(self, qb, kb, vb, remote_k, remote_v, prefix, own_bias: float, q_pos: Tensor) -> Tensor:
-        """One tile of G blocks: qb (B,H,G,w,D), kb/vb (B,H,G,D,ext+w), q_pos (G,w,1) -> (B,H,G,w,D)."""
-        w, c, ext, s = self.window_size, self.chunk_size, self.ext, self.head_dim**-0.5
-        k_pos = q_pos[:, :1] - ext + torch.arange(ext + w, device=qb.device)  # (G, 1, ext+w): block start − ext …
-        local = upcast(s * (qb @ kb))  # (B, H, G, w, ext+w)
+    def _attend_group(self, qg, kg, vg, remote_k, remote_v, prefix, own_bias: float, q_pos: Tensor) -> Tensor:
+        """G tiles: qg (B,H,G,rows,D), kg/vg (B,H,G,D,ext+rows), q_pos (G,rows,1) -> (B,H,G,rows,D)."""
+        B, H, G, rows, D = qg.shape
+        w, c, ext = self.window_size, self.chunk_size, self.ext
+        k_pos = q_pos[:, :1] - ext + torch.arange(ext + rows, device=qg.device)  # (G, 1, ext+rows)
+        window_start = (q_pos // w * w - ext).clamp(min=0)  # (G, rows, 1)
+        local = torch.full((G, rows, ext + rows), own_bias, dtype=qg.dtype, device=qg.device)
         if self.rel_pos_bias is not None:
-            local = local + s * self.rel_pos_bias((q_pos - k_pos).clamp(min=0))
-        local = local.masked_fill(~((k_pos <= q_pos) & (k_pos >= 0)), float("-inf"))
-        logits, values = [local + own_bias], [vb.transpose(-1, -2)]
+            local = local + self.head_dim**-0.5 * self.rel_pos_bias((q_pos - k_pos).clamp(min=0)).to(qg.dtype)
+        masks = [local.masked_fill(~((k_pos <= q_pos) & (k_pos >= window_start)), float("-inf"))]
+        keys, values = [kg.permute(0, 2, 1, 4, 3)], [vg.permute(0, 2, 1, 4, 3)]  # (B, G, H, ext+rows, D)
 
-        # Remote chunks: visible while r < ⌊i/c⌋ (or before the query's window, §1.7).
-        limit = q_pos // c
-        if self.exclude_window_chunks:
-            limit = (q_pos - q_pos % w - ext).clamp(min=0) // c
+        # Remote chunks: visible while r < ⌊i/c⌋, or only before the query's window (§1.7).
+        limit = window_start // c if self.exclude_window_chunks else q_pos // c  # (G, rows, 1)
         n_vis = min(int(limit.max()), parts_len(remote_k))
         if n_vis > 0:
-            rk = parts_head(remote_k, n_vis)
-            rv = parts_head(remote_v, n_vis)
-            remote = torch.cat([upcast(s * (qb @ p.unsqueeze(2).transpose(-1, -2))) for p in rk], -1)
-            visible = torch.arange(n_vis, device=qb.device) < limit  # (G, w, n_vis)
-            logits.append(remote.masked_fill(~visible, float("-inf")) + own_bias)
-            values.extend(p.unsqueeze(2) for p in rv)
+            keys.extend(p.unsqueeze(1).expand(B, G, -1, -1, -1) for p in parts_head(remote_k, n_vis))
+            values.extend(p.unsqueeze(1).expand(B, G, -1, -1, -1) for p in parts_head(remote_v, n_vis))
+            visible = torch.arange(n_vis, device=qg.device) < limit  # (G, rows, n_vis)
+            masks.append(torch.full(visible.shape, own_bias, dtype=qg.dtype, device=qg.device).masked_fill(~visible, float("-inf")))
         if prefix is not None:  # entries merged from other caches: all visible, no bias
-            logits.append(upcast(s * (qb @ prefix[0].unsqueeze(2).transpose(-1, -2))))
-            values.append(prefix[1].unsqueeze(2))
+            keys.append(prefix[0].unsqueeze(1).expand(B, G, -1, -1, -1))
+            values.append(prefix[1].unsqueeze(1).expand(B, G, -1, -1, -1))
+            masks.append(torch.zeros(G, rows, prefix[0].shape[-2], dtype=qg.dtype, device=qg.device))
 
-        probs = torch.softmax(torch.cat(logits, -1), dim=-1).to(qb.dtype)  # one softmax over the union
-        probs = F.dropout(probs, self.attn_dropout, self.training)
-        out, at = 0, 0
-        for val in values:
-            n = val.shape[-2]
-            out = out + probs[..., at : at + n] @ val
-            at += n
-        return out
+        mask = torch.cat(masks, -1).unsqueeze(1)  # (G, 1, rows, K): broadcast over heads
+        n_keys = mask.shape[-1]
+        if B > 1:
+            mask = mask.expand(B, -1, -1, -1, -1).reshape(B * G, 1, rows, n_keys)
+        out = F.scaled_dot_product_attention(
+            qg.transpose(1, 2).reshape(B * G, H, rows, D),
+            torch.cat(keys, -2).reshape(B * G, H, n_keys, D),
+            torch.cat(values, -2).reshape(B * G, H, n_keys, D),
+            attn_mask=mask,
+            dropout_p=self.attn_dropout if self.training else 0.0,
+            scale=self.head_dim**-0.5,
+        )
+        return out.view(B, G, H, rows, D).transpose(1, 2)
