@@ -45,7 +45,8 @@ def find_books(paths, max_books: int | None = None) -> list[tuple[str, str]]:
 
 
 def _nll(logits: torch.Tensor, targets: torch.Tensor) -> np.ndarray:
-    return torch.nn.functional.cross_entropy(logits.float(), targets, reduction="none").cpu().double().numpy()
+    wide = torch.promote_types(logits.dtype, torch.float32)  # float32, or float64 when given
+    return torch.nn.functional.cross_entropy(logits.to(wide), targets.to(logits.device), reduction="none").cpu().double().numpy()
 
 
 @torch.no_grad()

@@ -1,0 +1,93 @@
+"""The Hugging Face path on a tiny random GPT-2 saved to a temporary folder (no download).
+
+Run: python -m pytest tests/icl_eval/test_hf.py -q
+Tolerance 1e-6 on float64 weights (rounding only, ~1e-14 in practice).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from evalm.tokenizer import ByteTokenizer
+from icl_eval.methods import METHODS, MethodOptions, make_groups
+from tests.icl_eval.conftest import demos_and_items
+
+transformers = pytest.importorskip("transformers")
+TOL = 1e-6
+
+
+@pytest.fixture(scope="module")
+def hf_lm(tmp_path_factory):
+    from icl_eval.hf import load_hf
+
+    folder = tmp_path_factory.mktemp("tiny-gpt2")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=257, n_positions=256, n_embd=32, n_layer=2, n_head=4,
+                                     bos_token_id=256, eos_token_id=256)
+    model = transformers.GPT2LMHeadModel(config)
+    with torch.no_grad():  # larger weights than GPT-2's init so attention is far from uniform
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.3)
+    model.save_pretrained(folder)
+    return load_hf(folder, tokenizer=ByteTokenizer(), dtype="float64", attn_implementation="eager")
+
+
+def run(name, lm, prompt, demos, items, **opts):
+    return np.array(METHODS[name](lm, prompt, demos, items, MethodOptions(**opts)).scores)
+
+
+def test_concat_incremental_structured_run_and_agree(hf_lm, synth):
+    prompt, splits = synth
+    demos, items = demos_and_items(prompt, splits, 21)
+    a = run("concat", hf_lm, prompt, demos, items)
+    b = run("incremental", hf_lm, prompt, demos, items, segment_tokens=5)
+    c = run("structured", hf_lm, prompt, demos, items, n_groups=1)
+    assert np.abs(a - b).max() <= TOL
+    assert np.abs(a - c).max() <= TOL
+    assert np.ptp(a) > 1e-3
+    d = run("structured", hf_lm, prompt, demos, items, n_groups=3)
+    assert np.isfinite(d).all() and np.abs(d - a).max() > 1e-4
+
+
+def test_log_m_boost_matches_an_explicit_masked_attention_forward(hf_lm, synth):
+    """Structured prompting through the caches == ONE forward over [G_1; ...; G_M; test] with an
+    explicit additive mask: each group causal within itself only, the test tokens see every group and
+    themselves (causally) with their own logits raised by log M; positions right-aligned to L."""
+    prompt, splits = synth
+    demos, items = demos_and_items(prompt, splits, 9)
+    opts = MethodOptions(n_groups=3)
+    groups = make_groups(prompt, demos, opts)
+    ours = run("structured", hf_lm, prompt, demos, items, n_groups=3)
+    M, L = len(groups), max(len(g.tokens) for g in groups)
+    from icl_eval.scoring import score_candidates
+
+    for item, row in zip(items, ours):
+        expected = []
+        for cand in item.candidates:
+            tokens, positions, owner = [], [], []
+            for gi, g in enumerate(groups):
+                tokens += g.tokens
+                positions += list(range(L - len(g.tokens), L))
+                owner += [gi] * len(g.tokens)
+            n_ctx = len(tokens)
+            tokens += list(cand.tokens)
+            positions += list(range(L, L + len(cand.tokens)))
+            owner += [M] * len(cand.tokens)
+            n = len(tokens)
+            mask = torch.full((n, n), torch.finfo(torch.float64).min, dtype=torch.float64)
+            for q in range(n):
+                for k in range(q + 1):
+                    if owner[q] == owner[k]:
+                        mask[q, k] = math.log(M) if owner[q] == M else 0.0
+                    elif owner[q] == M:  # the test token sees every group's entries
+                        mask[q, k] = 0.0
+            with torch.no_grad():
+                logits = hf_lm.model(input_ids=torch.tensor([tokens]), position_ids=torch.tensor([positions]),
+                                     attention_mask=mask[None, None]).logits
+            expected.append(score_candidates(logits[:, n_ctx:], [cand], "instance-sum")[0])
+        assert np.abs(np.array(expected) - row).max() <= TOL
