@@ -55,10 +55,11 @@ def run(config: RunConfig, out: str | Path, make_source: Callable[[Runtime], Lin
         config_json = {"command": command, "world_size": runtime.world_size, **config.to_json()}
         step, tokens_seen = _start(config, out, resume_path, model, optimizer, loader, runtime, logger, config_json)
         model.train()
-        return _loop(config, out, model, optimizer, loader, runtime, logger, config_json, step, tokens_seen)
-    finally:
-        logger.close()
+        records = _loop(config, out, model, optimizer, loader, runtime, logger, config_json, step, tokens_seen)
         dist.barrier()
+        return records
+    finally:  # no barrier here: after an error on one rank, the others must not wait for it
+        logger.close()
         dist.destroy_process_group()
 
 
@@ -90,6 +91,7 @@ def _start(config: RunConfig, out: Path, resume_path: Path | None, model, optimi
             _seed_rank(config.train.seed, runtime.rank, step)
         if runtime.is_main:
             _truncate_metrics(out / "metrics.jsonl", step)
+            (out / "config.json").write_text(json.dumps(config_json, indent=2))
         logger.info(f"resumed from {resume_path} at step {step}")
         return step, int(train_state["tokens_seen"])
     if config.checkpoint.init_from:
