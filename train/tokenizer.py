@@ -1,7 +1,8 @@
 """`evalm train tokenizer`: train a byte-level BPE (or load one), then encode documents to shards.
 
-Documents are the data pipeline's output (ARCHITECTURE.md "Data formats"): jsonl, jsonl.gz,
-jsonl.zst or parquet with `text` and `metadata.pile_set_name` (the subset tag). The tokenizer is
+Documents are the data pipeline's output (ARCHITECTURE.md "Data formats"; `evalm data blend` writes
+OUT/documents/<rank>.jsonl.zst): jsonl, jsonl.gz, jsonl.zst or parquet with `text` and
+`metadata.pile_set_name` (or raw Pile's `meta.pile_set_name`) as the subset tag. The tokenizer is
 GPT-2 style byte-level BPE trained with `tokenizers` (EVA_SPEC.md §5: OPT uses GPT-2's byte-level
 BPE), with `</s>` as the end-of-document token written after every document, or an existing
 `tokenizer.json` / SentencePiece `.model` given with `--tokenizer`.
@@ -53,6 +54,15 @@ def _jsonl_lines(path: Path) -> Iterator[str]:
             yield from f
 
 
+def subset_of(record: dict) -> str:
+    """Our outputs keep the subset in `metadata.pile_set_name`, raw Pile shards in `meta`."""
+    for key in ("metadata", "meta"):
+        meta = record.get(key)
+        if isinstance(meta, dict) and isinstance(meta.get("pile_set_name"), str):
+            return meta["pile_set_name"]
+    return "unknown"
+
+
 def read_documents(files: Sequence[Path]) -> Iterator[tuple[str, str]]:
     """(text, subset) of every document; a line that is not a JSON document is an error with its place."""
     for path in files:
@@ -60,7 +70,7 @@ def read_documents(files: Sequence[Path]) -> Iterator[tuple[str, str]]:
             import pyarrow.parquet as pq
 
             for row in pq.read_table(path).to_pylist():
-                yield row["text"], ((row.get("metadata") or {}).get("pile_set_name") or "unknown")
+                yield row["text"], subset_of(row)
             continue
         for number, line in enumerate(_jsonl_lines(path), 1):
             if not line.strip():
@@ -70,7 +80,7 @@ def read_documents(files: Sequence[Path]) -> Iterator[tuple[str, str]]:
                 text = doc["text"]
             except (json.JSONDecodeError, KeyError, TypeError):
                 raise ValueError(f"{path}:{number}: not a JSON document with a 'text' field") from None
-            yield text, ((doc.get("metadata") or {}).get("pile_set_name") or "unknown")
+            yield text, subset_of(doc)
 
 
 def train_bpe(texts: Iterator[str], vocab_size: int):

@@ -97,3 +97,22 @@ def test_ranks_partition_each_epoch_and_resume_exactly(tmp_path):
     single = LineLoader(lines, rank=0, world_size=1, batch_size=1, shuffle=True, seed=3)
     single.load_state_dict(snapshot)  # fewer ranks: continue after every line both ranks consumed
     assert single.cursor == 2 * snapshot["cursor"]
+
+
+def test_pipeline_output_folder_skips_dropped_documents(tmp_path):
+    """A data-pipeline output: documents/*.jsonl.zst are read, rejected/ and removed/ are not."""
+    import zstandard
+
+    from train.tokenizer import document_files
+
+    def write(path: Path, rows: list[dict]) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(zstandard.ZstdCompressor().compress("".join(json.dumps(r) + "\n" for r in rows).encode()))
+
+    write(tmp_path / "documents" / "00000.jsonl.zst", [{"text": "kept", "metadata": {"pile_set_name": "Pile-CC"}},
+                                                      {"text": "raw", "meta": {"pile_set_name": "Books3"}}])
+    write(tmp_path / "rejected" / "00000.jsonl.zst", [{"text": "dropped", "filter_reason": "x"}])
+    write(tmp_path / "removed" / "00000.jsonl.zst", [{"text": "duplicate"}])
+    files = document_files(tmp_path)
+    assert [p.relative_to(tmp_path).as_posix() for p in files] == ["documents/00000.jsonl.zst"]
+    assert list(read_documents(files)) == [("kept", "Pile-CC"), ("raw", "Books3")]
