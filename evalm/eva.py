@@ -90,7 +90,10 @@ class EvaAttention(nn.Module):
         self.adaptive_mu_q = _adaptive_map(self.head_dim, config.adaptive_proj == "qk")
         self.adaptive_mu_k = _adaptive_map(self.head_dim, config.adaptive_proj == "qk")
         self.rel_pos_bias = T5RelativeBias(self.window_size, self.ext) if config.use_t5_bias else None
-        self.query_tile = 2 * self.window_size  # rows per query tile: larger tiles copy remote entries less often but waste more masked local logits (2w measured fastest, benchmarks/attention.py)
+        # Rows per query tile: a tile copies the remote entries once, so larger tiles copy them
+        # less often but waste more masked local logits; 2w or 256 rows measured fastest
+        # (benchmarks/attention.py at w=128, benchmarks/incremental.py at w=16).
+        self.query_tile = self.window_size * max(2, -(-256 // self.window_size))
 
     def init_weights(self) -> None:
         """Inits of the reference (§1.2): Xavier gain 1/√2 on q/k/v and A_q/A_k, Xavier on out."""
@@ -167,8 +170,8 @@ class EvaAttention(nn.Module):
     def _attend(self, q, seq_k, seq_v, remote_k, remote_v, n0: int, p0: int, cache: Cache | None) -> Tensor:
         """Queries at n0 … n0+T−1 over their window, the visible chunks and any merged prefix.
 
-        Queries are laid on a grid of tiles of `query_tile` rows aligned to absolute positions
-        (dummy rows pad the first and last tile and are dropped); tile j's local keys are the
+        Queries are laid on a grid of tiles of at most `query_tile` rows starting at the block of
+        n0 (dummy rows pad the first and last tile and are dropped); tile j's local keys are the
         ext + rows positions that end with it, so one unfold gives every tile its keys and autograd
         sees one view, not one slice per tile. Tiles run in groups, each group reading only the
         chunks its last query can see. One additive mask per group, shared by all heads, carries
@@ -176,8 +179,9 @@ class EvaAttention(nn.Module):
         the joint softmax with fp32 accumulation.
         """
         B, H, T, D = q.shape
-        rows, ext = self.query_tile, self.ext
-        g0 = (n0 // rows) * rows  # absolute position of the grid's first row
+        w, ext = self.window_size, self.ext
+        g0 = (n0 // w) * w  # the grid starts at the block holding n0, so tiles are block-aligned
+        rows = min(self.query_tile, -(-(n0 - g0 + T) // w) * w)  # a short segment gets a short tile
         n_tiles = -(-(n0 + T - g0) // rows)
         lead = n0 - g0
         q_grid = F.pad(q, (0, 0, lead, n_tiles * rows - lead - T)).unflatten(-2, (n_tiles, rows))

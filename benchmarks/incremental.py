@@ -1,0 +1,105 @@
+"""Incremental encoding through the cache: memory vs context length, and scoring time vs shots.
+
+Run: python benchmarks/incremental.py [--config configs/pretrain-tiny.toml] [--max-tokens 262144]
+
+1. Encodes one random 262,144-token stream with the tiny EVA model in 8,192-token segments and
+   prints, at 16k … 256k, the cache's bytes, what a full K/V cache of the same model would hold
+   (2 · n_layer · n · d_model values), their ratio, and the process's peak RSS. Goal (issue 2):
+   linear growth, cache ≤ full / chunk_size + the window.
+2. Encodes 16 and 2,000 demonstrations once, then scores test inputs by forking the cache, and
+   prints the time per test input at each and their ratio (goal ≤ 1.5), with the re-encoding
+   baseline (no cache reuse) beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import resource
+import statistics
+import time
+
+import torch
+
+from evalm import EvalmModel, ModelConfig
+from evalm.config import build, read_toml
+
+
+def tiny_model(path: str) -> EvalmModel:
+    config = build(ModelConfig, {**read_toml(path)["model"], "dropout": 0.0, "attn_dropout": 0.0}, where=f"{path} [model]")
+    torch.manual_seed(0)
+    model = EvalmModel(config)
+    model.init_weights()
+    return model.eval()
+
+
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+@torch.no_grad()
+def memory_vs_length(model: EvalmModel, max_tokens: int, segment: int) -> None:
+    cfg = model.config
+    marks = [n for n in (16384, 32768, 65536, 131072, 262144) if n <= max_tokens]
+    print(f"== cache memory vs context length ({cfg.attention}, d_model={cfg.d_model}, n_layer={cfg.n_layer}, "
+          f"window={cfg.window_size}, chunk={cfg.chunk_size}; full K/V computed as 2·n_layer·n·d_model·4 bytes)")
+    print(f"{'tokens':>8} {'cache MiB':>10} {'full K/V MiB':>13} {'full/cache':>11} {'bound MiB':>10} {'peak RSS MiB':>13} {'s':>7}")
+    stream = torch.randint(0, cfg.vocab_size, (1, max_tokens), generator=torch.Generator().manual_seed(0))
+    cache, t0 = model.new_cache(), time.perf_counter()
+    for start in range(0, max_tokens, segment):
+        model(stream[:, start : start + segment], cache=cache)
+        n = cache.n_seen
+        if n in marks:
+            full = 2 * cfg.n_layer * n * cfg.d_model * 4
+            window = 2 * cfg.n_layer * (cfg.window_size * (2 if cfg.overlap_window else 1) + cfg.chunk_size) * cfg.d_model * 4
+            bound = full / cfg.chunk_size + window
+            print(f"{n:>8} {cache.nbytes() / 2**20:>10.2f} {full / 2**20:>13.1f} {full / cache.nbytes():>10.2f}x "
+                  f"{bound / 2**20:>10.2f} {peak_rss_mib():>13.0f} {time.perf_counter() - t0:>7.1f}", flush=True)
+
+
+@torch.no_grad()
+def scoring_time(model: EvalmModel, shots: list[int], n_items: int) -> None:
+    rng = random.Random(0)
+    V = model.config.vocab_size
+    demo = lambda: [rng.randrange(V) for _ in range(rng.randint(8, 14))]  # noqa: E731  a ~11-token demonstration
+    tests = [torch.tensor([[rng.randrange(V) for _ in range(12)], [rng.randrange(V) for _ in range(12)]]) for _ in range(n_items)]
+    print("== time per test input (2 candidates of 12 tokens, batched forks) vs demonstrations")
+    print(f"{'shots':>6} {'demo tokens':>12} {'reuse ms':>9} {'re-encode ms':>13}")
+    rows = {}
+    for k in shots:
+        prefix = torch.tensor([sum((demo() for _ in range(k)), [])])
+        cache = model.new_cache()
+        model(prefix, cache=cache)
+        model(tests[0], cache=cache.fork(batch_size=2))  # warm-up
+        times = []
+        for cand in tests:
+            t0 = time.perf_counter()
+            model(cand, cache=cache.fork(batch_size=2))
+            times.append(time.perf_counter() - t0)
+        reencode = []
+        for cand in tests[:3]:
+            t0 = time.perf_counter()
+            model(torch.cat([prefix.expand(2, -1), cand], 1))
+            reencode.append(time.perf_counter() - t0)
+        rows[k] = statistics.median(times)
+        print(f"{k:>6} {prefix.shape[1]:>12} {rows[k] * 1e3:>9.2f} {statistics.median(reencode) * 1e3:>13.1f}", flush=True)
+    lo, hi = min(shots), max(shots)
+    print(f"time per test input, {hi} vs {lo} shots, with cache reuse: {rows[hi] / rows[lo]:.2f}x (goal <= 1.5x)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default="configs/pretrain-tiny.toml", help="TOML file whose [model] is the tiny model")
+    parser.add_argument("--max-tokens", type=int, default=262144)
+    parser.add_argument("--segment", type=int, default=8192, help="tokens per forward (the training length)")
+    parser.add_argument("--shots", type=int, nargs="+", default=[16, 2000])
+    parser.add_argument("--items", type=int, default=30)
+    args = parser.parse_args()
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    model = tiny_model(args.config)
+    scoring_time(model, args.shots, args.items)
+    memory_vs_length(model, args.max_tokens, args.segment)
+
+
+if __name__ == "__main__":
+    main()
