@@ -19,7 +19,16 @@ from icl_eval.protocol import Runner, summarize
 from icl_eval.synthetic import SyntheticConfig, episode, synthetic_task, train_tiny_model
 
 
-def test_trained_tiny_model_gains_from_shots():
+@pytest.fixture
+def one_thread():
+    """Tiny matmuls run faster on one thread, and the test machine's cores are shared (~20 s here)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def test_trained_tiny_model_gains_from_shots(one_thread):
     """32 shots beat 1 shot by a margin far above the noise: with 2 episodes x 100 items the std
     of an accuracy difference is about 0.05, and the expected gap is >= 0.12 (synthetic.py)."""
     torch.manual_seed(0)
