@@ -78,17 +78,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seq-len", type=int, default=8192)
     parser.add_argument("--steps", type=int, default=1, help="timed optimizer steps per attention (full: ~40 s each)")
+    parser.add_argument("--attn-dropout", type=float, default=None,
+                        help="override the config's attn_dropout (0 lets full attention use SDPA's fused CPU kernel)")
     parser.add_argument("--json", default=None, help="also write the figures here")
     args = parser.parse_args()
     base = read_toml(ROOT / "configs" / "pretrain-tiny.toml")["model"]
     # the tiny shape, with positions covering the whole line
     base = {**base, "circular_period": args.seq_len}
+    if args.attn_dropout is not None:
+        base["attn_dropout"] = args.attn_dropout
     runtime = init_distributed("cpu")
     try:
         with tempfile.TemporaryDirectory() as tmp:
             lines = PretrainLines(make_shards(Path(tmp), base["vocab_size"], 64 * args.seq_len), args.seq_len)
             figures = {"seq_len": args.seq_len, "threads": torch.get_num_threads(),
-                       "model": {k: base[k] for k in ("d_model", "n_layer", "n_head", "window_size", "chunk_size")}}
+                       "model": {k: base[k] for k in ("d_model", "n_layer", "n_head", "window_size", "chunk_size",
+                                                       "dropout", "attn_dropout")}}
             for attention in ("eva", "full"):
                 cfg = ModelConfig(**{**base, "attention": attention})
                 figures[f"train_tok_s_{attention}"] = trainer_tokens_per_s(cfg, runtime, lines, args.steps)
