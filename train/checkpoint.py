@@ -164,7 +164,12 @@ def _finish(tmp: Path, final: Path, config_json: dict[str, Any]) -> None:
 
 
 def prune(out: str | Path, keep_latest_k: int) -> None:
-    """Delete complete checkpoints beyond the newest k (0 keeps all)."""
+    """Delete debris of killed saves older than the latest checkpoint, and complete checkpoints
+    beyond the newest k (0 keeps all)."""
+    complete = complete_checkpoints(out)
+    for debris in (Path(out) / "checkpoints").glob(".tmp-step-*"):
+        if complete and debris.name[len(".tmp-"):] < complete[-1].name:
+            shutil.rmtree(debris, ignore_errors=True)
     if keep_latest_k > 0:
         for old in complete_checkpoints(out)[:-keep_latest_k]:
             shutil.rmtree(old, ignore_errors=True)

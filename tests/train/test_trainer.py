@@ -103,11 +103,13 @@ def test_resume_with_another_architecture_is_refused(finished_run, capsys):
     assert code == 2 and "different architecture" in err and "n_layer: checkpoint 2, config 3" in err
 
 
-def test_keep_latest_k_prunes_old_checkpoints(finished_run, tmp_path):
+def test_keep_latest_k_prunes_old_checkpoints_and_save_debris(finished_run, tmp_path):
     run_file, out = finished_run
+    (tmp_path / "checkpoints" / ".tmp-step-00000001").mkdir(parents=True)  # a save killed long ago
     assert cli_main(["pretrain", "--config", str(run_file), "--out", str(tmp_path),
                      "--set", "checkpoint.keep_latest_k=1", "--set", "checkpoint.save_every=1"]) == 0
     assert [p.name for p in checkpoint.complete_checkpoints(tmp_path)] == ["step-00000004"]
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step-00000004"]
 
 
 def test_msit_starts_from_a_pretrained_checkpoint(finished_run, tmp_path, capsys):
