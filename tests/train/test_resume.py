@@ -119,3 +119,20 @@ def test_save_killed_midway_leaves_previous_checkpoint(setup, tmp_path):
     assert launch(["--config", str(run_file), "--out", str(out), "--resume", "auto"])
     _assert_same_tail(reference, out, first=3)
     assert not (out / "checkpoints" / ".tmp-step-00000004").exists()
+
+
+def test_torchrun_launch_matches_the_spawned_ranks(setup, tmp_path):
+    """The real launcher: `torchrun --nproc_per_node=2 -m train.pretrain` is the same entry point."""
+    import subprocess
+    import sys
+
+    run_file, reference = setup
+    out = tmp_path / "torchrun"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
+           "-m", "train.pretrain", "--config", str(run_file), "--out", str(out), "--set", "train.steps=2",
+           "--set", "optim.warmup_steps=2"]
+    done = subprocess.run(cmd, env=env, cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    # warm-up covers both steps, so their LR equals the 6-step reference's and so must the losses
+    assert losses(out) == {s: losses(reference)[s] for s in (1, 2)}
