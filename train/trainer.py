@@ -38,7 +38,7 @@ from train.schedule import lr_at
 def run(config: RunConfig, out: str | Path, make_source: Callable[[Runtime], LineSource], *,
         resume: str = "none", command: str = "pretrain") -> list[dict[str, Any]]:
     """Train to `config.train.steps`; returns rank 0's log records (empty on other ranks)."""
-    tcfg, ocfg, ccfg = config.train, config.optim, config.checkpoint
+    tcfg, ocfg = config.train, config.optim
     runtime = init_distributed(tcfg.device)
     out = Path(out)
     logger = MetricsLogger(out, enabled=runtime.is_main, tensorboard=tcfg.tensorboard)
@@ -123,6 +123,7 @@ def _truncate_metrics(path: Path, step: int) -> None:
 
 def _loop(config: RunConfig, out: Path, model, optimizer, loader: LineLoader, runtime: Runtime,
           logger: MetricsLogger, config_json: dict, step: int, tokens_seen: int) -> list[dict]:
+    """Steps from `step` to the end: set the LR, step, log every log_every, save every save_every."""
     tcfg, ocfg, ccfg = config.train, config.optim, config.checkpoint
     seq_len = loader.source.seq_len
     tokens_per_step = tcfg.batch_size * tcfg.grad_accum * seq_len * runtime.world_size
