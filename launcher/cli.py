@@ -40,7 +40,7 @@ def _eval(argv: Sequence[str]) -> int:
 
 
 def _export(argv: Sequence[str]) -> int:
-    from evalm.io import main
+    from train.export import main
 
     return main(argv)
 

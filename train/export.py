@@ -1,0 +1,69 @@
+"""`evalm export`: a DCP training checkpoint -> `model.safetensors` + `config.json` (+ tokenizer).
+
+    evalm export --checkpoint runs/tiny/msit --out runs/tiny/model
+
+`--checkpoint` is a complete `step-XXXXXXXX` folder or a run folder (its latest complete one). The
+sharded checkpoint of any number of ranks is read in one process; the architecture comes from the
+checkpoint's own config.json. The run's tokenizer (`[data] tokenizer`, or `tokenizer.json` beside
+the `[data] shards`) is copied along, so `evalm eval --checkpoint OUT` needs nothing else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from evalm import EvalmModel, ModelConfig
+from evalm.config import build
+from evalm.io import save_model
+
+
+def run_tokenizer(run_config: dict) -> Path | None:
+    """The tokenizer file a run trained with, if its config names one that exists."""
+    data = run_config.get("data", {})
+    candidates = [data.get("tokenizer"), Path(data["shards"]) / "tokenizer.json" if data.get("shards") else None]
+    for candidate in candidates:
+        if candidate and str(candidate) != "bytes" and Path(candidate).is_file():
+            return Path(candidate)
+    return None
+
+
+def export(checkpoint: str | Path, out: str | Path, tokenizer: str | Path | None = None) -> Path:
+    from train.checkpoint import load_model_only, resolve_checkpoint
+
+    path = resolve_checkpoint(checkpoint)
+    run_config = json.loads((path / "config.json").read_text())
+    config = build(ModelConfig, run_config["model"], where=f"{path / 'config.json'} [model]")
+    model = EvalmModel(config)
+    load_model_only(path, model)
+    out = save_model(model.eval(), out)
+    source = Path(tokenizer) if tokenizer else run_tokenizer(run_config)
+    if source is not None:
+        shutil.copyfile(source, out / "tokenizer.json")
+    (out / "export.json").write_text(json.dumps({"checkpoint": str(path), "tokenizer": str(source) if source else None}, indent=2) + "\n")
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="evalm export", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--checkpoint", required=True, help="step-XXXXXXXX folder, or a run folder (latest complete checkpoint)")
+    parser.add_argument("--out", required=True, help="folder for model.safetensors, config.json, tokenizer.json")
+    parser.add_argument("--tokenizer", help="tokenizer.json to copy (default: the one the run trained with)")
+    args = parser.parse_args(argv)
+    from train.checkpoint import CheckpointError
+
+    try:
+        out = export(args.checkpoint, args.out, args.tokenizer)
+    except (CheckpointError, FileNotFoundError, KeyError) as err:
+        print(f"evalm export: error: {err}", file=sys.stderr)
+        return 2
+    print(f"exported {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
