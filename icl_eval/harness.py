@@ -1,0 +1,292 @@
+"""lm-evaluation-harness backend: any `CausalLM` (EVALM, or a Hugging Face model) as a `TemplateLM`.
+
+ICL_SPEC §7: standard harness tasks run on EVALM checkpoints, launched through
+`lm_eval.simple_evaluate` (the harness has no plugin entry point), with
+
+- cache reuse across requests that share a token prefix. The harness has none: its HF backend
+  re-encodes every (context, continuation) pair. `score_requests` walks the requests as a radix
+  tree over their contexts: each shared prefix is encoded once into our cache (in segments, which
+  is exact: tests/icl_eval/test_methods.py) and `fork()`ed for every branch, so k-shot
+  demonstrations shared by all test questions (a fixed sampler, e.g. `first_n`) are encoded once;
+- no silent left-truncation: the harness's HF backend cuts `(context + continuation)[-max_length:]`
+  without a word; here a request longer than the window raises `RequestTooLong`, or with
+  `overflow="drop_left"` is cut and recorded in `HarnessLM.truncations`;
+- a seed loop for std (`evaluate`), and the fixed demonstrations come from the task's own
+  `fewshot_config` (set `sampler: first_n` in a task YAML to share them across test questions).
+
+The core (`score_requests`, `rolling_requests`, `greedy_generate`) needs only `torch`: the extra
+`harness` (`pip install 'evalm[harness]'`) is imported lazily, by `harness_lm` and `evaluate`.
+
+    from icl_eval.harness import evaluate
+    evaluate(lm, tasks=["my_task"], num_fewshot=16, seeds=(1, 2, 3), include_path="tasks/")
+    evalm eval harness --checkpoint DIR --tasks my_task --include-path tasks/ --num-fewshot 16 --seeds 1,2,3
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from icl_eval.lm import CausalLM, right_pad
+
+Request = tuple[Sequence[int], Sequence[int]]
+"""(context tokens, continuation tokens); the context is never empty (the harness prepends a prefix token)."""
+
+
+class RequestTooLong(ValueError):
+    """A request that does not fit the model's window (never cut silently)."""
+
+
+def _extend(lm: CausalLM, state, tokens: Sequence[int], segment_tokens: int) -> torch.Tensor | None:
+    """Feed `tokens` into a batch-1 `state` in segments (exact for any split); the last segment's logits."""
+    logits = None
+    for i in range(0, len(tokens), segment_tokens):
+        logits = lm.extend(state, torch.tensor([list(tokens[i : i + segment_tokens])], dtype=torch.long))
+    return logits
+
+
+def _common_prefix(rows: list[Sequence[int]], start: int) -> int:
+    """The length of the longest common prefix of `rows` (all known to agree on [0, start))."""
+    end = min(len(r) for r in rows)
+    first = rows[0]
+    n = start
+    while n < end and all(r[n] == first[n] for r in rows):
+        n += 1
+    return n
+
+
+def score_requests(lm: CausalLM, requests: Sequence[Request], batch_size: int = 16,
+                   segment_tokens: int = 4096) -> list[tuple[float, bool]]:
+    """(sum log p(continuation | context), is the continuation greedy) per request, sharing prefixes.
+
+    Request i feeds `head_i + tail_i` where `head_i = context[:-1]` (shared through the cache) and
+    `tail_i = context[-1:] + continuation[:-1]`, whose logits predict the continuation. Requests
+    are a radix tree over their heads: a node's tokens are encoded once into a cache that every
+    child forks; the requests whose head ends at a node are scored there, `batch_size` at a time,
+    as one right-padded batch of forks (right padding never reaches the real tokens).
+    Equal to scoring every request by its own one-shot forward (tests/icl_eval/test_harness.py).
+    """
+    heads, tails = [], []
+    for i, (ctx, cont) in enumerate(requests):
+        if not ctx or not cont:
+            raise ValueError(f"request {i}: context and continuation must be non-empty (got {len(ctx)}, {len(cont)} tokens)")
+        heads.append(list(ctx[:-1]))
+        tails.append(list(ctx[-1:]) + list(cont[:-1]))
+    out: list[tuple[float, bool] | None] = [None] * len(requests)
+    # An explicit stack, not recursion: nested contexts (rolling windows) could be deep.
+    stack = [(lm.new_state(0), 0, list(range(len(requests))))]
+    while stack:
+        state, depth, idx = stack.pop()  # `state` holds heads[i][:depth] for every i in idx
+        here = [i for i in idx if len(heads[i]) == depth]
+        for b in range(0, len(here), batch_size):
+            _score_batch(lm, state, here[b : b + batch_size], tails, requests, out)
+        branches: dict[int, list[int]] = {}
+        for i in idx:
+            if len(heads[i]) > depth:
+                branches.setdefault(heads[i][depth], []).append(i)
+        for group in branches.values():
+            end = _common_prefix([heads[i] for i in group], depth + 1)
+            child = lm.fork(state)  # the parent is never advanced once it has children
+            _extend(lm, child, heads[group[0]][depth:end], segment_tokens)
+            stack.append((child, end, group))
+    return out  # type: ignore[return-value]
+
+
+def _score_batch(lm: CausalLM, state, batch: list[int], tails, requests, out) -> None:
+    kids = lm.fork(state, batch_size=len(batch))
+    logits = lm.extend(kids, right_pad([tails[i] for i in batch], lm.tokenizer.eos_id))
+    logp = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)  # float64 stays
+    for row, i in enumerate(batch):
+        cont = torch.tensor(list(requests[i][1]), dtype=torch.long, device=logp.device)
+        lp = logp[row, : len(cont)]
+        out[i] = (float(lp.gather(-1, cont[:, None]).sum()), bool((lp.argmax(-1) == cont).all()))
+
+
+def fit_request(ctx: Sequence[int], cont: Sequence[int], window: int | None, overflow: str) -> tuple[list[int], int]:
+    """The request's context, cut from the left only if allowed, and how many tokens were cut.
+
+    The model sees len(ctx) + len(cont) - 1 tokens. Past the window: `error` raises; `drop_left`
+    keeps the last tokens (at least one context token) and returns the count for the record.
+    """
+    need = len(ctx) + len(cont) - 1
+    if window is None or need <= window:
+        return list(ctx), 0
+    if overflow != "drop_left":
+        raise RequestTooLong(
+            f"a request of {len(ctx)} context + {len(cont)} continuation tokens needs {need} positions; the window "
+            f"is {window}. Use fewer shots, a model without a window (EVALM), or overflow='drop_left' (recorded)")
+    cut = need - window
+    if cut >= len(ctx):
+        raise RequestTooLong(f"the continuation alone ({len(cont)} tokens) does not fit the window of {window}")
+    return list(ctx[cut:]), cut
+
+
+def rolling_requests(tokens: Sequence[int], prefix_id: int, window: int | None) -> list[Request]:
+    """A document's loglikelihood_rolling as (context, continuation) requests covering every token once.
+
+    No window (EVALM): one request, `[prefix] -> tokens`, which the cache encodes in segments, so
+    every token sees the whole document before it. A window W: disjoint windows of W predicted
+    tokens, each conditioned on the one token before it (the harness's `get_rolling_token_windows`
+    with context_len=1); nothing is dropped, every token is scored exactly once.
+    """
+    tokens = list(tokens)
+    if not tokens:
+        return []
+    if window is None:
+        return [([prefix_id], tokens)]
+    out: list[Request] = [([prefix_id], tokens[:window])]
+    for start in range(window, len(tokens), window):
+        out.append(([tokens[start - 1]], tokens[start : start + window]))
+    return out
+
+
+def greedy_generate(lm: CausalLM, context: Sequence[int], max_new_tokens: int, stop=lambda ids: False,
+                    segment_tokens: int = 4096) -> list[int]:
+    """Greedy decoding through the cache: the context is encoded once, then one token per step."""
+    state = lm.new_state(0)
+    logits = _extend(lm, state, context, segment_tokens)
+    out: list[int] = []
+    for _ in range(max_new_tokens):
+        nxt = int(logits[0, -1].argmax())
+        if nxt == lm.tokenizer.eos_id:
+            break
+        out.append(nxt)
+        if stop(out):
+            break
+        logits = lm.extend(state, torch.tensor([[nxt]], dtype=torch.long))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# The harness side (optional extra).
+
+def _lm_eval():
+    try:
+        import lm_eval
+        import lm_eval.api.model  # noqa: F401
+    except ImportError as err:
+        raise ImportError("the lm-evaluation-harness backend is an optional extra: pip install 'evalm[harness]' "
+                          "(lm-eval>=0.4.4)") from err
+    return lm_eval
+
+
+@functools.cache
+def _harness_class():
+    """`HarnessLM`, built on first use so that importing this module never needs lm_eval."""
+    from lm_eval.api.model import TemplateLM
+
+    class HarnessLM(TemplateLM):
+        """A `CausalLM` behind the harness: loglikelihood (prefix-shared), rolling, greedy generate_until."""
+
+        def __init__(self, lm: CausalLM, batch_size: int = 16, segment_tokens: int = 4096,
+                     overflow: str = "error", max_gen_toks: int = 256, add_bos: bool = True):
+            super().__init__()
+            if overflow not in ("error", "drop_left"):
+                raise ValueError(f"overflow={overflow!r}: use 'error' or 'drop_left'")
+            self.lm, self.batch_size, self.segment_tokens = lm, batch_size, segment_tokens
+            self.overflow, self.max_gen_toks, self.add_bos = overflow, max_gen_toks, add_bos
+            self.truncations: list[dict[str, Any]] = []
+            """One entry per request cut under overflow='drop_left': kind, tokens cut, tokens kept."""
+
+        @property
+        def eot_token_id(self) -> int:
+            return self.lm.tokenizer.eos_id
+
+        @property
+        def tokenizer_name(self) -> str:
+            return str(getattr(self.lm.tokenizer, "name", type(self.lm.tokenizer).__name__))
+
+        def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs) -> list[int]:
+            # A context starts like a document and like our ICL prompts (`[bos] d_1 ...`, bos = eos);
+            # the harness asks for add_special_tokens=False where it adds its own prefix token.
+            ids = list(self.lm.tokenizer.encode(string))
+            return [self.eot_token_id, *ids] if self.add_bos and add_special_tokens is not False else ids
+
+        def tok_decode(self, tokens) -> str:
+            return self.lm.tokenizer.decode(list(tokens))
+
+        def _fit(self, ctx, cont, kind: str) -> list[int]:
+            ctx, cut = fit_request(ctx, cont, self.lm.max_positions, self.overflow)
+            if cut:
+                self.truncations.append({"kind": kind, "tokens_cut": cut, "tokens_kept": len(ctx) + len(cont)})
+            return ctx
+
+        def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs):
+            pairs = [(self._fit(ctx, cont, "loglikelihood"), cont) for _, ctx, cont in requests]
+            results = score_requests(self.lm, pairs, self.batch_size, self.segment_tokens)
+            for (key, _, _), res in zip(requests, results):
+                self.cache_hook.add_partial("loglikelihood", key, res)
+            return results
+
+        def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+            out = []
+            for req in requests:
+                (text,) = req.args
+                tokens = self.tok_encode(text, add_special_tokens=False)  # rolling_requests adds the prefix token
+                pairs = rolling_requests(tokens, self.prefix_token_id, self.lm.max_positions)
+                total = sum(lp for lp, _ in score_requests(self.lm, pairs, self.batch_size, self.segment_tokens))
+                self.cache_hook.add_partial("loglikelihood_rolling", (text,), total)
+                out.append(total)
+            return out
+
+        def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+            out = []
+            for req in requests:
+                context, gen_kwargs = req.args
+                until = gen_kwargs.get("until") or []
+                until = [until] if isinstance(until, str) else list(until)
+                n_new = int(gen_kwargs.get("max_gen_toks", self.max_gen_toks))
+                ctx = self._fit(self.tok_encode(context), [0] * (n_new + 1), "generate_until")
+                ids = greedy_generate(self.lm, ctx, n_new, lambda ids: any(s in self.tok_decode(ids) for s in until),
+                                      self.segment_tokens)
+                text = self.tok_decode(ids)
+                for s in until:
+                    text = text.split(s)[0]
+                self.cache_hook.add_partial("generate_until", (context, gen_kwargs), text)
+                out.append(text)
+            return out
+
+    return HarnessLM
+
+
+def harness_lm(lm: CausalLM, **options):
+    """The `TemplateLM` over `lm` (options: batch_size, segment_tokens, overflow, max_gen_toks, add_bos)."""
+    _lm_eval()
+    return _harness_class()(lm, **options)
+
+
+def evaluate(lm: CausalLM, tasks: Sequence[str], num_fewshot: int | None = None, seeds: Sequence[int] = (1,),
+             limit: int | float | None = None, include_path: str | None = None, **options) -> dict[str, Any]:
+    """`lm_eval.simple_evaluate` once per seed (the few-shot draw and every RNG), plus mean ± std per metric."""
+    lm_eval = _lm_eval()
+    from lm_eval.tasks import TaskManager
+
+    model = harness_lm(lm, **options)
+    manager = TaskManager(include_path=include_path) if include_path else TaskManager()
+    runs = []
+    for seed in seeds:
+        res = lm_eval.simple_evaluate(model=model, tasks=list(tasks), num_fewshot=num_fewshot, limit=limit,
+                                      task_manager=manager, random_seed=seed, numpy_random_seed=seed,
+                                      torch_random_seed=seed, fewshot_random_seed=seed, log_samples=False,
+                                      bootstrap_iters=0)
+        runs.append({"seed": seed, "results": res["results"], "n_samples": res.get("n-samples")})
+    return {"runs": runs, "summary": _summarize([r["results"] for r in runs]),
+            "truncations": list(model.truncations), "overflow": model.overflow}
+
+
+def _summarize(per_seed: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, dict[str, float]]]:
+    """task -> metric -> mean/std over seeds (numeric metrics only; the harness's stderr fields skipped)."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for task in per_seed[0]:
+        for metric, value in per_seed[0][task].items():
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or "stderr" in metric:
+                continue
+            values = [float(r[task][metric]) for r in per_seed]
+            out.setdefault(task, {})[metric] = {
+                "mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+                "n_seeds": len(values)}
+    return out
