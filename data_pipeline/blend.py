@@ -27,10 +27,13 @@ def targets(budgets: Budgets, available: dict[str, int]) -> dict[str, float]:
     """Target tokens per budgeted subset (absolute, or relative scaled to the data)."""
     if not budgets.relative:
         return {s: v * budgets.unit * budgets.scale for s, v in budgets.tokens.items()}
-    total = sum(budgets.tokens.values())
-    shares = {s: v / total for s, v in budgets.tokens.items() if v > 0}
+    # Proportions among the budgeted subsets the data has: a subset absent from the input (say
+    # Books3 in a corpus without it) must not shrink the blend to nothing; its target stays 0.
+    present = {s: v for s, v in budgets.tokens.items() if v > 0 and available.get(s, 0) > 0}
+    total = sum(present.values())
+    shares = {s: v / total for s, v in present.items()}
     # the largest blend in these proportions that repeats no subset
-    size = min((available.get(s, 0) / share for s, share in shares.items()), default=0.0)
+    size = min((available[s] / share for s, share in shares.items()), default=0.0)
     return {s: shares.get(s, 0.0) * size for s in budgets.tokens}
 
 
@@ -78,6 +81,9 @@ def plan(subsets: Sequence[str], tokens: Sequence[int], budgets: Budgets, seed: 
     for subset in unbudgeted:  # present in the data, absent from the budgets: dropped, recorded
         report[subset] = {"target_tokens": 0.0, "available_tokens": available[subset], "actual_tokens": 0, "epochs": 0.0}
     copies = np.concatenate(chosen) if chosen else np.empty(0, dtype=np.int64)
+    if len(copies) == 0 and len(tokens_arr):
+        raise ValueError(f"the budgets select no document from {len(tokens_arr)} available "
+                         f"(available tokens per subset: {available}); check the budgets file's [tokens] names and scale")
     return Plan(copies=copies[rng.permutation(len(copies))], report=report)
 
 

@@ -156,8 +156,8 @@ class Budgets:
     scale: float = 1.0
     """Multiplies every absolute budget (e.g. 1e-6 for a laptop-sized blend)."""
     relative: bool = False
-    """True: budgets are proportions, scaled to the largest blend the data allows without
-    repeating any subset."""
+    """True: budgets are proportions among the subsets the data has (absent ones get 0), scaled
+    to the largest blend the data allows without repeating any subset."""
     overflow: Literal["upsample", "cap"] = "upsample"
     """A subset with fewer tokens than its budget is repeated (epochs > 1) or capped."""
 
