@@ -247,9 +247,46 @@ def ppl(argv: Sequence[str]) -> int:
     return 0
 
 
+def harness(argv: Sequence[str]) -> int:
+    """Standard lm-evaluation-harness tasks through `icl_eval.harness` (extra `harness`; ICL_SPEC §7)."""
+    from icl_eval.harness import evaluate
+    from icl_eval.report import write_json
+
+    p = argparse.ArgumentParser(prog="evalm eval harness", description="lm-evaluation-harness tasks on a local model")
+    _common(p)
+    p.add_argument("--tasks", type=_csv(str), required=True, help="harness task names (local ones via --include-path)")
+    p.add_argument("--include-path", help="folder of task YAMLs (e.g. with `fewshot_config: {sampler: first_n}`)")
+    p.add_argument("--num-fewshot", type=int)
+    p.add_argument("--seeds", type=_csv(int), default=(1,), help="one simple_evaluate per seed; mean ± std")
+    p.add_argument("--limit", type=float, help="documents per task (a count, or a fraction below 1)")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--overflow", choices=("error", "drop_left"), default="error",
+                   help="past the model's window: raise, or cut from the left and record it")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32", choices=("float32", "float64", "bfloat16", "float16"))
+    args = p.parse_args(argv)
+    if not (args.checkpoint or args.hf_model):
+        raise ConfigError("evalm eval harness needs --checkpoint DIR or --hf-model DIR")
+    lm = _load_lm(args, args.device, args.dtype, {}, None, "harness")
+    limit = None if args.limit is None else (int(args.limit) if args.limit >= 1 else args.limit)
+    results = evaluate(lm, args.tasks, args.num_fewshot, args.seeds, limit, args.include_path,
+                       batch_size=args.batch_size, overflow=args.overflow)
+    results["model"] = _describe(lm)
+    out = Path(args.out or "runs/eval-harness")
+    write_json(out / "results.json", results)
+    for task, metrics in results["summary"].items():
+        cells = "  ".join(f"{m}: {v['mean']:.4f}±{v['std']:.4f}" for m, v in metrics.items())
+        print(f"{task:>20}  {cells}  ({len(args.seeds)} seed(s))")
+    if results["truncations"]:
+        print(f"{len(results['truncations'])} request(s) cut from the left (recorded in results.json)")
+    print(f"wrote {out}/results.json")
+    return 0
+
+
 COMMANDS: dict[str, tuple[Callable[[Sequence[str]], int], str]] = {
     "icl": (icl, "many-shot ICL: incremental | concat | structured | saicl | ensemble over shots and seeds"),
     "ppl": (ppl, "perplexity vs context length through the cache, with re-encoding baselines"),
+    "harness": (harness, "lm-evaluation-harness tasks via simple_evaluate (extra `harness`), prefix-shared cache"),
 }
 
 

@@ -190,10 +190,13 @@ metric_list:
 """
 
 
-def test_simple_evaluate_on_a_local_task(tmp_path, monkeypatch):
+def test_simple_evaluate_and_the_cli_on_a_local_task(tmp_path, monkeypatch):
+    """One local task (no hub), through `evaluate` and through `evalm eval harness` on an exported checkpoint."""
     pytest.importorskip("lm_eval")
     import json
 
+    from evalm.io import save_model
+    from icl_eval.cli import main
     from icl_eval.harness import evaluate
 
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
@@ -203,7 +206,14 @@ def test_simple_evaluate_on_a_local_task(tmp_path, monkeypatch):
         (tmp_path / f"{split}.jsonl").write_text("".join(json.dumps({"x": n, "y": n % 2}) + "\n" for n in numbers))
     (tmp_path / "tasks").mkdir()
     (tmp_path / "tasks" / "local_parity.yaml").write_text(TASK_YAML.format(data=tmp_path))
-    out = evaluate(tiny_evalm("eva"), ["local_parity"], num_fewshot=3, seeds=(1, 2), include_path=str(tmp_path / "tasks"))
+    lm = tiny_evalm("eva")
+    out = evaluate(lm, ["local_parity"], num_fewshot=3, seeds=(1, 2), include_path=str(tmp_path / "tasks"))
     acc = out["summary"]["local_parity"]["acc,none"]
     assert 0.0 <= acc["mean"] <= 1.0 and acc["n_seeds"] == 2
     assert [r["seed"] for r in out["runs"]] == [1, 2] and out["truncations"] == []
+
+    save_model(lm.model, tmp_path / "ckpt")
+    rc = main(["harness", "--checkpoint", str(tmp_path / "ckpt"), "--tasks", "local_parity", "--include-path",
+               str(tmp_path / "tasks"), "--num-fewshot", "3", "--seeds", "1,2", "--out", str(tmp_path / "run")])
+    written = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert rc == 0 and written["summary"] == out["summary"]  # same weights, same seeds: the same numbers
