@@ -18,12 +18,14 @@ thing in both, and tests compare the signatures for equality.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Iterable
+from hashlib import sha1
+from itertools import islice
 from operator import itemgetter
 
 import numpy as np
 from datasketch import LeanMinHash, MinHash
-from datasketch.hashfunc import sha1_hash32
 
 SCHEME = "affine32"
 _EMPTY = np.uint32(0xFFFFFFFF)  # datasketch's initial value: the signature of an empty set
@@ -44,55 +46,57 @@ def _fmix32(h: np.ndarray) -> np.ndarray:
 
 
 class Fingerprinter:
-    """Signatures for many documents; one instance per task (it caches the vocabulary)."""
+    """Signatures for many documents; one instance per task (it caches the vocabulary's hashes)."""
 
-    def __init__(self, num_perm: int = 128, seed: int = 1, max_vocab: int = 1 << 18):
+    def __init__(self, num_perm: int = 128, seed: int = 1, max_vocab: int = 1 << 20):
         a, b = MinHash(num_perm=num_perm, seed=seed, scheme=SCHEME).permutations
         self.num_perm, self.seed = num_perm, seed
         self._a, self._b = a.astype(np.uint32), b.astype(np.uint32)
         self._max_vocab = max_vocab
-        self._rows: dict[str, int] = {}
-        self._table = np.empty((0, num_perm), dtype=np.uint32)
+        # token -> row of self._hashes. A lookup of an unseen token inserts it with the next row
+        # (default_factory = len, all in C), so one pass both finds the rows and collects the new
+        # tokens, which are then the newest keys of the (insertion-ordered) dict.
+        self._rows: defaultdict[str, int] = defaultdict()
+        self._rows.default_factory = self._rows.__len__
+        self._hashes = np.empty(1024, dtype=np.uint32)  # h(t) by row; 4 bytes a token
 
-    def _permuted(self, tokens: list[str]) -> np.ndarray:
-        """v(t) for each token: shape (len(tokens), num_perm), uint32."""
-        h = np.fromiter((sha1_hash32(t.encode("utf-8")) for t in tokens), dtype=np.uint32, count=len(tokens))
-        return _fmix32(h)[:, None] * self._a + self._b
-
-    def _learn(self, tokens: set[str]) -> None:
-        """Add the rows of the tokens not yet cached (doubling the table, bounded by max_vocab)."""
-        new = [t for t in tokens if t not in self._rows]
-        if len(self._rows) + len(new) > self._max_vocab:  # bounded memory: start the cache afresh
-            self._rows.clear()
-            new = list(tokens)
-        start, stop = len(self._rows), len(self._rows) + len(new)
-        if stop > len(self._table):
-            grown = np.empty((max(stop, 2 * len(self._table), 1024), self.num_perm), dtype=np.uint32)
-            grown[:start] = self._table[:start]
-            self._table = grown
-        self._table[start:stop] = self._permuted(new)
-        self._rows.update(zip(new, range(start, stop)))
-
-    def _rows_of(self, tokens: set[str]) -> np.ndarray:
+    def _row_ids(self, tokens: set[str]) -> np.ndarray:
         if len(tokens) == 1:  # itemgetter of one key returns the value, not a tuple
             return np.array([self._rows[next(iter(tokens))]], dtype=np.intp)
         return np.fromiter(itemgetter(*tokens)(self._rows), dtype=np.intp, count=len(tokens))
+
+    def _hash_new_rows(self, start: int) -> None:
+        """h(t) for the tokens given rows start.. by the last lookups (SHA-1 once per token)."""
+        stop = len(self._rows)
+        new = list(islice(reversed(self._rows), stop - start))[::-1]
+        # sha1_hash32 is struct.unpack("<I", sha1(b).digest()[:4]): unpack all digests at once,
+        # every 5th little-endian uint32 of the concatenated 20-byte digests
+        digests = b"".join([sha1(t.encode("utf-8")).digest() for t in new])
+        if stop > len(self._hashes):
+            self._hashes = np.concatenate([self._hashes[:start], np.empty(max(stop, 2 * len(self._hashes)) - start, np.uint32)])
+        self._hashes[start:stop] = _fmix32(np.frombuffer(digests, dtype="<u4")[::5].astype(np.uint32))
 
     def signatures(self, token_sets: Iterable[Iterable[str]]) -> np.ndarray:
         """Signatures of documents given as token sets: shape (n, num_perm), uint32."""
         sets = [s if isinstance(s, (set, frozenset)) else set(s) for s in token_sets]
         out = np.full((len(sets), self.num_perm), _EMPTY, dtype=np.uint32)
+        buf = np.empty((max(map(len, sets), default=0), self.num_perm), dtype=np.uint32)
         for i, tokens in enumerate(sets):
             if not tokens:
                 continue
-            try:
-                idx = self._rows_of(tokens)
-            except KeyError:  # the slow path, once per document with unseen tokens
-                self._learn(tokens)
-                idx = self._rows_of(tokens)
-            # small per-document arrays stay in cache; one batch-wide gather would page-fault
-            self._table.take(idx, axis=0).min(axis=0, out=out[i])
+            if len(self._rows) > self._max_vocab:  # bounded memory: start the cache afresh
+                self._rows.clear()
+            start = len(self._rows)
+            rows = self._row_ids(tokens)
+            if len(self._rows) > start:
+                self._hash_new_rows(start)
+            # v_k(t) = a_k * h(t) + b_k in uint32 (the wraparound is datasketch's mod 2^32)
+            v = buf[: len(tokens)]
+            np.multiply(self._hashes.take(rows)[:, None], self._a, out=v)
+            v += self._b
+            v.min(axis=0, out=out[i])
         return out
+
 
 def lean(signature: np.ndarray, seed: int) -> LeanMinHash:
     """A datasketch LeanMinHash for the LSH index (no copy of the permutations)."""
