@@ -77,11 +77,17 @@ def score_requests(lm: CausalLM, requests: Sequence[Request], batch_size: int = 
         heads.append(list(ctx[:-1]))
         tails.append(list(ctx[-1:]) + list(cont[:-1]))
     out: list[tuple[float, bool] | None] = [None] * len(requests)
-    # An explicit stack, not recursion: nested contexts (rolling windows) could be deep.
-    stack = [(lm.new_state(0), 0, list(range(len(requests))))]
+    # An explicit stack, not recursion (nested contexts, e.g. rolling windows, can be deep). An entry
+    # is (parent cache holding heads[:start], depth, idx): the child is forked and extended only when
+    # popped, so at most one branch's extended cache is alive per level (not one per test question).
+    stack = [(lm.new_state(0), 0, 0, list(range(len(requests))))]
     while stack:
-        state, depth, idx = stack.pop()  # `state` holds heads[i][:depth] for every i in idx
-        here = [i for i in idx if len(heads[i]) == depth]
+        parent, start, depth, idx = stack.pop()
+        state = parent
+        if depth > start:
+            state = lm.fork(parent)  # the parent is never advanced once it has children
+            _extend(lm, state, heads[idx[0]][start:depth], segment_tokens)
+        here = [i for i in idx if len(heads[i]) == depth]  # `state` holds heads[i][:depth] for every i in idx
         for b in range(0, len(here), batch_size):
             _score_batch(lm, state, here[b : b + batch_size], tails, requests, out)
         branches: dict[int, list[int]] = {}
@@ -89,10 +95,7 @@ def score_requests(lm: CausalLM, requests: Sequence[Request], batch_size: int = 
             if len(heads[i]) > depth:
                 branches.setdefault(heads[i][depth], []).append(i)
         for group in branches.values():
-            end = _common_prefix([heads[i] for i in group], depth + 1)
-            child = lm.fork(state)  # the parent is never advanced once it has children
-            _extend(lm, child, heads[group[0]][depth:end], segment_tokens)
-            stack.append((child, end, group))
+            stack.append((state, depth, _common_prefix([heads[i] for i in group], depth + 1), group))
     return out  # type: ignore[return-value]
 
 
