@@ -55,6 +55,9 @@ class SyntheticConfig:
     """AdamW learning rate (constant after a 10% warmup)."""
     seed: int = 0
     """Seed of the training data and the model init."""
+    template: str = "{x}{label}"
+    """Instance template. Byte tokens need none; with a BPE tokenizer use "{x} {label}", so the
+    label is its own pre-token and tokenizes the same inside a prompt as in tuning data."""
 
     def __post_init__(self) -> None:
         if not 2 <= self.n_inputs <= 26 or not 2 <= self.n_labels <= 26:
@@ -63,7 +66,7 @@ class SyntheticConfig:
 
 def synthetic_task(config: SyntheticConfig = SyntheticConfig()) -> Task:
     return Task(
-        "synthetic", "{x}{label}", tuple(LABEL_LETTERS[: config.n_labels]),
+        "synthetic", config.template, tuple(LABEL_LETTERS[: config.n_labels]),
         source=f"icl_eval.synthetic ({config.n_inputs} inputs -> {config.n_labels} labels, fresh rule per episode)",
     )
 
@@ -89,6 +92,24 @@ def episode(seed: int, config: SyntheticConfig = SyntheticConfig()) -> dict[str,
         return [{"x": x, "label": rule[x]} for x in (rng.choice(inputs) for _ in range(n))]
 
     return {"train": items(config.n_train), "test": items(config.n_test), "validation": items(config.n_test)}
+
+
+def instruction_examples(config: SyntheticConfig, n_episodes: int, per_episode: int, seed: int) -> list[dict]:
+    """Many-shot instruction data: `{"task", "input", "output"}` rows, one task per episode (rule).
+
+    MSIT packs a task's examples into one line (EVALM §3.2), so each line is an episode of one
+    fresh rule and the answer-only loss is exactly the in-context objective of `training_batch`.
+    Episodes draw their rules from `seed`, disjoint from the evaluation episodes' small seeds.
+    """
+    rng = random.Random(seed)
+    rows = []
+    for k in range(n_episodes):
+        rule = draw_rule(rng, config)
+        inputs = list(rule)
+        for _ in range(per_episode):
+            x = rng.choice(inputs)
+            rows.append({"task": f"synthetic-{k:05d}", "input": x, "output": LABEL_LETTERS[rule[x]]})
+    return rows
 
 
 def training_batch(rng: random.Random, config: SyntheticConfig, eos_id: int) -> tuple[torch.Tensor, torch.Tensor]:

