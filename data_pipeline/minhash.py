@@ -80,7 +80,7 @@ class Fingerprinter:
         """Signatures of documents given as token sets: shape (n, num_perm), uint32."""
         sets = [s if isinstance(s, (set, frozenset)) else set(s) for s in token_sets]
         out = np.full((len(sets), self.num_perm), _EMPTY, dtype=np.uint32)
-        buf = np.empty((max(map(len, sets), default=0), self.num_perm), dtype=np.uint32)
+        buf = np.empty(max(map(len, sets), default=0) * self.num_perm, dtype=np.uint32)
         for i, tokens in enumerate(sets):
             if not tokens:
                 continue
@@ -91,10 +91,11 @@ class Fingerprinter:
             if len(self._rows) > start:
                 self._hash_new_rows(start)
             # v_k(t) = a_k * h(t) + b_k in uint32 (the wraparound is datasketch's mod 2^32)
-            v = buf[: len(tokens)]
-            np.multiply(self._hashes.take(rows)[:, None], self._a, out=v)
-            v += self._b
-            v.min(axis=0, out=out[i])
+            # laid out (num_perm, tokens): each numpy inner loop runs over a document's tokens
+            v = buf[: len(tokens) * self.num_perm].reshape(self.num_perm, len(tokens))
+            np.multiply(self._a[:, None], self._hashes.take(rows), out=v)
+            v += self._b[:, None]
+            v.min(axis=1, out=out[i])
         return out
 
 
