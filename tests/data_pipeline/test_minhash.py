@@ -55,3 +55,33 @@ def test_band_choice_finds_095_pairs():
     assert lsh.candidate_probability(0.95, 8, 16) == pytest.approx(0.990, abs=1e-3)
     assert lsh.candidate_probability(0.90, 8, 16) == pytest.approx(0.81, abs=0.01)
     assert lsh.candidate_probability(0.95, 3, 42) == pytest.approx(0.31, abs=0.01)
+
+
+def _datasketch(docs, num_perm=128, seed=1) -> np.ndarray:
+    # datasketch itself, one MinHash per document (update_batch hashes every token, repeats included)
+    out = []
+    for doc in docs:
+        m = MinHash(num_perm=num_perm, seed=seed)
+        m.update_batch([t.encode("utf-8") for t in doc])
+        out.append(m.hashvalues)
+    return np.stack(out)
+
+
+@pytest.mark.parametrize("max_vocab", [1 << 20, 3])
+def test_cached_hashes_match_datasketch_across_calls(max_vocab):
+    # documents as lists with repeated words, empty documents between them, one-token documents,
+    # a document repeated (all rows cached), and a second call mixing cached and unseen tokens
+    rng = random.Random(5)
+    vocab = [f"w{i}" for i in range(500)] + ["caf\u00e9", "\u00e9t\u00e9", "a\x00b"]
+    first = [[], ["the", "the", "the"], rng.choices(vocab[:50], k=300), [], ["x"], ["x"]]
+    first.append(first[2])
+    second = [rng.choices(vocab, k=rng.randint(0, 60)) for _ in range(40)] + [["the"] * 5 + ["new"] * 2, []]
+    fp = Fingerprinter(max_vocab=max_vocab)
+    np.testing.assert_array_equal(fp.signatures(first), _datasketch(first))
+    np.testing.assert_array_equal(fp.signatures(second), _datasketch(second))
+    np.testing.assert_array_equal(fp.signatures(first + second), _datasketch(first + second))
+
+
+def test_no_documents_and_only_empty_documents():
+    assert Fingerprinter().signatures([]).shape == (0, 128)
+    np.testing.assert_array_equal(Fingerprinter().signatures([[], set()]), _datasketch([[], []]))
