@@ -8,6 +8,7 @@ line per protocol (EVALM Figure 4).
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -26,13 +27,23 @@ def write_predictions(path: Path, rows: list[dict]) -> Path:
     return path
 
 
-def _pyplot():
+@contextmanager
+def _figure(path: Path, xlabel: str, ylabel: str, title: str):
+    """A 6x4 axes to draw on; labelled, gridded, legended and saved to `path` on exit."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    return plt
+    fig, ax = plt.subplots(figsize=(6, 4))
+    yield ax
+    ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def _series(summary_split: dict, key: str):
@@ -42,50 +53,29 @@ def _series(summary_split: dict, key: str):
 
 
 def plot_accuracy(summary: dict, path: Path, title: str) -> Path:
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for method, x, y, s in _series(summary["test"], "accuracy"):
-        ax.plot(x, y, marker="o", label=method)
-        ax.fill_between(x, [a - b for a, b in zip(y, s)], [a + b for a, b in zip(y, s)], alpha=0.2)
-    ax.set_xscale("symlog", linthresh=1)
-    ax.set(xlabel="shots (demonstrations)", ylabel="accuracy (mean ± std over seeds)", title=title)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    with _figure(path, "shots (demonstrations)", "accuracy (mean ± std over seeds)", title) as ax:
+        for method, x, y, s in _series(summary["test"], "accuracy"):
+            ax.plot(x, y, marker="o", label=method)
+            ax.fill_between(x, [a - b for a, b in zip(y, s)], [a + b for a, b in zip(y, s)], alpha=0.2)
+        ax.set_xscale("symlog", linthresh=1)
     return path
 
 
 def plot_time(summary: dict, path: Path, title: str) -> Path:
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for method, x, y, _ in _series(summary["test"], "seconds_per_item"):
-        style = "--" if method == "concat" else "-"
-        label = f"{method} ({'no cache reuse' if method == 'concat' else 'cache reuse'})"
-        ax.plot(x, [v * 1e3 for v in y], style, marker="o", label=label)
-    ax.set_xscale("symlog", linthresh=1)
-    ax.set_yscale("log")
-    ax.set(xlabel="shots", ylabel="ms per test item (incl. context encoding)", title=title)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    with _figure(path, "shots", "ms per test item (incl. context encoding)", title) as ax:
+        for method, x, y, _ in _series(summary["test"], "seconds_per_item"):
+            style = "--" if method == "concat" else "-"
+            label = f"{method} ({'no cache reuse' if method == 'concat' else 'cache reuse'})"
+            ax.plot(x, [v * 1e3 for v in y], style, marker="o", label=label)
+        ax.set_xscale("symlog", linthresh=1)
+        ax.set_yscale("log")
     return path
 
 
 def plot_perplexity(results: dict, path: Path, title: str) -> Path:
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for name, proto in results["protocols"].items():
-        rows = proto["buckets"]
-        ax.plot([r["bucket"][1] for r in rows], [r["token_ppl"] for r in rows], marker="o", label=name)
-    ax.set_xscale("log", base=2)
-    ax.set(xlabel="context length (tokens, bucket upper end)", ylabel="token perplexity", title=title)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    with _figure(path, "context length (tokens, bucket upper end)", "token perplexity", title) as ax:
+        for name, proto in results["protocols"].items():
+            rows = proto["buckets"]
+            ax.plot([r["bucket"][1] for r in rows], [r["token_ppl"] for r in rows], marker="o", label=name)
+        ax.set_xscale("log", base=2)
     return path
