@@ -150,6 +150,8 @@ def rolling_requests(tokens: Sequence[int], prefix_id: int, window: int | None) 
 def greedy_generate(lm: CausalLM, context: Sequence[int], max_new_tokens: int, stop=lambda ids: False,
                     segment_tokens: int = 4096) -> list[int]:
     """Greedy decoding through the cache: the context is encoded once, then one token per step."""
+    if not context:
+        raise ValueError("greedy_generate needs at least one context token (e.g. the bos token)")
     state = lm.new_state(0)
     logits = _extend(lm, state, context, segment_tokens)
     out: list[int] = []
