@@ -191,27 +191,65 @@ class EvaAttention(nn.Module):
         prefix = cache.prefix[self.layer_idx] if cache is not None else None
         own_bias = cache.own_logit_bias if cache is not None else 0.0
 
+        if n_tiles == 1:  # a short segment (a test input): its real rows only, no dummy queries
+            k_pos = (g0 - ext + torch.arange(ext + lead + T, device=q.device)).view(1, 1, -1)
+            q_pos = (n0 + torch.arange(T, device=q.device)).view(1, T, 1)
+            keys = slice(0, ext + lead + T)  # the single tile's local keys, without the trailing pad
+            shared = [*remote_k, *(prefix or ())]
+            if B > 1 and all(p.shape[0] == 1 for p in shared):
+                return self._attend_folded(q, k_grid[..., keys], v_grid[..., keys], remote_k, remote_v, prefix,
+                                           own_bias, q_pos, k_pos)
+            out = self._attend_group(q.unsqueeze(2), k_grid[..., keys], v_grid[..., keys],
+                                     remote_k, remote_v, prefix, own_bias, q_pos, k_pos)
+            return out.squeeze(2)
         n_extra = parts_len(remote_k) + (prefix[0].shape[-2] if prefix is not None else 0)
         per_tile = B * H * rows * (ext + rows + n_extra)
         group = max(1, min(n_tiles, TILE_LOGITS // per_tile))
         tiles = torch.arange(n_tiles, device=q.device)
         outs = []
         for j, (qg, kg, vg) in enumerate(zip(q_grid.split(group, 2), k_grid.split(group, 2), v_grid.split(group, 2))):
-            q_pos = g0 + (tiles[j * group : j * group + qg.shape[2]] * rows)[:, None, None] + torch.arange(rows, device=q.device)[:, None]
-            outs.append(self._attend_group(qg, kg, vg, remote_k, remote_v, prefix, own_bias, q_pos))
+            start = g0 + (tiles[j * group : j * group + qg.shape[2]] * rows)[:, None, None]  # (G, 1, 1)
+            q_pos = start + torch.arange(rows, device=q.device)[:, None]
+            k_pos = start - ext + torch.arange(ext + rows, device=q.device)
+            outs.append(self._attend_group(qg, kg, vg, remote_k, remote_v, prefix, own_bias, q_pos, k_pos))
         return torch.cat(outs, 2).flatten(2, 3)[..., lead : lead + T, :]
 
-    def _attend_group(self, qg, kg, vg, remote_k, remote_v, prefix, own_bias: float, q_pos: Tensor) -> Tensor:
-        """G tiles: qg (B,H,G,rows,D), kg/vg (B,H,G,D,ext+rows), q_pos (G,rows,1) -> (B,H,G,rows,D)."""
+    def _attend_folded(self, q, kl, vl, remote_k, remote_v, prefix, own_bias: float, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        """A batch of forks scoring short inputs over one shared parent: q (B,H,T,D), kl/vl (B,H,1,D,L).
+
+        The B sequences' rows are folded into one query block, so the parent's remote entries
+        (thousands of chunk summaries after many demonstrations) are read once instead of being
+        copied per candidate; a sequence mask keeps each row on its own local keys.
+        """
+        B, H, T, D = q.shape
+        L = kl.shape[-1]
+        fold = lambda x: x.permute(2, 1, 3, 0, 4).reshape(1, H, D, B * L).unsqueeze(2)  # noqa: E731 (B,H,1,D,L) -> (1,H,1,D,B·L)
+        arange = lambda n: torch.arange(n, device=q.device)  # noqa: E731
+        out = self._attend_group(
+            q.transpose(0, 1).reshape(1, H, 1, B * T, D), fold(kl), fold(vl), remote_k, remote_v, prefix, own_bias,
+            q_pos.repeat(1, B, 1), k_pos.repeat(1, 1, B),
+            same_sequence=arange(B).repeat_interleave(T)[:, None] == arange(B).repeat_interleave(L)[None, :],
+        )
+        return out.view(H, B, T, D).transpose(0, 1)
+
+    def _attend_group(self, qg, kg, vg, remote_k, remote_v, prefix, own_bias: float, q_pos: Tensor, k_pos: Tensor,
+                      same_sequence: Tensor | None = None) -> Tensor:
+        """G tiles: qg (B,H,G,rows,D) at q_pos (G,rows,1); local kg/vg (B,H,G,D,L) at k_pos (G,1,L) -> (B,H,G,rows,D).
+
+        `same_sequence` (rows, L), when rows of several sequences share one tile, keeps each row
+        on its own sequence's local keys.
+        """
         B, H, G, rows, D = qg.shape
         w, c, ext = self.window_size, self.chunk_size, self.ext
-        k_pos = q_pos[:, :1] - ext + torch.arange(ext + rows, device=qg.device)  # (G, 1, ext+rows)
         window_start = (q_pos // w * w - ext).clamp(min=0)  # (G, rows, 1)
-        local = torch.full((G, rows, ext + rows), own_bias, dtype=qg.dtype, device=qg.device)
+        local = torch.full((G, rows, k_pos.shape[-1]), own_bias, dtype=qg.dtype, device=qg.device)
         if self.rel_pos_bias is not None:
             local = local + self.head_dim**-0.5 * self.rel_pos_bias((q_pos - k_pos).clamp(min=0)).to(qg.dtype)
-        masks = [local.masked_fill(~((k_pos <= q_pos) & (k_pos >= window_start)), float("-inf"))]
-        keys, values = [kg.permute(0, 2, 1, 4, 3)], [vg.permute(0, 2, 1, 4, 3)]  # (B, G, H, ext+rows, D)
+        visible = (k_pos <= q_pos) & (k_pos >= window_start)
+        if same_sequence is not None:
+            visible = visible & same_sequence
+        masks = [local.masked_fill(~visible, float("-inf"))]
+        keys, values = [kg.permute(0, 2, 1, 4, 3)], [vg.permute(0, 2, 1, 4, 3)]  # (B, G, H, L, D)
 
         # Remote chunks: visible while r < ⌊i/c⌋, or only before the query's window (§1.7).
         limit = window_start // c if self.exclude_window_chunks else q_pos // c  # (G, rows, 1)
