@@ -293,7 +293,8 @@ COMMANDS: dict[str, tuple[Callable[[Sequence[str]], int], str]] = {
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
-        rows = "\n".join(f"  {name:<5} {text}" for name, (_, text) in COMMANDS.items())
+        width = max(map(len, COMMANDS))
+        rows = "\n".join(f"  {name:<{width}}  {text}" for name, (_, text) in COMMANDS.items())
         print(f"usage: evalm eval COMMAND [ARGS...]\n\ncommands:\n{rows}\n")
         return 0
     if argv[0] not in COMMANDS:
