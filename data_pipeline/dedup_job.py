@@ -65,12 +65,16 @@ def offsets(output: Path, tasks: int) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
 
 
-class FingerprintStep(PipelineStep):
-    name = "fingerprints"
+class DedupStep(PipelineStep):
+    """A dedup step: it knows the stage folder, the config, the task count and the Redis URL (if any)."""
 
-    def __init__(self, output: str, config: DedupConfig, redis_url: str | None):
+    def __init__(self, output: str, config: DedupConfig, tasks: int = 1, redis_url: str | None = None):
         super().__init__()
-        self.output, self.config, self.redis_url = output, config, redis_url
+        self.output, self.config, self.tasks, self.redis_url = output, config, tasks, redis_url
+
+
+class FingerprintStep(DedupStep):
+    name = "fingerprints"
 
     def run(self, data=None, rank: int = 0, world_size: int = 1):
         output, c = Path(self.output), self.config
@@ -108,14 +112,10 @@ def _write_candidates(output: Path, rank: int, pairs: list[tuple[int, int]]) -> 
         np.save(f, arr, allow_pickle=False)
 
 
-class MemoryLshStep(PipelineStep):
+class MemoryLshStep(DedupStep):
     """One pass, query then insert: each candidate pair (earlier, later) is found exactly once."""
 
     name = "lsh"
-
-    def __init__(self, output: str, config: DedupConfig, tasks: int):
-        super().__init__()
-        self.output, self.config, self.tasks = output, config, tasks
 
     def run(self, data=None, rank: int = 0, world_size: int = 1):
         output, c = Path(self.output), self.config
@@ -130,12 +130,8 @@ class MemoryLshStep(PipelineStep):
         _write_candidates(output, 0, pairs)
 
 
-class RedisInsertStep(PipelineStep):
+class RedisInsertStep(DedupStep):
     name = "lsh_insert"
-
-    def __init__(self, output: str, config: DedupConfig, tasks: int, redis_url: str):
-        super().__init__()
-        self.output, self.config, self.tasks, self.redis_url = output, config, tasks, redis_url
 
     def run(self, data=None, rank: int = 0, world_size: int = 1):
         output, c = Path(self.output), self.config
@@ -147,12 +143,8 @@ class RedisInsertStep(PipelineStep):
                 session.insert(lsh.key(first + i, True), lean(sig, c.seed), check_duplication=False)
 
 
-class RedisQueryStep(PipelineStep):
+class RedisQueryStep(DedupStep):
     name = "lsh_query"
-
-    def __init__(self, output: str, config: DedupConfig, tasks: int, redis_url: str):
-        super().__init__()
-        self.output, self.config, self.tasks, self.redis_url = output, config, tasks, redis_url
 
     def run(self, data=None, rank: int = 0, world_size: int = 1):
         output, c = Path(self.output), self.config
@@ -166,12 +158,8 @@ class RedisQueryStep(PipelineStep):
         _write_candidates(output, rank, pairs)
 
 
-class GraphStep(PipelineStep):
+class GraphStep(DedupStep):
     name = "graph"
-
-    def __init__(self, output: str, config: DedupConfig, tasks: int):
-        super().__init__()
-        self.output, self.config, self.tasks = output, config, tasks
 
     def run(self, data=None, rank: int = 0, world_size: int = 1):
         output, c = Path(self.output), self.config
@@ -214,12 +202,8 @@ def graph_stats(pairs, edges, labels, subsets, removed, lengths) -> dict[str, An
     }
 
 
-class WriteStep(PipelineStep):
+class WriteStep(DedupStep):
     name = "write"
-
-    def __init__(self, output: str, config: DedupConfig, tasks: int):
-        super().__init__()
-        self.output, self.config, self.tasks = output, config, tasks
 
     def run(self, data=None, rank: int = 0, world_size: int = 1):
         output, c = Path(self.output), self.config
@@ -261,7 +245,7 @@ def steps(output: Path, config: DedupConfig, tasks: int, redis_url: str | None) 
     else:
         index = [Step("lsh", 1, MemoryLshStep(out, config, tasks))]
     return [
-        Step("fingerprints", tasks, FingerprintStep(out, config, redis_url)),
+        Step("fingerprints", tasks, FingerprintStep(out, config, tasks, redis_url)),
         *index,
         Step("graph", 1, GraphStep(out, config, tasks)),
         Step("write", tasks, WriteStep(out, config, tasks)),
