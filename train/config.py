@@ -9,7 +9,8 @@ metaseq/OPT recipe it started from (EVA_SPEC.md §5), marked as such.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass as _std_dataclass
 from dataclasses import field
 from pathlib import Path
@@ -201,3 +202,19 @@ def parse_run_args(argv: Sequence[str] | None, *, prog: str, description: str, d
         parser.exit(2, f"{prog}: error: {err}\n")
     out = Path(args.out) if args.out else Path("runs") / Path(args.config).stem
     return config, out, args.resume
+
+
+def run_command(argv: Sequence[str] | None, *, command: str, doc: str, default_config: str,
+                make_source: Callable, data_cls: type = DataConfig) -> int:
+    """The body of `evalm train pretrain|msit`: parse, run the trainer, report errors without a traceback."""
+    config, out, resume = parse_run_args(argv, prog=f"evalm train {command}", description=doc.split("\n")[0],
+                                         default_config=default_config, data_cls=data_cls)
+    from train.checkpoint import CheckpointError
+    from train.trainer import run
+
+    try:
+        run(config, out, make_source(config.data, config.model.vocab_size), resume=resume, command=command)
+    except (CheckpointError, FileNotFoundError, ValueError) as err:  # what to fix, without a traceback
+        print(f"evalm train {command}: error: {err}", file=sys.stderr)
+        return 2
+    return 0

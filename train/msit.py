@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from evalm.tokenizer import load_tokenizer
-from train.config import MsitDataConfig, parse_run_args
+from train.config import MsitDataConfig, run_command
 from train.packing import PackedLines, build_lines
 from train.parallelize import Runtime
 
@@ -42,17 +42,8 @@ def make_source(config: MsitDataConfig, model_vocab: int):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    config, out, resume = parse_run_args(argv, prog="evalm train msit", description=__doc__.split("\n")[0],
-                                         default_config=DEFAULT_CONFIG, data_cls=MsitDataConfig)
-    from train.checkpoint import CheckpointError
-    from train.trainer import run
-
-    try:
-        run(config, out, make_source(config.data, config.model.vocab_size), resume=resume, command="msit")
-    except (CheckpointError, FileNotFoundError, ValueError) as err:  # what to fix, without a traceback
-        print(f"evalm train msit: error: {err}", file=sys.stderr)
-        return 2
-    return 0
+    return run_command(argv, command="msit", doc=__doc__, default_config=DEFAULT_CONFIG,
+                       make_source=make_source, data_cls=MsitDataConfig)
 
 
 if __name__ == "__main__":

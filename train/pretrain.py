@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from train.config import parse_run_args
+from train.config import run_command
 from train.parallelize import Runtime
 from train.shards import PretrainLines, TokenShards
 
@@ -33,17 +33,8 @@ def make_source(config, model_vocab: int):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    config, out, resume = parse_run_args(argv, prog="evalm train pretrain", description=__doc__.split("\n")[0],
-                                         default_config=DEFAULT_CONFIG)
-    from train.checkpoint import CheckpointError
-    from train.trainer import run
-
-    try:
-        run(config, out, make_source(config.data, config.model.vocab_size), resume=resume, command="pretrain")
-    except (CheckpointError, FileNotFoundError, ValueError) as err:  # what to fix, without a traceback
-        print(f"evalm train pretrain: error: {err}", file=sys.stderr)
-        return 2
-    return 0
+    return run_command(argv, command="pretrain", doc=__doc__, default_config=DEFAULT_CONFIG,
+                       make_source=make_source)
 
 
 if __name__ == "__main__":
