@@ -303,6 +303,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         stages = list(STAGES)
         if args.start or args.only:
             first = stages.index(args.start or args.only)
+            missing = [s for s in stages[:first] if _marker(r, s) is None]
+            if missing:
+                raise ConfigError(f"{r.dir}: stage(s) {missing} before {stages[first]!r} are not complete; "
+                                  f"run `evalm run {r.path}` first")
             stages = stages[first:] if args.start else [args.only]
             for stage in stages:
                 shutil.rmtree(r.stage_dir(stage), ignore_errors=True)

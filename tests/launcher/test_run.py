@@ -132,3 +132,12 @@ def test_unknown_section_names_the_file_and_the_valid_ones(tmp_path, capsys):
     assert main([str(bad)]) == 2
     err = capsys.readouterr().err
     assert "bad.toml" in err and "trian" in err and "pretrain" in err
+
+
+def test_only_a_stage_whose_predecessors_are_incomplete_is_refused(run_file, tmp_path, capsys):
+    fresh = tmp_path / "fresh.toml"
+    fresh.write_text(run_file.read_text().replace('name = "ci"', 'name = "fresh"'))
+    assert main([str(fresh), "--only", "icl"]) == 2
+    err = capsys.readouterr().err
+    assert "not complete" in err and "filter" in err
+    assert not (run_file.parent / "runs" / "fresh" / "icl").exists()
