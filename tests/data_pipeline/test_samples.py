@@ -326,3 +326,31 @@ def test_real_packages_download_and_build(tmp_path):
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["tasks"]["bbc_news"]["splits"]["test"] > 400
     assert manifest["pile"]["per_subset"]["Gutenberg (PG-19)"] >= len(S.PILE_PLAYS)
+
+
+@pytest.mark.parametrize("minor", [10, 11, 12, 13])
+@pytest.mark.parametrize("machine", ["x86_64", "aarch64", "amd64", "arm64"])
+def test_gensim_has_a_pinned_wheel_for_every_supported_interpreter(minor, machine):
+    package = S.gensim_package(f"cp3{minor}", machine)
+    arch = {"amd64": "x86_64", "arm64": "aarch64"}.get(machine, machine)
+    assert package.filename.startswith(f"gensim-4.4.0-cp3{minor}-cp3{minor}-") and arch in package.filename
+    assert len(package.sha256) == 64
+    assert len({p[1] for p in S.GENSIM_WHEELS.values()}) == len(S.GENSIM_WHEELS)  # a hash per file
+
+
+def test_unsupported_interpreter_is_refused_naming_the_supported_ones(tmp_path):
+    package = S.gensim_package("cp314", "x86_64")
+    with pytest.raises(S.SampleError, match="supported: cp310 x86_64"):
+        S.fetch_verified(package, tmp_path, fetch=no_network)
+
+
+def test_a_failed_fetch_names_the_package_the_file_and_pips_own_error(tmp_path, monkeypatch):
+    # pip with no index and an empty find-links folder fails at once, offline
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path))
+    package = S.Package("evalm-no-such-package", "0.0.1", "evalm_no_such_package-0.0.1-py3-none-any.whl", "0" * 64, "-")
+    with pytest.raises(S.SampleError) as err:
+        S.pip_fetch(package, tmp_path / "cache")
+    message = str(err.value)
+    assert "evalm-no-such-package==0.0.1" in message and package.filename in message
+    assert "No matching distribution" in message or "Could not find" in message
