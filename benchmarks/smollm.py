@@ -64,7 +64,7 @@ def load_task(samples: Path, name: str, lead_words: int | None):
 
 def run_cell(lm, task, splits, method: str, shots: int, seeds, items: int, group_tokens: int) -> dict:
     """One method at one shot count over the seeds: accuracy mean/std, s/item, demos used, or the error."""
-    config = EvalConfig(task=task.name, methods=(method,), shots=(shots,), seeds=tuple(seeds), max_test_items=items)
+    config = EvalConfig(task=task.name, methods=(method,), shots=(shots,), seeds=tuple(seeds), test_items=items)
     options = MethodOptions(on_overflow=OVERFLOW[method], group_tokens=group_tokens, scoring="answer-sum")
     try:
         records = Runner(lm, task, config, options, lambda seed: splits).run()

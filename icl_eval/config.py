@@ -41,8 +41,14 @@ class EvalConfig:
     """Between demonstrations (ICL_SPEC §2)."""
     calibration: Literal["none", "contextual", "pmi"] = "none"
     """Zhao et al.'s contextual calibration, or PMI against an "N/A" input."""
-    max_test_items: int | None = 200
-    """Score at most this many test items (the first ones, in file order); None for all."""
+    test_items: int | None = None
+    """Score a sample of this many test items (ICL_SPEC §5), recorded by index in results.json;
+    None scores the whole split."""
+    test_items_order: Literal["random", "first"] = "random"
+    """How `test_items` are chosen: a seeded random sample (default), or the first N in file order,
+    only on explicit request (test files are often sorted by label, so a head is biased)."""
+    test_items_seed: int = 0
+    """Seed of the test-item sample; one sample for every demonstration seed, so seeds share items."""
     validation_items: int = 500
     """Held out from train when the data has no validation split (EVALM §4.1)."""
     choose_shot_on_validation: bool = False
@@ -64,6 +70,8 @@ class EvalConfig:
             raise ValueError(f"unknown method(s) {unknown}; valid: {list(METHODS)}")
         if any(k < 0 for k in self.shots) or not self.seeds:
             raise ValueError("shots must be >= 0 and at least one seed is needed")
+        if self.test_items is not None and self.test_items < 1:
+            raise ValueError(f"test_items must be >= 1 (or unset for the whole split), got {self.test_items}")
 
 
 @dataclass(config=FROZEN, frozen=True)
@@ -86,5 +94,15 @@ class PerplexityConfig:
     """Window of the baselines (default: segment_tokens)."""
     stride_tokens: int | None = None
     """Stride of the sliding baseline (default: window / 2)."""
+    unigram_shards: str | None = None
+    """Token-shard folder the model was pretrained on: fits the unigram reference (ICL_SPEC §6)."""
+    fixed_contexts: tuple[int, ...] = ()
+    """Context lengths of the fixed-position protocol (the same targets after each); empty: off."""
+    fixed_target_tokens: int = 128
+    """Target span of the fixed-position protocol, in tokens."""
+    fixed_targets_per_book: int = 4
+    """Target spans per book in the fixed-position protocol."""
     device: str = "cpu"
+    """Torch device of the model."""
     dtype: Literal["float32", "float64", "bfloat16", "float16"] = "float32"
+    """Model dtype (NLLs are computed in float32 or wider)."""

@@ -1,19 +1,23 @@
-"""The many-shot protocol (ICL_SPEC §5): methods x shots x seeds, mean ± std, best shot on validation.
+"""The many-shot protocol (ICL_SPEC §5): methods x shots x seeds on the chosen test items.
 
-For each seed and shot count, the demonstrations are drawn once (dataset level: the same ordered
+Test items are the whole split or a seeded sample recorded by index (`select_items`). For each
+seed and shot count, the demonstrations are drawn once (dataset level: the same ordered
 list for every test item, so the cache is reused) or per item (Top-k), every method scores every
 test item, and the record keeps what was used: demonstrations per item, context tokens, groups,
-seconds per item and cache bytes. The synthetic task draws a fresh episode (rule) per seed.
+seconds per item and cache bytes, plus each item's correctness and, once per cell, the label
+baselines on the same items and demonstrations (`baselines.py`); `summary.py` turns them into
+means, intervals and gains. The synthetic task draws a fresh episode (rule) per seed.
 """
 
 from __future__ import annotations
 
-import statistics
+import random
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from icl_eval.baselines import label_baselines
 from icl_eval.config import EvalConfig
 from icl_eval.lm import CausalLM
 from icl_eval.methods import METHODS, MethodOptions, MethodResult
@@ -36,6 +40,15 @@ def hold_out_validation(splits: Splits, n: int) -> tuple[Splits, list[int]]:
     return {**splits, "validation": [train[i] for i in held]}, held
 
 
+def select_items(n: int, config: EvalConfig) -> list[int]:
+    """Indices of the test items to score: all of them, a seeded random sample, or the first N."""
+    if config.test_items is None or config.test_items >= n:
+        return list(range(n))
+    if config.test_items_order == "first":
+        return list(range(config.test_items))
+    return sorted(random.Random(config.test_items_seed).sample(range(n), config.test_items))
+
+
 class Runner:
     """Scores one task on one model over the protocol grid."""
 
@@ -45,6 +58,8 @@ class Runner:
         self.splits_for_seed, self.progress = splits_for_seed, progress
         self.prompt = PromptBuilder(task, lm.tokenizer, config.separator)
         self.records: list[dict] = []
+        self.baselines: list[dict] = []
+        """Per (split, seed, shots): each label baseline's per-item correctness on the items scored."""
         self.predictions: list[dict] = []
 
     def run(self) -> list[dict]:
@@ -58,7 +73,8 @@ class Runner:
 
     def _run_split(self, splits: Splits, split: str, seed: int, held: list[int]) -> None:
         train = splits["train"]
-        rows = splits[split][: self.config.max_test_items] if self.config.max_test_items else splits[split]
+        indices = select_items(len(splits[split]), self.config)
+        rows = [splits[split][i] for i in indices]
         demo_cache: dict[int, Demo] = {}
 
         def demo(i: int) -> Demo:
@@ -69,15 +85,22 @@ class Runner:
         labels = [self.task.gold(r) for r in train] if self.config.balanced else None
         topk = TopK([self._text(r) for r in train]) if self.config.selection == "topk" else None
         for k in self.config.shots:
-            items = [self.prompt.test_item(i, r, k) for i, r in enumerate(rows)]
+            items = [self.prompt.test_item(i, r, k) for i, r in zip(indices, rows)]
             if topk is not None:
                 per_item = [[demo(j) for j in topk.select(self._text(r), k, exclude=held)] for r in rows]
             else:
                 ids = dataset_level(len(train), k, seed, exclude=held, labels=labels)
                 per_item = [[demo(j) for j in ids]] * len(items)
+            self._record_baselines(split, seed, k, items, per_item, train)
             for name in self.config.methods:
                 result = self._score(name, per_item, items, rows, k)
                 self._record(name, split, seed, k, items, per_item, result)
+
+    def _record_baselines(self, split, seed, k, items: list[TestItem], per_item: list[list[Demo]], train) -> None:
+        demo_labels = [[self.task.gold(train[d.item_id]) for d in demos] for demos in per_item]
+        vectors = label_baselines([it.gold for it in items], demo_labels, [len(it.candidates) for it in items], seed)
+        self.baselines.append({"split": split, "seed": seed, "shots": k, "item_ids": [it.item_id for it in items],
+                               **{name: v.tolist() for name, v in vectors.items()}})
 
     def _score(self, name: str, per_item: list[list[Demo]], items: list[TestItem], rows, k: int) -> MethodResult:
         method = METHODS[name]
@@ -112,6 +135,7 @@ class Runner:
         used = result.info.get("demos_used", [k] * len(items))
         self.records.append({
             "method": name, "split": split, "seed": seed, "shots": k, **metrics(preds, gold),
+            "item_ids": [it.item_id for it in items], "correct": [int(p == g) for p, g in zip(preds, gold)],
             "demos_used_min": min(used, default=k), "demos_used_mean": float(np.mean(used)) if used else float(k),
             "demo_ids": [d.item_id for d in demos] if self.config.selection == "random" else None,
             "tokens_per_demo": float(np.mean([len(d.tokens) for d in demos])) if demos else 0.0,
@@ -121,34 +145,3 @@ class Runner:
             for it, s, p in zip(items, result.scores, preds):
                 self.predictions.append({"method": name, "split": split, "seed": seed, "shots": k, "item": it.item_id,
                                          "gold": it.gold, "prediction": p, "scores": [float(x) for x in s]})
-
-
-def summarize(records: list[dict]) -> dict[str, Any]:
-    """Per method and shot: mean ± std accuracy (and macro-F1) over seeds; best validation shot per method."""
-    table: dict[str, dict[str, dict]] = {}
-    for split in ("test", "validation"):
-        for r in (r for r in records if r["split"] == split):
-            cell = table.setdefault(split, {}).setdefault(r["method"], {}).setdefault(str(r["shots"]), {
-                "accuracy": [], "macro_f1": [], "seconds_per_item": [], "demos_used_mean": []})
-            for key in cell:
-                cell[key].append(r[key])
-    out: dict[str, Any] = {}
-    for split, methods in table.items():
-        out[split] = {m: {k: _stats(v) for k, v in shots.items()} for m, shots in methods.items()}
-    if "validation" in out:
-        best = {}
-        for m, shots in out["validation"].items():
-            k = max(shots, key=lambda s: (shots[s]["accuracy_mean"], -int(s)))
-            best[m] = {"best_shot": int(k), "validation_accuracy": shots[k]["accuracy_mean"],
-                       "test_accuracy": out["test"][m][k]["accuracy_mean"], "test_accuracy_std": out["test"][m][k]["accuracy_std"]}
-        out["best_shot"] = best
-    return out
-
-
-def _stats(cell: dict[str, list[float]]) -> dict[str, float]:
-    out = {}
-    for key, values in cell.items():
-        out[f"{key}_mean"] = float(statistics.fmean(values))
-        out[f"{key}_std"] = float(statistics.stdev(values)) if len(values) > 1 else 0.0
-    out["n_seeds"] = len(cell["accuracy"])
-    return out

@@ -1,8 +1,10 @@
 """Reports: `results.json`, `predictions.jsonl`, and PNG plots (matplotlib, Agg backend).
 
-Plots: accuracy vs shots per method with ±std bands; time per test item vs shots (with cache reuse:
-incremental/structured/saicl; without: concat; EVALM Figure 5); perplexity vs context length, one
-line per protocol (EVALM Figure 4).
+Plots: accuracy vs shots per method with its 95% bootstrap band and the label baselines as dashed
+lines (ICL_SPEC §5); time per test item vs shots (with cache reuse: incremental/structured/saicl;
+without: concat; EVALM Figure 5); perplexity vs context length, one line per model and protocol,
+beside the fixed-position curve and the uniform and unigram references (EVALM Figure 4).
+Each plot takes several models' results at once, so a run's report can set EVA beside its twins.
 """
 
 from __future__ import annotations
@@ -28,54 +30,112 @@ def write_predictions(path: Path, rows: list[dict]) -> Path:
 
 
 @contextmanager
-def _figure(path: Path, xlabel: str, ylabel: str, title: str):
-    """A 6x4 axes to draw on; labelled, gridded, legended and saved to `path` on exit."""
+def _figure(path: Path, title: str, panels: int = 1):
+    """Axes to draw on (one per panel), gridded, legended and saved to `path` on exit."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    yield ax
-    ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
-    ax.grid(alpha=0.3)
-    ax.legend()
+    fig, axes = plt.subplots(1, panels, figsize=(6 * panels, 4.2), squeeze=False)
+    yield list(axes[0])
+    for ax in axes[0]:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
-def _series(summary_split: dict, key: str):
-    for method, shots in summary_split.items():
-        ks = sorted(shots, key=int)
-        yield method, [int(k) for k in ks], [shots[k][f"{key}_mean"] for k in ks], [shots[k][f"{key}_std"] for k in ks]
+def _shot_axis(ax, shots: list[int]) -> None:
+    """Symlog x axis (linear below 1, so 0 and 1 shots read cleanly) ticked at the shots used."""
+    ax.set_xscale("symlog", linthresh=1, linscale=0.5)
+    ax.set_xticks(shots)
+    ax.set_xticklabels([str(k) for k in shots])
+    ax.set_xlim(min(shots) - 0.3 if min(shots) == 0 else min(shots) * 0.8, max(shots) * 1.25)
 
 
-def plot_accuracy(summary: dict, path: Path, title: str) -> Path:
-    with _figure(path, "shots (demonstrations)", "accuracy (mean ± std over seeds)", title) as ax:
-        for method, x, y, s in _series(summary["test"], "accuracy"):
-            ax.plot(x, y, marker="o", label=method)
-            ax.fill_between(x, [a - b for a, b in zip(y, s)], [a + b for a, b in zip(y, s)], alpha=0.2)
-        ax.set_xscale("symlog", linthresh=1)
+BASELINE_LABELS = {"chance": "chance", "test_majority": "test-set majority label",
+                   "in_context_majority": "in-context majority label"}
+
+
+def plot_accuracy(summaries: dict[str, dict], path: Path, title: str, methods: tuple[str, ...] | None = None) -> Path:
+    """Accuracy vs shots: per model (key, "" for one) and method, the mean over seeds with its 95%
+    hierarchical bootstrap band; the label baselines of the first model as dashed lines."""
+    first = next(iter(summaries.values()))["test"]
+    with _figure(path, title) as (ax,):
+        for model, summary in summaries.items():
+            for method, shots in summary["test"].items():
+                if methods and method not in methods:
+                    continue
+                ks = sorted(shots, key=int)
+                label = f"{model} {method}".strip()
+                line, = ax.plot([int(k) for k in ks], [shots[k]["accuracy_mean"] for k in ks], marker="o", label=label)
+                ax.fill_between([int(k) for k in ks], [shots[k]["accuracy_ci95"][0] for k in ks],
+                                [shots[k]["accuracy_ci95"][1] for k in ks], alpha=0.15, color=line.get_color())
+        cells = next(iter(first.values()))
+        ks = sorted(cells, key=int)
+        for name, style in zip(BASELINE_LABELS, (":", "--", "-.")):
+            ax.plot([int(k) for k in ks], [cells[k]["baselines"][name]["mean"] for k in ks], style, color="grey",
+                    label=BASELINE_LABELS[name])
+        _shot_axis(ax, [int(k) for k in ks])
+        ax.set(xlabel="shots (demonstrations)", ylabel="accuracy (mean over seeds, 95% bootstrap band)", ylim=(0, 1.02))
     return path
 
 
 def plot_time(summary: dict, path: Path, title: str) -> Path:
-    with _figure(path, "shots", "ms per test item (incl. context encoding)", title) as ax:
-        for method, x, y, _ in _series(summary["test"], "seconds_per_item"):
+    with _figure(path, title) as (ax,):
+        shots = set()
+        for method, cells in summary["test"].items():
+            ks = sorted(cells, key=int)
+            shots.update(int(k) for k in ks)
             style = "--" if method == "concat" else "-"
             label = f"{method} ({'no cache reuse' if method == 'concat' else 'cache reuse'})"
-            ax.plot(x, [v * 1e3 for v in y], style, marker="o", label=label)
-        ax.set_xscale("symlog", linthresh=1)
+            ax.plot([int(k) for k in ks], [cells[k]["seconds_per_item_mean"] * 1e3 for k in ks], style, marker="o", label=label)
+        _shot_axis(ax, sorted(shots))
         ax.set_yscale("log")
+        ax.set(xlabel="shots", ylabel="ms per test item (incl. context encoding)")
     return path
 
 
-def plot_perplexity(results: dict, path: Path, title: str) -> Path:
-    with _figure(path, "context length (tokens, bucket upper end)", "token perplexity", title) as ax:
-        for name, proto in results["protocols"].items():
-            rows = proto["buckets"]
-            ax.plot([r["bucket"][1] for r in rows], [r["token_ppl"] for r in rows], marker="o", label=name)
+def plot_perplexity(results: dict[str, dict], path: Path, title: str, train_length: int | None = None) -> Path:
+    """Left: token perplexity per position bucket through the cache (every token with its whole
+    prefix), per model (key, "" for one), with the uniform and unigram references as dashed lines;
+    a single model also shows its re-encoding protocols. Right (when measured): the fixed-position
+    curve, the same targets after longer and longer contexts, on a linear axis so that differences
+    read; its references (far above) are named in the axis label."""
+    first = next(iter(results.values()))
+    panels = 2 if any("fixed_position" in r for r in results.values()) else 1
+    markers = "osd^v<>"
+    with _figure(path, title, panels) as axes:
+        ax = axes[0]
+        for i, (model, res) in enumerate(results.items()):
+            for name, proto in res["protocols"].items():
+                if len(results) > 1 and name != "cached":
+                    continue
+                rows = proto["buckets"]
+                ax.plot([r["bucket"][1] for r in rows], [r["token_ppl"] for r in rows], marker=markers[i % 7],
+                        linestyle="-" if name == "cached" else ":", label=f"{model} {name}".strip())
+        for (name, ref), style in zip(first.get("references", {}).items(), ("--", ":")):
+            ax.axhline(ref["overall"]["token_ppl"], linestyle=style, color="grey",
+                       label=f"{name} reference ({ref['overall']['token_ppl']:.0f})")
         ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set(xlabel="position in the book (tokens, bucket upper end)", ylabel="token perplexity (cached)")
+        if panels == 2:
+            ax = axes[1]
+            for i, (model, res) in enumerate(results.items()):
+                rows = res.get("fixed_position", {}).get("rows", [])
+                if rows:
+                    ax.plot([r["context"] for r in rows], [r["token_ppl"] for r in rows], marker=markers[i % 7],
+                            linestyle=("-", "--", ":")[i % 3], label=model or "model")
+            refs = next(r["fixed_position"]["references"] for r in results.values() if "fixed_position" in r)
+            if train_length:
+                ax.axvline(train_length, color="black", alpha=0.4, label=f"training length {train_length}")
+            ax.set_xscale("log", base=2)
+            named = ", ".join(f"{k} {v['token_ppl']:.0f}" for k, v in refs.items())
+            ax.set(xlabel="context length before the same targets (tokens)",
+                   ylabel=f"token perplexity of the targets\n(references: {named})")
     return path
