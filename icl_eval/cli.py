@@ -118,7 +118,8 @@ def _progress(total: int, desc: str):
 def icl(argv: Sequence[str]) -> int:
     from icl_eval.config import EvalConfig
     from icl_eval.methods import MethodOptions
-    from icl_eval.protocol import Runner, summarize
+    from icl_eval.protocol import Runner, select_items
+    from icl_eval.summary import summarize
     from icl_eval.report import plot_accuracy, plot_time, write_json, write_predictions
     from icl_eval.synthetic import SyntheticConfig, episode, synthetic_task
     from icl_eval.tasks import find_splits, get_task, load_splits, task_data_files
@@ -131,13 +132,15 @@ def icl(argv: Sequence[str]) -> int:
     p.add_argument("--methods", type=_csv(str))
     p.add_argument("--shots", type=_csv(int))
     p.add_argument("--seeds", type=_csv(int))
+    p.add_argument("--test-items", type=int, help="score a seeded random sample of N test items, recorded by index "
+                   "(default: the whole split; --eval.test_items_order=first takes the file's first N)")
     p.add_argument("--save-predictions", action="store_true")
     args = p.parse_args(rest)
     data = _load_config(args, overrides)
     where = data.pop("_where")
     section = dict(data.get("eval", {}))
     method_section = section.pop("method", {})
-    for key in ("task", "data", "methods", "shots", "seeds"):
+    for key in ("task", "data", "methods", "shots", "seeds", "test_items"):
         if getattr(args, key) is not None:
             section[key] = getattr(args, key)
     if args.save_predictions:
@@ -166,14 +169,14 @@ def icl(argv: Sequence[str]) -> int:
     if config.task != "synthetic" and not (args.checkpoint or args.hf_model):
         raise ConfigError("a real task needs --checkpoint DIR or --hf-model DIR (the tiny default knows only `synthetic`)")
     lm = _load_lm(args, config.device, config.dtype, data, config.context_window, where)
-    n_items = min(len(splits_for_seed(config.seeds[0])["test"]), config.max_test_items or 10**12)
+    n_items = len(select_items(len(splits_for_seed(config.seeds[0])["test"]), config))
     parts = 2 if config.choose_shot_on_validation else 1
     bar = _progress(n_items * len(config.shots) * len(config.methods) * len(config.seeds) * parts, "icl")
     t0 = time.perf_counter()
     runner = Runner(lm, task, config, options, splits_for_seed, progress=bar.update)
     records = runner.run()
     bar.close()
-    summary = summarize(records)
+    summary = summarize(records, runner.baselines)
     results = {
         "protocol": {"model": _describe(lm), "task": task.name, "template": task.template,
                      "template_source": task.source, "labels": list(task.labels), "eval": to_dict(config),
@@ -181,13 +184,14 @@ def icl(argv: Sequence[str]) -> int:
                      "seconds": time.perf_counter() - t0},
         "summary": summary,
         "records": records,
+        "baseline_records": runner.baselines,
     }
     write_json(out / "results.json", results)
     write_json(out / "config.json", {"eval": to_dict(config), "eval.method": to_dict(options)})
     if config.save_predictions:
         write_predictions(out / "predictions.jsonl", runner.predictions)
     title = f"{task.name} - {Path(lm.name).name or lm.name}"
-    plot_accuracy(summary, out / "accuracy_vs_shots.png", title)
+    plot_accuracy({"": summary}, out / "accuracy_vs_shots.png", title)
     plot_time(summary, out / "time_per_item_vs_shots.png", title)
     _print_summary(summary)
     print(f"wrote {out}/results.json and plots")
@@ -195,9 +199,17 @@ def icl(argv: Sequence[str]) -> int:
 
 
 def _print_summary(summary: dict) -> None:
+    """One line per method: accuracy [95% interval] per shot, then the best baseline per shot."""
+    def ci(c):
+        return f"[{c[0]:.2f}, {c[1]:.2f}]"
+
     for method, shots in summary["test"].items():
-        cells = "  ".join(f"{k}:{v['accuracy_mean']:.3f}±{v['accuracy_std']:.3f}" for k, v in sorted(shots.items(), key=lambda kv: int(kv[0])))
+        ordered = sorted(shots.items(), key=lambda kv: int(kv[0]))
+        cells = "  ".join(f"{k}:{v['accuracy_mean']:.3f} {ci(v['accuracy_ci95'])}" for k, v in ordered)
         print(f"{method:>12}  {cells}")
+    ordered = sorted(next(iter(summary["test"].values())).items(), key=lambda kv: int(kv[0]))
+    cells = "  ".join(f"{k}:{v['baselines'][v['gain']['over']]['mean']:.3f} ({v['gain']['over']})" for k, v in ordered)
+    print(f"{'best label baseline':>12}  {cells}")
     for method, best in summary.get("best_shot", {}).items():
         print(f"{method:>12}  best shot on validation {best['best_shot']}: test {best['test_accuracy']:.3f}")
 
@@ -206,6 +218,7 @@ def ppl(argv: Sequence[str]) -> int:
     from icl_eval.config import PerplexityConfig
     from icl_eval.perplexity import evaluate, find_books
     from icl_eval.report import plot_perplexity, write_json
+    from icl_eval.unigram import fit_unigram
 
     overrides, rest = _split_args(argv)
     p = argparse.ArgumentParser(prog="evalm eval ppl", description="perplexity vs context length (PG-19 protocol)")
@@ -213,6 +226,9 @@ def ppl(argv: Sequence[str]) -> int:
     p.add_argument("--books", nargs="+", help="PG-19 split folder(s) of .txt books, .txt files, or .jsonl with `text`")
     p.add_argument("--lengths", type=_csv(int), help="bucket upper ends, e.g. 1024,8192,262144")
     p.add_argument("--max-tokens", type=int)
+    p.add_argument("--unigram-shards", help="token-shard folder the model was pretrained on: adds the unigram reference")
+    p.add_argument("--fixed-contexts", type=_csv(int),
+                   help="context lengths of the fixed-position protocol (the same targets after each), e.g. 16,256,4096")
     args = p.parse_args(rest)
     data = _load_config(args, overrides)
     where = data.pop("_where")
@@ -224,6 +240,10 @@ def ppl(argv: Sequence[str]) -> int:
         section.setdefault("max_tokens", max(args.lengths))
     if args.max_tokens:
         section["max_tokens"] = args.max_tokens
+    if args.unigram_shards:
+        section["unigram_shards"] = args.unigram_shards
+    if args.fixed_contexts:
+        section["fixed_contexts"] = args.fixed_contexts
     config = build(PerplexityConfig, section, where=f"{where} [ppl]")
     if not config.books:
         raise ConfigError("give --books (a PG-19 split folder, .txt files, or train/samples/documents.jsonl)")
@@ -231,20 +251,36 @@ def ppl(argv: Sequence[str]) -> int:
     books = find_books(config.books, config.max_books)
     bar = _progress(len(books), "ppl")
     t0 = time.perf_counter()
+    unigram = fit_unigram(config.unigram_shards, lm.tokenizer.vocab_size) if config.unigram_shards else None
+    fixed = {"contexts": config.fixed_contexts, "target_tokens": config.fixed_target_tokens,
+             "targets_per_book": config.fixed_targets_per_book} if config.fixed_contexts else None
     results = evaluate(lm, books, config.max_tokens, config.segment_tokens, config.buckets, config.baselines,
-                       config.window_tokens, config.stride_tokens, progress=bar.update)
+                       config.window_tokens, config.stride_tokens, progress=bar.update, unigram_logp=unigram, fixed=fixed)
     bar.close()
     results["model"] = _describe(lm)
     results["config"] = to_dict(config)
     results["seconds"] = time.perf_counter() - t0
     out = Path(args.out or "runs/eval-ppl")
     write_json(out / "results.json", results)
-    plot_perplexity(results, out / "perplexity_vs_length.png", f"{Path(lm.name).name or lm.name}")
-    for name, proto in results["protocols"].items():
-        o = proto["overall"]
-        print(f"{name:>11}  token ppl {o['token_ppl']:.3f}  word ppl {o['word_ppl']}  ({proto['protocol']['protocol']})")
+    plot_perplexity({"": results}, out / "perplexity_vs_length.png", f"{Path(lm.name).name or lm.name}")
+    _print_perplexity(results)
     print(f"wrote {out}/results.json and perplexity_vs_length.png")
     return 0
+
+
+def _print_perplexity(results: dict) -> None:
+    """Overall rates per protocol and reference, then the fixed-position curve."""
+    for name, proto in {**results["protocols"], **results["references"]}.items():
+        o = proto["overall"]
+        word = f"{o['word_ppl']:,.0f}" if o.get("word_ppl") else "-"
+        bpb = f"{o['bits_per_byte']:.3f}" if o.get("bits_per_byte") else "-"
+        print(f"{name:>11}  token ppl {o['token_ppl']:8.1f}  word ppl {word:>10}  bits/byte {bpb}  "
+              f"({proto['protocol']['protocol']})")
+    fixed = results.get("fixed_position")
+    if fixed:
+        cells = "  ".join(f"{r['context']}:{r['token_ppl']:.1f}" for r in fixed["rows"])
+        refs = ", ".join(f"{k} {v['token_ppl']:.1f}" for k, v in fixed["references"].items())
+        print(f"fixed-position token ppl by context length  {cells}  (references: {refs})")
 
 
 def harness(argv: Sequence[str]) -> int:

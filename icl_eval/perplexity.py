@@ -7,9 +7,15 @@ the same tokens: `nonoverlap` (independent windows; a token sees only its window
 (windows of W advancing by S; each token is scored once, in the first window where it has at least
 W - S tokens of context, the HKUNLP `eval_lm --context-window` protocol).
 
-Per position bucket: mean token NLL, token perplexity, and word perplexity (total NLL over the
-bucket's tokens divided by the number of whitespace words in the bucket's text span, the PG-19
-authors' tokenizer-independent measure), and how many books reach the bucket.
+Per position bucket: mean token NLL, token perplexity, bits per byte, and word perplexity (total
+NLL over the bucket's tokens divided by the number of whitespace words in the bucket's text span,
+the PG-19 authors' tokenizer-independent measure), and how many books reach the bucket.
+
+References on the same tokens (ICL_SPEC §6): `uniform` (perplexity = vocabulary size) and
+`unigram` (token frequencies of the training shards, `unigram.py`). A position-bucket curve mixes
+two effects, context use and the text getting easier or harder along a book, so `fixed_position`
+scores the *same* target tokens given contexts of increasing length: only that curve shows
+context use (and, past the training length, extrapolation, EVALM §4.4 and Figure 4).
 """
 
 from __future__ import annotations
@@ -88,49 +94,101 @@ def window_nll(lm: CausalLM, tokens: list[int], window: int, stride: int) -> np.
     return nll
 
 
-def bucket_report(per_book: list[tuple[np.ndarray, list[int], str]], buckets) -> list[dict]:
-    """Per bucket: tokens, books reaching it, mean NLL, token and word perplexity.
+def bucket_report(per_book: list[tuple[np.ndarray, list[int], str, np.ndarray]], buckets) -> list[dict]:
+    """Per bucket: tokens, books reaching it, mean NLL, token and word perplexity, bits per byte.
 
-    per_book: (NLL of tokens[1:], word start positions, book name) per book, from `evaluate`.
+    per_book: (NLL of tokens[1:], word start positions, book name, bytes of each of tokens[1:]).
     """
     rows = []
     for b, hi in enumerate(buckets):
         lo = buckets[b - 1] if b else 0
-        total, count, words, books = 0.0, 0, 0, []
-        for nll, word_pos, name in per_book:
+        total, count, words, n_bytes, books = 0.0, 0, 0, 0, []
+        for nll, word_pos, name, token_bytes in per_book:
             span = nll[lo:hi]
             if len(span) == 0:
                 continue
+            scored = np.isfinite(span)
             total += float(np.nansum(span))
-            count += int(np.isfinite(span).sum())
+            count += int(scored.sum())
+            n_bytes += int(token_bytes[lo:hi][scored].sum())
             words += bisect.bisect_left(word_pos, hi) - bisect.bisect_left(word_pos, lo)
             books.append(name)
         if count:
-            mean = total / count
             rows.append({"bucket": [lo, hi], "tokens": count, "books": len(books), "book_names": books,
-                         "mean_nll": mean, "token_ppl": math.exp(mean),
-                         "word_ppl": math.exp(total / words) if words else None})
+                         **_rates(total, count, words, n_bytes)})
     return rows
 
 
-def word_starts(text: str, tokenizer, tokens: list[int]) -> list[int]:
-    """Token positions (in tokens[1:] indexing) at which a whitespace word starts, for word perplexity.
+def _rates(total_nll: float, tokens: int, words: int, n_bytes: int) -> dict:
+    """Mean NLL (nats), token perplexity, word perplexity and bits per byte of a summed NLL."""
+    return {"mean_nll": total_nll / tokens, "token_ppl": math.exp(total_nll / tokens),
+            "word_ppl": math.exp(total_nll / words) if words else None,
+            "bits_per_byte": total_nll / math.log(2) / n_bytes if n_bytes else None}
 
-    Computed by decoding token by token; a word counts in the bucket of its first token.
+
+def token_spans(tokenizer, tokens: list[int]) -> tuple[list[int], np.ndarray]:
+    """Word starts (token positions in tokens[1:] indexing) and UTF-8 bytes of each of tokens[1:].
+
+    Decoded token by token: a word counts in the bucket of its first token. The byte count is
+    exact for text whose tokens end on character boundaries (always for ASCII, e.g. PG-19); a
+    token ending inside a multi-byte character decodes to a replacement character.
     """
-    starts, prev_space = [], True
+    starts, sizes, prev_space = [], np.zeros(max(0, len(tokens) - 1), dtype=np.int64), True
     for i, t in enumerate(tokens[1:]):
-        for ch in tokenizer.decode([t]):
+        text = tokenizer.decode([t])
+        sizes[i] = len(text.encode("utf-8"))
+        for ch in text:
             if prev_space and not ch.isspace():
                 starts.append(i)
             prev_space = ch.isspace()
-    return starts
+    return starts, sizes
+
+
+@torch.no_grad()
+def fixed_position(lm: CausalLM, books: list[tuple[str, list[int]]], contexts, target_tokens: int,
+                   targets_per_book: int, segment_tokens: int, unigram_logp: np.ndarray | None = None) -> dict:
+    """The same target tokens scored after contexts of each length (ICL_SPEC §6, context use).
+
+    Targets of a book: `targets_per_book` spans of `target_tokens`, the first starting after
+    max(contexts) tokens, so every context length fits before every target. Each (target,
+    context) pair is encoded from scratch through the cache: tokens[s - L : s + K], last K scored.
+    """
+    longest = max(contexts)
+    nll = {L: [] for L in contexts}
+    targets, used = [], []
+    for name, tokens in books:
+        starts = [longest + j * target_tokens for j in range(targets_per_book)
+                  if longest + (j + 1) * target_tokens <= len(tokens)]
+        if starts:
+            used.append(name)
+        for s in starts:
+            targets.append(np.asarray(tokens[s: s + target_tokens]))
+            for L in contexts:
+                seq = tokens[s - L: s + target_tokens]
+                nll[L].append(cached_nll(lm, seq, segment_tokens)[-target_tokens:])
+    if not targets:
+        raise ValueError(f"no book has {longest + target_tokens} tokens for the fixed-position protocol; "
+                         "lower the longest context or the target length")
+    rows = [{"context": L, "tokens": int(sum(len(x) for x in nll[L])), "mean_nll": float(np.mean(np.concatenate(nll[L]))),
+             "token_ppl": math.exp(float(np.mean(np.concatenate(nll[L]))))} for L in contexts]
+    every = np.concatenate(targets)
+    references = {"uniform": {"token_ppl": float(lm.tokenizer.vocab_size)}}
+    if unigram_logp is not None:
+        references["unigram"] = {"token_ppl": math.exp(float(-unigram_logp[every].mean()))}
+    return {"protocol": {"protocol": "the same target tokens after contexts of increasing length, each encoded "
+                         "from scratch through the cache", "target_tokens": target_tokens,
+                         "targets_per_book": targets_per_book, "books": used, "targets": len(targets)},
+            "rows": rows, "references": references}
 
 
 def evaluate(lm: CausalLM, books: list[tuple[str, str]], max_tokens: int, segment_tokens: int, buckets,
              baselines=("nonoverlap", "sliding"), window: int | None = None, stride: int | None = None,
-             progress=None) -> dict:
-    """Every protocol on every book: {"protocols": {name: {"buckets": [...], "protocol": {...}}}, "books": [...]}."""
+             progress=None, unigram_logp: np.ndarray | None = None, fixed: dict | None = None) -> dict:
+    """Every protocol on every book, with the uniform and unigram references on the same tokens.
+
+    Returns {"books", "protocols": {name: {"protocol", "buckets", "overall"}}, "references": {...},
+    "fixed_position": {...} (when `fixed` gives contexts, target_tokens, targets_per_book)}.
+    """
     window = window or segment_tokens
     stride = stride or max(1, window // 2)
     if lm.max_positions is not None:
@@ -146,14 +204,19 @@ def evaluate(lm: CausalLM, books: list[tuple[str, str]], max_tokens: int, segmen
         protocols["nonoverlap"] = lambda toks: window_nll(lm, toks, window, window - 1)
     if "sliding" in baselines:
         protocols["sliding"] = lambda toks: window_nll(lm, toks, window, stride)
-    per_protocol: dict[str, list] = {name: [] for name in protocols}
-    book_rows = []
+    vocab = lm.tokenizer.vocab_size
+    references = {"uniform": lambda toks: np.full(len(toks) - 1, math.log(vocab))}
+    if unigram_logp is not None:
+        references["unigram"] = lambda toks: -unigram_logp[np.asarray(toks[1:])]
+    per_protocol: dict[str, list] = {name: [] for name in [*protocols, *references]}
+    book_rows, book_tokens = [], []
     for name, text in books:
         tokens = ([lm.tokenizer.eos_id] + lm.tokenizer.encode(text))[: max_tokens + 1]
-        words = word_starts(text, lm.tokenizer, tokens)
-        book_rows.append({"book": name, "tokens": len(tokens) - 1, "words": len(words)})
-        for proto, fn in protocols.items():
-            per_protocol[proto].append((fn(tokens), words, name))
+        words, token_bytes = token_spans(lm.tokenizer, tokens)
+        book_rows.append({"book": name, "tokens": len(tokens) - 1, "words": len(words), "bytes": int(token_bytes.sum())})
+        book_tokens.append((name, tokens[1:]))
+        for proto, fn in {**protocols, **references}.items():
+            per_protocol[proto].append((fn(tokens), words, name, token_bytes))
         if progress:
             progress(1)
     described = {
@@ -163,17 +226,22 @@ def evaluate(lm: CausalLM, books: list[tuple[str, str]], max_tokens: int, segmen
                        "window_tokens": window, "stride_tokens": window - 1},
         "sliding": {"protocol": "sliding windows; each token scored once with >= window - stride context",
                     "window_tokens": window, "stride_tokens": stride},
+        "uniform": {"protocol": f"reference: uniform over the {vocab} token ids (perplexity = vocabulary size)"},
+        "unigram": {"protocol": "reference: unigram token frequencies of the training shards, add-one smoothed"},
     }
-    return {
-        "books": book_rows,
-        "protocols": {name: {"protocol": described[name], "buckets": bucket_report(rows, buckets),
-                             "overall": _overall(rows)} for name, rows in per_protocol.items()},
-    }
+    report = {name: {"protocol": described[name], "buckets": bucket_report(rows, buckets), "overall": _overall(rows)}
+              for name, rows in per_protocol.items()}
+    out = {"books": book_rows, "protocols": {k: v for k, v in report.items() if k in protocols},
+           "references": {k: v for k, v in report.items() if k in references}}
+    if fixed:
+        out["fixed_position"] = fixed_position(lm, book_tokens, fixed["contexts"], fixed["target_tokens"],
+                                               fixed["targets_per_book"], segment_tokens, unigram_logp)
+    return out
 
 
 def _overall(rows) -> dict:
     total = sum(float(np.nansum(r[0])) for r in rows)
     count = sum(int(np.isfinite(r[0]).sum()) for r in rows)
     words = sum(len(r[1]) for r in rows)
-    return {"tokens": count, "mean_nll": total / count, "token_ppl": math.exp(total / count),
-            "word_ppl": math.exp(total / words) if words else None}
+    n_bytes = sum(int(r[3][np.isfinite(r[0])].sum()) for r in rows)
+    return {"tokens": count, **_rates(total, count, words, n_bytes)}

@@ -7,6 +7,7 @@ Tolerance 1e-9 on float64 per-token NLL (rounding only).
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from icl_eval.perplexity import bucket_report, cached_nll, evaluate, find_books, window_nll
@@ -46,3 +47,47 @@ def test_report_buckets_and_word_perplexity(tmp_path):
     assert sum(r["tokens"] for r in cached) == sum(b["tokens"] for b in res["books"])
     assert all(r["word_ppl"] > r["token_ppl"] for r in cached)  # several byte tokens per word
     assert set(res["protocols"]) == {"cached", "nonoverlap", "sliding"}
+
+
+def _write_shards(folder, ids, vocab_size=257):
+    """A token-shard folder in the documented format (one shard), written independently of train/."""
+    import json
+
+    folder.mkdir(parents=True, exist_ok=True)
+    np.asarray(ids, dtype=np.uint16).tofile(folder / "shard-00000.bin")
+    (folder / "manifest.json").write_text(json.dumps({
+        "format": "evalm-token-shards/1", "dtype": "uint16", "vocab_size": vocab_size, "eos_id": 256,
+        "tokenizer": "bytes", "shards": [{"name": "shard-00000", "tokens": len(ids), "documents": 1}]}))
+
+
+def test_references_bits_per_byte_and_fixed_positions_against_direct_computations(tmp_path):
+    from icl_eval.unigram import fit_unigram
+
+    lm = tiny_evalm("eva", dtype=torch.float64)
+    text = "the cat sat on the mat and the dog ate the bone " * 12
+    train_ids = list(b"the the the cat mat dog bone and on sat ate " * 20)
+    _write_shards(tmp_path / "shards", train_ids)
+    unigram = fit_unigram(tmp_path / "shards", 257)
+    counts = np.bincount(train_ids, minlength=257) + 1.0  # add-one, computed independently
+    assert np.allclose(unigram, np.log(counts / counts.sum()))
+    fixed = {"contexts": (4, 32, 128), "target_tokens": 16, "targets_per_book": 2}
+    res = evaluate(lm, [("book", text)], max_tokens=600, segment_tokens=64, buckets=(256, 1024), baselines=(),
+                   unigram_logp=unigram, fixed=fixed)
+    tokens = list(text.encode())[:600]
+    ref = res["references"]
+    assert ref["uniform"]["overall"]["token_ppl"] == pytest.approx(257)  # byte tokenizer: 256 bytes + eos
+    expected_unigram = float(np.mean(-unigram[np.asarray(tokens)]))
+    assert ref["unigram"]["overall"]["mean_nll"] == pytest.approx(expected_unigram)
+    cached = res["protocols"]["cached"]["overall"]
+    assert cached["bits_per_byte"] == pytest.approx(cached["mean_nll"] / np.log(2))  # ASCII: one byte per token
+    rows = res["fixed_position"]["rows"]
+    assert [r["context"] for r in rows] == [4, 32, 128] and res["fixed_position"]["protocol"]["targets"] == 2
+    for row in rows:  # oracle: one forward over context + targets, the last 16 tokens' NLL
+        nll = []
+        for j in range(2):
+            s = 128 + j * 16
+            seq = tokens[s - row["context"]: s + 16]
+            logits = lm.forward(torch.tensor([seq]))[0]
+            lp = torch.log_softmax(logits[:-1].double(), -1)
+            nll.append(-lp[torch.arange(len(seq) - 1), torch.tensor(seq[1:])][-16:].numpy())
+        assert row["mean_nll"] == pytest.approx(float(np.mean(np.concatenate(nll))), abs=1e-9)
