@@ -149,6 +149,11 @@ def merge(caches: list[Cache], own_logit_bias: float = 0.0, position_offset: int
     n_layer = caches[0].n_layer
     if any(c.batch_size != 1 or c.n_layer != n_layer for c in caches):
         raise ValueError("merge needs batch-1 caches of one model")
+    if len(caches) == 1 and own_logit_bias == 0.0 and position_offset in (None, caches[0].get_pos()):
+        # Merging one cache is that cache: new tokens continue its blocks and chunks, so one group
+        # equals concat exactly for every group length (ICL_SPEC §3). A fresh cache would start a
+        # new block at the group's end and lose the chunk that the test tokens complete.
+        return caches[0].fork()
     prefix = []
     for i in range(n_layer):
         ks, vs = [], []

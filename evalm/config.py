@@ -53,6 +53,9 @@ class ModelConfig:
     """A_q/A_k: Linear+LayerNorm ('qk') or Linear only ('no-ln'); the reference's 'default' crashes."""
     circular_period: int = 8192
     """M: rows of the learned position table; token i uses row i mod M (EVALM §3.1)."""
+    positions: Literal["circular", "absolute"] = "circular"
+    """'circular': token i uses row i mod M (EVALM §3.1); 'absolute': the vanilla learned table it is
+    compared with, row min(i, M - 1) past its end (the extrapolation baseline, evalm/positions.py)."""
     attention: str = "eva"
     """'eva' or 'full' (exact causal softmax attention, the baseline)."""
     activation: Literal["relu", "gelu"] = "relu"

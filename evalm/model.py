@@ -112,7 +112,7 @@ class EvalmModel(nn.Module):
         super().__init__()
         self.config = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model)
-        self.embed_positions = CircularPositionalEmbedding(config.circular_period, config.d_model)
+        self.embed_positions = CircularPositionalEmbedding(config.circular_period, config.d_model, config.positions)
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layer))
         self.final_norm = nn.LayerNorm(config.d_model)

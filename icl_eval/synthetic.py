@@ -1,12 +1,15 @@
 """A synthetic in-context task family that only the context can solve.
 
 Each episode draws a fresh rule: a random map from `n_inputs` one-letter inputs to `n_labels`
-one-letter labels, skewed towards a dominant label drawn per episode. An instance is `"{x}{label}"`
-(the label right after its input), demonstrations are joined by newlines. Since the rule is new in
-every episode, only the context tells the labels: one demonstration names the dominant label with
-probability `dominant_prob`, 32 of them almost surely (a majority count), and recalling the test
-input's own demonstration (an induction head) solves every item. So accuracy rises with shots:
-with the defaults about 0.62 at 1 shot and 0.75 or more at 32.
+one-letter labels, each input's label uniform and independent (no dominant label by design; the
+label baselines of the evaluator measure what the chance unevenness of an episode is worth). An instance is `"{x}{label}"` (the
+label right after its input), demonstrations are joined by newlines. Since the rule is new in every
+episode, only the context tells the labels, and only recalling the test input's *own*
+demonstrations (an induction head) solves an item: with 16 inputs a test input has been seen in
+context with probability 1 - (15/16)^k, so even a perfect recaller scores about 0.25 + 0.75 x
+that (0.30 at 1 shot, 0.42 at 4, 0.73 at 16, 0.99 at 64). `dominant_prob` restores the old skewed family as
+an ablation: there, counting labels in the context (one attention layer learns it within a few
+hundred steps) already reaches the majority rate, which is a label-prior artefact, not recall.
 
 `train_tiny_model` trains a small `EvalmModel` on such episodes on the CPU in seconds; tests and
 the embedded default (`evalm eval icl` with no checkpoint) use it. Byte tokens: one character per
@@ -15,8 +18,10 @@ token, so the task needs no tokenizer file.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
+from collections.abc import Sequence
 
 import torch
 from pydantic.dataclasses import dataclass
@@ -32,15 +37,17 @@ LABEL_LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 class SyntheticConfig:
     """The synthetic family and the tiny model's training run (section `[synthetic]`)."""
 
-    n_inputs: int = 8
+    n_inputs: int = 16
     """Distinct inputs per episode (letters a, b, ...)."""
-    n_labels: int = 2
+    n_labels: int = 4
     """Labels per episode (letters A, B, ...)."""
-    dominant_prob: float = 0.75
-    """Chance that an input maps to the episode's dominant label. The dominant label is found by
-    counting labels in the context (one attention layer learns that within a few hundred steps);
-    the rest needs recall of the test input's own demonstration (an induction head, which forms
-    much later). 1/n_labels gives a uniform rule that only recall solves."""
+    dominant_prob: float | None = None
+    """None (default): every input's label uniform, so no label dominates by design and only
+    recall of the test input's own demonstrations solves the task (by chance an episode's labels
+    are uneven: the label baselines measure what that is worth). A probability p: the ablation
+    with a dominant label per episode, which label counting alone half solves."""
+    balanced: bool = False
+    """With dominant_prob None: assign labels so that each names the same number of inputs."""
     n_train: int = 512
     """Training items per evaluation episode (the demonstration pool)."""
     n_test: int = 100
@@ -55,6 +62,9 @@ class SyntheticConfig:
     """AdamW learning rate (constant after a 10% warmup)."""
     seed: int = 0
     """Seed of the training data and the model init."""
+    train_inputs: tuple[int, ...] = ()
+    """Rule sizes that `train_tiny_model`'s sequences draw from (e.g. 2, 4, 8, 16): small rules let
+    the recall circuit form early (see `instruction_examples`); empty: `n_inputs` only."""
     template: str = "{x}{label}"
     """Instance template. Byte tokens need none; with a BPE tokenizer use "{x} {label}", so the
     label is its own pre-token and tokenizes the same inside a prompt as in tuning data."""
@@ -62,6 +72,8 @@ class SyntheticConfig:
     def __post_init__(self) -> None:
         if not 2 <= self.n_inputs <= 26 or not 2 <= self.n_labels <= 26:
             raise ValueError("n_inputs and n_labels must lie in 2..26")
+        if self.dominant_prob is not None and not 0.0 <= self.dominant_prob <= 1.0:
+            raise ValueError(f"dominant_prob must be None (uniform rule) or lie in [0, 1], got {self.dominant_prob}")
 
 
 def synthetic_task(config: SyntheticConfig = SyntheticConfig()) -> Task:
@@ -72,13 +84,21 @@ def synthetic_task(config: SyntheticConfig = SyntheticConfig()) -> Task:
 
 
 def draw_rule(rng: random.Random, config: SyntheticConfig) -> dict[str, int]:
-    """A fresh input -> label map: each input takes the episode's dominant label with probability
-    `dominant_prob`, otherwise another label drawn uniformly."""
+    """A fresh input -> label map: each input's label uniform and independent (default), a
+    balanced assignment (every label names n_inputs / n_labels inputs), or the ablation: the
+    episode's dominant label with probability `dominant_prob`, else another one."""
+    inputs = LETTERS[: config.n_inputs]
+    if config.dominant_prob is None and config.balanced:  # each label names the same number of inputs (+-1)
+        labels = [i % config.n_labels for i in range(config.n_inputs)]
+        rng.shuffle(labels)
+        return dict(zip(inputs, labels))
+    if config.dominant_prob is None:
+        return {x: rng.randrange(config.n_labels) for x in inputs}
     dominant = rng.randrange(config.n_labels)
     others = [lab for lab in range(config.n_labels) if lab != dominant]
     return {
         x: dominant if rng.random() < config.dominant_prob else rng.choice(others)
-        for x in LETTERS[: config.n_inputs]
+        for x in inputs
     }
 
 
@@ -94,17 +114,24 @@ def episode(seed: int, config: SyntheticConfig = SyntheticConfig()) -> dict[str,
     return {"train": items(config.n_train), "test": items(config.n_test), "validation": items(config.n_test)}
 
 
-def instruction_examples(config: SyntheticConfig, n_episodes: int, per_episode: int, seed: int) -> list[dict]:
+def instruction_examples(config: SyntheticConfig, n_episodes: int, per_episode: int, seed: int,
+                         inputs_per_episode: Sequence[int] = ()) -> list[dict]:
     """Many-shot instruction data: `{"task", "input", "output"}` rows, one task per episode (rule).
 
     MSIT packs a task's examples into one line (EVALM §3.2), so each line is an episode of one
     fresh rule and the answer-only loss is exactly the in-context objective of `training_batch`.
     Episodes draw their rules from `seed`, disjoint from the evaluation episodes' small seeds.
+    `inputs_per_episode` cycles the episodes through rules of several sizes (e.g. 2, 4, 8, 16
+    inputs): in small rules an input recurs within a few examples, inside EVA's exact local
+    window, so the recall circuit (an induction head) forms within a few hundred steps and then
+    serves the large rules through the chunk summaries; on 16-input rules alone it did not form
+    in 1,200 steps (docs/evaluation.md, "The synthetic family").
     """
     rng = random.Random(seed)
+    sizes = list(inputs_per_episode) or [config.n_inputs]
     rows = []
     for k in range(n_episodes):
-        rule = draw_rule(rng, config)
+        rule = draw_rule(rng, dataclasses.replace(config, n_inputs=sizes[k % len(sizes)]))
         inputs = list(rule)
         for _ in range(per_episode):
             x = rng.choice(inputs)
@@ -115,8 +142,9 @@ def instruction_examples(config: SyntheticConfig, n_episodes: int, per_episode: 
 def training_batch(rng: random.Random, config: SyntheticConfig, eos_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(B, T) byte tokens of [eos] d_1 \\n d_2 ... and targets that are -100 except at the labels."""
     rows, targets = [], []
+    sizes = config.train_inputs or (config.n_inputs,)
     for _ in range(config.batch_size):
-        rule = draw_rule(rng, config)
+        rule = draw_rule(rng, dataclasses.replace(config, n_inputs=rng.choice(sizes)))
         inputs = list(rule)
         seq, tgt = [eos_id], [-100]
         for i in range(config.train_shots):

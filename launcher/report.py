@@ -1,7 +1,11 @@
 """The run's report folder: `results.json`, the plots, and a short `summary.md`.
 
-Everything is read back from the stages' own outputs (their results.json, manifests and markers),
-so the report can be rebuilt from disk and says exactly what ran, with its protocol.
+Everything is read back from the stages' own outputs (their results.json, manifests, metrics and
+markers), so the report can be rebuilt from disk and says exactly what ran, with its protocol.
+Every accuracy stands beside its label baselines with a 95% hierarchical bootstrap interval and
+the headline is the gain over the best baseline (ICL_SPEC §5); every perplexity beside the uniform
+and unigram references (§6). The run's time and memory come from the stage markers, so a rerun
+that skips stages keeps the first invocation's figures and records its own beside them.
 """
 
 from __future__ import annotations
@@ -12,92 +16,128 @@ from pathlib import Path
 from typing import Any
 
 from evalm.config import to_dict
+from icl_eval.report import plot_accuracy, plot_perplexity
+
+MARKER = ".evalm-stage.json"
 
 
 def _read(path: Path) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def _stage_seconds(r, timings: dict[str, float]) -> dict[str, float]:
-    from launcher.run import MARKER, STAGES
+def _last_loss(folder: Path) -> str:
+    path = folder / "metrics.jsonl"
+    lines = path.read_text().splitlines() if path.is_file() else []
+    return f"final loss {json.loads(lines[-1])['loss']:.3f}" if lines else "no metrics"
 
-    out = {}
-    for stage in STAGES:
-        marker = _read(r.stage_dir(stage) / MARKER)
-        if marker is not None:
-            out[stage] = round(marker["seconds"], 1)
+
+def stage_result(r, stage: str) -> str:
+    """One line saying what a finished stage produced, for the console."""
+    folder = r.stage_dir(stage)
+    if stage in ("filter", "dedup"):
+        stats = (_read(folder / "manifest.json") or {}).get("stats", {})
+        kept, seen = sum(stats.get("documents_kept", {}).values()), sum(stats.get("documents_in", {}).values())
+        return f"kept {kept} of {seen} documents"
+    if stage == "tokenizer":
+        manifest = _read(folder / "manifest.json") or {}
+        return f"{manifest.get('tokens', 0):,} tokens, vocabulary {manifest.get('vocab_size')}"
+    if stage in ("pretrain", "msit"):
+        return _last_loss(folder)
+    if stage == "twins":
+        return "; ".join(f"{p.parent.name} {p.name}: {_last_loss(p)}" for p in sorted(folder.glob("*/*")) if p.is_dir())
+    if stage == "icl":
+        return "; ".join(f"{name}/{model}: {h['method']} {h['accuracy']:.2f} at {h['shots']} shots, "
+                         f"{h['gain']:+.2f} over {h['over']}" for name, model, h in _icl_headlines(r))
+    if stage == "ppl":
+        rows = []
+        for model, res in _ppl_results(r).items():
+            unigram = res.get("references", {}).get("unigram", {}).get("overall", {}).get("token_ppl")
+            rows.append(f"{model} {res['protocols']['cached']['overall']['token_ppl']:.0f}"
+                        + (f" (unigram {unigram:.0f})" if unigram else ""))
+        return "token perplexity " + ", ".join(rows)
+    return "done"
+
+
+def _icl_results(r) -> dict[str, dict[str, dict]]:
+    out: dict[str, dict[str, dict]] = {}
+    for entry in r.evals:
+        for model in entry.models:
+            res = _read(r.stage_dir("icl") / entry.name / model / "results.json")
+            if res is not None:
+                out.setdefault(entry.name, {})[model] = res
     return out
 
 
-def _icl_headline(summary: dict) -> dict[str, dict[str, Any]]:
-    """Per method: accuracy (mean ± std over seeds) at the smallest and the largest shot count."""
-    out = {}
-    for method, shots in summary.get("test", {}).items():
-        ks = sorted(int(k) for k in shots)
-        low, high = ks[0], ks[-1]
-        out[method] = {"low_shots": low, "low": shots[str(low)]["accuracy_mean"], "low_std": shots[str(low)]["accuracy_std"],
-                       "high_shots": high, "high": shots[str(high)]["accuracy_mean"], "high_std": shots[str(high)]["accuracy_std"],
-                       "seconds_per_item_high": shots[str(high)]["seconds_per_item_mean"]}
-    return out
+def headline(summary: dict, method: str) -> dict[str, Any]:
+    """The method at its largest shot count: accuracy with interval, and its gain over the best baseline."""
+    cells = summary["test"][method]
+    k = max(cells, key=int)
+    c = cells[k]
+    return {"method": method, "shots": int(k), "accuracy": c["accuracy_mean"], "accuracy_ci95": c["accuracy_ci95"],
+            "baselines": {name: b["mean"] for name, b in c["baselines"].items()},
+            "over": c["gain"]["over"], "gain": c["gain"]["mean"], "gain_ci95": c["gain"]["ci95"]}
+
+
+def _icl_headlines(r):
+    for name, models in _icl_results(r).items():
+        for model, res in models.items():
+            method = next(iter(res["summary"]["test"]))
+            yield name, model, headline(res["summary"], method)
+
+
+def _ppl_results(r) -> dict[str, dict]:
+    return {m: res for m in r.ppl.models if (res := _read(r.stage_dir("ppl") / m / "results.json")) is not None}
+
+
+def _run_totals(r) -> dict[str, Any]:
+    """Seconds per stage and the whole run's peak memory, from the markers (not this invocation)."""
+    seconds, peak = {}, 0.0
+    for marker_path in sorted(r.dir.glob(f"*/{MARKER}")):
+        marker = json.loads(marker_path.read_text())
+        seconds[marker["stage"]] = round(marker["seconds"], 1)
+        peak = max(peak, marker.get("peak_rss_gib_so_far", 0.0))
+    return {"stage_seconds": seconds, "seconds": round(sum(seconds.values()), 1), "peak_rss_gib": round(peak, 2)}
 
 
 def write_report(r, timings: dict[str, float], *, wall_seconds: float, peak_rss_gib: float) -> Path:
     out = r.dir / "report"
     out.mkdir(parents=True, exist_ok=True)
     icl = {}
-    for entry in r.evals:
-        folder = r.stage_dir("icl") / entry.name
-        results = _read(folder / "results.json")
-        if results is None:
-            continue
-        icl[entry.name] = {"protocol": results["protocol"], "summary": results["summary"],
-                           "headline": _icl_headline(results["summary"])}
-        for png in folder.glob("*.png"):
-            shutil.copyfile(png, out / f"icl_{entry.name}_{png.name}")
-    ppl = _read(r.stage_dir("ppl") / "results.json")
-    if ppl is not None:
-        for png in r.stage_dir("ppl").glob("*.png"):
-            shutil.copyfile(png, out / png.name)
+    for name, models in _icl_results(r).items():
+        icl[name] = {model: {"protocol": res["protocol"], "summary": res["summary"],
+                             "headline": {m: headline(res["summary"], m) for m in res["summary"]["test"]}}
+                     for model, res in models.items()}
+        plot_accuracy({_label(m): res["summary"] for m, res in models.items()}, out / f"icl_{name}_accuracy_vs_shots.png",
+                      f"{name}: accuracy vs shots ({', '.join(models)})", methods=None if len(models) == 1 else ("incremental",))
+    ppl = _ppl_results(r)
+    if ppl:
+        train_length = (_read(r.stage_dir("pretrain") / "config.json") or {}).get("data", {}).get("seq_len")
+        plot_perplexity({_label(m): res for m, res in ppl.items()}, out / "perplexity_vs_length.png",
+                        "perplexity vs context length (two books)", train_length=train_length)
+    for png in r.stage_dir("icl").glob("*/*/*.png"):
+        shutil.copyfile(png, out / f"icl_{png.parent.parent.name}_{png.parent.name}_{png.name}")
     data = {name: _read(r.stage_dir(name) / "manifest.json") for name in ("filter", "dedup", "blend")}
     results = {
         "run": {"config": str(r.path), "folder": str(r.dir), "samples": str(r.samples),
                 "sections": {"run": to_dict(r.run), "tokenizer": to_dict(r.tokenizer), "pretrain": to_dict(r.pretrain),
-                             "msit": to_dict(r.msit), "eval": [to_dict(e) for e in r.evals], "ppl": to_dict(r.ppl)}},
-        "stage_seconds": _stage_seconds(r, timings),
-        "wall_seconds_this_invocation": round(wall_seconds, 1),
-        "peak_rss_gib": round(peak_rss_gib, 2),
+                             "msit": to_dict(r.msit), "twins": to_dict(r.twins), "eval": [to_dict(e) for e in r.evals],
+                             "ppl": to_dict(r.ppl)}},
+        "run_totals": _run_totals(r),
+        "this_invocation": {"wall_seconds": round(wall_seconds, 1), "peak_rss_gib": round(peak_rss_gib, 2),
+                            "stages_run": [s for s, sec in timings.items() if sec > 0]},
         "data": {name: (m or {}).get("stats", m) for name, m in data.items()},
         "icl": icl,
         "ppl": ppl,
+        "pretrain_seq_len": train_length if ppl else None,
     }
     (out / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
+    from launcher.summary import summary_markdown
+
     (out / "summary.md").write_text(summary_markdown(results))
     return out
 
 
-def summary_markdown(results: dict) -> str:
-    lines = [f"# EVALM run: {results['run']['folder']}", "",
-             f"Config `{results['run']['config']}`; samples `{results['run']['samples']}`. "
-             f"This invocation: {results['wall_seconds_this_invocation']:.0f} s wall, peak RSS "
-             f"{results['peak_rss_gib']:.2f} GiB.", "", "## Stages", "", "| stage | seconds |", "|---|---|"]
-    lines += [f"| {stage} | {sec:.1f} |" for stage, sec in results["stage_seconds"].items()]
-    for name, block in results["icl"].items():
-        proto = block["protocol"]
-        ev = proto["eval"]
-        lines += ["", f"## ICL: {name}", "",
-                  f"Task `{proto['task']}`, template `{proto['template']}`, scoring `{proto['scoring']}`, "
-                  f"separator `{ev['separator']}`, seeds {list(ev['seeds'])}, shots {list(ev['shots'])}, "
-                  f"at most {ev['max_test_items']} test items; model {proto['model'].get('name', '?')}.", "",
-                  "| method | accuracy at fewest shots | accuracy at most shots | s / test item at most shots |", "|---|---|---|---|"]
-        for method, h in block["headline"].items():
-            lines.append(f"| {method} | {h['low']:.3f} ± {h['low_std']:.3f} ({h['low_shots']} shots) | "
-                         f"{h['high']:.3f} ± {h['high_std']:.3f} ({h['high_shots']} shots) | {h['seconds_per_item_high']:.4f} |")
-        lines.append(f"\n![accuracy vs shots](icl_{name}_accuracy_vs_shots.png)")
-    if results["ppl"]:
-        lines += ["", "## Perplexity vs context length", "", "| protocol | tokens | token ppl | word ppl |", "|---|---|---|---|"]
-        for name, p in results["ppl"]["protocols"].items():
-            o = p["overall"]
-            word = f"{o['word_ppl']:.1f}" if o.get("word_ppl") else "-"
-            lines.append(f"| {name} | {o['tokens']} | {o['token_ppl']:.2f} | {word} |")
-        lines.append("\n![perplexity vs length](perplexity_vs_length.png)")
-    return "\n".join(lines) + "\n"
+def _label(model: str) -> str:
+    """Plot labels: which attention and positions a run's model has."""
+    return {"pretrain": "EVA pretrained", "msit": "EVA tuned", "full-pretrain": "full attention pretrained",
+            "full-msit": "full attention tuned", "absolute-pretrain": "EVA absolute positions, pretrained"}.get(model, model)

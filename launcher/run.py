@@ -6,15 +6,21 @@
 
 Stages exchange files, never objects (ARCHITECTURE.md): each one is the same command a user runs
 as a separate job (`evalm data filter`, `evalm train pretrain`, ...), called here with the run's
-folders wired in and the config's extra arguments appended. A stage is complete when its marker
-`.evalm-stage.json` exists (written last, with the arguments it ran with); a rerun skips complete
-stages, resumes interrupted data and training stages (their own relaunch logic), and redoes the
-rest. A complete stage whose arguments changed is refused: rerun it with `--from STAGE`.
+folders wired in and the config's extra arguments appended. `twins` trains the baselines EVALM
+compares EVA with on the same data, steps and seed (full attention; learned absolute positions),
+`export` writes every model to export/NAME/, and `icl` / `ppl` evaluate the models each entry
+names. The console shows `stage k/N name`, progress bars and one result line per stage; everything
+else a stage prints goes to ROOT/NAME/logs/STAGE.log. A stage is complete when its marker
+`.evalm-stage.json` exists (written last, with the arguments it ran with, its seconds and the peak
+memory so far); a rerun skips complete stages, resumes interrupted data and training stages (their
+own relaunch logic), and redoes the rest. A complete stage whose arguments changed is refused:
+rerun it with `--from STAGE`.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import resource
 import shutil
@@ -26,10 +32,10 @@ from pathlib import Path
 
 from pydantic.dataclasses import dataclass
 
-from evalm.config import FROZEN, ConfigError, build, read_toml, to_dict
+from evalm.config import FROZEN, ConfigError, build, read_toml
+from launcher.report import MARKER, stage_result, write_report
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "tiny.toml"
-MARKER = ".evalm-stage.json"
 
 
 @dataclass(config=FROZEN, frozen=True)
@@ -77,8 +83,24 @@ class TrainSection:
     """MSIT only: synthetic in-context episodes (one fresh rule each) added to the tuning data."""
     synthetic_examples: int = 160
     """MSIT only: examples per synthetic episode (about one packed line each)."""
+    synthetic_inputs: list[int] = field(default_factory=lambda: [16])
+    """MSIT only: rule sizes (inputs per episode) the synthetic episodes cycle through; smaller rules
+    let the recall circuit form early (icl_eval.synthetic.instruction_examples)."""
     sample_instructions: int = 0
     """MSIT only: rows taken from the samples' instructions/train.jsonl."""
+
+
+@dataclass(config=FROZEN, frozen=True)
+class TwinsSection:
+    """`[twins]`: the baselines EVALM compares EVA with, trained on the same data, steps and seed.
+
+    `full` is a full-attention twin (pretrain + msit, then ICL beside EVA: EVALM's EVA-vs-exact
+    comparison); `absolute` a pretraining twin with learned absolute positions (perplexity past the
+    training length beside circular positions: EVALM §3.1, Figure 4). Each is a list of `--set`
+    overrides on top of the EVA run's; an empty list turns the twin off."""
+
+    full: list[str] = field(default_factory=lambda: ["model.attention=full"])
+    absolute: list[str] = field(default_factory=lambda: ["model.positions=absolute"])
 
 
 @dataclass(config=FROZEN, frozen=True)
@@ -88,6 +110,8 @@ class EvalEntry:
     name: str
     task: str = "synthetic"
     """`synthetic`, a built-in task name, or a task file relative to the samples folder."""
+    models: list[str] = field(default_factory=lambda: ["msit"])
+    """Exported models to evaluate (see `MODELS`), each into icl/NAME/MODEL/."""
     args: list[str] = field(default_factory=list)
 
 
@@ -97,6 +121,9 @@ class PplSection:
 
     books: str = "books"
     """Folder of .txt books, relative to the samples folder."""
+    models: list[str] = field(default_factory=lambda: ["pretrain", "msit"])
+    """Exported models to evaluate (see `MODELS`), each into ppl/MODEL/; the unigram reference is
+    fitted on the run's own token shards."""
     args: list[str] = field(default_factory=list)
 
 
@@ -110,6 +137,7 @@ class Run:
     tokenizer: TokenizerSection
     pretrain: TrainSection
     msit: TrainSection
+    twins: TwinsSection
     evals: list[EvalEntry]
     ppl: PplSection
 
@@ -127,7 +155,7 @@ class Run:
 
 def load_run(path: str | Path) -> Run:
     data = read_toml(path)
-    known = {"run", "data", "tokenizer", "pretrain", "msit", "eval", "ppl"}
+    known = {"run", "data", "tokenizer", "pretrain", "msit", "twins", "eval", "ppl"}
     unknown = sorted(set(data) - known)
     if unknown:
         raise ConfigError(f"{path}: unknown section(s) {unknown}; valid sections: {sorted(known)}")
@@ -135,6 +163,10 @@ def load_run(path: str | Path) -> Run:
     names = [e.name for e in evals]
     if len(set(names)) != len(names):
         raise ConfigError(f"{path}: [[eval]] names must be unique, got {names}")
+    for where, models in [*((f"[[eval]] {e.name}", e.models) for e in evals), ("[ppl]", data.get("ppl", {}).get("models", []))]:
+        unknown = sorted(set(models) - set(MODELS))
+        if unknown:
+            raise ConfigError(f"{path} {where}: unknown model(s) {unknown}; valid: {list(MODELS)}")
     return Run(
         path=Path(path),
         run=build(RunSection, data.get("run"), where=f"{path} [run]"),
@@ -142,6 +174,7 @@ def load_run(path: str | Path) -> Run:
         tokenizer=build(TokenizerSection, data.get("tokenizer"), where=f"{path} [tokenizer]"),
         pretrain=build(TrainSection, data.get("pretrain"), where=f"{path} [pretrain]"),
         msit=build(TrainSection, {"config": "configs/msit-tiny.toml", **data.get("msit", {})}, where=f"{path} [msit]"),
+        twins=build(TwinsSection, data.get("twins"), where=f"{path} [twins]"),
         evals=evals,
         ppl=build(PplSection, data.get("ppl"), where=f"{path} [ppl]"),
     )
@@ -168,33 +201,73 @@ def _train_sets(sets: Sequence[str]) -> list[str]:
     return [arg for s in sets for arg in ("--set", s)]
 
 
+def _train_command(command: str, config: str, out: Path, sets: Sequence[str]) -> list:
+    return ["train", command, "--config", config, "--out", str(out), "--resume", "auto", *_train_sets(sets)]
+
+
+def _pretrain_sets(r: Run) -> list[str]:
+    return [f"data.shards={r.stage_dir('tokenizer')}", f"model.vocab_size={r.tokenizer.vocab_size}", *r.pretrain.set]
+
+
+def _msit_sets(r: Run, init_from: Path) -> list[str]:
+    return [f"data.train_file={r.stage_dir('msit') / 'data' / 'train.jsonl'}",
+            f"data.tokenizer={r.stage_dir('tokenizer') / 'tokenizer.json'}", f"data.pretrain_shards={r.stage_dir('tokenizer')}",
+            f"checkpoint.init_from={init_from}", f"model.vocab_size={r.tokenizer.vocab_size}", *r.msit.set]
+
+
 def _pretrain(r: Run) -> list:
-    wiring = [f"data.shards={r.stage_dir('tokenizer')}", f"model.vocab_size={r.tokenizer.vocab_size}"]
-    return ["train", "pretrain", "--config", r.pretrain.config, "--out", str(r.stage_dir("pretrain")),
-            "--resume", "auto", *_train_sets([*wiring, *r.pretrain.set])]
+    return _train_command("pretrain", r.pretrain.config, r.stage_dir("pretrain"), _pretrain_sets(r))
 
 
 def _msit(r: Run) -> list:
-    wiring = [f"data.train_file={r.stage_dir('msit') / 'data' / 'train.jsonl'}",
-              f"data.tokenizer={r.stage_dir('tokenizer') / 'tokenizer.json'}",
-              f"checkpoint.init_from={r.stage_dir('pretrain')}", f"model.vocab_size={r.tokenizer.vocab_size}"]
-    return ["train", "msit", "--config", r.msit.config, "--out", str(r.stage_dir("msit")), "--resume", "auto",
-            *_train_sets([*wiring, *r.msit.set])]
+    return _train_command("msit", r.msit.config, r.stage_dir("msit"), _msit_sets(r, r.stage_dir("pretrain")))
+
+
+def _twins(r: Run) -> list:
+    """The same recipe with the twin's overrides last (same data, steps and seed)."""
+    commands = []
+    if r.twins.full:
+        full = r.stage_dir("twins") / "full"
+        commands.append(_train_command("pretrain", r.pretrain.config, full / "pretrain", [*_pretrain_sets(r), *r.twins.full]))
+        commands.append(_train_command("msit", r.msit.config, full / "msit",
+                                       [*_msit_sets(r, full / "pretrain"), *r.twins.full]))
+    if r.twins.absolute:
+        commands.append(_train_command("pretrain", r.pretrain.config, r.stage_dir("twins") / "absolute" / "pretrain",
+                                       [*_pretrain_sets(r), *r.twins.absolute]))
+    return commands
+
+
+MODELS: dict[str, tuple[str, ...]] = {
+    "pretrain": ("pretrain",),
+    "msit": ("msit",),
+    "full-pretrain": ("twins", "full", "pretrain"),
+    "full-msit": ("twins", "full", "msit"),
+    "absolute-pretrain": ("twins", "absolute", "pretrain"),
+}
+"""Models a run can evaluate: name -> training folder under the run; exported to export/NAME/."""
+
+
+def _models(r: Run) -> list[str]:
+    """The models this run trains (twins switched off in [twins] are absent)."""
+    return [m for m in MODELS if not (m.startswith("full") and not r.twins.full)
+            and not (m.startswith("absolute") and not r.twins.absolute)]
 
 
 def _export(r: Run) -> list:
-    return ["export", "--checkpoint", str(r.stage_dir("msit")), "--out", str(r.stage_dir("export"))]
+    return [["export", "--checkpoint", str(r.dir.joinpath(*MODELS[m])), "--out", str(r.stage_dir("export") / m)]
+            for m in _models(r)]
 
 
 def _icl(r: Run) -> list:
-    return [["eval", "icl", "--checkpoint", str(r.stage_dir("export")), "--out", str(r.stage_dir("icl") / e.name),
+    return [["eval", "icl", "--checkpoint", str(r.stage_dir("export") / m), "--out", str(r.stage_dir("icl") / e.name / m),
              "--task", e.task if e.task == "synthetic" or "/" not in e.task else str(r.samples / e.task), *e.args]
-            for e in r.evals]
+            for e in r.evals for m in e.models if m in _models(r)]
 
 
 def _ppl(r: Run) -> list:
-    return ["eval", "ppl", "--checkpoint", str(r.stage_dir("export")), "--books", str(r.samples / r.ppl.books),
-            "--out", str(r.stage_dir("ppl")), *r.ppl.args]
+    return [["eval", "ppl", "--checkpoint", str(r.stage_dir("export") / m), "--books", str(r.samples / r.ppl.books),
+             "--unigram-shards", str(r.stage_dir("tokenizer")), "--out", str(r.stage_dir("ppl") / m), *r.ppl.args]
+            for m in r.ppl.models if m in _models(r)]
 
 
 STAGES: dict[str, Callable[[Run], list]] = {
@@ -204,18 +277,20 @@ STAGES: dict[str, Callable[[Run], list]] = {
     "tokenizer": _tokenizer,
     "pretrain": _pretrain,
     "msit": _msit,
+    "twins": _twins,
     "export": _export,
     "icl": _icl,
     "ppl": _ppl,
 }
-RESUMABLE = {"filter", "dedup", "blend", "pretrain", "msit"}  # an interrupted folder is continued, not wiped
+RESUMABLE = {"filter", "dedup", "blend", "pretrain", "msit", "twins"}  # an interrupted folder is continued, not wiped
 
 
 def write_msit_data(r: Run, out: Path) -> dict:
     """Tuning rows: synthetic in-context episodes plus the samples' instruction data."""
     from icl_eval.synthetic import SyntheticConfig, instruction_examples
 
-    rows = instruction_examples(SyntheticConfig(), r.msit.synthetic_episodes, r.msit.synthetic_examples, seed=10**6)
+    rows = instruction_examples(SyntheticConfig(), r.msit.synthetic_episodes, r.msit.synthetic_examples, seed=10**6,
+                                inputs_per_episode=r.msit.synthetic_inputs)
     n_real = 0
     source = r.samples / "instructions" / "train.jsonl"
     if r.msit.sample_instructions and source.is_file():
@@ -233,13 +308,59 @@ def write_msit_data(r: Run, out: Path) -> dict:
 # ----------------------------------------------------------------------------- running
 
 
-def _call(argv: list) -> None:
+def _call(argv: list, log: Path) -> None:
+    """Run one command in this process; its printed lines and the data library's log lines go to
+    the stage's log file, while progress bars (stderr) stay on the console. An error names the log."""
     from launcher.cli import main
 
-    print(f"\n$ evalm {' '.join(argv)}", flush=True)
-    code = main(argv)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("a", encoding="utf-8") as f:
+        f.write(f"\n$ evalm {' '.join(argv)}\n")
+        f.flush()
+        with _quiet(f):
+            code = main(argv)
     if code:
-        raise RuntimeError(f"`evalm {' '.join(argv)}` exited with {code}; fix the error above, then rerun `evalm run`")
+        raise RuntimeError(f"`evalm {' '.join(argv)}` exited with {code}; its output is in {log}; "
+                           f"fix the error, then rerun `evalm run`")
+
+
+@contextlib.contextmanager
+def _quiet(f):
+    """stdout and datatrove's loguru lines (it logs to the stderr object of the moment) into `f`."""
+    from loguru import logger
+
+    logger.remove()  # datatrove's tasks replace the handlers themselves, so reset them all after
+    logger.add(f, level="INFO")
+    saved_stderr = sys.stderr
+    try:
+        with contextlib.redirect_stdout(f):
+            sys.stderr = _ProgressOnly(saved_stderr, f)
+            yield
+    finally:
+        sys.stderr = saved_stderr
+        logger.remove()
+        logger.add(sys.stderr, level="INFO")
+
+
+class _ProgressOnly:
+    """A stderr that shows progress bars (carriage-return updates) and sends whole lines to the log."""
+
+    def __init__(self, console, log):
+        self.console, self.log = console, log
+
+    def write(self, text: str) -> int:
+        (self.console if "\r" in text else self.log).write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        self.console.flush()
+        self.log.flush()
+
+    def isatty(self) -> bool:
+        return self.console.isatty()
+
+    def fileno(self) -> int:
+        return self.log.fileno()
 
 
 def _marker(r: Run, stage: str) -> dict | None:
@@ -247,7 +368,7 @@ def _marker(r: Run, stage: str) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def run_stage(r: Run, stage: str) -> float:
+def run_stage(r: Run, stage: str, position: str = "") -> float:
     """Run one stage unless complete; returns its seconds (0 when skipped)."""
     commands = STAGES[stage](r)
     commands = commands if commands and isinstance(commands[0], list) else [commands]
@@ -256,19 +377,23 @@ def run_stage(r: Run, stage: str) -> float:
         if done["commands"] != commands:
             raise ConfigError(f"stage {stage!r} of {r.dir} is complete but its arguments changed; "
                               f"rerun it and the stages after it with `evalm run {r.path} --from {stage}`")
-        print(f"[{stage}] complete, skipped ({done['seconds']:.1f} s when it ran)")
+        print(f"stage {position} {stage}: complete, skipped ({done['seconds']:.0f} s when it ran)")
         return 0.0
     folder = r.stage_dir(stage)
     if folder.exists() and stage not in RESUMABLE:
         shutil.rmtree(folder)
+    print(f"stage {position} {stage} ...", flush=True)
     t0 = time.perf_counter()
     if stage == "msit":
         write_msit_data(r, folder / "data" / "train.jsonl")
+    log = r.dir / "logs" / f"{stage}.log"
     for argv in commands:
-        _call(argv)
+        _call(argv, log)
     seconds = time.perf_counter() - t0
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / MARKER).write_text(json.dumps({"stage": stage, "commands": commands, "seconds": seconds}, indent=2) + "\n")
+    marker = {"stage": stage, "commands": commands, "seconds": seconds, "peak_rss_gib_so_far": peak_rss_gib()}
+    (folder / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+    print(f"stage {position} {stage}: {stage_result(r, stage)} ({seconds:.0f} s; log {log})", flush=True)
     return seconds
 
 
@@ -312,9 +437,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 shutil.rmtree(r.stage_dir(stage), ignore_errors=True)
         t0 = time.perf_counter()
         ensure_samples(r)
-        timings = {stage: run_stage(r, stage) for stage in stages}
-        from launcher.report import write_report
-
+        timings = {stage: run_stage(r, stage, f"{i}/{len(stages)}") for i, stage in enumerate(stages, 1)}
         report = write_report(r, timings, wall_seconds=time.perf_counter() - t0, peak_rss_gib=peak_rss_gib())
     except (ConfigError, RuntimeError, FileNotFoundError, ValueError) as err:
         print(f"evalm run: error: {err}", file=sys.stderr)

@@ -19,6 +19,7 @@ Loads unpickle non-tensor values with `weights_only=True` (`SafeLoadPlanner`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -38,6 +39,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_state_dict,
 )
+
+from evalm.config import ModelConfig
 
 MARKER = ".complete"
 STEP_DIR = re.compile(r"^step-(\d{8})$")
@@ -101,8 +104,10 @@ def find_resume_path(out: str | Path, resume: str) -> Path | None:
 def check_architecture(path: Path, model_config: dict[str, Any]) -> None:
     """Refuse a checkpoint whose model differs (gpt-neox `check_checkpoint_args`)."""
     saved = json.loads((path / "config.json").read_text())["model"]
-    diffs = [f"{k}: checkpoint {saved.get(k)!r}, config {v!r}" for k, v in model_config.items()
-             if k not in NON_ARCHITECTURE and saved.get(k) != v]
+    # a field added to ModelConfig after the checkpoint was written has its default there
+    defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
+    diffs = [f"{k}: checkpoint {saved.get(k, defaults.get(k))!r}, config {v!r}" for k, v in model_config.items()
+             if k not in NON_ARCHITECTURE and saved.get(k, defaults.get(k)) != v]
     if diffs:
         raise CheckpointError(
             f"{path} was trained with a different architecture ({'; '.join(diffs)}); use the [model] "

@@ -67,6 +67,11 @@ class MsitDataConfig:
     """Clusters whose tasks never appear in tuning data (they are evaluation clusters)."""
     held_out_tasks: list[str] = field(default_factory=list)
     """Single tasks held out (EVALM Appendix B holds out AGNews itself, not its cluster)."""
+    pretrain_shards: str = ""
+    """Token-shard folder of pretraining; with `pretrain_fraction` > 0 its lines are mixed in."""
+    pretrain_fraction: float = 0.0
+    """Share of tuning lines that are plain pretraining lines (loss on every token), spread evenly,
+    so tuning does not wreck language modelling (train.packing.MixedLines); 0 turns it off."""
     shuffle: bool = True
     """Shuffle examples within each task (seeded) before packing, and lines across epochs."""
     seed: int = 1234
@@ -79,6 +84,8 @@ class MsitDataConfig:
             pair = self.default_template if name == "default_template" else self.templates[name]
             if len(pair) != 2 or "{output}" not in pair[1]:
                 raise ValueError(f"template {name!r} must be [prompt, answer] with {{output}} in the answer")
+        if not 0.0 <= self.pretrain_fraction < 1.0 or (self.pretrain_fraction and not self.pretrain_shards):
+            raise ValueError("pretrain_fraction must lie in [0, 1) and needs pretrain_shards (a token-shard folder)")
         unknown = sorted(set(self.held_out_clusters) - set(self.clusters))
         if unknown:
             raise ValueError(f"held_out_clusters {unknown} are not in clusters {sorted(self.clusters)}")

@@ -16,7 +16,8 @@ from collections.abc import Sequence
 
 from evalm.tokenizer import load_tokenizer
 from train.config import MsitDataConfig, run_command
-from train.packing import PackedLines, build_lines
+from train.packing import MixedLines, PackedLines, build_lines
+from train.shards import PretrainLines, TokenShards
 from train.parallelize import Runtime
 
 DEFAULT_CONFIG = "configs/msit-tiny.toml"
@@ -25,17 +26,22 @@ DEFAULT_CONFIG = "configs/msit-tiny.toml"
 def make_source(config: MsitDataConfig, model_vocab: int):
     """Packed MSIT lines; every rank packs the same lines (deterministic), rank 0 reports the counts."""
 
-    def source(runtime: Runtime) -> PackedLines:
+    def source(runtime: Runtime) -> PackedLines | MixedLines:
         tokenizer = load_tokenizer(config.tokenizer)
         if tokenizer.vocab_size > model_vocab:
             raise ValueError(f"{config.tokenizer}: {tokenizer.vocab_size} ids but model.vocab_size is "
                              f"{model_vocab}; raise model.vocab_size")
         lines, stats = build_lines(config, tokenizer)
+        if config.pretrain_fraction:
+            pretraining = PretrainLines(TokenShards(config.pretrain_shards), config.seq_len)
+            lines = MixedLines(lines, pretraining, config.pretrain_fraction)
+            stats["pretraining_lines_mixed"] = len(lines) - stats["lines"]
         if runtime.is_main:
             print(f"msit data: {stats['examples']} examples of {len(stats['tasks'])} tasks in {stats['lines']} "
                   f"lines of {config.seq_len}; held out {stats['removed_held_out']} examples of "
                   f"{stats['held_out_tasks']}; dropped oversize {stats['dropped_oversize']}, "
-                  f"truncated {stats['truncated']}", flush=True)
+                  f"truncated {stats['truncated']}; pretraining lines mixed in "
+                  f"{stats.get('pretraining_lines_mixed', 0)}", flush=True)
         return lines
 
     return source

@@ -16,6 +16,7 @@ EVA_SPEC.md §6 [recommend]:
 from __future__ import annotations
 
 import json
+import math
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -154,6 +155,38 @@ class PackedLines:
 
     def line(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         return self.ids[i], self.masks[i]
+
+
+class MixedLines:
+    """MSIT lines with pretraining lines interleaved at a fixed rate (replay against forgetting).
+
+    Tuning only on instruction lines moves the model away from language modelling (EVALM §4.4:
+    "the instruction tuning will adapt PLMs from" the LM objective, Figure 4's MSIT curve). Mixing
+    a `fraction` of plain pretraining lines (every token a target) into the stream keeps it a
+    language model. Line i is a pretraining line when floor((i + 1) f) > floor(i f), so they are
+    spread evenly; the mapping is a pure function of i, so resume stays exact.
+    """
+
+    def __init__(self, tuning, pretraining, fraction: float):
+        if not 0.0 < fraction < 1.0:
+            raise ValueError(f"pretrain_fraction must lie in (0, 1), got {fraction}")
+        if pretraining.seq_len != tuning.seq_len:
+            raise ValueError("pretraining and tuning lines must have the same seq_len")
+        self.tuning, self.pretraining, self.fraction = tuning, pretraining, fraction
+        self.seq_len = tuning.seq_len
+        n = len(tuning)
+        while n - math.floor(n * fraction) < len(tuning):
+            n += 1
+        self.n_lines = n
+
+    def __len__(self) -> int:
+        return self.n_lines
+
+    def line(self, i: int) -> tuple[np.ndarray, np.ndarray | None]:
+        before, after = math.floor(i * self.fraction), math.floor((i + 1) * self.fraction)
+        if after > before:
+            return self.pretraining.line(before % len(self.pretraining))
+        return self.tuning.line((i - after) % len(self.tuning))
 
 
 def build_lines(config: MsitDataConfig, tokenizer, examples: Sequence[Example] | None = None) -> tuple[PackedLines, dict]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,6 +26,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from tqdm import tqdm
 
 from evalm.config import to_dict
 from train import checkpoint
@@ -132,6 +134,8 @@ def _loop(config: RunConfig, out: Path, model, optimizer, loader: LineLoader, ru
     peak = peak_flops(runtime.device)
     records: list[dict] = []
     last_time, last_step = time.perf_counter(), step
+    bar = tqdm(total=tcfg.steps, initial=step, desc=config_json["command"], unit="step", file=sys.stderr,
+               disable=not runtime.is_main, dynamic_ncols=True)
     while step < tcfg.steps:
         lr = lr_at(step, lr=ocfg.lr, warmup_steps=ocfg.warmup_steps, total_steps=tcfg.steps,
                    decay_power=ocfg.decay_power, min_lr_ratio=ocfg.min_lr_ratio)
@@ -140,6 +144,8 @@ def _loop(config: RunConfig, out: Path, model, optimizer, loader: LineLoader, ru
         loss, grad_norm = train_step(model, optimizer, loader, runtime, tcfg.grad_accum, ocfg.clip_norm)
         step += 1
         tokens_seen += tokens_per_step
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
         if step % tcfg.log_every == 0 or step == tcfg.steps:
             now = time.perf_counter()
             tok_s = tokens_per_step * (step - last_step) / max(now - last_time, 1e-9)
@@ -156,6 +162,7 @@ def _loop(config: RunConfig, out: Path, model, optimizer, loader: LineLoader, ru
                             train_state={"step": step, "tokens_seen": tokens_seen},
                             rank_state={"data": loader.state_dict(), "rng": checkpoint.rng_state()},
                             config_json=config_json, keep_latest_k=ccfg.keep_latest_k)
+    bar.close()
     return records
 
 

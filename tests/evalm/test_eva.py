@@ -269,3 +269,22 @@ def test_meta_construction_then_init_weights():
     again.init_weights()
     for (name, a), b in zip(model.state_dict().items(), again.state_dict().values()):
         torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
+
+
+def test_absolute_positions_equal_circular_inside_the_table_and_repeat_the_last_row_after():
+    from evalm.positions import absolute_positions, circular_positions
+
+    assert absolute_positions(250, 10, 256).tolist() == [250, 251, 252, 253, 254, 255, 255, 255, 255, 255]
+    assert circular_positions(250, 10, 256).tolist() == [250, 251, 252, 253, 254, 255, 0, 1, 2, 3]
+    cfg = dict(vocab_size=50, d_model=32, n_layer=1, n_head=4, d_ff=64, window_size=8, chunk_size=4,
+               circular_period=16, dropout=0.0, attn_dropout=0.0)
+    torch.manual_seed(0)
+    circ = EvalmModel(ModelConfig(**cfg))
+    circ.init_weights()
+    absolute = EvalmModel(ModelConfig(**cfg, positions="absolute"))
+    absolute.load_state_dict(circ.state_dict())  # the same weights: only the row rule differs
+    tokens = torch.randint(0, 50, (1, 40))
+    with torch.no_grad():
+        a, c = absolute.eval()(tokens), circ.eval()(tokens)
+    assert torch.equal(a[:, :16], c[:, :16])  # positions < M: the same rows
+    assert (a[:, 16:] - c[:, 16:]).abs().max() > 1e-4  # past M the rules differ (the oracle can fail)

@@ -44,26 +44,35 @@ set = ["model.attn_dropout=0.0", "train.steps=3", "train.batch_size=2", "data.se
 
 [msit]
 config = "{REPO / 'configs' / 'msit-tiny.toml'}"
-synthetic_episodes = 8
-synthetic_examples = 20
+synthetic_episodes = 1000
+synthetic_examples = 120
+synthetic_inputs = [2, 4, 8]  # CI size: 8-input rules (the tiny run: 16)
 sample_instructions = 10
-set = ["model.attn_dropout=0.0", "train.steps=2", "train.batch_size=2", "data.seq_len=64",
-       "checkpoint.save_every=2", "train.log_every=1", "data.default_template=[\\"{{input}}\\", \\" {{output}}\\"]"]
+set = ["model.attn_dropout=0.0", "train.steps=500", "train.batch_size=8", "data.seq_len=512",
+       "optim.lr=3e-3", "optim.warmup_steps=25", "checkpoint.save_every=500", "train.log_every=50",
+       "data.pretrain_fraction=0.1", "data.default_template=[\\"{{input}}\\", \\" {{output}}\\"]"]
+
+[twins]
+full = ["model.attention=full", "train.steps=2"]
+absolute = ["model.positions=absolute"]
 
 [[eval]]
 name = "synthetic"
 task = "synthetic"
-args = ["--shots", "1,4", "--seeds", "1", "--methods", "incremental,concat", "--eval.separator=eos",
-        "--eval.max_test_items=6", "--synthetic.template={{x}} {{label}}"]
+models = ["msit", "full-msit"]
+args = ["--shots", "0,4,64", "--seeds", "1,2", "--methods", "incremental,concat", "--eval.separator=eos",
+        "--synthetic.template={{x}} {{label}}", "--synthetic.n_inputs=8"]
 
 [[eval]]
 name = "polarity"
 task = "tasks/polarity/task.toml"
-args = ["--shots", "0,2", "--seeds", "1", "--methods", "incremental,structured", "--eval.max_test_items=4",
+args = ["--shots", "0,2", "--seeds", "1", "--methods", "incremental,structured", "--test-items", "4",
         "--eval.method.group_tokens=256"]
 
 [ppl]
-args = ["--lengths", "64,256", "--max-tokens", "256", "--ppl.segment_tokens=64", "--ppl.max_books=1"]
+models = ["pretrain", "msit", "absolute-pretrain"]
+args = ["--lengths", "64,256", "--max-tokens", "256", "--ppl.segment_tokens=64", "--ppl.max_books=1",
+        "--fixed-contexts", "16,64,128", "--ppl.fixed_target_tokens=32", "--ppl.fixed_targets_per_book=2"]
 """)
     return path
 
@@ -81,31 +90,55 @@ def test_every_stage_runs_and_writes_its_outputs(run_file):
     assert json.loads((run_dir / "dedup" / "manifest.json").read_text())
     assert any((run_dir / "blend" / "documents").iterdir())
     assert (run_dir / "tokenizer" / "tokenizer.json").is_file()
-    for stage in ("pretrain", "msit"):
-        assert list((run_dir / stage / "checkpoints").glob("step-*/.complete"))
-    assert (run_dir / "export" / "model.safetensors").is_file()
-    assert (run_dir / "export" / "tokenizer.json").is_file()
-    for name in ("synthetic", "polarity"):
-        assert (run_dir / "icl" / name / "results.json").is_file()
+    for folder in ("pretrain", "msit", "twins/full/pretrain", "twins/full/msit", "twins/absolute/pretrain"):
+        assert list((run_dir / folder / "checkpoints").glob("step-*/.complete")), folder
+    for model in ("pretrain", "msit", "full-pretrain", "full-msit", "absolute-pretrain"):
+        assert (run_dir / "export" / model / "model.safetensors").is_file(), model
+    configs = {m: json.loads((run_dir / "export" / m / "config.json").read_text())["model"]
+               for m in ("msit", "full-msit", "absolute-pretrain")}
+    assert (configs["msit"]["attention"], configs["full-msit"]["attention"]) == ("eva", "full")
+    assert (configs["msit"]["positions"], configs["absolute-pretrain"]["positions"]) == ("circular", "absolute")
+    for name, model in (("synthetic", "msit"), ("synthetic", "full-msit"), ("polarity", "msit")):
+        assert (run_dir / "icl" / name / model / "results.json").is_file()
     report = json.loads((run_dir / "report" / "results.json").read_text())
-    assert set(report) >= {"run", "stage_seconds", "peak_rss_gib", "data", "icl", "ppl"}
-    assert set(report["stage_seconds"]) == set(STAGES)
-    assert set(report["icl"]) == {"synthetic", "polarity"}
-    assert set(report["icl"]["synthetic"]["headline"]) == {"incremental", "concat"}
-    assert report["ppl"]["protocols"]["cached"]["overall"]["tokens"] > 0
+    assert set(report) >= {"run", "run_totals", "this_invocation", "data", "icl", "ppl"}
+    assert set(report["run_totals"]["stage_seconds"]) == set(STAGES)
+    assert set(report["icl"]) == {"synthetic", "polarity"} and set(report["icl"]["synthetic"]) == {"msit", "full-msit"}
+    cells = report["icl"]["synthetic"]["msit"]["summary"]["test"]["incremental"]
+    for cell in cells.values():  # every accuracy beside its baselines and interval
+        assert set(cell["baselines"]) == {"chance", "test_majority", "in_context_majority"}
+        lo, hi = cell["accuracy_ci95"]
+        assert lo <= cell["accuracy_mean"] <= hi
+        assert cell["gain"]["over"] in cell["baselines"]
+    # the tuned EVA model learns in context: at 64 shots it beats every label baseline, interval included
+    # (CI size: rules of 8 inputs, tuning on 2/4/8-input episodes; the tiny run does the same with 16)
+    assert cells["64"]["gain"]["ci95"][0] > 0, cells["64"]
+    assert cells["64"]["accuracy_mean"] > cells["0"]["accuracy_mean"] + 0.2
+    ppl = report["ppl"]
+    assert set(ppl) == {"pretrain", "msit", "absolute-pretrain"}
+    for res in ppl.values():
+        assert res["protocols"]["cached"]["overall"]["bits_per_byte"] > 0
+        assert set(res["references"]) == {"uniform", "unigram"}
+        assert [row["context"] for row in res["fixed_position"]["rows"]] == [16, 64, 128]
     summary = (run_dir / "report" / "summary.md").read_text()
     assert "## ICL: synthetic" in summary and "## Perplexity vs context length" in summary
+    assert "in-context majority" in summary and "unigram" in summary
     assert (run_dir / "report" / "perplexity_vs_length.png").is_file()
+    assert (run_dir / "report" / "icl_synthetic_accuracy_vs_shots.png").is_file()
 
 
-def test_second_run_skips_every_stage(run_file, capsys):
+def test_second_run_skips_every_stage_and_keeps_the_first_runs_figures(run_file, capsys):
     run_dir = run_file.parent / "runs" / "ci"
     before = markers(run_dir)
+    first = json.loads((run_dir / "report" / "results.json").read_text())["run_totals"]
     capsys.readouterr()
     assert main([str(run_file)]) == 0
     out = capsys.readouterr().out
     assert markers(run_dir) == before
-    assert all(f"[{stage}] complete, skipped" in out for stage in STAGES)
+    assert all(f"{stage}: complete, skipped" in out for stage in STAGES)
+    report = json.loads((run_dir / "report" / "results.json").read_text())
+    assert report["run_totals"] == first  # the first invocation's seconds and memory are kept
+    assert report["this_invocation"]["stages_run"] == []
 
 
 def test_from_pretrain_reruns_only_the_later_stages(run_file):

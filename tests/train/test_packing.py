@@ -135,3 +135,30 @@ def test_bad_jsonl_names_file_and_line(tmp_path):
     path.write_text('{"task": "a", "input": "b", "output": "c"}\n{"task": "a"}\n')
     with pytest.raises(ValueError, match=r"bad.jsonl:2"):
         read_examples(path)
+
+
+class _Lines:
+    def __init__(self, tag: int, n: int, seq_len: int = 4):
+        self.tag, self.n, self.seq_len = tag, n, seq_len
+
+    def __len__(self) -> int:
+        return self.n
+
+    def line(self, i: int):
+        return np.full(self.seq_len + 1, self.tag * 1000 + i), (None if self.tag == 2 else np.ones(self.seq_len + 1))
+
+
+def test_mixed_lines_keep_every_tuning_line_and_spread_pretraining_lines_at_the_rate():
+    from train.packing import MixedLines
+
+    mixed = MixedLines(_Lines(1, 90), _Lines(2, 7), fraction=0.25)
+    lines = [mixed.line(i) for i in range(len(mixed))]
+    tuning = sorted(int(ids[0]) - 1000 for ids, mask in lines if mask is not None)
+    pretraining = [int(ids[0]) - 2000 for ids, mask in lines if mask is None]
+    assert tuning == list(range(90))  # every tuning line exactly once per pass
+    assert len(pretraining) == len(mixed) - 90 and abs(len(pretraining) / len(mixed) - 0.25) < 0.02
+    assert pretraining[:8] == [0, 1, 2, 3, 4, 5, 6, 0]  # cycling through the pretraining lines
+    gaps = np.diff([i for i, (_, mask) in enumerate(lines) if mask is None])
+    assert gaps.min() >= 3 and gaps.max() <= 5  # evenly spread, not bunched
+    with pytest.raises(ValueError, match="pretrain_fraction"):
+        MixedLines(_Lines(1, 9), _Lines(2, 7), fraction=1.0)

@@ -1,0 +1,93 @@
+"""`summary.md`: the run's report as a person reads it, every number beside its baseline.
+
+Accuracies are printed with their 95% hierarchical bootstrap interval and the label baselines of
+the same items; the headline is the gain over the best baseline. Perplexities stand beside the
+uniform and unigram references, and the context effect is read from the fixed-position protocol,
+not from position buckets (ICL_SPEC §5-§6). Numbers are rounded to what their intervals support.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _ci(c) -> str:
+    return f"[{c[0]:.2f}, {c[1]:.2f}]"
+
+
+def _run_lines(results: dict) -> list[str]:
+    totals, inv = results["run_totals"], results["this_invocation"]
+    lines = [f"# EVALM run: {results['run']['folder']}", "",
+             f"Config `{results['run']['config']}`; samples `{results['run']['samples']}`.", "",
+             f"Whole run (from the stage markers): {totals['seconds']:.0f} s of stages, peak RSS "
+             f"{totals['peak_rss_gib']:.2f} GiB. This invocation: {inv['wall_seconds']:.0f} s wall, peak RSS "
+             f"{inv['peak_rss_gib']:.2f} GiB, stages run: {', '.join(inv['stages_run']) or 'none (all complete)'}.",
+             "", "## Stages", "", "| stage | seconds |", "|---|---|"]
+    return lines + [f"| {stage} | {sec:.0f} |" for stage, sec in totals["stage_seconds"].items()]
+
+
+def _icl_lines(name: str, models: dict[str, Any]) -> list[str]:
+    first = next(iter(models.values()))
+    proto, ev = first["protocol"], first["protocol"]["eval"]
+    items = ev.get("test_items") or "all"
+    lines = ["", f"## ICL: {name}", "",
+             f"Task `{proto['task']}`, template `{proto['template']}`, scoring `{proto['scoring']}`, separator "
+             f"`{ev['separator']}`, seeds {list(ev['seeds'])}, {items} test items per seed ({ev['test_items_order']}). "
+             "Accuracy: mean over seeds [95% hierarchical bootstrap over seeds and items]; baselines on the same "
+             "items and demonstrations; gain = accuracy - best baseline, paired.", "",
+             "| model | method | shots | accuracy | chance | test majority | in-context majority | gain over best baseline |",
+             "|---|---|---|---|---|---|---|---|"]
+    for model, block in models.items():
+        for method, cells in block["summary"]["test"].items():
+            for k, c in sorted(cells.items(), key=lambda kv: int(kv[0])):
+                b = c["baselines"]
+                lines.append(f"| {model} | {method} | {k} | {c['accuracy_mean']:.2f} {_ci(c['accuracy_ci95'])} | "
+                             f"{b['chance']['mean']:.2f} | {b['test_majority']['mean']:.2f} | "
+                             f"{b['in_context_majority']['mean']:.2f} | {c['gain']['mean']:+.2f} {_ci(c['gain']['ci95'])} |")
+    lines.append("")
+    for model, block in models.items():
+        h = block["headline"][next(iter(block["headline"]))]
+        verdict = "above" if h["gain_ci95"][0] > 0 else "NOT above"
+        lines.append(f"- **{model}**, {h['method']} at {h['shots']} shots: {h['accuracy']:.2f} "
+                     f"{_ci(h['accuracy_ci95'])}, {h['gain']:+.2f} {_ci(h['gain_ci95'])} over the best label baseline "
+                     f"({h['over']}, {h['baselines'][h['over']]:.2f}): {verdict} every label baseline.")
+    return lines + ["", f"![accuracy vs shots](icl_{name}_accuracy_vs_shots.png)"]
+
+
+def _ppl_lines(ppl: dict[str, Any], train_length) -> list[str]:
+    lines = ["", "## Perplexity vs context length", "",
+             "Overall, every token of the books scored once (`cached`: with its whole prefix through the cache):", "",
+             "| model | protocol | tokens | token ppl | bits per byte | word ppl |", "|---|---|---|---|---|---|"]
+    refs = {}
+    for model, res in ppl.items():
+        for name, p in res["protocols"].items():
+            o = p["overall"]
+            word = f"{o['word_ppl']:,.0f}" if o.get("word_ppl") else "-"
+            lines.append(f"| {model} | {name} | {o['tokens']:,} | {o['token_ppl']:.1f} | {o['bits_per_byte']:.3f} | {word} |")
+        refs = refs or res.get("references", {})
+    for name, p in refs.items():
+        o = p["overall"]
+        lines.append(f"| reference | {name} | {o['tokens']:,} | {o['token_ppl']:.1f} | {o['bits_per_byte']:.3f} | "
+                     f"{o['word_ppl']:,.0f} |")
+    fixed = {m: r["fixed_position"] for m, r in ppl.items() if "fixed_position" in r}
+    if fixed:
+        first = next(iter(fixed.values()))
+        contexts = [row["context"] for row in first["rows"]]
+        lines += ["", f"Context use at fixed positions: the same {first['protocol']['targets']} target spans of "
+                      f"{first['protocol']['target_tokens']} tokens after contexts of increasing length"
+                      + (f" (training length {train_length})" if train_length else "") + "; token perplexity:", "",
+                  "| model | " + " | ".join(str(c) for c in contexts) + " |", "|---|" + "---|" * len(contexts)]
+        for model, f in fixed.items():
+            lines.append(f"| {model} | " + " | ".join(f"{row['token_ppl']:.1f}" for row in f["rows"]) + " |")
+        lines += ["| references | " + ", ".join(f"{k} {v['token_ppl']:.1f}" for k, v in first["references"].items())
+                  + " |" + " |" * (len(contexts) - 1)]
+    return lines + ["", "![perplexity vs length](perplexity_vs_length.png)"]
+
+
+def summary_markdown(results: dict) -> str:
+    lines = _run_lines(results)
+    for name, models in results["icl"].items():
+        lines += _icl_lines(name, models)
+    if results["ppl"]:
+        lines += _ppl_lines(results["ppl"], results.get("pretrain_seq_len"))
+    return "\n".join(lines) + "\n"
