@@ -84,11 +84,12 @@ def test_planted_clusters_redis_index_matches_memory(tmp_path, run_cli, redis_ur
     assert run_cli("dedup", "--input", folder, "--output", tmp_path / "mem", "--tasks", 2) == 0
     assert run_cli("dedup", "--input", folder, "--output", tmp_path / "red", "--tasks", 2, "--redis-url", redis_url) == 0
     assert _check(tmp_path / "red", truth) == _check(tmp_path / "mem", truth)
-    # the fingerprint cache holds LeanMinHash bytes for every document, under a fixed basename
-    from data_pipeline.lsh import basename_for, fingerprint_hash
+    # the run's keys lived under its namespace and were deleted at completion
+    import json
 
-    client = redis.Redis.from_url(redis_url)
-    assert client.hlen(fingerprint_hash(basename_for(tmp_path / "red"))) == len(truth)
+    namespace = json.loads((tmp_path / "red" / "manifest.json").read_text())["redis"]["namespace"]
+    assert namespace.startswith("evalm:")
+    assert not redis.Redis.from_url(redis_url).keys(namespace + "*")
 
 
 def test_unreachable_redis_fails_fast_with_url_and_advice(tmp_path, run_cli, capsys):
