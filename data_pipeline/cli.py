@@ -16,7 +16,7 @@ from pathlib import Path
 from data_pipeline import config as cfg
 from data_pipeline import samples
 from data_pipeline.lsh import RedisUnavailable
-from data_pipeline.runner import StageError, parse_options, record_settings, resolve_inputs, run_steps
+from data_pipeline.runner import BLOCKING, StageError, parse_options, record_settings, resolve_inputs, run_steps
 
 DEFAULT_BUDGETS = Path(__file__).with_name("budgets") / "table5.toml"
 
@@ -62,7 +62,7 @@ def _launch(args: argparse.Namespace, stage: str, extra: dict, build_steps: Call
     if args.executor == "local":
         options["workers"] = args.workers
     run_steps(output, build_steps(output, config, args, fresh), args.executor, options)
-    if args.executor == "local":
+    if args.executor in BLOCKING:
         print(f"{stage}: done; see {output / 'manifest.json'}")
     else:
         print(f"{stage}: submitted; {output / 'manifest.json'} appears when every step has finished")

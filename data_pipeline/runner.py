@@ -211,14 +211,22 @@ def _slurm(pipeline, tasks, logging_dir, depends, options):
 def _ray(pipeline, tasks, logging_dir, depends, options):
     try:
         from datatrove.executor.ray import RayPipelineExecutor
-        import ray  # noqa: F401  (datatrove imports it lazily; fail here with a clear message)
+        import ray
     except ImportError:
-        raise StageError("--executor ray needs `pip install ray` on every node") from None
+        raise StageError("--executor ray needs `pip install 'evalm[ray]'` on every node") from None
+    address = options.pop("address", None)  # else RAY_ADDRESS, else a one-machine Ray started here
+    if not ray.is_initialized():
+        try:
+            ray.init(address=address, log_to_driver=False)
+        except ConnectionError as err:
+            raise StageError(f"--executor ray: cannot reach the Ray cluster at {address or 'RAY_ADDRESS'}: {err}; "
+                             "start one with `ray start --head` and pass --executor-option address=HOST:PORT") from None
     workers = int(options.pop("workers", -1))
     return RayPipelineExecutor(pipeline, tasks=tasks, workers=workers, logging_dir=logging_dir, depends=depends, **options)
 
 
 EXECUTORS: dict[str, Callable] = {"local": _local, "slurm": _slurm, "ray": _ray}
+BLOCKING = ("local", "ray")  # executors whose run() returns when the tasks have finished
 
 
 def parse_options(items: Sequence[str]) -> dict[str, Any]:
@@ -244,15 +252,15 @@ class Step:
 
 def run_steps(output: Path, steps: Sequence[Step], executor: str, options: dict[str, Any]) -> None:
     """Chain the steps (each depends on the previous) and launch the last; datatrove runs the
-    chain, skipping completed tasks. Locally everything has finished on return; on Slurm or
-    Ray the jobs are submitted."""
+    chain, skipping completed tasks. Locally and on Ray everything has finished on return (the
+    Ray driver waits for its tasks); on Slurm the jobs are submitted."""
     if executor not in EXECUTORS:
         raise StageError(f"unknown executor {executor!r}; valid: {sorted(EXECUTORS)}")
     previous = None
     for s in steps:
         previous = EXECUTORS[executor]([s.step], s.tasks, str(output / "logs" / s.name), previous, dict(options))
     previous.run()
-    if executor == "local":
+    if executor in BLOCKING:
         for s in steps:
             done = len(list((output / "logs" / s.name / "completions").glob("*")))
             if done < s.tasks:
