@@ -11,6 +11,7 @@ import os
 import random
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from .conftest import pile_line, write_shard
@@ -46,6 +47,17 @@ def run_chain(inputs: Path, root: Path, executor_args: list[str], env: dict | No
                "--tasks", str(tasks), *map(str, extra), *executor_args]
         done = subprocess.run(cmd, env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=900)
         assert done.returncode == 0, f"{stage}: {done.stderr[-3000:]}"
+        wait_for(root / stage / "manifest.json")  # Slurm returns once the jobs are submitted
+
+
+def wait_for(path: Path, timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > deadline:
+            logs = sorted(path.parent.glob("logs/*/slurm_logs/*.out"))
+            tails = "\n".join(f"{p}: {p.read_text()[-800:]}" for p in logs[-3:])
+            raise AssertionError(f"{path} did not appear in {timeout} s\n{tails}")
+        time.sleep(0.5)
 
 
 def tree(root: Path) -> dict[str, bytes]:
