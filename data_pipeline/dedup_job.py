@@ -8,7 +8,9 @@
   lsh_query     Redis: N tasks query their documents; a pair is kept from its larger id's side
                 -> candidates/<rank>.npy, each unordered pair exactly once; refuses an index
                 that lost insert tasks in a Redis restart
-  graph         1 task: exact Jaccard > threshold, scipy components, survivor by priority
+  tokens        N tasks: token-set hashes of the documents in a candidate pair (dedup_verify.py)
+  verify        N tasks: exact Jaccard > threshold on a 1/N slice of the pairs -> edges/<rank>.npy
+  graph         1 task: scipy components of the edges, survivor by priority (no document read)
                 -> graph/removals.jsonl, graph/stats.json
   write         N tasks: documents/<rank> (survivors), removed/<rank> (with component, survivor)
   manifest      1 task; with Redis, deletes the run's keys (unless --keep-index)
@@ -27,7 +29,7 @@ import numpy as np
 import orjson
 from datatrove.pipeline.base import PipelineStep
 
-from data_pipeline import dedup_graph, lsh
+from data_pipeline import dedup_graph, dedup_verify, lsh
 from data_pipeline.config import DedupConfig, to_dict
 from data_pipeline.minhash import SCHEME, Fingerprinter, lean, token_set
 from data_pipeline.runner import (
@@ -35,7 +37,6 @@ from data_pipeline.runner import (
     StageError,
     Step,
     merge_counts,
-    read_all,
     reader,
     task_stats,
     write_errors,
@@ -177,41 +178,54 @@ class RedisQueryStep(DedupStep):
 
 
 class GraphStep(DedupStep):
+    """Components of the verified edges; names, subsets and lengths only of grouped documents."""
+
     name = "graph"
 
     def run(self, data=None, rank: int = 0, world_size: int = 1):
         output, c = Path(self.output), self.config
-        files = sorted((output / "candidates").glob("*.npy"))
-        pairs = np.unique(np.concatenate([np.load(f, allow_pickle=False) for f in files]), axis=0)
-        needed = set(pairs.ravel().tolist())
-        tokens = {n: token_set(doc.text) for n, doc in read_all(output) if n in needed}
-        fps = [load_fingerprints(output, t, c) for t in range(self.tasks)]
-        ids = np.concatenate([f["ids"] for f in fps]).tolist()
-        subsets = np.concatenate([f["subsets"] for f in fps]).tolist()
-        lengths = np.concatenate([f["lengths"] for f in fps]).tolist()
-        edges = dedup_graph.verify(map(tuple, pairs.tolist()), tokens.__getitem__, c.threshold)
-        labels = dedup_graph.components(len(ids), edges)
-        removed = dedup_graph.survivors(labels, subsets, lengths, ids, c.priority)
+        n = int(offsets(output, self.tasks)[-1])
+        edges = np.concatenate([np.empty((0, 2), dtype=np.int64),
+                                *(np.load(f, allow_pickle=False) for f in sorted((output / "edges").glob("*.npy")))])
+        labels = dedup_graph.components(n, edges)
+        nodes = dedup_graph.grouped(labels)
+        ids, subsets, lengths = self.metadata(output, nodes)
+        grouped_labels = labels[nodes].tolist()
+        removed = dedup_graph.survivors(grouped_labels, subsets, lengths, ids, c.priority)  # positions in nodes
         rows = [
-            {"dense": k, "id": ids[k], "subset": subsets[k], "component": int(labels[k]),
+            {"dense": int(nodes[k]), "id": ids[k], "subset": subsets[k], "component": grouped_labels[k],
              "survivor": ids[s], "survivor_subset": subsets[s]}
             for k, s in sorted(removed.items())
         ]
         (output / "graph").mkdir(parents=True, exist_ok=True)
         (output / "graph" / "removals.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
-        write_json(output / "graph" / "stats.json", graph_stats(pairs, edges, labels, subsets, removed, lengths))
+        candidates = sum(len(f) for f in dedup_verify.candidate_rows(output))
+        write_json(output / "graph" / "stats.json",
+                   graph_stats(candidates, len(edges), grouped_labels, subsets, removed, lengths))
+
+    def metadata(self, output: Path, nodes: np.ndarray) -> tuple[list[str], list[str], list[int]]:
+        """ids, subsets, lengths of the given dense ids, from each task's fingerprint file."""
+        bounds = offsets(output, self.tasks)
+        ids, subsets, lengths = [], [], []
+        for t in range(self.tasks):
+            local = nodes[(nodes >= bounds[t]) & (nodes < bounds[t + 1])] - bounds[t]
+            if len(local):
+                fp = load_fingerprints(output, t, self.config)
+                ids += fp["ids"][local].tolist()
+                subsets += fp["subsets"][local].tolist()
+                lengths += fp["lengths"][local].tolist()
+        return ids, subsets, lengths
 
 
-def graph_stats(pairs, edges, labels, subsets, removed, lengths) -> dict[str, Any]:
-    """DATA_SPEC §4 metrics, with DM Mathematics' component sizes reported on their own."""
-    sizes = Counter(labels.tolist())
-    big = {label: size for label, size in sizes.items() if size > 1}
-    dm_labels = {int(labels[k]) for k, s in enumerate(subsets) if s == "DM Mathematics"}
+def graph_stats(candidates: int, n_edges: int, labels, subsets, removed, lengths) -> dict[str, Any]:
+    """DATA_SPEC §4 metrics over the grouped documents, DM Mathematics' component sizes on their own."""
+    big = Counter(labels)
+    dm_labels = {labels[k] for k, s in enumerate(subsets) if s == "DM Mathematics"}
     dm = sorted((size for label, size in big.items() if label in dm_labels), reverse=True)
     return {
-        "candidates": int(len(pairs)),
-        "verified_edges": len(edges),
-        "verification_rejection_rate": 1 - len(edges) / len(pairs) if len(pairs) else 0.0,
+        "candidates": int(candidates),
+        "verified_edges": int(n_edges),
+        "verification_rejection_rate": 1 - n_edges / candidates if candidates else 0.0,
         "components_with_duplicates": len(big),
         "component_size_histogram": {str(k): v for k, v in sorted(Counter(big.values()).items())},
         "documents_removed": dict(Counter(subsets[k] for k in removed)),
@@ -275,6 +289,8 @@ def steps(output: Path, config: DedupConfig, tasks: int, redis_url: str | None, 
     return [
         Step("fingerprints", tasks, FingerprintStep(out, config, tasks)),
         *index,
+        Step("tokens", tasks, dedup_verify.TokenStep(out, config, tasks)),
+        Step("verify", tasks, dedup_verify.VerifyStep(out, config, tasks)),
         Step("graph", 1, GraphStep(out, config, tasks)),
         Step("write", tasks, WriteStep(out, config, tasks)),
         Step("manifest", 1, Manifest(out, partial(summarize, redis_url=redis_url, keep_index=keep_index))),

@@ -55,9 +55,9 @@ def connect(url: str) -> redis.Redis:
         client.ping()
     except (redis.ConnectionError, redis.TimeoutError, ValueError, OSError) as err:
         raise RedisUnavailable(
-            f"cannot reach Redis at {url}: {str(err).rstrip('.')}. Start a server (e.g. `redis-server --port 6379`) "
-            "and pass its URL as --redis-url redis://HOST:PORT/DB, or leave --redis-url out to use "
-            "the in-memory index (single machine)."
+            f"cannot reach Redis at {url}: {str(err).rstrip('.')}. Start a server (e.g. `redis-server --port 6379`), "
+            "pass its URL as --redis-url redis://HOST:PORT/DB and relaunch the same command, or leave "
+            "--redis-url out to use the in-memory index (single machine)."
         ) from None
     return client
 
