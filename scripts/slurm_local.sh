@@ -16,6 +16,11 @@ user=$(id -un)
 
 stop() {
   [ -f "$dir/pids" ] || return 0
+  # let running jobs end first: a slurmd killed under a finishing step leaves its slurmstepd behind
+  export SLURM_CONF="$dir/slurm.conf"
+  for _ in $(seq 60); do [ -z "$(squeue -h 2>/dev/null)" ] && break; sleep 0.5; done
+  scancel --user="$user" 2>/dev/null || true
+  for _ in $(seq 60); do [ -z "$(squeue -h 2>/dev/null)" ] && break; sleep 0.5; done
   while read -r pid; do kill "$pid" 2>/dev/null || true; done < "$dir/pids"
   sleep 1
   while read -r pid; do kill -9 "$pid" 2>/dev/null || true; done < "$dir/pids"
