@@ -24,16 +24,15 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import socket
 import subprocess
 import time
 import tracemalloc
-from hashlib import blake2b
 
 import numpy as np
 
 from data_pipeline import dedup_graph
 from data_pipeline.dedup_verify import jaccard
+from dedup import _redis_server  # benchmarks/dedup.py (this folder is sys.path[0] when run as a script)
 
 PILE_DOCS = 210_000_000
 SUBSETS = np.array(["Pile-CC", "Wikipedia (en)", "Books3", "Github", "DM Mathematics"])
@@ -117,12 +116,6 @@ def graph_step(n: int, edges: np.ndarray, rng: np.random.Generator) -> dict:
             "peak_mib": peak / 2**20, "old_metadata_lists_seconds": old_seconds, "old_metadata_lists_mib": old_peak / 2**20}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def bench_redis(docs: int) -> dict:
     """redis-benchmark SADD/HSET, then LSH insert and query documents/s through datasketch."""
     import redis
@@ -130,17 +123,9 @@ def bench_redis(docs: int) -> dict:
     from data_pipeline import lsh
     from data_pipeline.minhash import Fingerprinter, lean
 
-    port = free_port()
-    server = subprocess.Popen([shutil.which("redis-server"), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                               "--appendonly", "no"], stdout=subprocess.DEVNULL)
+    url, server = _redis_server()  # benchmarks/dedup.py's: a private server on a free port
+    port = redis.connection.parse_url(url)["port"]
     try:
-        client = redis.Redis(port=port)
-        for _ in range(100):
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                time.sleep(0.05)
         ops = {}
         for pipeline in (1, 16):  # one command per round trip, and 16 (as insertion_session batches)
             out = subprocess.run(["redis-benchmark", "-p", str(port), "-t", "sadd,hset", "-n", "200000", "-P",
@@ -149,7 +134,7 @@ def bench_redis(docs: int) -> dict:
             ops |= {f"{row[0]}_pipeline{pipeline}": float(row[1]) for row in rows}
         rng = np.random.default_rng(0)
         sigs = Fingerprinter(128, 1).signatures([{f"w{x}" for x in rng.integers(0, 10**6, 300)} for _ in range(docs)])
-        index = lsh.make_index(128, 8, 16, f"redis://127.0.0.1:{port}/0", b"bench")
+        index = lsh.make_index(128, 8, 16, url, b"bench")
         t0 = time.perf_counter()
         with index.insertion_session() as session:
             for k, sig in enumerate(sigs):
