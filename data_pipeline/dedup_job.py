@@ -170,8 +170,7 @@ class RedisQueryStep(DedupStep):
         missing = lsh.missing_inserts(client, basename, self.tasks)
         if not missing:
             return
-        for r in missing:
-            (Path(self.output) / "logs" / "lsh_insert" / "completions" / f"{r:05d}").unlink(missing_ok=True)
+        unmark_lost_inserts(Path(self.output), self.tasks, self.redis_url)
         raise lsh.RedisUnavailable(
             f"Redis at {self.redis_url} no longer holds the buckets of lsh_insert task(s) {missing} of this "
             f"run (the server restarted without persistence, or its keys were removed). {lsh.ADVICE}.")
@@ -282,6 +281,8 @@ def steps(output: Path, config: DedupConfig, tasks: int, redis_url: str | None, 
         lsh.connect(redis_url)  # fail fast, before any task starts
         if fresh:
             lsh.drop_index(redis_url, lsh.basename_for(output))
+        else:
+            unmark_lost_inserts(output, tasks, redis_url)
         index = [Step("lsh_insert", tasks, RedisInsertStep(out, config, tasks, redis_url)),
                  Step("lsh_query", tasks, RedisQueryStep(out, config, tasks, redis_url))]
     else:
@@ -295,6 +296,18 @@ def steps(output: Path, config: DedupConfig, tasks: int, redis_url: str | None, 
         Step("write", tasks, WriteStep(out, config, tasks)),
         Step("manifest", 1, Manifest(out, partial(summarize, redis_url=redis_url, keep_index=keep_index))),
     ]
+
+
+def unmark_lost_inserts(output: Path, tasks: int, redis_url: str) -> None:
+    """On a relaunch, insert tasks marked complete whose buckets this server lacks (a restart) are
+    unmarked so that this launch redoes them, unless every query task is already done."""
+    logs = output / "logs"
+    if len(list((logs / "lsh_query" / "completions").glob("*"))) == tasks:
+        return
+    with lsh.guarded(redis_url, "checking the index"):
+        missing = lsh.missing_inserts(lsh.connect(redis_url), lsh.basename_for(output), tasks)
+    for r in missing:
+        (logs / "lsh_insert" / "completions" / f"{r:05d}").unlink(missing_ok=True)
 
 
 def settings(config: DedupConfig, redis_url: str | None, output: Path) -> dict[str, Any]:

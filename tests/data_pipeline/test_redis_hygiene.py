@@ -117,3 +117,27 @@ def test_a_redis_restart_mid_run_is_a_clear_error_and_the_rerun_has_the_same_sur
     for part in ("documents", "removed", "graph"):
         assert _tree(out / part) == _tree(tmp_path / "memory" / part), part
     assert not server.client().keys(b"*")
+
+
+def test_a_redis_restart_between_launches_is_repaired_by_the_relaunch(tmp_path, server):
+    """The dedup process dies after some insert tasks completed, then Redis restarts empty: the
+    relaunch unmarks the inserts whose buckets are gone before running, and completes."""
+    _corpus(tmp_path / "in", 8, 150, seed=7)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    subprocess.run(_dedup("--input", tmp_path / "in", "--output", tmp_path / "memory", "--tasks", 8), check=True,
+                   env=env, capture_output=True)
+    out = tmp_path / "out"
+    cmd = _dedup("--input", tmp_path / "in", "--output", out, "--tasks", 8, "--redis-url", server.url)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    marker = out / "logs" / "lsh_insert" / "completions" / "00000"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not marker.exists():
+        time.sleep(0.005)
+    os.killpg(proc.pid, signal.SIGKILL)  # our own child's process group only
+    proc.wait()
+    server.restart()
+    assert marker.exists() and not (out / "manifest.json").exists()
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    for part in ("documents", "removed", "graph"):
+        assert _tree(out / part) == _tree(tmp_path / "memory" / part), part
