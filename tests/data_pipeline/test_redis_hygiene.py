@@ -94,50 +94,49 @@ def test_keys_live_under_the_printed_namespace_and_go_at_completion(tmp_path, ru
     assert _tree(out / "documents") == _tree(tmp_path / "memory" / "documents")
 
 
-def test_a_redis_restart_mid_run_is_a_clear_error_and_the_rerun_has_the_same_survivors(tmp_path, server):
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+
+def _launch_until_first_insert(tmp_path, server, **popen) -> tuple[list[str], subprocess.Popen]:
+    """The memory-index reference, then a Redis launch that has just completed insert task 0."""
     _corpus(tmp_path / "in", 8, 150, seed=7)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     subprocess.run(_dedup("--input", tmp_path / "in", "--output", tmp_path / "memory", "--tasks", 8), check=True,
-                   env=env, capture_output=True)
-    out = tmp_path / "out"
-    cmd = _dedup("--input", tmp_path / "in", "--output", out, "--tasks", 8, "--redis-url", server.url)
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    marker = out / "logs" / "lsh_insert" / "completions" / "00000"
+                   env=ENV, capture_output=True)
+    cmd = _dedup("--input", tmp_path / "in", "--output", tmp_path / "out", "--tasks", 8, "--redis-url", server.url)
+    proc = subprocess.Popen(cmd, env=ENV, **popen)
+    marker = tmp_path / "out" / "logs" / "lsh_insert" / "completions" / "00000"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not marker.exists():
         time.sleep(0.005)
+    return cmd, proc
+
+
+def _relaunch_matches_memory(tmp_path, cmd: list[str]) -> None:
+    done = subprocess.run(cmd, env=ENV, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    for part in ("documents", "removed", "graph"):
+        assert _tree(tmp_path / "out" / part) == _tree(tmp_path / "memory" / part), part
+
+
+def test_a_redis_restart_mid_run_is_a_clear_error_and_the_rerun_has_the_same_survivors(tmp_path, server):
+    cmd, proc = _launch_until_first_insert(tmp_path, server, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     server.restart()  # the buckets of the tasks inserted so far are gone
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 2, err[-2000:]
     line = [x for x in err.splitlines() if x.startswith("evalm data dedup: error")][-1]
     assert server.url in line and "relaunch the same command" in line
-    assert not (out / "manifest.json").exists()
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-2000:]
-    for part in ("documents", "removed", "graph"):
-        assert _tree(out / part) == _tree(tmp_path / "memory" / part), part
+    assert not (tmp_path / "out" / "manifest.json").exists()
+    _relaunch_matches_memory(tmp_path, cmd)
     assert not server.client().keys(b"*")
 
 
 def test_a_redis_restart_between_launches_is_repaired_by_the_relaunch(tmp_path, server):
     """The dedup process dies after some insert tasks completed, then Redis restarts empty: the
     relaunch unmarks the inserts whose buckets are gone before running, and completes."""
-    _corpus(tmp_path / "in", 8, 150, seed=7)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    subprocess.run(_dedup("--input", tmp_path / "in", "--output", tmp_path / "memory", "--tasks", 8), check=True,
-                   env=env, capture_output=True)
-    out = tmp_path / "out"
-    cmd = _dedup("--input", tmp_path / "in", "--output", out, "--tasks", 8, "--redis-url", server.url)
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    marker = out / "logs" / "lsh_insert" / "completions" / "00000"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not marker.exists():
-        time.sleep(0.005)
+    cmd, proc = _launch_until_first_insert(tmp_path, server, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                           start_new_session=True)
     os.killpg(proc.pid, signal.SIGKILL)  # our own child's process group only
     proc.wait()
     server.restart()
-    assert marker.exists() and not (out / "manifest.json").exists()
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-2000:]
-    for part in ("documents", "removed", "graph"):
-        assert _tree(out / part) == _tree(tmp_path / "memory" / part), part
+    assert not (tmp_path / "out" / "manifest.json").exists()
+    _relaunch_matches_memory(tmp_path, cmd)
