@@ -124,6 +124,10 @@ class MemoryLshStep(DedupStep):
                 pairs.extend((other, dense) for other in index.query(m))
                 index.insert(dense, m, check_duplication=False)
                 dense += 1
+        # every pair is in this one file: drop the per-task files of an earlier Redis launch
+        for stale in (output / "candidates").glob("*.npy"):
+            if stale.name != "00000.npy":
+                stale.unlink()
         _write_candidates(output, 0, pairs)
 
 
