@@ -16,7 +16,7 @@ from pathlib import Path
 from data_pipeline import config as cfg
 from data_pipeline import samples
 from data_pipeline.lsh import RedisUnavailable
-from data_pipeline.runner import StageError, parse_options, record_settings, resolve_inputs, run_steps
+from data_pipeline.runner import BLOCKING, StageError, parse_options, record_settings, resolve_inputs, run_steps
 
 DEFAULT_BUDGETS = Path(__file__).with_name("budgets") / "table5.toml"
 
@@ -32,6 +32,7 @@ def _common(p: argparse.ArgumentParser, *, multi_input: bool) -> None:
     p.add_argument("--workers", type=int, default=1, metavar="K", help="tasks run at once by the local executor")
     p.add_argument("--executor", default="local", choices=["local", "slurm", "ray"], help="datatrove executor (default: local processes)")
     p.add_argument("--executor-option", action="append", default=[], metavar="KEY=VALUE", help="passed to the executor, e.g. partition=cpu time=04:00:00 (Slurm)")
+    p.add_argument("--overwrite", action="store_true", help="delete an existing stage folder at --output and start over (default: off; a relaunch continues it)")
 
 
 def _filter_args(p: argparse.ArgumentParser) -> None:
@@ -40,7 +41,8 @@ def _filter_args(p: argparse.ArgumentParser) -> None:
 
 def _dedup_args(p: argparse.ArgumentParser) -> None:
     _common(p, multi_input=False)
-    p.add_argument("--redis-url", metavar="URL", help="redis://HOST:PORT/DB for the fingerprint cache and LSH buckets; without it an in-memory index (one machine)")
+    p.add_argument("--redis-url", metavar="URL", help="redis://HOST:PORT/DB for the LSH buckets, under a namespace per --output; default: none, an in-memory index (one machine)")
+    p.add_argument("--keep-index", action="store_true", help="keep the run's Redis keys when it completes (default: off, they are deleted)")
 
 
 def _blend_args(p: argparse.ArgumentParser) -> None:
@@ -54,13 +56,13 @@ def _launch(args: argparse.Namespace, stage: str, extra: dict, build_steps: Call
     if args.tasks < 1:
         raise StageError("--tasks must be >= 1")
     output = Path(args.output).resolve()
-    settings = {"stage": stage, "tasks": args.tasks, "input_root": str(root), "inputs": files, **extra(config)}
-    record_settings(output, settings, files)
+    settings = {"stage": stage, "tasks": args.tasks, "input_root": str(root), "inputs": files, **extra(config, output)}
+    fresh = record_settings(output, settings, files, overwrite=args.overwrite)
     options = parse_options(args.executor_option)
     if args.executor == "local":
         options["workers"] = args.workers
-    run_steps(output, build_steps(output, config, args), args.executor, options)
-    if args.executor == "local":
+    run_steps(output, build_steps(output, config, args, fresh), args.executor, options)
+    if args.executor in BLOCKING:
         print(f"{stage}: done; see {output / 'manifest.json'}")
     else:
         print(f"{stage}: submitted; {output / 'manifest.json'} appears when every step has finished")
@@ -70,22 +72,27 @@ def _launch(args: argparse.Namespace, stage: str, extra: dict, build_steps: Call
 def _filter(args: argparse.Namespace) -> int:
     from data_pipeline import filter_job
 
-    return _launch(args, "filter", filter_job.settings, lambda out, c, a: filter_job.steps(out, c, a.tasks))
+    return _launch(args, "filter", lambda c, out: filter_job.settings(c),
+                   lambda out, c, a, fresh: filter_job.steps(out, c, a.tasks))
 
 
 def _dedup(args: argparse.Namespace) -> int:
     from data_pipeline import dedup_job
+    from data_pipeline.lsh import basename_for
 
-    return _launch(
-        args, "dedup", lambda c: dedup_job.settings(c, args.redis_url), lambda out, c, a: dedup_job.steps(out, c, a.tasks, a.redis_url)
-    )
+    if args.redis_url:
+        kept = "kept (--keep-index)" if args.keep_index else "deleted when the run completes (--keep-index keeps them)"
+        print(f"dedup: Redis keys under {basename_for(Path(args.output).resolve()).decode()}* at {args.redis_url}; {kept}")
+    return _launch(args, "dedup", lambda c, out: dedup_job.settings(c, args.redis_url, out),
+                   lambda out, c, a, fresh: dedup_job.steps(out, c, a.tasks, a.redis_url, fresh=fresh, keep_index=a.keep_index))
 
 
 def _blend(args: argparse.Namespace) -> int:
     from data_pipeline import blend_job
 
     budgets = cfg.load_budgets(args.budgets)
-    return _launch(args, "blend", lambda c: blend_job.settings(c, budgets), lambda out, c, a: blend_job.steps(out, c, budgets, a.tasks))
+    return _launch(args, "blend", lambda c, out: blend_job.settings(c, budgets),
+                   lambda out, c, a, fresh: blend_job.steps(out, c, budgets, a.tasks))
 
 
 @dataclass(frozen=True)

@@ -1,15 +1,19 @@
 """`evalm data dedup`: fuzzy dedup as restartable steps (DATA_SPEC.md §4, EVALM Appendix A.1).
 
-  fingerprints  N tasks  MinHash of each document's token set -> fingerprints/<rank>.npz
-                         (+ LeanMinHash bytes in the Redis hash fp:<basename> with --redis-url)
+  fingerprints  N tasks  MinHash of each document's token set -> fingerprints/<rank>.npz (the
+                         durable fingerprint store: no Redis copy, see docs/data_pipeline.md)
   lsh           memory: 1 task, query-then-insert over all fingerprints
   lsh_insert    Redis: N tasks insert their fingerprints (insertion_session, idempotent sets)
+                under the run's namespace, and record themselves with the server's run_id
   lsh_query     Redis: N tasks query their documents; a pair is kept from its larger id's side
-                -> candidates/<rank>.npy, each unordered pair exactly once
-  graph         1 task: exact Jaccard > threshold, scipy components, survivor by priority
+                -> candidates/<rank>.npy, each unordered pair exactly once; refuses an index
+                that lost insert tasks in a Redis restart
+  tokens        N tasks: token-set hashes of the documents in a candidate pair (dedup_verify.py)
+  verify        N tasks: exact Jaccard > threshold on a 1/N slice of the pairs -> edges/<rank>.npy
+  graph         1 task: scipy components of the edges, survivor by priority (no document read)
                 -> graph/removals.jsonl, graph/stats.json
   write         N tasks: documents/<rank> (survivors), removed/<rank> (with component, survivor)
-  manifest      1 task
+  manifest      1 task; with Redis, deletes the run's keys (unless --keep-index)
 
 Dense ids number the documents in task order (runner.read_all), the same in every step.
 """
@@ -17,6 +21,7 @@ Dense ids number the documents in task order (runner.read_all), the same in ever
 from __future__ import annotations
 
 from collections import Counter
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -24,15 +29,14 @@ import numpy as np
 import orjson
 from datatrove.pipeline.base import PipelineStep
 
-from data_pipeline import dedup_graph, lsh
+from data_pipeline import dedup_graph, dedup_verify, lsh
 from data_pipeline.config import DedupConfig, to_dict
-from data_pipeline.minhash import SCHEME, Fingerprinter, lean, lean_bytes, token_set
+from data_pipeline.minhash import SCHEME, Fingerprinter, lean, token_set
 from data_pipeline.runner import (
     Manifest,
     StageError,
     Step,
     merge_counts,
-    read_all,
     reader,
     task_stats,
     write_errors,
@@ -86,13 +90,6 @@ class FingerprintStep(DedupStep):
             lengths.append(len(doc.text))
             sets.append(token_set(doc.text))
         signatures = Fingerprinter(c.num_perm, c.seed).signatures(sets)
-        if self.redis_url:  # DATA_SPEC §4: the fingerprint cache, LeanMinHash bytes (never pickle)
-            client = lsh.connect(self.redis_url)
-            name = lsh.fingerprint_hash(lsh.basename_for(output))
-            with client.pipeline(transaction=False) as pipe:
-                for doc_id, sig in zip(ids, signatures):
-                    pipe.hset(name, doc_id, lean_bytes(sig, c.seed))
-                pipe.execute()
         path = _fp_path(output, rank)
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "wb") as f:  # np.savez on a handle: no ".npz" appended, same bytes each run
@@ -127,6 +124,10 @@ class MemoryLshStep(DedupStep):
                 pairs.extend((other, dense) for other in index.query(m))
                 index.insert(dense, m, check_duplication=False)
                 dense += 1
+        # every pair is in this one file: drop the per-task files of an earlier Redis launch
+        for stale in (output / "candidates").glob("*.npy"):
+            if stale.name != "00000.npy":
+                stale.unlink()
         _write_candidates(output, 0, pairs)
 
 
@@ -135,12 +136,18 @@ class RedisInsertStep(DedupStep):
 
     def run(self, data=None, rank: int = 0, world_size: int = 1):
         output, c = Path(self.output), self.config
-        index = lsh.make_index(c.num_perm, c.bands, c.rows, self.redis_url, lsh.basename_for(output))
+        basename = lsh.basename_for(output)
+        index = lsh.make_index(c.num_perm, c.bands, c.rows, self.redis_url, basename)
+        client = lsh.connect(self.redis_url)
         first = int(offsets(output, self.tasks)[rank])
-        # re-inserting after a restart only re-adds members to bucket sets: idempotent
-        with index.insertion_session() as session:
-            for i, sig in enumerate(load_fingerprints(output, rank, c)["signatures"]):
-                session.insert(lsh.key(first + i, True), lean(sig, c.seed), check_duplication=False)
+        with lsh.guarded(self.redis_url, f"lsh_insert task {rank}"):
+            server = lsh.server_run(client)
+            # re-inserting after a restart only re-adds members to bucket sets: idempotent
+            with index.insertion_session() as session:
+                for i, sig in enumerate(load_fingerprints(output, rank, c)["signatures"]):
+                    session.insert(lsh.key(first + i, True), lean(sig, c.seed), check_duplication=False)
+            if lsh.server_run(client) == server:  # else a restart lost part of it: left unrecorded
+                lsh.mark_inserted(client, basename, rank, server)
 
 
 class RedisQueryStep(DedupStep):
@@ -148,52 +155,80 @@ class RedisQueryStep(DedupStep):
 
     def run(self, data=None, rank: int = 0, world_size: int = 1):
         output, c = Path(self.output), self.config
-        index = lsh.make_index(c.num_perm, c.bands, c.rows, self.redis_url, lsh.basename_for(output))
+        basename = lsh.basename_for(output)
+        index = lsh.make_index(c.num_perm, c.bands, c.rows, self.redis_url, basename)
+        client = lsh.connect(self.redis_url)
         first = int(offsets(output, self.tasks)[rank])
         pairs = []
-        for i, sig in enumerate(load_fingerprints(output, rank, c)["signatures"]):
-            me = first + i
-            # both ends of a pair find each other; keep it from the larger id's side only
-            pairs.extend((other, me) for other in map(lsh.dense, index.query(lean(sig, c.seed))) if other < me)
+        with lsh.guarded(self.redis_url, f"lsh_query task {rank}"):
+            self.check_index(client, basename)
+            for i, sig in enumerate(load_fingerprints(output, rank, c)["signatures"]):
+                me = first + i
+                # both ends of a pair find each other; keep it from the larger id's side only
+                pairs.extend((other, me) for other in map(lsh.dense, index.query(lean(sig, c.seed))) if other < me)
+            self.check_index(client, basename)  # a restart while querying emptied the index
         _write_candidates(output, rank, pairs)
+
+    def check_index(self, client, basename: bytes) -> None:
+        """Refuse an index that lost insert tasks; unmark them so the relaunch redoes them."""
+        missing = lsh.missing_inserts(client, basename, self.tasks)
+        if not missing:
+            return
+        unmark_lost_inserts(Path(self.output), self.tasks, self.redis_url)
+        raise lsh.RedisUnavailable(
+            f"Redis at {self.redis_url} no longer holds the buckets of lsh_insert task(s) {missing} of this "
+            f"run (the server restarted without persistence, or its keys were removed). {lsh.ADVICE}.")
 
 
 class GraphStep(DedupStep):
+    """Components of the verified edges; names, subsets and lengths only of grouped documents."""
+
     name = "graph"
 
     def run(self, data=None, rank: int = 0, world_size: int = 1):
         output, c = Path(self.output), self.config
-        files = sorted((output / "candidates").glob("*.npy"))
-        pairs = np.unique(np.concatenate([np.load(f, allow_pickle=False) for f in files]), axis=0)
-        needed = set(pairs.ravel().tolist())
-        tokens = {n: token_set(doc.text) for n, doc in read_all(output) if n in needed}
-        fps = [load_fingerprints(output, t, c) for t in range(self.tasks)]
-        ids = np.concatenate([f["ids"] for f in fps]).tolist()
-        subsets = np.concatenate([f["subsets"] for f in fps]).tolist()
-        lengths = np.concatenate([f["lengths"] for f in fps]).tolist()
-        edges = dedup_graph.verify(map(tuple, pairs.tolist()), tokens.__getitem__, c.threshold)
-        labels = dedup_graph.components(len(ids), edges)
-        removed = dedup_graph.survivors(labels, subsets, lengths, ids, c.priority)
+        n = int(offsets(output, self.tasks)[-1])
+        edges = np.concatenate([np.empty((0, 2), dtype=np.int64),
+                                *(np.load(f, allow_pickle=False) for f in sorted((output / "edges").glob("*.npy")))])
+        labels = dedup_graph.components(n, edges)
+        nodes = dedup_graph.grouped(labels)
+        ids, subsets, lengths = self.metadata(output, nodes)
+        grouped_labels = labels[nodes].tolist()
+        removed = dedup_graph.survivors(grouped_labels, subsets, lengths, ids, c.priority)  # positions in nodes
         rows = [
-            {"dense": k, "id": ids[k], "subset": subsets[k], "component": int(labels[k]),
+            {"dense": int(nodes[k]), "id": ids[k], "subset": subsets[k], "component": grouped_labels[k],
              "survivor": ids[s], "survivor_subset": subsets[s]}
             for k, s in sorted(removed.items())
         ]
         (output / "graph").mkdir(parents=True, exist_ok=True)
         (output / "graph" / "removals.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
-        write_json(output / "graph" / "stats.json", graph_stats(pairs, edges, labels, subsets, removed, lengths))
+        candidates = sum(len(f) for f in dedup_verify.candidate_rows(output))
+        write_json(output / "graph" / "stats.json",
+                   graph_stats(candidates, len(edges), grouped_labels, subsets, removed, lengths))
+
+    def metadata(self, output: Path, nodes: np.ndarray) -> tuple[list[str], list[str], list[int]]:
+        """ids, subsets, lengths of the given dense ids, from each task's fingerprint file."""
+        bounds = offsets(output, self.tasks)
+        ids, subsets, lengths = [], [], []
+        for t in range(self.tasks):
+            local = nodes[(nodes >= bounds[t]) & (nodes < bounds[t + 1])] - bounds[t]
+            if len(local):
+                fp = load_fingerprints(output, t, self.config)
+                ids += fp["ids"][local].tolist()
+                subsets += fp["subsets"][local].tolist()
+                lengths += fp["lengths"][local].tolist()
+        return ids, subsets, lengths
 
 
-def graph_stats(pairs, edges, labels, subsets, removed, lengths) -> dict[str, Any]:
-    """DATA_SPEC §4 metrics, with DM Mathematics' component sizes reported on their own."""
-    sizes = Counter(labels.tolist())
-    big = {label: size for label, size in sizes.items() if size > 1}
-    dm_labels = {int(labels[k]) for k, s in enumerate(subsets) if s == "DM Mathematics"}
+def graph_stats(candidates: int, n_edges: int, labels, subsets, removed, lengths) -> dict[str, Any]:
+    """DATA_SPEC §4 metrics over the grouped documents, DM Mathematics' component sizes on their own."""
+    big = Counter(labels)
+    dm_labels = {labels[k] for k, s in enumerate(subsets) if s == "DM Mathematics"}
     dm = sorted((size for label, size in big.items() if label in dm_labels), reverse=True)
     return {
-        "candidates": int(len(pairs)),
-        "verified_edges": len(edges),
-        "verification_rejection_rate": 1 - len(edges) / len(pairs) if len(pairs) else 0.0,
+        "candidates": int(candidates),
+        "verified_edges": int(n_edges),
+        "verification_rejection_rate": 1 - n_edges / candidates if candidates else 0.0,
         "components_with_duplicates": len(big),
         "component_size_histogram": {str(k): v for k, v in sorted(Counter(big.values()).items())},
         "documents_removed": dict(Counter(subsets[k] for k in removed)),
@@ -227,31 +262,59 @@ class WriteStep(DedupStep):
         write_json(output / "stats" / "write" / f"{rank:05d}.json", {k: dict(v) for k, v in counts.items()})
 
 
-def summarize(output: Path) -> dict[str, Any]:
+def summarize(output: Path, redis_url: str | None = None, keep_index: bool = False) -> dict[str, Any]:
+    """The manifest's stats; with Redis, the run's keys are deleted here, at completion."""
     import json
 
-    return {
+    summary = {
         "stats": merge_counts(task_stats(output, "fingerprints") + task_stats(output, "write")),
         "graph": json.loads((output / "graph" / "stats.json").read_text()),
     }
+    if redis_url:
+        kept = keep_index
+        removed = 0 if kept else lsh.drop_index(redis_url, lsh.basename_for(output))
+        summary["redis"] = {"namespace": lsh.basename_for(output).decode(), "index_kept": kept, "keys_removed": removed}
+    return summary
 
 
-def steps(output: Path, config: DedupConfig, tasks: int, redis_url: str | None) -> list[Step]:
+def steps(output: Path, config: DedupConfig, tasks: int, redis_url: str | None, *, fresh: bool = True,
+          keep_index: bool = False) -> list[Step]:
+    """The stage's steps; a fresh folder with Redis first clears what a dead run left in its namespace."""
     out = str(output)
     if redis_url:
         lsh.connect(redis_url)  # fail fast, before any task starts
+        if fresh:
+            lsh.drop_index(redis_url, lsh.basename_for(output))
+        else:
+            unmark_lost_inserts(output, tasks, redis_url)
         index = [Step("lsh_insert", tasks, RedisInsertStep(out, config, tasks, redis_url)),
                  Step("lsh_query", tasks, RedisQueryStep(out, config, tasks, redis_url))]
     else:
         index = [Step("lsh", 1, MemoryLshStep(out, config, tasks))]
     return [
-        Step("fingerprints", tasks, FingerprintStep(out, config, tasks, redis_url)),
+        Step("fingerprints", tasks, FingerprintStep(out, config, tasks)),
         *index,
+        Step("tokens", tasks, dedup_verify.TokenStep(out, config, tasks)),
+        Step("verify", tasks, dedup_verify.VerifyStep(out, config, tasks)),
         Step("graph", 1, GraphStep(out, config, tasks)),
         Step("write", tasks, WriteStep(out, config, tasks)),
-        Step("manifest", 1, Manifest(out, summarize)),
+        Step("manifest", 1, Manifest(out, partial(summarize, redis_url=redis_url, keep_index=keep_index))),
     ]
 
 
-def settings(config: DedupConfig, redis_url: str | None) -> dict[str, Any]:
-    return {"config": to_dict(config), "index": {"kind": "redis" if redis_url else "memory", "redis_url": redis_url}}
+def unmark_lost_inserts(output: Path, tasks: int, redis_url: str) -> None:
+    """On a relaunch, insert tasks marked complete whose buckets this server lacks (a restart) are
+    unmarked so that this launch redoes them, unless every query task is already done."""
+    logs = output / "logs"
+    if len(list((logs / "lsh_query" / "completions").glob("*"))) == tasks:
+        return
+    with lsh.guarded(redis_url, "checking the index"):
+        missing = lsh.missing_inserts(lsh.connect(redis_url), lsh.basename_for(output), tasks)
+    for r in missing:
+        (logs / "lsh_insert" / "completions" / f"{r:05d}").unlink(missing_ok=True)
+
+
+def settings(config: DedupConfig, redis_url: str | None, output: Path) -> dict[str, Any]:
+    namespace = lsh.basename_for(output).decode() if redis_url else None
+    return {"config": to_dict(config), "index": {"kind": "redis" if redis_url else "memory", "redis_url": redis_url,
+                                                 "namespace": namespace}}

@@ -7,14 +7,15 @@ A stage is a chain of datatrove executors (STYLE.md, "Data pipeline"; datatrove'
 scratch, overwriting their partial files; outputs are deterministic, so the result is byte for
 byte that of an uninterrupted run. The last step of every stage writes `manifest.json`.
 
-`config.json` records the stage, inputs, task count and resolved config on the first launch;
-a relaunch with anything different is refused (a mixed folder would be silently wrong).
+`config.json` records the stage, inputs, task count and resolved config on the first launch; a relaunch that changes anything but a run-only setting (RUN_ONLY) is refused with the
+differing keys (a mixed folder would be silently wrong), and `--overwrite` starts the folder over.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import tomllib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -126,23 +127,63 @@ def write_errors(output: Path, rank: int, errors: list[dict], records: int, max_
 # ---------------------------------------------------------------- folder contract
 
 
-def record_settings(output: Path, settings: dict[str, Any], files: Sequence[str]) -> None:
-    """Write config.json + inputs.txt on first launch; refuse a relaunch that differs."""
-    output.mkdir(parents=True, exist_ok=True)
+# Settings a relaunch may change: they alter no output byte, only when a task gives up or which
+# index finds the (identical) candidate pairs. Following "raise max_error_fraction" or "leave
+# --redis-url out" in the same folder must work (issue 11).
+RUN_ONLY = ("config.max_error_fraction", "index.kind", "index.redis_url", "index.namespace")
+FLAGS = {"tasks": "--tasks", "input_root": "--input", "inputs": "--input", "config": "--config",
+         "wordlists": "--config", "budgets": "--budgets"}
+
+
+def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested dicts as {dotted key: leaf}; lists stay leaves."""
+    if not isinstance(value, dict):
+        return {prefix: value}
+    out: dict[str, Any] = {}
+    for k, v in value.items():
+        out.update(flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, list) and len(value) > 3:
+        return f"{len(value)} items"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def settings_diff(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """The dotted keys whose values differ, run-only keys excepted."""
+    a, b = flatten(before), flatten(now)
+    return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k) and k not in RUN_ONLY)
+
+
+def record_settings(output: Path, settings: dict[str, Any], files: Sequence[str], *, overwrite: bool = False) -> bool:
+    """Write config.json + inputs.txt on first launch; refuse a relaunch whose settings differ
+    (naming only the differing keys); `overwrite` deletes a stage folder and starts over.
+    Returns True when the folder starts fresh (nothing of an earlier launch is reused)."""
     path = output / "config.json"
+    if overwrite and path.is_file():
+        shutil.rmtree(output)
+    output.mkdir(parents=True, exist_ok=True)
     settings = json.loads(json.dumps(settings))  # tuples -> lists, as they will read back
     if path.is_file():
         before = json.loads(path.read_text())
-        changed = sorted(k for k in set(before) | set(settings) if before.get(k) != settings.get(k))
+        changed = settings_diff(before, settings)
         if changed:
-            detail = "; ".join(f"{k}: recorded {before.get(k)!r}, now {settings.get(k)!r}" for k in changed)
+            a, b = flatten(before), flatten(settings)
+            detail = "; ".join(f"{k}: recorded {_shown(a.get(k))}, now {_shown(b.get(k))}" for k in changed[:5])
+            more = f" (+{len(changed) - 5} more)" if len(changed) > 5 else ""
+            flags = ", ".join(sorted({FLAGS.get(k.split(".")[0], k) for k in changed}))
             raise StageError(
-                f"{output} was made by another configuration ({detail}). Relaunch with the recorded "
-                f"settings (see {path}) to finish it, or choose a new --output folder."
-            )
-        return
+                f"{output} was made with other settings: {detail}{more}. To continue it, relaunch with the "
+                f"recorded {flags} (all in its config.json); to start over, add --overwrite (deletes the folder).")
+        if settings != before:  # a run-only key changed: record what this launch uses
+            write_json(path, settings)
+        return False
     (output / "inputs.txt").write_text("".join(f"{f}\n" for f in files))
     write_json(path, settings)
+    return True
 
 
 # ---------------------------------------------------------------- executors
@@ -170,14 +211,22 @@ def _slurm(pipeline, tasks, logging_dir, depends, options):
 def _ray(pipeline, tasks, logging_dir, depends, options):
     try:
         from datatrove.executor.ray import RayPipelineExecutor
-        import ray  # noqa: F401  (datatrove imports it lazily; fail here with a clear message)
+        import ray
     except ImportError:
-        raise StageError("--executor ray needs `pip install ray` on every node") from None
+        raise StageError("--executor ray needs `pip install 'evalm[ray]'` on every node") from None
+    address = options.pop("address", None)  # else RAY_ADDRESS, else a one-machine Ray started here
+    if not ray.is_initialized():
+        try:
+            ray.init(address=address, log_to_driver=False)
+        except ConnectionError as err:
+            raise StageError(f"--executor ray: cannot reach the Ray cluster at {address or 'RAY_ADDRESS'}: {err}; "
+                             "start one with `ray start --head` and pass --executor-option address=HOST:PORT") from None
     workers = int(options.pop("workers", -1))
     return RayPipelineExecutor(pipeline, tasks=tasks, workers=workers, logging_dir=logging_dir, depends=depends, **options)
 
 
 EXECUTORS: dict[str, Callable] = {"local": _local, "slurm": _slurm, "ray": _ray}
+BLOCKING = ("local", "ray")  # executors whose run() returns when the tasks have finished
 
 
 def parse_options(items: Sequence[str]) -> dict[str, Any]:
@@ -203,15 +252,15 @@ class Step:
 
 def run_steps(output: Path, steps: Sequence[Step], executor: str, options: dict[str, Any]) -> None:
     """Chain the steps (each depends on the previous) and launch the last; datatrove runs the
-    chain, skipping completed tasks. Locally everything has finished on return; on Slurm or
-    Ray the jobs are submitted."""
+    chain, skipping completed tasks. Locally and on Ray everything has finished on return (the
+    Ray driver waits for its tasks); on Slurm the jobs are submitted."""
     if executor not in EXECUTORS:
         raise StageError(f"unknown executor {executor!r}; valid: {sorted(EXECUTORS)}")
     previous = None
     for s in steps:
         previous = EXECUTORS[executor]([s.step], s.tasks, str(output / "logs" / s.name), previous, dict(options))
     previous.run()
-    if executor == "local":
+    if executor in BLOCKING:
         for s in steps:
             done = len(list((output / "logs" / s.name / "completions").glob("*")))
             if done < s.tasks:

@@ -10,8 +10,8 @@ killed at any point leaves at most a `.tmp-*` folder (or an unmarked one), never
 the previous complete checkpoint stays what `--resume auto` finds (torchtitan's `.metadata` probe,
 nanochat's "manifest written last").
 
-Saved under fixed keys: `model` and `optim` (sharded, via `get_state_dict`), `train` (step and tokens
-seen, the same on every rank), `scheduler` (the step: the LR is a pure function of it), and
+Saved under fixed keys: `model` and `optim` (sharded, via `get_state_dict`), `train` (step, tokens
+seen and `lines`, the global line position all ranks reached: the same on every rank), `scheduler` (the step: the LR is a pure function of it), and
 `rank_<r>` for each rank's data cursor and RNG states. Plain values must sit under rank keys:
 DCP keeps only rank 0's copy of a non-tensor value that every rank saves under the same key.
 Loads unpickle non-tensor values with `weights_only=True` (`SafeLoadPlanner`).
@@ -186,9 +186,12 @@ def load(path: Path, *, model, optimizer) -> tuple[dict[str, int], dict[str, Any
     keys = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
     has_rank = any(k.startswith(f"rank_{rank}.") for k in keys)
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    state: dict[str, Any] = {"model": model_sd, "optim": optim_sd, "train": {"step": 0, "tokens_seen": 0}}
+    train = {"step": 0, "tokens_seen": 0} | ({"lines": 0} if "train.lines" in keys else {})
+    state: dict[str, Any] = {"model": model_sd, "optim": optim_sd, "train": train}
     if has_rank:
         state[f"rank_{rank}"] = template = _rank_template()
+        if f"rank_{rank}.data.position" not in keys:  # saved before positions were recorded
+            template["data"].pop("position")
         if f"rank_{rank}.rng.cuda" not in keys:  # saved on a machine without CUDA
             template["rng"].pop("cuda", None)
     dcp.load(state, checkpoint_id=str(path), planner=SafeLoadPlanner())
@@ -198,7 +201,7 @@ def load(path: Path, *, model, optimizer) -> tuple[dict[str, int], dict[str, Any
 
 def _rank_template() -> dict[str, Any]:
     """The shape of a rank entry, so DCP knows which keys to read (values are replaced)."""
-    return {"data": {"cursor": 0, "world_size": 0}, "rng": rng_state()}
+    return {"data": {"cursor": 0, "world_size": 0, "position": 0}, "rng": rng_state()}
 
 
 def load_model_only(path: Path, model) -> None:

@@ -3,8 +3,11 @@
 A line source (`shards.PretrainLines` or `msit.PackedLines`) gives line i as tokens (T + 1,) and an
 optional loss mask (T + 1,). The loader turns a global line counter into lines: epoch e visits
 the lines in a permutation that is a pure function of (seed, e), and rank r of W takes global
-positions r, r + W, r + 2W, ... So a rank's whole position is one integer, its cursor (lines it
-has consumed), saved per rank in every checkpoint (STYLE.md "Checkpoints and resume").
+positions start + r, start + r + W, start + r + 2W, ... Ranks step in lockstep, so at every
+optimizer-step boundary the lines consumed by all ranks together are exactly the global prefix
+[0, start + cursor x W): one integer, `position`, saved in every checkpoint (STYLE.md "Checkpoints
+and resume"). A resume on any world size and any global batch sets `start` to that position, so no
+line is repeated or skipped.
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ class LineLoader:
                  shuffle: bool, seed: int):
         self.source, self.rank, self.world_size = source, rank, world_size
         self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
-        self.cursor = 0
+        self.start = 0  # global position this world began at (a resume's saved position)
+        self.cursor = 0  # lines this rank consumed since `start`
         self._order_epoch, self._order = -1, np.empty(0, dtype=np.int64)
 
     def line_index(self, position: int) -> int:
@@ -49,7 +53,7 @@ class LineLoader:
         """The next batch_size lines of this rank; targets are IGNORE where the mask is 0."""
         tokens, targets = [], []
         for _ in range(self.batch_size):
-            line, mask = self.source.line(self.line_index(self.cursor * self.world_size + self.rank))
+            line, mask = self.source.line(self.line_index(self.start + self.cursor * self.world_size + self.rank))
             self.cursor += 1
             target = line[1:].copy()
             if mask is not None:
@@ -59,15 +63,23 @@ class LineLoader:
         return torch.from_numpy(np.stack(tokens)), torch.from_numpy(np.stack(targets))
 
     @property
+    def position(self) -> int:
+        """Lines all ranks consumed together (valid at a step boundary, where ranks are in lockstep)."""
+        return self.start + self.cursor * self.world_size
+
+    @property
     def epoch(self) -> float:
-        return self.cursor * self.world_size / len(self.source)
+        return self.position / len(self.source)
+
+    def seek(self, position: int) -> None:
+        """Continue after the global prefix [0, position), on this loader's world size and batch."""
+        self.start, self.cursor = int(position), 0
 
     def state_dict(self) -> dict[str, int]:
-        return {"cursor": self.cursor, "world_size": self.world_size}
+        return {"cursor": self.cursor, "world_size": self.world_size, "position": self.position}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        """Restore the cursor; under another world size, continue from the lines all ranks consumed."""
-        if int(state["world_size"]) == self.world_size:
-            self.cursor = int(state["cursor"])
-        else:  # ranks advance in lockstep, so global position = cursor x old world size
-            self.cursor = int(state["cursor"]) * int(state["world_size"]) // self.world_size
+        """Continue after the lines all ranks consumed; checkpoints before `position` was saved
+        started at 0, so theirs is cursor x world size."""
+        position = state.get("position")
+        self.seek(int(state["cursor"]) * int(state["world_size"]) if position is None else int(position))

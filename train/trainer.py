@@ -86,11 +86,11 @@ def _start(config: RunConfig, out: Path, resume_path: Path | None, model, optimi
         train_state, rank_state = checkpoint.load(resume_path, model=model, optimizer=optimizer)
         step = int(train_state["step"])
         if rank_state is not None:
-            loader.load_state_dict(rank_state["data"])
             checkpoint.set_rng_state(rank_state["rng"])
-        else:  # a new rank (world grew): derive the cursor from the step, reseed
-            loader.cursor = step * config.train.grad_accum * config.train.batch_size
+        else:  # a new rank (world grew): its own dropout stream
             _seed_rank(config.train.seed, runtime.rank, step)
+        # the same global position on every rank, whatever the world size or batch was or is now
+        loader.seek(_saved_position(resume_path, train_state, rank_state))
         if runtime.is_main:
             _truncate_metrics(out / "metrics.jsonl", step)
             (out / "config.json").write_text(json.dumps(config_json, indent=2))
@@ -106,6 +106,17 @@ def _start(config: RunConfig, out: Path, resume_path: Path | None, model, optimi
         (out / "metrics.jsonl").unlink(missing_ok=True)
     _seed_rank(config.train.seed, runtime.rank, 0)
     return 0, 0
+
+
+def _saved_position(path: Path, train_state: dict[str, int], rank_state: dict | None) -> int:
+    """Lines all ranks had consumed at the checkpoint. Checkpoints from before `lines` was saved:
+    a surviving rank's cursor x world size, else step x the global batch of its config.json."""
+    if "lines" in train_state:
+        return int(train_state["lines"])
+    if rank_state is not None:
+        return int(rank_state["data"]["cursor"]) * int(rank_state["data"]["world_size"])
+    saved = json.loads((path / "config.json").read_text())
+    return int(train_state["step"]) * saved["train"]["batch_size"] * saved["train"]["grad_accum"] * saved["world_size"]
 
 
 def _seed_rank(seed: int, rank: int, step: int) -> None:
@@ -159,7 +170,7 @@ def _loop(config: RunConfig, out: Path, model, optimizer, loader: LineLoader, ru
             last_time, last_step = now, step
         if (ccfg.save_every and step % ccfg.save_every == 0) or step == tcfg.steps:
             checkpoint.save(out, step, model=model, optimizer=optimizer,
-                            train_state={"step": step, "tokens_seen": tokens_seen},
+                            train_state={"step": step, "tokens_seen": tokens_seen, "lines": loader.position},
                             rank_state={"data": loader.state_dict(), "rng": checkpoint.rng_state()},
                             config_json=config_json, keep_latest_k=ccfg.keep_latest_k)
     bar.close()

@@ -84,11 +84,12 @@ def test_planted_clusters_redis_index_matches_memory(tmp_path, run_cli, redis_ur
     assert run_cli("dedup", "--input", folder, "--output", tmp_path / "mem", "--tasks", 2) == 0
     assert run_cli("dedup", "--input", folder, "--output", tmp_path / "red", "--tasks", 2, "--redis-url", redis_url) == 0
     assert _check(tmp_path / "red", truth) == _check(tmp_path / "mem", truth)
-    # the fingerprint cache holds LeanMinHash bytes for every document, under a fixed basename
-    from data_pipeline.lsh import basename_for, fingerprint_hash
+    # the run's keys lived under its namespace and were deleted at completion
+    import json
 
-    client = redis.Redis.from_url(redis_url)
-    assert client.hlen(fingerprint_hash(basename_for(tmp_path / "red"))) == len(truth)
+    namespace = json.loads((tmp_path / "red" / "manifest.json").read_text())["redis"]["namespace"]
+    assert namespace.startswith("evalm:")
+    assert not redis.Redis.from_url(redis_url).keys(namespace + "*")
 
 
 def test_unreachable_redis_fails_fast_with_url_and_advice(tmp_path, run_cli, capsys):
@@ -102,3 +103,33 @@ def test_unreachable_redis_fails_fast_with_url_and_advice(tmp_path, run_cli, cap
     assert time.monotonic() - start < 10
     err = capsys.readouterr().err
     assert url in err and "redis-server" in err and "--redis-url" in err
+
+
+def test_verification_is_sharded_over_tasks(tmp_path, run_cli):
+    """tokens/verify run as 3 tasks: each hashes only its own documents that are in a pair, each
+    verifies a third of the pairs, and together they give the graph its edges (issue 11)."""
+    import json
+
+    import numpy as np
+
+    from data_pipeline.dedup_job import offsets
+    from data_pipeline.dedup_verify import jaccard, token_hashes
+
+    folder, truth = _planted(tmp_path)
+    out = tmp_path / "out"
+    assert run_cli("dedup", "--input", folder, "--output", out, "--tasks", 3) == 0
+    _check(out, truth)
+    pairs = np.concatenate([np.load(f) for f in sorted((out / "candidates").glob("*.npy"))])
+    in_pairs = set(pairs.ravel().tolist())
+    bounds = offsets(out, 3)
+    edges = []
+    for r in range(3):
+        index = np.load(out / "tokens" / f"{r:05d}.index.npy")
+        assert set(index[:, 0].tolist()) == {d for d in in_pairs if bounds[r] <= d < bounds[r + 1]}
+        mine = np.load(out / "edges" / f"{r:05d}.npy")
+        assert set(map(tuple, mine.tolist())) <= set(map(tuple, pairs[len(pairs) * r // 3: len(pairs) * (r + 1) // 3].tolist()))
+        edges += mine.tolist()
+    assert len(edges) == json.loads((out / "graph" / "stats.json").read_text())["verified_edges"] > 0
+    # hashed Jaccard equals the string-set Jaccard
+    a, b = "x y z w v", "x y z w q"
+    assert jaccard(token_hashes(a), token_hashes(b)) == 4 / 6 and jaccard(token_hashes(""), token_hashes("")) == 1.0
