@@ -146,7 +146,7 @@ def missing_message(spec: str, misses: list[tuple[HubSpec, str]]) -> str:
     known = [c for c, why in misses if why]  # the cache holds this id, not the config/split asked for
     detail = "; ".join(f"{c.repo}: {why}" for c, why in misses if why)
     commands = " or ".join(fetch_command(c) for c in (known or [c for c, _ in misses]))
-    return (f"dataset {spec!r} is not in the local datasets cache {cache_dir()} (offline: nothing is downloaded)"
+    return (f"dataset {spec!r} was not found in the local datasets cache {cache_dir()} (offline: nothing is downloaded)"
             + (f" [{detail}]" if detail else "")
             + f"; fetch it on a machine with network: HF_HOME=DIR {commands}; then set HF_HOME=DIR here")
 
