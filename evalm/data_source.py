@@ -154,12 +154,9 @@ def missing_message(spec: str, misses: list[tuple[HubSpec, str]]) -> str:
 def iter_rows(source: str | Path, split: str | None = None) -> Iterator[dict[str, Any]]:
     """Rows of one split, one at a time (files streamed, Arrow memory-mapped): memory flat in the rows."""
     data = open_source(source, split, streaming=True)
+    if hasattr(data, "keys") and not hasattr(data, "features") and len(data) == 1:
+        data = next(iter(data.values()))
     if hasattr(data, "keys") and not hasattr(data, "features"):  # a DatasetDict and no split named
-        raise DataSourceError(f"{source}: name a split (`{source}:SPLIT`); it has {sorted(data)}")
+        how = f"its split folder {Path(source) / 'SPLIT'}" if Path(source).exists() else f"`{source}:SPLIT`"
+        raise DataSourceError(f"{source}: several splits {sorted(data)}; name one: {how}")
     yield from data
-
-
-def split_names(source: str | Path) -> list[str]:
-    """The splits a saved folder or cached id holds (for messages)."""
-    data = open_source(source)
-    return sorted(data) if hasattr(data, "keys") and not hasattr(data, "features") else ["train"]

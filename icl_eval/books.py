@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator
 from itertools import islice
 from pathlib import Path
 
-from evalm.data_source import DataSourceError, is_saved_dataset, iter_rows, split_names
+from evalm.data_source import DataSourceError, is_saved_dataset, iter_rows
 
 TITLE_COLUMNS = ("short_book_title", "title", "book_title", "id")
 """Columns naming a book, first present wins (PG-19 calls it `short_book_title`)."""
@@ -46,20 +46,13 @@ def _books_of(source: str) -> Iterator[tuple[str, str]]:
             raise DataSourceError(f"{path}: no such book")
         yield path.name, path.read_text(encoding="utf-8", errors="replace")
     else:
-        yield from _dataset_books(source, path)
+        yield from _dataset_books(source)
 
 
-def _dataset_books(source: str, path: Path) -> Iterator[tuple[str, str]]:
+def _dataset_books(source: str) -> Iterator[tuple[str, str]]:
     """One book per row of a data file, saved folder or cached `id[/config]:split`."""
-    split = None
-    if not path.exists():
-        if ":" not in source:
-            raise DataSourceError(f"{source}: name the split of the books, e.g. {source}:test "
-                                  f"(it has {', '.join(split_names(source))})")
-    elif is_saved_dataset(path) and len(names := split_names(path)) > 1:
-        raise DataSourceError(f"{source}: a DatasetDict; name one of its split folders {names}")
     title = None
-    for i, row in enumerate(iter_rows(source, split)):
+    for i, row in enumerate(iter_rows(source)):
         if i == 0:
             if "text" not in row:
                 raise DataSourceError(f"{source}: rows need a `text` column; it has {sorted(row)}")
