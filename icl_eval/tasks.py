@@ -229,7 +229,7 @@ def read_task_file(path: str | Path) -> Task:
     """A user task: a `[task]` table (TOML) or `task:` mapping (YAML) with Task's fields.
 
     Relative data paths in the file (`train`, `validation`, `test`) are kept in `data_files`
-    by `task_data_files`; this function only builds the Task.
+    by `task_data.task_data_files`; this function only builds the Task.
     """
     spec = _task_table(path)
     spec = {k: v for k, v in spec.items() if k not in SPLITS and k != "data"}
@@ -243,15 +243,6 @@ def read_task_file(path: str | Path) -> Task:
     if unknown:
         raise ValueError(f"{path}: unknown task key(s) {unknown}; valid: {sorted(valid | set(SPLITS) | {'data'})}")
     return Task(**spec)
-
-
-def task_data_files(path: str | Path) -> dict[str, Path]:
-    """The split files or data folder named in a task file, resolved against the file's folder."""
-    spec, base = _task_table(path), Path(path).parent
-    out = {s: base / spec[s] for s in SPLITS if s in spec}
-    if "data" in spec:
-        out.update(find_splits(base / spec["data"]))
-    return out
 
 
 def _task_table(path: str | Path) -> dict[str, Any]:
