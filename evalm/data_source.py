@@ -119,8 +119,12 @@ def _open_local(path: Path, split: str | None, streaming: bool):
         raise DataSourceError(f"{path}: not a save_to_disk folder nor a {'/'.join(FILE_BUILDERS)} file")
     name = split or "train"
     try:
-        return ds.load_dataset(FILE_BUILDERS[path.suffix], data_files={name: str(path)}, split=name,
+        data = ds.load_dataset(FILE_BUILDERS[path.suffix], data_files={name: str(path)}, split=name,
                                streaming=streaming, cache_dir=str(cache_dir()))
+        if path.suffix == ".json" and list(data.column_names or ()) == ["data"]:  # {"data": [rows]} (SQuAD style)
+            data = ds.load_dataset("json", data_files={name: str(path)}, split=name, field="data",
+                                   streaming=streaming, cache_dir=str(cache_dir()))
+        return data
     except Exception as err:  # pyarrow/pandas parse errors: name the file, not a traceback
         raise DataSourceError(f"{path}: cannot be read as {FILE_BUILDERS[path.suffix]} ({type(err).__name__}: "
                               f"{str(err).splitlines()[0] if str(err) else ''})") from None

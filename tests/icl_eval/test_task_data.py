@@ -136,6 +136,14 @@ def test_data_as_id_save_to_disk_and_parquet_folders(tmp_path):
     assert info["splits"] == {"train": "train", "test": "test"} and [task.gold(r) for r in rows["test"]] == [1, 0]
 
 
+def test_json_files_as_a_list_of_rows_or_under_data(tmp_path):
+    rows = [{"sentence": "a", "label": 1}, {"sentence": "b", "label": 0}]
+    (tmp_path / "train.json").write_text(json.dumps(rows))
+    (tmp_path / "test.json").write_text(json.dumps({"data": rows[:1]}))
+    splits, _ = task_splits(get_task("sst2"), "sst2", str(tmp_path))
+    assert list(splits["train"]) == rows and list(splits["test"]) == rows[:1]
+
+
 def test_rows_behave_like_a_list():
     rows = Rows(datasets.Dataset.from_dict({"x": list(range(5))}))
     assert len(rows) == 5 and rows[-1] == {"x": 4} and [r["x"] for r in rows[1:3]] == [1, 2]
