@@ -70,9 +70,17 @@ def cache_dir() -> Path:
     return Path(home).expanduser() / "datasets"
 
 
+LOADING_SCRIPT_REPOS = frozenset({"deepmind/pg19"})
+"""Hub repos that are still a loading script (no parquet): `datasets>=4` refuses to fetch them,
+`datasets<4` runs the script, and the Arrow cache it writes is read here like any other."""
+
+
 def fetch_command(spec: HubSpec) -> str:
     """What to run on a machine with network so that `spec` is in the cache afterwards."""
     args = ", ".join(repr(a) for a in (spec.repo, spec.config) if a)
+    if spec.repo in LOADING_SCRIPT_REPOS:
+        return (f"pip install 'datasets<4' && python -c \"import datasets; "
+                f"datasets.load_dataset({args}, trust_remote_code=True)\"")
     return f"python -c \"import datasets; datasets.load_dataset({args})\""
 
 

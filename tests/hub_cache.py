@@ -18,8 +18,12 @@ from evalm.data_source import cache_dir, datasets_module
 
 
 def write_hub_cache(tmp: Path, repo: str, config: str | None, splits: dict[str, dict[str, list]],
-                    commit: str = "0123456789abcdef0123456789abcdef01234567") -> Path:
-    """Cache `repo` (`namespace/name` or a legacy `name`) with one config and its splits; the folder."""
+                    commit: str = "0123456789abcdef0123456789abcdef01234567", version: str = "0.0.0",
+                    max_shard_size: int | None = None) -> Path:
+    """Cache `repo` (`namespace/name` or a legacy `name`) with one config and its splits; the folder.
+
+    version "0.1.0" and a max_shard_size give what `datasets<4` leaves after running a loading
+    script such as deepmind/pg19's (`pg19-train-00000-of-00003.arrow`, ...)."""
     ds = datasets_module()
     from datasets.data_files import DataFilesDict
     from datasets.packaged_modules.parquet.parquet import Parquet, ParquetConfig
@@ -29,14 +33,15 @@ def write_hub_cache(tmp: Path, repo: str, config: str | None, splits: dict[str, 
     source.mkdir(parents=True)
     files = {}
     for split, columns in splits.items():
-        ds.Dataset.from_dict(columns).to_parquet(str(source / f"{split}.parquet"))
+        ds.Dataset.from_dict(columns).to_parquet(str(source / f"{split}.parquet"), batch_size=16)  # row groups
         files[split] = [str(source / f"{split}.parquet")]
 
     class HubParquet(Parquet):  # the hub repo's README config: a name with its data files
-        BUILDER_CONFIGS = [ParquetConfig(name=config or "default", data_files=DataFilesDict.from_patterns(files))]
+        BUILDER_CONFIGS = [ParquetConfig(name=config or "default", version=version,
+                                         data_files=DataFilesDict.from_patterns(files))]
 
     builder = HubParquet(cache_dir=str(cache_dir()), dataset_name=name, config_name=config or "default", hash=commit)
-    builder.download_and_prepare()
+    builder.download_and_prepare(max_shard_size=max_shard_size)
     written = Path(builder.cache_dir)
     if not namespace:
         return written
