@@ -70,18 +70,19 @@ def cache_dir() -> Path:
     return Path(home).expanduser() / "datasets"
 
 
-LOADING_SCRIPT_REPOS = frozenset({"deepmind/pg19"})
-"""Hub repos that are still a loading script (no parquet): `datasets>=4` refuses to fetch them,
-`datasets<4` runs the script, and the Arrow cache it writes is read here like any other."""
+FETCH_NOTES: dict[str, tuple[str, str]] = {
+    # hub repos still holding a loading script, which `datasets>=4` refuses (repo -> (before, extra argument))
+    "CogComp/trec": ("", "revision='refs/convert/parquet'"),  # the hub's parquet conversion: config `default`
+    "deepmind/pg19": ("pip install 'datasets<4' && ", "trust_remote_code=True"),  # its parquet branch is empty
+}
+"""How to fetch repos whose main branch `load_dataset` cannot read; their cache reads here like any other."""
 
 
 def fetch_command(spec: HubSpec) -> str:
     """What to run on a machine with network so that `spec` is in the cache afterwards."""
-    args = ", ".join(repr(a) for a in (spec.repo, spec.config) if a)
-    if spec.repo in LOADING_SCRIPT_REPOS:
-        return (f"pip install 'datasets<4' && python -c \"import datasets; "
-                f"datasets.load_dataset({args}, trust_remote_code=True)\"")
-    return f"python -c \"import datasets; datasets.load_dataset({args})\""
+    before, extra = FETCH_NOTES.get(spec.repo, ("", ""))
+    args = ", ".join([repr(a) for a in (spec.repo, spec.config) if a] + ([extra] if extra else []))
+    return f"{before}python -c \"import datasets; datasets.load_dataset({args})\""
 
 
 def datasets_module():

@@ -157,6 +157,8 @@ def test_missing_dataset_is_one_message_with_the_fetch_command(tmp_path):
     msg = str(err.value)
     assert "'aps/super_glue/boolq'" in msg and "load_dataset('aps/super_glue', 'boolq')" in msg
     assert str(cache_dir()) in msg and "HF_HOME=" in msg and "\n" not in msg
+    with pytest.raises(DataSourceError, match=r"load_dataset\('CogComp/trec', revision='refs/convert/parquet'\)"):
+        task_splits(get_task("trec"), "trec", None)  # its main branch is a loading script
     write_hub_cache(tmp_path, "nyu-mll/glue", "sst2", TEN_TASKS["sst2"][2])
     with pytest.raises(DataSourceError, match=r"config 'mnli'.*Available configs in the cache: \['sst2'\]"):
         task_splits(get_task("mnli"), "mnli", None)
