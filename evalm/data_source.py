@@ -82,7 +82,7 @@ def fetch_command(spec: HubSpec) -> str:
     """What to run on a machine with network so that `spec` is in the cache afterwards."""
     before, extra = FETCH_NOTES.get(spec.repo, ("", ""))
     args = ", ".join([repr(a) for a in (spec.repo, spec.config) if a] + ([extra] if extra else []))
-    return f"{before}python -c \"import datasets; datasets.load_dataset({args})\""
+    return f"{before}HF_HOME=DIR python -c \"import datasets; datasets.load_dataset({args})\""
 
 
 def datasets_module():
@@ -95,6 +95,11 @@ def datasets_module():
     datasets.utils.logging.set_verbosity_error()  # "Using the latest cached version..." on every read
     datasets.disable_progress_bars()
     return datasets
+
+
+def is_dataset_dict(data) -> bool:
+    """A `DatasetDict` (split name -> dataset) rather than one split."""
+    return hasattr(data, "keys") and not hasattr(data, "features")
 
 
 def is_saved_dataset(path: Path) -> bool:
@@ -146,9 +151,8 @@ def open_hub(spec: str, split: str | None = None):
     for cand in hub_candidates(spec):
         try:
             return ds.load_dataset(cand.repo, cand.config, split=split or cand.split, cache_dir=str(cache_dir()))
-        except (ConnectionError, FileNotFoundError) as err:  # not cached at all (offline hub lookup failed)
+        except (ConnectionError, FileNotFoundError):  # not cached at all (the offline hub lookup failed)
             misses.append((cand, ""))
-            del err
         except ValueError as err:  # cached, but not this config or split
             misses.append((cand, " ".join(str(err).split())))
     raise DataSourceError(missing_message(spec, misses))
@@ -161,15 +165,15 @@ def missing_message(spec: str, misses: list[tuple[HubSpec, str]]) -> str:
     commands = " or ".join(fetch_command(c) for c in (known or [c for c, _ in misses]))
     return (f"dataset {spec!r} was not found in the local datasets cache {cache_dir()} (offline: nothing is downloaded)"
             + (f" [{detail}]" if detail else "")
-            + f"; fetch it on a machine with network: HF_HOME=DIR {commands}; then set HF_HOME=DIR here")
+            + f"; fetch it on a machine with network: {commands}; then set HF_HOME=DIR here")
 
 
 def iter_rows(source: str | Path, split: str | None = None) -> Iterator[dict[str, Any]]:
     """Rows of one split, one at a time (files streamed, Arrow memory-mapped): memory flat in the rows."""
     data = open_source(source, split, streaming=True)
-    if hasattr(data, "keys") and not hasattr(data, "features") and len(data) == 1:
+    if is_dataset_dict(data) and len(data) == 1:
         data = next(iter(data.values()))
-    if hasattr(data, "keys") and not hasattr(data, "features"):  # a DatasetDict and no split named
+    if is_dataset_dict(data):  # and no split named
         how = f"its split folder {Path(source) / 'SPLIT'}" if Path(source).exists() else f"`{source}:SPLIT`"
         raise DataSourceError(f"{source}: several splits {sorted(data)}; name one: {how}")
     yield from data

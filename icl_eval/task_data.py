@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from evalm.data_source import FILE_BUILDERS, DataSourceError, is_saved_dataset, open_source
+from evalm.data_source import FILE_BUILDERS, DataSourceError, is_dataset_dict, is_saved_dataset, open_source
 from icl_eval.tasks import SPLITS, Task, _task_table
 
 Splits = dict[str, "Rows"]
@@ -54,7 +54,7 @@ class Rows(Sequence):
 def read_split(path: str | Path) -> Rows:
     """One split: a jsonl/json/csv/parquet file or a `save_to_disk` folder of one `Dataset`."""
     data = open_source(path)
-    if not hasattr(data, "features"):
+    if is_dataset_dict(data):
         raise DataSourceError(f"{path}: a DatasetDict ({sorted(data)}); pass it as --data, not as one split")
     return Rows(data)
 
@@ -137,7 +137,7 @@ def _from_hub(task: Task, spec: str, fallbacks: Sequence[str] = ()) -> tuple[Spl
 
 def _mapped(data, source: str, mapping: dict[str, str] | None, note: str) -> tuple[Splits, dict[str, Any]]:
     """Protocol split -> Rows of the dataset split it maps to (by name when no mapping)."""
-    if hasattr(data, "features"):
+    if not is_dataset_dict(data):
         raise DataSourceError(f"{source}: one split only; ICL needs train and test (a DatasetDict or a folder)")
     mapping = mapping or {s: s for s in SPLITS if s in data}
     missing = sorted(v for v in mapping.values() if v not in data)
