@@ -33,7 +33,8 @@ from icl_eval.config import EvalConfig  # noqa: E402
 from icl_eval.methods import MethodOptions, PromptTooLong  # noqa: E402
 from icl_eval.protocol import Runner  # noqa: E402
 from icl_eval.report import write_json  # noqa: E402
-from icl_eval.tasks import load_splits, read_task_file, task_data_files  # noqa: E402
+from icl_eval.task_data import load_splits, task_data_files  # noqa: E402
+from icl_eval.tasks import read_task_file  # noqa: E402
 
 OVERFLOW = {"concat": "error", "incremental": "drop_left", "structured": "error", "saicl": "error"}
 """What each method does past the window (see the module docstring)."""

@@ -122,13 +122,16 @@ def icl(argv: Sequence[str]) -> int:
     from icl_eval.summary import summarize
     from icl_eval.report import plot_accuracy, plot_time, write_json, write_predictions
     from icl_eval.synthetic import SyntheticConfig, episode, synthetic_task
-    from icl_eval.tasks import find_splits, get_task, load_splits, task_data_files
+    from icl_eval.task_data import task_splits
+    from icl_eval.tasks import get_task
 
     overrides, rest = _split_args(argv)
     p = argparse.ArgumentParser(prog="evalm eval icl", description="many-shot ICL evaluation")
     _common(p)
-    p.add_argument("--task", help="built-in task name, `synthetic`, or a task file (.toml/.yaml)")
-    p.add_argument("--data", help="folder with train/validation/test files")
+    p.add_argument("--task", help="built-in task name (its dataset is read from the offline datasets cache), "
+                                  "`synthetic`, or a task file (.toml/.yaml) (default: [eval] task, `synthetic`)")
+    p.add_argument("--data", help="folder of train/validation/test files, a save_to_disk folder, or a dataset id "
+                                  "`id[/config]` in the offline cache (default: the task's own data)")
     p.add_argument("--methods", type=_csv(str))
     p.add_argument("--shots", type=_csv(int))
     p.add_argument("--seeds", type=_csv(int))
@@ -149,21 +152,14 @@ def icl(argv: Sequence[str]) -> int:
     options = build(MethodOptions, method_section, where=f"{where} [eval.method]")
     out = Path(args.out or "runs/eval-icl")
 
+    data_info = {"source": "synthetic"}
     if config.task == "synthetic":
         syn = build(SyntheticConfig, data.get("synthetic"), where=f"{where} [synthetic]")
         task = synthetic_task(syn)
         splits_for_seed = lambda seed: episode(seed, syn)  # noqa: E731 (a fresh rule per seed)
     else:
         task = get_task(config.task, config.template_set)
-        if config.data:
-            files = find_splits(config.data)
-        elif Path(config.task).suffix in (".toml", ".yaml", ".yml"):
-            files = task_data_files(config.task)
-        else:
-            raise ConfigError(f"task {config.task!r} needs --data DIR (train/test files); nothing is downloaded")
-        splits = load_splits(files)
-        if "train" not in splits or "test" not in splits:
-            raise ConfigError(f"{config.data}: need train and test splits, found {sorted(splits)}")
+        splits, data_info = task_splits(task, config.task, config.data)
         splits_for_seed = lambda seed: splits  # noqa: E731
 
     if config.task != "synthetic" and not (args.checkpoint or args.hf_model):
@@ -179,7 +175,8 @@ def icl(argv: Sequence[str]) -> int:
     summary = summarize(records, runner.baselines)
     results = {
         "protocol": {"model": _describe(lm), "task": task.name, "template": task.template,
-                     "template_source": task.source, "labels": list(task.labels), "eval": to_dict(config),
+                     "template_source": task.source, "labels": list(task.labels), "data": data_info,
+                     "eval": to_dict(config),
                      "method_options": to_dict(options), "scoring": options.scoring,
                      "seconds": time.perf_counter() - t0},
         "summary": summary,
@@ -216,14 +213,17 @@ def _print_summary(summary: dict) -> None:
 
 def ppl(argv: Sequence[str]) -> int:
     from icl_eval.config import PerplexityConfig
-    from icl_eval.perplexity import evaluate, find_books
+    from icl_eval.books import iter_books
+    from icl_eval.perplexity import evaluate
     from icl_eval.report import plot_perplexity, write_json
     from icl_eval.unigram import fit_unigram
 
     overrides, rest = _split_args(argv)
     p = argparse.ArgumentParser(prog="evalm eval ppl", description="perplexity vs context length (PG-19 protocol)")
     _common(p)
-    p.add_argument("--books", nargs="+", help="PG-19 split folder(s) of .txt books, .txt files, or .jsonl with `text`")
+    p.add_argument("--books", nargs="+", help="PG-19 split folder(s) of .txt books, .txt files, jsonl/parquet files "
+                                              "or save_to_disk folders with `text`, or a cached dataset id with a "
+                                              "split, e.g. deepmind/pg19:test (default: [ppl] books)")
     p.add_argument("--lengths", type=_csv(int), help="bucket upper ends, e.g. 1024,8192,262144")
     p.add_argument("--max-tokens", type=int)
     p.add_argument("--unigram-shards", help="token-shard folder the model was pretrained on: adds the unigram reference")
@@ -246,10 +246,11 @@ def ppl(argv: Sequence[str]) -> int:
         section["fixed_contexts"] = args.fixed_contexts
     config = build(PerplexityConfig, section, where=f"{where} [ppl]")
     if not config.books:
-        raise ConfigError("give --books (a PG-19 split folder, .txt files, or train/samples/documents.jsonl)")
+        raise ConfigError("give --books (a PG-19 split folder, .txt files, train/samples/documents.jsonl, "
+                          "or deepmind/pg19:test from the datasets cache)")
     lm = _load_lm(args, config.device, config.dtype, data, None, where)
-    books = find_books(config.books, config.max_books)
-    bar = _progress(len(books), "ppl")
+    books = iter_books(config.books, config.max_books)  # lazily: one book in memory at a time
+    bar = _progress(config.max_books, "ppl")
     t0 = time.perf_counter()
     unigram = fit_unigram(config.unigram_shards, lm.tokenizer.vocab_size) if config.unigram_shards else None
     fixed = {"contexts": config.fixed_contexts, "target_tokens": config.fixed_target_tokens,

@@ -26,7 +26,8 @@ class EvalConfig:
     template_set: Literal["evalm", "structured"] = "evalm"
     """EVALM Table 8 templates, or Structured Prompting Appendix A."""
     data: str | None = None
-    """Folder with train/validation/test .jsonl/.csv/.parquet files or saved `datasets` splits."""
+    """Folder of train/validation/test files, a save_to_disk folder, or a cached dataset id (`task_data`);
+    None: the task file's own files, or the built-in task's dataset from the offline cache."""
     methods: tuple[str, ...] = ("incremental", "concat", "structured", "saicl")
     """Methods to run (icl_eval.methods.METHODS)."""
     shots: tuple[int, ...] = (0, 1, 4, 16, 32)
@@ -79,9 +80,10 @@ class PerplexityConfig:
     """Perplexity vs context length (ICL_SPEC §6, EVALM §4.4)."""
 
     books: tuple[str, ...] = ()
-    """Folders of .txt books (PG-19's split folders) or single .txt files."""
+    """Folders of .txt books (PG-19's split folders), .txt or jsonl/parquet files, saved folders, or a
+    cached dataset id with a split (`deepmind/pg19:test`); see `icl_eval.books`."""
     max_books: int | None = 10
-    """Read at most this many books (sorted by file name)."""
+    """Read at most this many books (folders: sorted by file name; datasets: in row order)."""
     max_tokens: int = 262_144
     """Score at most this many tokens per book."""
     segment_tokens: int = 8192

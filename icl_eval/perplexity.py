@@ -21,33 +21,12 @@ context use (and, past the training length, extrapolation, EVALM §4.4 and Figur
 from __future__ import annotations
 
 import bisect
-import json
 import math
-from pathlib import Path
 
 import numpy as np
 import torch
 
 from icl_eval.lm import CausalLM
-
-
-def find_books(paths, max_books: int | None = None) -> list[tuple[str, str]]:
-    """(name, text) of each book: `.txt` files from folders (PG-19's `train/`, `validation/`, `test/`),
-    single `.txt` files, or `.jsonl` files whose lines have a `text` field (one book per line)."""
-    books: list[tuple[str, str]] = []
-    for p in map(Path, paths):
-        files = sorted(p.glob("*.txt")) if p.is_dir() else [p]
-        for f in files:
-            if not f.is_file():
-                raise FileNotFoundError(f"{f}: no such book or folder")
-            if f.suffix == ".jsonl":
-                with f.open(encoding="utf-8") as lines:
-                    books.extend((f"{f.name}:{i}", json.loads(line)["text"]) for i, line in enumerate(lines) if line.strip())
-            else:
-                books.append((f.name, f.read_text(encoding="utf-8", errors="replace")))
-    if not books:
-        raise FileNotFoundError(f"no books under {list(map(str, paths))}")
-    return books[:max_books] if max_books else books
 
 
 def _nll(logits: torch.Tensor, targets: torch.Tensor) -> np.ndarray:
@@ -214,7 +193,8 @@ def evaluate(lm: CausalLM, books: list[tuple[str, str]], max_tokens: int, segmen
         tokens = ([lm.tokenizer.eos_id] + lm.tokenizer.encode(text))[: max_tokens + 1]
         words, token_bytes = token_spans(lm.tokenizer, tokens)
         book_rows.append({"book": name, "tokens": len(tokens) - 1, "words": len(words), "bytes": int(token_bytes.sum())})
-        book_tokens.append((name, tokens[1:]))
+        if fixed:  # only the fixed-position protocol needs the books again
+            book_tokens.append((name, tokens[1:]))
         for proto, fn in {**protocols, **references}.items():
             per_protocol[proto].append((fn(tokens), words, name, token_bytes))
         if progress:

@@ -1,9 +1,9 @@
-"""Tasks: a template I(x, y), a label space with its verbalizer, and local data (ICL_SPEC §1).
+"""Tasks: a template I(x, y), a label space with its verbalizer, and where its data lives (ICL_SPEC §1).
 
-Two built-in template sets: EVALM's Table 8 (`evalm`, the paper's ten tasks) and Structured
-Prompting's Appendix A (`structured`). A user task comes from a small TOML or YAML file.
-Data is read from local files only: `.jsonl`, `.json`, `.csv`, `.parquet`, or a folder written by
-`datasets.save_to_disk` (read with pyarrow, so `datasets` is not needed). Nothing is downloaded.
+Two built-in template sets: EVALM's Table 8 (`evalm`, the paper's ten tasks, each with the
+Hugging Face dataset it is usually read from) and Structured Prompting's Appendix A
+(`structured`). A user task comes from a small TOML or YAML file. Reading the data is
+`icl_eval.task_data`'s job (through `datasets`, offline).
 
 A template is a string with `{field}` slots and one `{label}` slot. For multiple-choice tasks
 (COPA) the candidates are item fields (`choice_fields`) and the label is the index of the correct
@@ -12,14 +12,40 @@ one; otherwise the candidates are the verbalizer words and the label is an index
 
 from __future__ import annotations
 
-import csv
-import json
 import string
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 SPLITS = ("train", "validation", "test")
+
+
+@dataclass(frozen=True)
+class HubData:
+    """Where a built-in task's data usually lives: a dataset id in the `datasets` cache (read offline)."""
+
+    ids: tuple[str, ...]
+    """Dataset ids to look for, preferred first (the hub's current name, then its legacy alias)."""
+    config: str | None
+    """The dataset config (GLUE/SuperGLUE subset), None for a dataset with one config."""
+    splits: dict[str, str]
+    """Protocol split -> dataset split. `test` is the labelled `validation` split where the hub's
+    test labels are hidden (ICL_SPEC §5, EVALM §4.1); `validation` then comes from train."""
+    note: str = ""
+    """What the split mapping means for the reported numbers; copied into results.json."""
+
+
+_HIDDEN_TEST = ("the dataset's test labels are hidden: its labelled validation split is scored as the test split, "
+                "and shot choice (choose_shot_on_validation) holds out items from train (EVALM §4.1)")
+_LABELLED_TEST = "the dataset's labelled test split is the test split; shot choice holds out items from train"
+
+
+def _glue(config: str, test: str = "validation") -> HubData:
+    return HubData(("nyu-mll/glue", "glue"), config, {"train": "train", "test": test}, _HIDDEN_TEST)
+
+
+def _super_glue(config: str) -> HubData:
+    return HubData(("aps/super_glue", "super_glue"), config, {"train": "train", "test": "validation"}, _HIDDEN_TEST)
 
 
 @dataclass(frozen=True)
@@ -43,6 +69,8 @@ class Task:
     """Template field -> data column, when the data names a field differently."""
     source: str = ""
     """Where the template comes from (paper and table), recorded in results."""
+    dataset: HubData | None = None
+    """The built-in data location, read from the offline cache when no `--data` is given."""
 
     def __post_init__(self) -> None:
         slots = template_fields(self.template)
@@ -66,7 +94,7 @@ class Task:
 
     def gold(self, item: dict[str, Any]) -> int:
         """The gold label index of an item; an unknown value is an error naming it."""
-        raw = item[self._column(self.label_field)]
+        raw = item[self._column(self.label_field, item)]
         values = self.label_values or (tuple(range(self.n_candidates())) if not isinstance(raw, str) else self.labels)
         for i, v in enumerate(values):
             if raw == v or str(raw) == str(v):
@@ -77,60 +105,73 @@ class Task:
         """The template's input fields of an item, as strings."""
         out = {}
         for name in self.input_fields:
-            column = self._column(name)
+            column = self._column(name, item)
             if column not in item:
                 raise KeyError(f"task {self.name!r}: item has no field {column!r} (has {sorted(item)})")
             out[name] = str(item[column]).strip()
         return out
 
-    def _column(self, name: str) -> str:
-        return self.field_aliases.get(name, name)
+    def _column(self, name: str, item: dict[str, Any] | None = None) -> str:
+        """The data column of a template field: its alias, unless the item has the field itself."""
+        alias = self.field_aliases.get(name, name)
+        return name if item is not None and alias not in item and name in item else alias
 
 
 def template_fields(template: str) -> list[str]:
     return [name for _, name, _, _ in string.Formatter().parse(template) if name]
 
 
-# The EVALM paper's Table 8 (Appendix C.2). Field names follow the GLUE/SuperGLUE column names;
-# `field_aliases` maps them where the table's slot names differ. COPA's "Correct Answer: {Choices}"
-# is scored as multiple choice over the two choices (the table's "false / true" is whether the shown
+# The EVALM paper's Table 8 (Appendix C.2): the ten tasks of §4.1, each with the dataset it is
+# usually read from (id, config, splits) and that dataset's real column names. `field_aliases`
+# maps a template slot to the column where they differ (an item that has the slot's own name is
+# read as is, so a local copy with `sentence` still works). COPA's "Correct Answer: {Choices}" is
+# scored as multiple choice over the two choices (the table's "false / true" is whether the shown
 # choice is the correct one, i.e. the candidate with the highest score is predicted).
+_T8 = "EVALM Table 8"
 EVALM_TASKS: dict[str, Task] = {
-    "sst2": Task("sst2", "{label} Movie Review: {sentence}", ("Negative", "Positive"), source="EVALM Table 8"),
-    "sst5": Task("sst5", "{sentence} It is {label}", ("terrible", "bad", "okay", "good", "great"), source="EVALM Table 8"),
+    "sst2": Task("sst2", "{label} Movie Review: {sentence}", ("Negative", "Positive"), source=_T8,
+                 dataset=_glue("sst2")),
+    "sst5": Task("sst5", "{sentence} It is {label}", ("terrible", "bad", "okay", "good", "great"),
+                 field_aliases={"sentence": "text"}, source=_T8,
+                 dataset=HubData(("SetFit/sst5",), None, {"train": "train", "validation": "validation", "test": "test"},
+                                 "the dataset's labelled validation and test splits are used as such")),
     "mnli": Task(
         "mnli", "{premise} ? {label} , {hypothesis}", ("Yes", "Maybe", "No"),
-        source="EVALM Table 8 (label order follows MNLI: 0 entailment, 1 neutral, 2 contradiction)",
+        source=f"{_T8} (label order follows MNLI: 0 entailment, 1 neutral, 2 contradiction)",
+        dataset=_glue("mnli", test="validation_matched"),
     ),
     "trec": Task(
         "trec", "{sentence} It is about {label}",
         ("abbreviation", "entity", "description and abstract concept", "human being", "location", "numeric value"),
-        label_field="coarse_label", source="EVALM Table 8",
+        label_field="coarse_label", field_aliases={"sentence": "text"}, source=_T8,
+        dataset=HubData(("CogComp/trec", "trec"), None, {"train": "train", "test": "test"}, _LABELLED_TEST),
     ),
     "wic": Task(
         "wic",
         "{sentence1}\n{sentence2}\nquestion: Is the word {word} used in the same way in the two sentences above?\nanswer: {label}",
-        ("no", "yes"), source="EVALM Table 8",
+        ("no", "yes"), source=_T8, dataset=_super_glue("wic"),
     ),
     "multirc": Task(
         "multirc", "Context: {paragraph}\n{question}\n{label} answer: {answer}", ("incorrect", "correct"),
-        source="EVALM Table 8",
+        source=_T8, dataset=_super_glue("multirc"),
     ),
     "boolq": Task(
-        "boolq", "Context: {passage}\nQuestion: {question} ?\nanswer: {label}", ("no", "yes"), source="EVALM Table 8",
+        "boolq", "Context: {passage}\nQuestion: {question} ?\nanswer: {label}", ("no", "yes"), source=_T8,
+        dataset=_super_glue("boolq"),
     ),
     "agnews": Task(
-        "agnews", "{text} It is about {label}", ("world", "sports", "business", "technology"), source="EVALM Table 8",
+        "agnews", "{text} It is about {label}", ("world", "sports", "business", "technology"), source=_T8,
+        dataset=HubData(("fancyzhx/ag_news", "ag_news"), None, {"train": "train", "test": "test"}, _LABELLED_TEST),
     ),
     "wsc": Task(
         "wsc",
         "{text}\nQuestion: In the passage above, what does the pronoun {span2_text} refer to?\nAnswer: {span1_text} "
         "This is a {label} answer.",
-        ("false", "true"), source="EVALM Table 8",
+        ("false", "true"), source=_T8, dataset=_super_glue("wsc.fixed"),
     ),
     "copa": Task(
         "copa", "Context: {premise}\nCorrect Answer: {label}", choice_fields=("choice1", "choice2"),
-        source="EVALM Table 8 (scored as multiple choice over choice1/choice2)",
+        source=f"{_T8} (scored as multiple choice over choice1/choice2)", dataset=_super_glue("copa"),
     ),
 }
 
@@ -188,7 +229,7 @@ def read_task_file(path: str | Path) -> Task:
     """A user task: a `[task]` table (TOML) or `task:` mapping (YAML) with Task's fields.
 
     Relative data paths in the file (`train`, `validation`, `test`) are kept in `data_files`
-    by `task_data_files`; this function only builds the Task.
+    by `task_data.task_data_files`; this function only builds the Task.
     """
     spec = _task_table(path)
     spec = {k: v for k, v in spec.items() if k not in SPLITS and k != "data"}
@@ -202,15 +243,6 @@ def read_task_file(path: str | Path) -> Task:
     if unknown:
         raise ValueError(f"{path}: unknown task key(s) {unknown}; valid: {sorted(valid | set(SPLITS) | {'data'})}")
     return Task(**spec)
-
-
-def task_data_files(path: str | Path) -> dict[str, Path]:
-    """The split files or data folder named in a task file, resolved against the file's folder."""
-    spec, base = _task_table(path), Path(path).parent
-    out = {s: base / spec[s] for s in SPLITS if s in spec}
-    if "data" in spec:
-        out.update(find_splits(base / spec["data"]))
-    return out
 
 
 def _task_table(path: str | Path) -> dict[str, Any]:
@@ -227,70 +259,3 @@ def _task_table(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict) or not isinstance(data.get("task"), dict):
         raise ValueError(f"{path}: expected a [task] table (TOML) or a `task:` mapping (YAML)")
     return dict(data["task"])
-
-
-# ----------------------------------------------------------------------------------------------
-# Data: local files only.
-
-def find_splits(folder: str | Path) -> dict[str, Path]:
-    """Split name -> file or folder inside a data folder (`train.jsonl`, `test.csv`, `train/` ...)."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise FileNotFoundError(f"{folder}: data folder not found")
-    found: dict[str, Path] = {}
-    for split in SPLITS:
-        aliases = (split, "dev") if split == "validation" else (split,)
-        for alias in aliases:
-            for suffix in (".jsonl", ".json", ".csv", ".parquet", ""):
-                candidate = folder / f"{alias}{suffix}"
-                if candidate.exists() and split not in found:
-                    found[split] = candidate
-    if not found:
-        raise FileNotFoundError(f"{folder}: no train/validation/test .jsonl/.csv/.parquet files or dataset folders")
-    return found
-
-
-def read_items(path: str | Path) -> list[dict[str, Any]]:
-    """Rows of one split as dicts, from jsonl/json/csv/parquet or a `save_to_disk` folder."""
-    path = Path(path)
-    if path.is_dir():
-        return _read_saved_dataset(path)
-    suffix = path.suffix
-    if suffix == ".jsonl":
-        with path.open(encoding="utf-8") as f:
-            return [json.loads(line) for line in f if line.strip()]
-    if suffix == ".json":
-        data = json.loads(path.read_text(encoding="utf-8"))
-        return data if isinstance(data, list) else data["data"]
-    if suffix == ".csv":
-        with path.open(encoding="utf-8", newline="") as f:
-            return [_numeric(row) for row in csv.DictReader(f)]
-    if suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        return pq.read_table(path).to_pylist()
-    raise ValueError(f"{path}: unsupported data file (use .jsonl, .json, .csv, .parquet or a datasets folder)")
-
-
-def _read_saved_dataset(folder: Path) -> list[dict[str, Any]]:
-    """A `datasets.Dataset.save_to_disk` folder: Arrow IPC stream files listed in state.json."""
-    import pyarrow as pa
-
-    state = folder / "state.json"
-    if not state.is_file():
-        raise ValueError(f"{folder}: not a saved `datasets` split (no state.json); for a DatasetDict pass its folder")
-    files = [folder / f["filename"] for f in json.loads(state.read_text())["_data_files"]]
-    rows: list[dict[str, Any]] = []
-    for file in files:
-        with pa.memory_map(str(file)) as source:
-            rows.extend(pa.ipc.open_stream(source).read_all().to_pylist())
-    return rows
-
-
-def _numeric(row: dict[str, str]) -> dict[str, Any]:
-    """CSV cells are strings; integer-looking labels become ints so they match 0..n-1."""
-    return {k: int(v) if isinstance(v, str) and v.lstrip("-").isdigit() else v for k, v in row.items()}
-
-
-def load_splits(files: dict[str, Path]) -> dict[str, list[dict[str, Any]]]:
-    return {split: read_items(path) for split, path in files.items()}

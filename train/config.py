@@ -39,12 +39,19 @@ class DataConfig:
             raise ValueError(f"seq_len must be >= 1, got {self.seq_len}")
 
 
+MSIT_COLUMNS = {"task": "task", "input": "input", "output": "output"}
+"""The fields of an instruction example and their default data columns."""
+
+
 @dataclass(config=FROZEN, frozen=True)
 class MsitDataConfig:
     """Many-shot instruction tuning data (EVALM §3.2, Appendix B; EVA_SPEC.md §6)."""
 
     train_file: str = "train/samples/msit-sample.jsonl"
-    """Instruction examples as jsonl, one `{"task": ..., "input": ..., "output": ...}` per line."""
+    """Instruction examples, read through `datasets` offline and streamed: a jsonl/json/csv/parquet file,
+    a `save_to_disk` folder, or a cached dataset id `id[/config][:split]` (e.g. `Muennighoff/flan:train`)."""
+    columns: dict[str, str] = field(default_factory=lambda: dict(MSIT_COLUMNS))
+    """Example field -> data column: `task`, `input`, `output` (FLAN collections: `task_name`, `inputs`, `targets`)."""
     tokenizer: str = "bytes"
     """`tokenizer.json`, its folder, a SentencePiece `.model`, or "bytes" (no file)."""
     templates: dict[str, list[str]] = field(default_factory=dict)
@@ -86,6 +93,8 @@ class MsitDataConfig:
                 raise ValueError(f"template {name!r} must be [prompt, answer] with {{output}} in the answer")
         if not 0.0 <= self.pretrain_fraction < 1.0 or (self.pretrain_fraction and not self.pretrain_shards):
             raise ValueError("pretrain_fraction must lie in [0, 1) and needs pretrain_shards (a token-shard folder)")
+        if set(self.columns) != set(MSIT_COLUMNS):
+            raise ValueError(f"columns must map exactly {sorted(MSIT_COLUMNS)} to data columns, got {self.columns}")
         unknown = sorted(set(self.held_out_clusters) - set(self.clusters))
         if unknown:
             raise ValueError(f"held_out_clusters {unknown} are not in clusters {sorted(self.clusters)}")

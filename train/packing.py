@@ -15,16 +15,16 @@ EVA_SPEC.md §6 [recommend]:
 
 from __future__ import annotations
 
-import json
 import math
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from train.config import MsitDataConfig
+from evalm.data_source import iter_rows
+from train.config import MSIT_COLUMNS, MsitDataConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,21 +43,18 @@ class Encoded:
     mask: np.ndarray
 
 
-def read_examples(path: str | Path) -> list[Example]:
-    """`{"task", "input", "output"}` per jsonl line; errors name the file and line."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: instruction data not found (jsonl of task/input/output)")
-    examples = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-            examples.append(Example(str(row["task"]), str(row["input"]), str(row["output"])))
-        except (json.JSONDecodeError, KeyError, TypeError):
-            raise ValueError(f"{path}:{number}: expected a JSON object with task, input, output") from None
-    return examples
+def iter_examples(source: str | Path, columns: dict[str, str] = MSIT_COLUMNS) -> Iterator[Example]:
+    """Examples one at a time from a file, saved folder or cached id (streamed: memory flat in the rows).
+
+    `columns` maps `task`/`input`/`output` to the data's columns (FLAN: task_name, inputs, targets);
+    a row that lacks one is an error naming the source, the row and the columns it has."""
+    for number, row in enumerate(iter_rows(source), 1):
+        values = {field: row.get(column) for field, column in columns.items()}
+        missing = sorted(f"{columns[f]!r}" for f, v in values.items() if v is None)
+        if missing:
+            raise ValueError(f"{source}: row {number} has no {', '.join(missing)} (it has {sorted(row)}); "
+                             f"map data.columns (task/input/output) to its columns")
+        yield Example(str(values["task"]), str(values["input"]), str(values["output"]))
 
 
 def held_out(config: MsitDataConfig) -> set[str]:
@@ -189,12 +186,20 @@ class MixedLines:
         return self.tuning.line((i - after) % len(self.tuning))
 
 
-def build_lines(config: MsitDataConfig, tokenizer, examples: Sequence[Example] | None = None) -> tuple[PackedLines, dict]:
-    """Read, hold out, template, encode and pack: the whole MSIT data path in one call."""
-    examples = read_examples(config.train_file) if examples is None else list(examples)
+def build_lines(config: MsitDataConfig, tokenizer, examples: Iterable[Example] | None = None) -> tuple[PackedLines, dict]:
+    """Read, hold out, template, encode and pack: the whole MSIT data path in one call.
+
+    Examples stream in and are filtered and encoded one by one, so only token ids are kept, never
+    the collection's text (FLAN collections are millions of rows)."""
+    examples = iter_examples(config.train_file, config.columns) if examples is None else examples
     excluded = held_out(config)
-    kept = [e for e in examples if e.task not in excluded]
-    ids, masks, stats = pack([encode_example(e, tokenizer, config) for e in kept], config, tokenizer.eos_id)
-    stats |= {"held_out_tasks": sorted(excluded), "removed_held_out": len(examples) - len(kept),
-              "tasks": sorted({e.task for e in kept})}
+    encoded, removed = [], 0
+    for e in examples:
+        if e.task in excluded:
+            removed += 1
+        else:
+            encoded.append(encode_example(e, tokenizer, config))
+    ids, masks, stats = pack(encoded, config, tokenizer.eos_id)
+    stats |= {"held_out_tasks": sorted(excluded), "removed_held_out": removed,
+              "tasks": sorted({e.task for e in encoded})}
     return PackedLines(ids, masks), stats

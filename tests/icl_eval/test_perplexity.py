@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from icl_eval.perplexity import bucket_report, cached_nll, evaluate, find_books, window_nll
+from icl_eval.books import iter_books
+from icl_eval.perplexity import bucket_report, cached_nll, evaluate, window_nll
 from tests.icl_eval.conftest import tiny_evalm
 
 
@@ -40,7 +41,7 @@ def test_report_buckets_and_word_perplexity(tmp_path):
     lm = tiny_evalm("eva", dtype=torch.float64)
     (tmp_path / "a.txt").write_text("one two three four five six seven eight nine ten " * 8)
     (tmp_path / "b.txt").write_text("short book here")
-    books = find_books([tmp_path])
+    books = list(iter_books([tmp_path]))
     res = evaluate(lm, books, max_tokens=300, segment_tokens=64, buckets=(32, 128, 512), window=64, stride=32)
     cached = res["protocols"]["cached"]["buckets"]
     assert [r["books"] for r in cached] == [2, 1, 1]  # only the long book reaches 32+

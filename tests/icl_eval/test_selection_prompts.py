@@ -12,7 +12,8 @@ import pytest
 from evalm.tokenizer import ByteTokenizer
 from icl_eval.prompts import PromptBuilder
 from icl_eval.selection import NotEnoughItems, TopK, dataset_level
-from icl_eval.tasks import EVALM_TASKS, get_task, read_items, task_data_files
+from icl_eval.task_data import read_split, task_data_files
+from icl_eval.tasks import EVALM_TASKS, get_task
 
 
 def test_dataset_level_is_seeded_ordered_and_excludes():
@@ -66,14 +67,14 @@ def test_user_task_file_and_loaders(tmp_path):
     )
     task = get_task(str(tmp_path / "task.toml"))
     files = task_data_files(tmp_path / "task.toml")
-    test = read_items(files["test"])
+    test = read_split(files["test"])
     assert [task.gold(r) for r in test] == [1, 0]
-    assert [task.gold(r) for r in read_items(files["train"])] == [0, 1, 0, 1]
+    assert [task.gold(r) for r in read_split(files["train"])] == [0, 1, 0, 1]
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     pq.write_table(pa.Table.from_pylist(test), tmp_path / "v.parquet")
-    assert read_items(tmp_path / "v.parquet") == test
+    assert read_split(tmp_path / "v.parquet") == test
     with pytest.raises(ValueError, match="unknown task key"):
         (tmp_path / "bad.toml").write_text('[task]\ntemplate = "{x} {label}"\nlabels = ["a"]\nlabelz = 1\n')
         get_task(str(tmp_path / "bad.toml"))

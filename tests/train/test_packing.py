@@ -16,7 +16,7 @@ import pytest
 from evalm.tokenizer import ByteTokenizer
 from train.config import MsitDataConfig
 from train.data import IGNORE, LineLoader
-from train.packing import Example, build_lines, encode_example, held_out, read_examples
+from train.packing import Example, build_lines, encode_example, held_out, iter_examples
 
 TEMPLATES = {"add": ["Q: {input}\nA:", " {output}"], "echo": ["Say {input}:", " {output}"]}
 SAMPLE = str(Path(__file__).resolve().parents[2] / "train" / "samples" / "msit-sample.jsonl")
@@ -124,7 +124,7 @@ def test_unknown_held_out_cluster_is_refused():
 
 
 def test_shipped_sample_reads_and_packs():
-    exs = read_examples(SAMPLE)
+    exs = list(iter_examples(SAMPLE))
     assert len(exs) == 900 and {e.task for e in exs} == {"add", "subtract", "reverse", "upper", "sentiment", "topic"}
     lines, stats = build_lines(MsitDataConfig(train_file=SAMPLE, seq_len=512), ByteTokenizer())
     assert stats["examples"] == 900 and lines.ids.shape[1] == 513
@@ -133,8 +133,8 @@ def test_shipped_sample_reads_and_packs():
 def test_bad_jsonl_names_file_and_line(tmp_path):
     path = tmp_path / "bad.jsonl"
     path.write_text('{"task": "a", "input": "b", "output": "c"}\n{"task": "a"}\n')
-    with pytest.raises(ValueError, match=r"bad.jsonl:2"):
-        read_examples(path)
+    with pytest.raises(ValueError, match=r"bad.jsonl: row 2 has no 'input', 'output'"):
+        list(iter_examples(path))
 
 
 class _Lines:
