@@ -41,8 +41,10 @@ def _sec(summary: dict, label: str, k: int) -> float:
     return summary["test"][label][str(k)]["seconds_per_item_mean"]
 
 
-def check_claims(summary: dict, shots: Sequence[int], close: float = 0.03) -> list[dict]:
-    """The paper's claims (issue #14), each decided in direction from the mean over seeds."""
+def check_claims(summary: dict, shots: Sequence[int], close: float = 0.03, margin: float = 0.05) -> list[dict]:
+    """The paper's claims (issue #14), each decided in direction from the mean over seeds. "Close" means a
+    mean |gap| <= `close`; "gains where others saturate" needs saicl's gain to exceed theirs by > `margin`
+    (about twice the typical seed std of the reproduction), so that a tie is not read as a win."""
     ks, big = list(shots), max(shots)
     mid = min((k for k in ks if k >= 16), default=ks[0])
     gap = [_acc(summary, "saicl", k) - _acc(summary, "fid", k) for k in ks]
@@ -55,7 +57,7 @@ def check_claims(summary: dict, shots: Sequence[int], close: float = 0.03) -> li
         {"claim": f"saicl close to full attention (mean |gap| <= {close})",
          "holds": float(np.mean(full_gap)) <= close, "evidence": f"|saicl - concat| per k {[round(g, 3) for g in full_gap]}"},
         {"claim": f"saicl keeps gaining with k where fid/ensemble saturate (k {mid} -> {big})",
-         "holds": gain["saicl"] > 0 and gain["saicl"] > max(gain["fid"], gain["ensemble"]),
+         "holds": gain["saicl"] > 0 and gain["saicl"] - max(gain["fid"], gain["ensemble"]) > margin,
          "evidence": ", ".join(f"{m} {g:+.3f}" for m, g in gain.items())},
         {"claim": f"saicl faster than full attention at large k (k = {big})",
          "holds": speed > 1, "evidence": f"concat / saicl time per item = {speed:.2f}x"},
@@ -123,6 +125,7 @@ def train_models(out: Path, config: str | None, overrides: Sequence[str]) -> tup
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from evalm.config import ConfigError
     from icl_eval.config import EvalConfig
     from icl_eval.methods import MethodOptions
     from icl_eval.protocol import Runner, summarize
@@ -144,7 +147,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     import train.metaicl as metaicl
 
     out = Path(args.out)
-    models, syn = train_models(out, args.config or str(metaicl.DEFAULT_CONFIG), args.set)
+    try:
+        models, syn = train_models(out, args.config or str(metaicl.DEFAULT_CONFIG), args.set)
+    except (ConfigError, FileNotFoundError) as err:
+        print(f"saicl_repro: error: {err}", file=sys.stderr)
+        return 2
     shots = tuple(int(k) for k in args.shots.split(","))
     seeds = tuple(int(s) for s in args.seeds.split(","))
     records = []
