@@ -22,6 +22,15 @@ from icl_eval.t5 import Segments, structured_encode, tiny_t5
 from tests.icl_eval.conftest import demos_and_items
 
 pytest.importorskip("transformers")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models are all small ops: one thread is faster and steadier on a shared 2-core machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 TOL = 1e-10
 
 
@@ -96,7 +105,7 @@ def test_saicl_scores_are_exactly_permutation_invariant(t5, synth_t5, cross):
     demos, items = demos_and_items(prompt, splits, 5)
     base = run("saicl", t5, prompt, demos, items, t5_cross=cross)
     assert np.ptp(base) > 1e-3
-    for perm in itertools.islice(itertools.permutations(range(5)), 1, 120, 17):
+    for perm in itertools.islice(itertools.permutations(range(5)), 1, 120, 29):
         got = run("saicl", t5, prompt, [demos[i] for i in perm], items, t5_cross=cross)
         assert np.abs(got - base).max() <= TOL
     shuffled = run("concat", t5, prompt, demos[::-1], items)  # full attention is order-sensitive

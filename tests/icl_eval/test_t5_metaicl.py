@@ -21,6 +21,15 @@ from icl_eval.t5 import tiny_t5
 pytest.importorskip("transformers")
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models are all small ops: one thread is faster and steadier on a shared 2-core machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize("kind,method", [("full", "concat"), ("saicl", "saicl"), ("fid", "fid")])
 def test_training_loss_is_the_evaluation_score_of_the_gold_answer(kind, method):
     """Meta-training sees exactly the prompt the evaluator scores: the episode's loss is minus the mean
