@@ -326,7 +326,9 @@ Method = Callable[..., MethodResult]
 
 
 def fid(lm, prompt, demos, items, options: MethodOptions, progress: Progress = None) -> MethodResult:
-    """Fusion-in-Decoder exists only on encoder-decoder models (dispatched below)."""
+    """Fusion-in-Decoder exists only on encoder-decoder models (dispatched below); 0 shots is `incremental`."""
+    if not demos:
+        return incremental(lm, prompt, demos, items, options, progress)
     raise ValueError("fid needs an encoder-decoder model (--hf-model with a T5 folder)")
 
 
