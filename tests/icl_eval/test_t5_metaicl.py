@@ -17,17 +17,9 @@ from icl_eval.methods import METHODS, MethodOptions
 from icl_eval.prompts import PromptBuilder
 from icl_eval.synthetic import SyntheticConfig, synthetic_task
 from icl_eval.t5 import tiny_t5
+from tests.icl_eval.test_t5 import one_thread  # noqa: F401 (autouse: one torch thread)
 
 pytest.importorskip("transformers")
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models are all small ops: one thread is faster and steadier on a shared 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("kind,method", [("full", "concat"), ("saicl", "saicl"), ("fid", "fid")])
