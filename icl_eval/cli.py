@@ -28,7 +28,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help=f"TOML config (default: {DEFAULT_CONFIG.name} when present)")
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--checkpoint", help="exported EVALM folder (model.safetensors + config.json)")
-    group.add_argument("--hf-model", help="local Hugging Face causal LM folder")
+    group.add_argument("--hf-model", help="local Hugging Face causal LM folder, or a T5 folder (encoder-decoder)")
     parser.add_argument("--gguf-file", help="with --hf-model: a GGUF file inside the folder (SmolLM2)")
     parser.add_argument("--tokenizer", help="tokenizer.json/.model/`bytes` (default: the checkpoint's, else bytes)")
     parser.add_argument("--out", default=None, help="output folder")
@@ -67,6 +67,10 @@ def _load_lm(args, device: str, dtype: str, data: dict, context_window: int | No
         from icl_eval.hf import load_hf
 
         tok = load_tokenizer(args.tokenizer) if args.tokenizer else None
+        from icl_eval.t5 import is_t5_folder, load_t5
+
+        if is_t5_folder(args.hf_model):  # encoder-decoder: concat | saicl | fid | ensemble (icl_eval/encdec_methods.py)
+            return load_t5(args.hf_model, tokenizer=tok, dtype=dtype, device=device)
         lm = load_hf(args.hf_model, tokenizer=tok, dtype=dtype, device=device, gguf_file=args.gguf_file)
         if context_window:
             lm.max_positions = context_window

@@ -67,6 +67,9 @@ class MethodOptions:
     """saicl: also add log M (SAICL has no rescale; this is the Structured-Prompting hybrid)."""
     ensemble_reduce: Literal["mean_score", "mean_prob"] = "mean_score"
     """ensemble: mean of the per-group scores (log-probabilities or logits), or log of the mean probability."""
+    t5_cross: Literal["none", "aligned"] = "none"
+    """saicl on T5 (icl_eval/t5.py): no position bias between a demonstration and the test (Appendix B),
+    or the stock bias with each demonstration right before the test (then k = 1 equals concat)."""
 
     def __post_init__(self) -> None:
         if self.scoring not in RULES:
@@ -320,10 +323,36 @@ def _timed(info: dict, t0: float, t_encode: float, n_items: int) -> dict:
 
 
 Method = Callable[..., MethodResult]
-METHODS: dict[str, Method] = {
+
+
+def fid(lm, prompt, demos, items, options: MethodOptions, progress: Progress = None) -> MethodResult:
+    """Fusion-in-Decoder exists only on encoder-decoder models (dispatched below); 0 shots is `incremental`."""
+    if not demos:
+        return incremental(lm, prompt, demos, items, options, progress)
+    raise ValueError("fid needs an encoder-decoder model (--hf-model with a T5 folder)")
+
+
+def _encoder_decoder_aware(name: str, method: Method) -> Method:
+    """An encoder-decoder model (icl_eval/t5.py) runs the method's encoder-decoder form (icl_eval/encdec_methods.py)."""
+
+    def dispatch(lm, prompt, demos, items, options: MethodOptions, progress: Progress = None) -> MethodResult:
+        if getattr(lm, "encoder_decoder", False):
+            from icl_eval.encdec_methods import ENCDEC_METHODS  # lazy: that module builds on this one
+
+            if name not in ENCDEC_METHODS:
+                raise ValueError(f"method {name!r} has no encoder-decoder form; valid: {sorted(ENCDEC_METHODS)}")
+            return ENCDEC_METHODS[name](lm, prompt, demos, items, options, progress)
+        return method(lm, prompt, demos, items, options, progress)
+
+    dispatch.__name__, dispatch.__doc__ = method.__name__, method.__doc__
+    return dispatch
+
+
+METHODS: dict[str, Method] = {name: _encoder_decoder_aware(name, fn) for name, fn in {
     "incremental": incremental,
     "concat": concat,
     "structured": structured,
     "saicl": saicl,
     "ensemble": ensemble,
-}
+    "fid": fid,
+}.items()}
