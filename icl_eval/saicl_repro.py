@@ -156,7 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     seeds = tuple(int(s) for s in args.seeds.split(","))
     records = []
     for label, enc, method in RUNS:
-        cfg = EvalConfig(task="synthetic", methods=(method,), shots=shots, seeds=seeds, max_test_items=args.items)
+        cfg = EvalConfig(task="synthetic", methods=(method,), shots=shots, seeds=seeds, test_items=args.items)
         runner = Runner(models[enc], synthetic_task(syn), cfg, MethodOptions(scoring="answer-sum"),
                         lambda seed: episode(seed, syn))
         for r in runner.run():

@@ -40,7 +40,7 @@ EDITS = [  # (pattern, replacement) applied to each command line of the block
     (r"--budgets data_pipeline/budgets/table5\.toml", "--budgets configs/budgets-tiny.toml"),
     (r"--tokenizer gpt2/tokenizer\.json", "--vocab-size 512"),
     (r"--nproc_per_node=8", "--nproc_per_node=2"),
-    (r"--shots \S+", "--shots 0,2"), (r"--seeds \S+", "--seeds 1"), (r"--save-predictions", "--save-predictions --eval.max_test_items=4"),
+    (r"--shots \S+", "--shots 0,2"), (r"--seeds \S+", "--seeds 1"), (r"--save-predictions", "--save-predictions --eval.test_items=4"),
     (r"--lengths \S+", "--lengths 64,128 --max-tokens 128 --ppl.segment_tokens=32 --ppl.max_books=1"),
 ]
 

@@ -68,7 +68,7 @@ def test_evalm_eval_icl_runs_the_four_methods_on_a_meta_trained_t5_folder(tmp_pa
     out = tmp_path / "eval"
     rc = eval_main(["icl", "--hf-model", str(folder), "--tokenizer", "bytes", "--methods",
                     "concat,saicl,fid,ensemble", "--shots", "0,2", "--seeds", "1", "--out", str(out),
-                    "--eval.max_test_items=4"])
+                    "--eval.test_items=4"])
     assert rc == 0
     results = json.loads((out / "results.json").read_text())
     assert results["protocol"]["model"]["kind"] == "t5"
