@@ -132,9 +132,11 @@ class EvaAttention(nn.Module):
         """x (B, T, E) -> (B, T, E); with a cache, continue after its n_seen tokens and update it."""
         B, T, _ = x.shape
         w, c, ext = self.window_size, self.chunk_size, self.ext
-        q, k, v = self._heads(self.q_proj(x)), self._heads(self.k_proj(x)), self._heads(self.v_proj(x))
         if cache is None and self.recompute:
-            return self.out_proj(self._attend_whole(q, k, v).transpose(1, 2).reshape(B, T, -1))
+            heads = (B, T, self.n_head, self.head_dim)  # the projections' layout, not transposed
+            out = self._attend_whole(self.q_proj(x).view(heads), self.k_proj(x).view(heads), self.v_proj(x).view(heads))
+            return self.out_proj(out.reshape(B, T, -1))
+        q, k, v = self._heads(self.q_proj(x)), self._heads(self.k_proj(x)), self._heads(self.v_proj(x))
         state: EvaState | None = cache.layers[self.layer_idx] if cache is not None else None
         n0 = cache.n_seen if cache is not None else 0
         p0 = max(0, (n0 // w) * w - ext)  # absolute position of the first cached window row
@@ -175,13 +177,14 @@ class EvaAttention(nn.Module):
         return self.out_proj(out.transpose(1, 2).reshape(B, T, -1))
 
     def _attend_whole(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        """A whole sequence (training, one-shot scoring): linear memory, logits recomputed in backward."""
-        B, H, T, D = q.shape
+        """A whole sequence (training, one-shot scoring), q, k, v (B, T, H, D): linear memory,
+        logits recomputed in backward (evalm/recompute.py)."""
+        B, T, H, D = q.shape
         w, c, s = self.window_size, self.chunk_size, self.head_dim**-0.5
         n = T // c
-        if n > 0:
-            shape = (B, H, n, c, D)
-            rk, rv = self.summarize(*(x[..., : n * c, :].reshape(shape) for x in (q, k, v)))
+        if n > 0:  # chunk views (B, H, n, c, D) of the same storage: nothing is copied or saved twice
+            chunks = lambda x: x[:, : n * c].unflatten(1, (n, c)).permute(0, 3, 1, 2, 4)  # noqa: E731
+            rk, rv = self.summarize(chunks(q), chunks(k), chunks(v))
         else:
             rk = rv = q.new_zeros(B, H, 0, D)
         bias = None

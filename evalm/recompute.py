@@ -62,20 +62,25 @@ def groups(t: Tiling, batch_heads: int, n_blocks: int, n_remote: int) -> list[tu
     return out
 
 
+def _blocks(x: Tensor, b0: int, b1: int, w: int) -> Tensor:
+    """Rows of blocks b0 … b1−1 of x (B, N, H, D) as (B, H, G, w, D), a view."""
+    return x[:, b0 * w : b1 * w].unflatten(1, (b1 - b0, w)).permute(0, 3, 1, 2, 4)
+
+
 def _windows(x_pad: Tensor, t: Tiling, b0: int, b1: int) -> Tensor:
-    """Local keys (or values) of blocks b0 … b1−1: (B, H, G, ext + w, D) from x left-padded by ext."""
+    """Local keys (or values) of blocks b0 … b1−1: (B, H, G, ext + w, D) from x (B, ext + N, H, D)
+    left-padded by ext rows, as a view."""
     w = t.window
-    part = x_pad[..., b0 * w : b1 * w + t.ext, :]
     if t.ext == 0:
-        return part.unflatten(-2, (b1 - b0, w))
-    return part.unfold(-2, t.ext + w, w).transpose(-1, -2)
+        return _blocks(x_pad, b0, b1, w)
+    return x_pad[:, b0 * w : b1 * w + t.ext].unfold(1, t.ext + w, w).permute(0, 2, 1, 4, 3)
 
 
 def _add_windows(acc_pad: Tensor, grad: Tensor, t: Tiling, b0: int, b1: int) -> None:
     """Scatter-add a group's (B, H, G, ext + w, D) local-key gradients into the padded sequence."""
     w = t.window
     for at in range(0, t.ext + w, w):  # ext is 0 or w: one or two non-overlapping slabs
-        acc_pad[..., b0 * w + at : b1 * w + at, :] += grad[..., at : at + w, :].flatten(2, 3)
+        acc_pad[:, b0 * w + at : b1 * w + at] += grad[..., at : at + w, :].permute(0, 2, 3, 1, 4).flatten(1, 2)
 
 
 def _local_mask(t: Tiling, bias: Tensor | None, device, dtype) -> Tensor:
@@ -91,14 +96,14 @@ def _logits(t: Tiling, q: Tensor, k_pad: Tensor, rk: Tensor, local_mask: Tensor,
     """Masked local (B, H, G, w, ext + w) and remote (B, H, G·w, n_vis) logits of one group."""
     b0, b1, n_vis = group
     w = t.window
-    qg = q[..., b0 * w : b1 * w, :]
-    loc = torch.matmul(qg.unflatten(-2, (b1 - b0, w)), _windows(k_pad, t, b0, b1).transpose(-1, -2))
+    qb = _blocks(q, b0, b1, w)
+    loc = torch.matmul(qb, _windows(k_pad, t, b0, b1).transpose(-1, -2))
     loc = loc.mul_(t.scale).add_(local_mask)
     if b0 == 0 and t.ext:  # block 0's previous-block keys are padding
         loc[:, :, 0, :, : t.ext] = float("-inf")
     if n_vis == 0:
         return loc, None
-    rem = torch.matmul(qg, rk[..., :n_vis, :].transpose(-1, -2)).mul_(t.scale)
+    rem = torch.matmul(qb.flatten(2, 3), rk[..., :n_vis, :].transpose(-1, -2)).mul_(t.scale)
     pos = torch.arange(b0 * w, b1 * w, device=q.device)
     first = min(int(t.limit(b0 * w)), n_vis)  # chunks before `first` are visible to every query here
     if first < n_vis:
@@ -121,10 +126,10 @@ def _keep_masks(t: Tiling, g: int, loc: Tensor, rem: Tensor | None) -> tuple[Ten
 
 
 def attention_forward(t: Tiling, q, k, v, rk, rv, bias) -> tuple[Tensor, Tensor]:
-    """q, k, v (B, H, N, D) with N a multiple of w; rk, rv (B, H, C, D) -> out (B, H, N, D), lse (B, H, N)."""
-    B, H, N, D = q.shape
+    """q, k, v (B, N, H, D) with N a multiple of w; rk, rv (B, H, C, D) -> out (B, N, H, D), lse (B, H, N)."""
+    B, N, H, D = q.shape
     w = t.window
-    k_pad, v_pad = (torch.nn.functional.pad(x, (0, 0, t.ext, 0)) for x in (k, v))
+    k_pad, v_pad = (_pad_front(x, t.ext) for x in (k, v))
     local_mask = _local_mask(t, bias, q.device, q.dtype)
     out, lse = torch.empty_like(q), q.new_empty(B, H, N)
     for g, group in enumerate(groups(t, B * H, N // w, rk.shape[-2])):
@@ -144,18 +149,18 @@ def attention_forward(t: Tiling, q, k, v, rk, rv, bias) -> tuple[Tensor, Tensor]
         o = torch.matmul(loc, _windows(v_pad, t, b0, b1)).flatten(2, 3)
         if rem is not None:
             o = o + torch.matmul(rem, rv[..., :n_vis, :])
-        out[..., b0 * w : b1 * w, :] = o / total.unsqueeze(-1)
+        out[:, b0 * w : b1 * w] = (o / total.unsqueeze(-1)).transpose(1, 2)
         lse[..., b0 * w : b1 * w] = m + total.log()
     return out, lse
 
 
 def attention_backward(t: Tiling, q, k, v, rk, rv, bias, out, lse, d_out):
     """Gradients of attention_forward's output, recomputing each group's probabilities from lse."""
-    B, H, N, D = q.shape
+    B, N, H, D = q.shape
     w = t.window
-    k_pad, v_pad = (torch.nn.functional.pad(x, (0, 0, t.ext, 0)) for x in (k, v))
+    k_pad, v_pad = (_pad_front(x, t.ext) for x in (k, v))
     local_mask = _local_mask(t, bias, q.device, q.dtype)
-    delta = (d_out * out).sum(-1)  # Σ_j P_ij dP_ij = dO_i · O_i, dropout included
+    delta = (d_out * out).sum(-1).transpose(1, 2)  # (B, H, N): Σ_j P_ij dP_ij = dO_i · O_i, dropout included
     dq, dk_pad, dv_pad = torch.empty_like(q), torch.zeros_like(k_pad), torch.zeros_like(v_pad)
     drk, drv = torch.zeros_like(rk), torch.zeros_like(rv)
     d_bias = torch.zeros(w, t.ext + w, dtype=q.dtype, device=q.device)
@@ -166,26 +171,26 @@ def attention_backward(t: Tiling, q, k, v, rk, rv, bias, out, lse, d_out):
         loc = loc.sub_(lse[..., rows].view(B, H, b1 - b0, w, 1)).exp_()  # P, before dropout
         rem = rem.sub_(lse[..., rows].unsqueeze(-1)).exp_() if rem is not None else None
         keep_loc, keep_rem = _keep_masks(t, g, loc, rem) if t.dropout > 0 else (None, None)
-        do, dl = d_out[..., rows, :], delta[..., rows].unsqueeze(-1)
-        do_blocks = do.unflatten(-2, (b1 - b0, w))
+        do_blocks, dl = _blocks(d_out, b0, b1, w), delta[..., rows].unsqueeze(-1)
+        do = do_blocks.flatten(2, 3)
         kg, vg = _windows(k_pad, t, b0, b1), _windows(v_pad, t, b0, b1)
         dp = torch.matmul(do_blocks, vg.transpose(-1, -2))
         p_drop = loc * keep_loc if keep_loc is not None else loc
         _add_windows(dv_pad, torch.matmul(p_drop.transpose(-1, -2), do_blocks), t, b0, b1)
         ds = loc.mul_((dp.mul_(keep_loc) if keep_loc is not None else dp).sub_(dl.unflatten(-2, (b1 - b0, w))))
         d_bias += ds.sum((0, 1, 2))
-        qg = q[..., rows, :]
+        qb = _blocks(q, b0, b1, w)
         dq_rows = torch.matmul(ds, kg).flatten(2, 3)
-        _add_windows(dk_pad, torch.matmul(ds.transpose(-1, -2), qg.unflatten(-2, (b1 - b0, w))).mul_(t.scale), t, b0, b1)
+        _add_windows(dk_pad, torch.matmul(ds.transpose(-1, -2), qb).mul_(t.scale), t, b0, b1)
         if rem is not None:
             dp = torch.matmul(do, rv[..., :n_vis, :].transpose(-1, -2))
             p_drop = rem * keep_rem if keep_rem is not None else rem
             drv[..., :n_vis, :] += torch.matmul(p_drop.transpose(-1, -2), do)
             ds = rem.mul_((dp.mul_(keep_rem) if keep_rem is not None else dp).sub_(dl))
             dq_rows += torch.matmul(ds, rk[..., :n_vis, :])
-            drk[..., :n_vis, :] += torch.matmul(ds.transpose(-1, -2), qg).mul_(t.scale)
-        dq[..., rows, :] = dq_rows.mul_(t.scale)
-    return dq, dk_pad[..., t.ext :, :], dv_pad[..., t.ext :, :], drk, drv, (d_bias if bias is not None else None)
+            drk[..., :n_vis, :] += torch.matmul(ds.transpose(-1, -2), qb.flatten(2, 3)).mul_(t.scale)
+        dq[:, rows] = dq_rows.mul_(t.scale).transpose(1, 2)
+    return dq, dk_pad[:, t.ext :], dv_pad[:, t.ext :], drk, drv, (d_bias if bias is not None else None)
 
 
 class EvaRecompute(torch.autograd.Function):
@@ -210,18 +215,25 @@ class EvaRecompute(torch.autograd.Function):
         return (*(gr.to(x.dtype) if gr is not None else None for gr, x in zip(grads, like)), None)
 
 
+def _pad_front(x: Tensor, rows: int) -> Tensor:
+    """x (B, N, H, D) with `rows` zero rows in front (the previous block of block 0, with overlap)."""
+    return torch.nn.functional.pad(x, (0, 0, 0, 0, rows, 0)) if rows else x
+
+
 def _fp32(x: Tensor) -> Tensor:
     """Softmax work in at least fp32 (EVA_SPEC §8.8); float64 stays float64 for the exact tests."""
     return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
 
 
 def eva_attention(t: Tiling, q: Tensor, k: Tensor, v: Tensor, rk: Tensor, rv: Tensor, bias: Tensor | None) -> Tensor:
-    """Causal EVA over a whole sequence: q, k, v (B, H, T, D), summaries (B, H, ⌊T/c⌋, D) -> (B, H, T, D).
+    """Causal EVA over a whole sequence: q, k, v (B, T, H, D), summaries (B, H, ⌊T/c⌋, D) -> (B, T, H, D).
 
-    `bias` is the (w, ext + w) T5 bias of one block (query row, key column), already scaled by s.
+    The (B, T, H, D) layout is the projections' own, so neither the inputs nor the output are
+    copied into a head-major layout (out_proj reads the output as a view). `bias` is the
+    (w, ext + w) T5 bias of one block (query row, key column), already scaled by s.
     """
-    T = q.shape[-2]
+    T = q.shape[1]
     pad = -T % t.window  # right padding: a padded row is never a key of a real query
     if pad:
-        q, k, v = (torch.nn.functional.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
-    return EvaRecompute.apply(q, k, v, rk, rv, bias, t)[..., :T, :]
+        q, k, v = (torch.nn.functional.pad(x, (0, 0, 0, 0, 0, pad)) for x in (q, k, v))
+    return EvaRecompute.apply(q, k, v, rk, rv, bias, t)[:, :T]

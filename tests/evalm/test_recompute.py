@@ -83,7 +83,7 @@ def _function_inputs(ext: int, n_blocks: int = 5):
     w, c, D = 8, 4, 6
     N = n_blocks * w
     t = lambda *shape: torch.randn(*shape, dtype=torch.float64, generator=gen, requires_grad=True)  # noqa: E731
-    return w, c, (t(1, 2, N, D), t(1, 2, N, D), t(1, 2, N, D), t(1, 2, N // c, D), t(1, 2, N // c, D), t(w, ext + w))
+    return w, c, (t(1, N, 2, D), t(1, N, 2, D), t(1, N, 2, D), t(1, 2, N // c, D), t(1, 2, N // c, D), t(w, ext + w))
 
 
 @pytest.mark.parametrize("ext", [0, 8])
