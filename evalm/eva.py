@@ -123,9 +123,11 @@ class EvaAttention(nn.Module):
         omega = self.adaptive_mu_q(q.mean(-2)) + k_tilde  # μ_r: causal EVA has no 0.5 (§1.3)
         if self.training:  # one random-feature sample per chunk per head, fresh every forward
             omega = omega + torch.randn_like(omega)
-        lam = s * (k @ omega.unsqueeze(-1)).squeeze(-1) - s * k.pow(2).sum(-1) / 2  # (B, H, n, c)
+        # Products and sums rather than matmuls: on the strided chunk views of a whole sequence a
+        # matmul would copy k and v and keep the copies for backward; a product keeps the views.
+        lam = s * (k * omega.unsqueeze(-2)).sum(-1) - s * k.pow(2).sum(-1) / 2  # (B, H, n, c)
         weights = torch.softmax(upcast(lam), dim=-1).to(v.dtype)
-        beta = (weights.unsqueeze(-2) @ v).squeeze(-2)
+        beta = (weights.unsqueeze(-1) * v).sum(-2)
         return k_tilde, beta
 
     def forward(self, x: Tensor, cache: Cache | None = None) -> Tensor:

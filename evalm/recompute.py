@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-GROUP_LOGITS = 1 << 21  # logits per group (B·H·rows·keys): bounds the working set of one group
+GROUP_LOGITS = 1 << 20  # logits per group (B·H·rows·keys): bounds the working set of one group
 
 
 @dataclass(frozen=True)
@@ -160,7 +160,6 @@ def attention_backward(t: Tiling, q, k, v, rk, rv, bias, out, lse, d_out):
     w = t.window
     k_pad, v_pad = (_pad_front(x, t.ext) for x in (k, v))
     local_mask = _local_mask(t, bias, q.device, q.dtype)
-    delta = (d_out * out).sum(-1).transpose(1, 2)  # (B, H, N): Σ_j P_ij dP_ij = dO_i · O_i, dropout included
     dq, dk_pad, dv_pad = torch.empty_like(q), torch.zeros_like(k_pad), torch.zeros_like(v_pad)
     drk, drv = torch.zeros_like(rk), torch.zeros_like(rv)
     d_bias = torch.zeros(w, t.ext + w, dtype=q.dtype, device=q.device)
@@ -171,7 +170,9 @@ def attention_backward(t: Tiling, q, k, v, rk, rv, bias, out, lse, d_out):
         loc = loc.sub_(lse[..., rows].view(B, H, b1 - b0, w, 1)).exp_()  # P, before dropout
         rem = rem.sub_(lse[..., rows].unsqueeze(-1)).exp_() if rem is not None else None
         keep_loc, keep_rem = _keep_masks(t, g, loc, rem) if t.dropout > 0 else (None, None)
-        do_blocks, dl = _blocks(d_out, b0, b1, w), delta[..., rows].unsqueeze(-1)
+        # Σ_j P_ij dP_ij = dO_i · O_i (dropout included), per group: no (B, N, H) temporary of dO·O
+        dl = (d_out[:, rows] * out[:, rows]).sum(-1).transpose(1, 2).unsqueeze(-1)  # (B, H, G·w, 1)
+        do_blocks = _blocks(d_out, b0, b1, w)
         do = do_blocks.flatten(2, 3)
         kg, vg = _windows(k_pad, t, b0, b1), _windows(v_pad, t, b0, b1)
         dp = torch.matmul(do_blocks, vg.transpose(-1, -2))
