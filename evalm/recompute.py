@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-GROUP_LOGITS = 1 << 20  # logits per group (B·H·rows·keys): bounds the working set of one group
+GROUP_LOGITS = 1 << 18  # logits per group (B·H·rows·keys): bounds the working set of one group
 
 
 @dataclass(frozen=True)
@@ -96,14 +96,13 @@ def _logits(t: Tiling, q: Tensor, k_pad: Tensor, rk: Tensor, local_mask: Tensor,
     """Masked local (B, H, G, w, ext + w) and remote (B, H, G·w, n_vis) logits of one group."""
     b0, b1, n_vis = group
     w = t.window
-    qb = _blocks(q, b0, b1, w)
-    loc = torch.matmul(qb, _windows(k_pad, t, b0, b1).transpose(-1, -2))
-    loc = loc.mul_(t.scale).add_(local_mask)
+    qb = _blocks(q, b0, b1, w) * t.scale  # scale the (rows, D) queries, not the (rows, keys) logits
+    loc = torch.matmul(qb, _windows(k_pad, t, b0, b1).transpose(-1, -2)).add_(local_mask)
     if b0 == 0 and t.ext:  # block 0's previous-block keys are padding
         loc[:, :, 0, :, : t.ext] = float("-inf")
     if n_vis == 0:
         return loc, None
-    rem = torch.matmul(qb.flatten(2, 3), rk[..., :n_vis, :].transpose(-1, -2)).mul_(t.scale)
+    rem = torch.matmul(qb.flatten(2, 3), rk[..., :n_vis, :].transpose(-1, -2))
     pos = torch.arange(b0 * w, b1 * w, device=q.device)
     first = min(int(t.limit(b0 * w)), n_vis)  # chunks before `first` are visible to every query here
     if first < n_vis:
