@@ -137,7 +137,7 @@ def verdicts(rows: dict[int, dict], long_row: tuple[int, dict] | None) -> list[s
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--lengths", type=int, nargs="+", default=[8192, 32768], help="layer rows, both methods (default 8192 32768)")
+    parser.add_argument("--lengths", type=int, nargs="*", default=[8192, 32768], help="layer rows, both methods (default 8192 32768)")
     parser.add_argument("--long", type=int, default=131072, help="EVA-only layer row, full attention extrapolated (default 131072; 0 skips)")
     parser.add_argument("--models", nargs="*", default=["tiny", "350m"], choices=sorted(MODELS), help="whole-model rows, one layer each (default tiny 350m)")
     parser.add_argument("--model-length", type=int, default=8192, help="tokens per whole-model row (default 8192)")
@@ -156,7 +156,7 @@ def main() -> None:
         rows[n] = compare("layer", n, args.repeats)
         print_row("layer", n, rows[n])
     long_row = None
-    if args.long:
+    if args.long and rows:
         base = max(rows)
         eva = compare("layer", args.long, 1, methods=("eva",))["eva"]
         f = rows[base]["full"]
