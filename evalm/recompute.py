@@ -199,7 +199,8 @@ class EvaRecompute(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, rk, rv, bias, t: Tiling):
         work = [_fp32(x) for x in (q, k, v, rk, rv)]
-        out, lse = attention_forward(t, *work, _fp32(bias) if bias is not None else None)
+        with torch.autocast(q.device.type, enabled=False):  # else bf16 autocast recasts every matmul
+            out, lse = attention_forward(t, *work, _fp32(bias) if bias is not None else None)
         out = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, rk, rv, bias, out, lse)
         ctx.tiling = t
@@ -209,8 +210,9 @@ class EvaRecompute(torch.autograd.Function):
     def backward(ctx, d_out):
         q, k, v, rk, rv, bias, out, lse = ctx.saved_tensors
         work = [_fp32(x) for x in (q, k, v, rk, rv)]
-        grads = attention_backward(ctx.tiling, *work, _fp32(bias) if bias is not None else None,
-                                   _fp32(out), lse, _fp32(d_out))
+        with torch.autocast(q.device.type, enabled=False):
+            grads = attention_backward(ctx.tiling, *work, _fp32(bias) if bias is not None else None,
+                                       _fp32(out), lse, _fp32(d_out))
         like = (q, k, v, rk, rv, bias)
         return (*(gr.to(x.dtype) if gr is not None else None for gr, x in zip(grads, like)), None)
 

@@ -149,3 +149,39 @@ def test_model_loss_gradients_equal_the_autograd_path():
         grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
     for name in grads[0]:
         torch.testing.assert_close(grads[0][name], grads[1][name], rtol=0, atol=EXACT, msg=name)
+
+
+def test_activation_checkpointing_replays_the_dropout_seed():
+    """train/parallelize.py checkpoints each Block with preserve_rng_state: the recomputed forward
+    draws the same dropout seed and noise, so gradients equal those without checkpointing."""
+    from torch.utils.checkpoint import checkpoint
+
+    model = make_model(attn_dropout=0.3, dropout=0.1, use_t5_bias=True).train()
+    block = model.blocks[0]
+    x = torch.randn(2, 70, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(9))
+    grads = []
+    for wrapped in (False, True):
+        torch.manual_seed(4)
+        block.zero_grad(set_to_none=True)
+        (checkpoint(block, x, use_reentrant=False, preserve_rng_state=True) if wrapped else block(x)).sum().backward()
+        grads.append({n: p.grad.clone() for n, p in block.named_parameters()})
+    for name in grads[0]:
+        torch.testing.assert_close(grads[1][name], grads[0][name], rtol=0, atol=EXACT, msg=name)
+
+
+def test_bf16_autocast_does_not_reach_inside_the_function():
+    """bf16 inputs are computed in fp32 (EVA_SPEC §8.8) whether or not autocast is on: autocast
+    would otherwise recast every matmul of the group loop to bf16."""
+    w, c, inputs = _function_inputs(0)
+    low = [x.detach().to(torch.bfloat16).requires_grad_(True) for x in inputs]
+    tiling = Tiling(w, c, 0, False, 0.4)
+    outs = []
+    for enabled in (False, True):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=enabled):
+            out = EvaRecompute.apply(*low, tiling)
+        out.float().pow(2).sum().backward()
+        outs.append([out.detach()] + [x.grad.clone() for x in low])
+        for x in low:
+            x.grad = None
+    for a, b in zip(*outs):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
