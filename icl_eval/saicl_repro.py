@@ -128,7 +128,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from evalm.config import ConfigError
     from icl_eval.config import EvalConfig
     from icl_eval.methods import MethodOptions
-    from icl_eval.protocol import Runner, summarize
+    from icl_eval.protocol import Runner
+    from icl_eval.summary import summarize
     from icl_eval.synthetic import episode, synthetic_task
 
     p = argparse.ArgumentParser(prog="python -m icl_eval.saicl_repro", description=__doc__.split("\n")[0])
@@ -162,7 +163,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for r in runner.run():
             records.append({**r, "method": label, "trained_encoder": enc})
         print(f"evaluated {label} on the {enc}-trained model", flush=True)
-    summary = summarize(records)
+    summary = summarize(records, runner.baselines)
     claims = check_claims(summary, shots)
     write_json(out / "results.json", {"summary": summary, "claims": claims, "records": records,
                                       "synthetic": str(syn), "shots": shots, "seeds": seeds})

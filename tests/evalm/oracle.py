@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import torch
 
 
 def _np(t):
@@ -82,3 +83,49 @@ def eva_per_token(attn, x) -> np.ndarray:
                 p = _softmax(logits)
                 out[b, i, h] = sum(pi * vi for pi, vi in zip(p, values))
     return _affine(out.reshape(B, T, E), attn.out_proj)
+
+
+def _affine_t(x, lin):
+    return x @ lin.weight.T + lin.bias
+
+
+def _adaptive_t(x, seq):
+    y = _affine_t(x, seq[0])
+    if len(seq) > 1:  # LayerNorm(D), biased variance
+        ln, mu = seq[1], y.mean(-1, keepdim=True)
+        y = (y - mu) / ((y - mu).pow(2).mean(-1, keepdim=True) + ln.eps).sqrt() * ln.weight + ln.bias
+    return y
+
+
+def eva_per_token_torch(attn, x):
+    """The same closed form in differentiable torch ops, one query (all heads) at a time: the
+    gradient oracle. Reads the module's parameters, so autograd reaches every one of them."""
+    B, T, E = x.shape
+    H, D = attn.n_head, attn.head_dim
+    w, c, ext, s = attn.window_size, attn.chunk_size, attn.ext, D**-0.5
+    q, k, v = (_affine_t(x, lin).view(B, T, H, D) for lin in (attn.q_proj, attn.k_proj, attn.v_proj))
+    table = attn.rel_pos_bias.relative_attention_bias.weight[:, 0] if attn.rel_pos_bias is not None else None
+    rows = []
+    for b in range(B):
+        k_tilde, beta = [], []
+        for r in range(T // c):
+            qs, ks, vs = (t[b, r * c : (r + 1) * c] for t in (q, k, v))  # (c, H, D)
+            kt = _adaptive_t(ks.mean(0), attn.adaptive_mu_k)
+            omega = _adaptive_t(qs.mean(0), attn.adaptive_mu_q) + kt  # (H, D)
+            lam = s * (ks * omega).sum(-1) - s * ks.pow(2).sum(-1) / 2  # (c, H)
+            k_tilde.append(kt)
+            beta.append((torch.softmax(lam, 0)[..., None] * vs).sum(0))
+        for i in range(T):
+            lo = max(0, (i // w) * w - ext)
+            logits = s * (k[b, lo : i + 1] * q[b, i]).sum(-1)  # (L, H)
+            if table is not None:
+                buckets = [t5_bucket_ref(max(0, i - j - ext), len(table), w + ext) for j in range(lo, i + 1)]
+                logits = logits + s * table[buckets][:, None]
+            values = v[b, lo : i + 1]
+            n_remote = lo // c if attn.exclude_window_chunks else i // c
+            if n_remote:
+                kr, vr = torch.stack(k_tilde[:n_remote]), torch.stack(beta[:n_remote])
+                logits = torch.cat([logits, s * (kr * q[b, i]).sum(-1)])
+                values = torch.cat([values, vr])
+            rows.append((torch.softmax(logits, 0)[..., None] * values).sum(0).reshape(E))
+    return _affine_t(torch.stack(rows).view(B, T, E), attn.out_proj)

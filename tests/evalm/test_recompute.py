@@ -1,0 +1,187 @@
+"""EVA's recomputing training attention (evalm/recompute.py) against two gradient oracles.
+
+Oracles, float64, every parameter's gradient and the input's:
+1. the autograd path through `EvaAttention._attend` (the implementation before recomputation,
+   selected with `recompute = False`), on its single-tile, multi-tile and grouped paths;
+2. `eva_per_token_torch`, the per-token closed form of EVA_SPEC §1.3 (tests/evalm/oracle.py).
+Dropout is checked by gradcheck: backward equals the numerical derivative of the very forward
+whose keep masks it must replay. Memory: the graph keeps O(n·D) tensors, not O(n·(w + n/c)).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import evalm.eva
+from evalm.recompute import EvaRecompute, Tiling
+from tests.evalm.oracle import eva_per_token_torch
+from tests.evalm.test_eva import VARIANTS, make_attention, make_model, tokens
+
+EXACT = 1e-10
+
+
+def _grads(attn, fn, x: torch.Tensor, weight: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Output and d(Σ weight·out)/d(x and every parameter)."""
+    x = x.clone().requires_grad_(True)
+    attn.zero_grad(set_to_none=True)
+    out = fn(x)
+    (out * weight).sum().backward()
+    got = {"out": out.detach(), "x": x.grad}
+    got.update({name: p.grad for name, p in attn.named_parameters()})
+    return got
+
+
+def _assert_same(got: dict, want: dict) -> None:
+    assert got.keys() == want.keys()
+    for name in got:
+        if got[name] is None or want[name] is None:  # a path where no chunk is ever visible
+            assert not any(g is not None and g.abs().max() > 0 for g in (got[name], want[name])), name
+            assert name.startswith("adaptive_mu"), name
+            continue
+        torch.testing.assert_close(got[name], want[name], rtol=0, atol=EXACT, msg=name)
+
+
+def _inputs(n: int, batch: int = 2):
+    gen = torch.Generator().manual_seed(n)
+    x = torch.randn(batch, n, 32, dtype=torch.float64, generator=gen)
+    return x, torch.randn(batch, n, 32, dtype=torch.float64, generator=gen)
+
+
+# n = 13: one block, no remote chunk for the first queries; 77: several blocks, a padded tail;
+# 300: more than the old path's 256-row tile, with groups forced small on both paths.
+@pytest.mark.parametrize("name", VARIANTS)
+@pytest.mark.parametrize("n", [13, 77, 300])
+def test_gradients_equal_the_autograd_path(name, n, monkeypatch):
+    attn = make_attention(**VARIANTS[name])
+    x, weight = _inputs(n)
+    if n == 300:  # several groups on both paths
+        monkeypatch.setattr(evalm.eva, "TILE_LOGITS", 2 * 4 * 256 * 400)
+        attn.group_logits = 2 * 4 * 3 * attn.window_size * 120
+    new = _grads(attn, attn, x, weight)
+    attn.recompute = False
+    old = _grads(attn, attn, x, weight)
+    _assert_same(new, old)
+    if n == 300:  # the forced groups really split the sequence
+        t = Tiling(attn.window_size, attn.chunk_size, attn.ext, attn.exclude_window_chunks, 1.0,
+                   group_logits=attn.group_logits)
+        assert len(evalm.recompute.groups(t, 8, -(-n // attn.window_size), n // attn.chunk_size)) > 1
+
+
+@pytest.mark.parametrize("name", ["w16c4-t5", "w8c4-overlap-t5", "w16c4-exclude", "w16c16"])
+def test_gradients_equal_the_per_token_oracle(name):
+    attn = make_attention(**VARIANTS[name])
+    attn.group_logits = 2 * 4 * 2 * attn.window_size * 40  # a few blocks per group
+    x, weight = _inputs(70)
+    _assert_same(_grads(attn, attn, x, weight), _grads(attn, lambda x: eva_per_token_torch(attn, x), x, weight))
+
+
+def _function_inputs(ext: int, n_blocks: int = 5):
+    gen = torch.Generator().manual_seed(7)
+    w, c, D = 8, 4, 6
+    N = n_blocks * w
+    t = lambda *shape: torch.randn(*shape, dtype=torch.float64, generator=gen, requires_grad=True)  # noqa: E731
+    return w, c, (t(1, N, 2, D), t(1, N, 2, D), t(1, N, 2, D), t(1, 2, N // c, D), t(1, 2, N // c, D), t(w, ext + w))
+
+
+@pytest.mark.parametrize("ext", [0, 8])
+def test_dropout_masks_are_replayed_exactly_in_backward(ext):
+    w, c, inputs = _function_inputs(ext)
+    tiling = Tiling(w, c, ext, False, 0.4, dropout=0.3, seed=11, group_logits=2 * 2 * w * 30)
+    fn = lambda *a: EvaRecompute.apply(*a, tiling)  # noqa: E731
+    assert torch.autograd.gradcheck(fn, inputs, eps=1e-6, atol=1e-8, fast_mode=True)
+    no_drop = EvaRecompute.apply(*inputs, dataclasses.replace(tiling, dropout=0.0))
+    dropped = fn(*inputs)
+    assert (dropped - no_drop).abs().max() > 1e-3  # dropout really acts
+    torch.testing.assert_close(fn(*inputs), dropped, rtol=0, atol=0)  # one seed, one set of masks
+    other = EvaRecompute.apply(*inputs, dataclasses.replace(tiling, seed=12))
+    assert (other - dropped).abs().max() > 1e-3
+
+
+def test_module_dropout_trains_and_is_fresh_each_forward():
+    attn = make_attention(attn_dropout=0.5, use_t5_bias=True)
+    attn.train()
+    x, weight = _inputs(40)
+    torch.manual_seed(3)
+    a = _grads(attn, attn, x, weight)
+    torch.manual_seed(3)
+    b = _grads(attn, attn, x, weight)
+    _assert_same(a, b)  # the seed comes from torch's generator: reproducible under manual_seed
+    assert (attn(x) - a["out"]).abs().max() > 1e-3
+
+
+def _saved_bytes(fn) -> int:
+    total = 0
+
+    def pack(t):
+        nonlocal total
+        total += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return total
+
+
+def test_graph_keeps_linear_memory():
+    """The recomputing path saves O(n·E) bytes; the autograd path saves every tile's probabilities."""
+    attn = make_attention(window_size=32, chunk_size=4).float()
+    attn.train()
+    x = torch.randn(1, 2048, 32, requires_grad=True)
+    per_token = 2048 * 32 * 4  # one float per token and model dimension
+    new = _saved_bytes(lambda: attn(x))
+    attn.recompute = False
+    old = _saved_bytes(lambda: attn(x))
+    assert new < 40 * per_token < old
+
+
+def test_model_loss_gradients_equal_the_autograd_path():
+    model = make_model(use_t5_bias=True)
+    x = tokens(90, batch=2)
+    grads = []
+    for recompute in (True, False):
+        for block in model.blocks:
+            block.attn.recompute = recompute
+        model.zero_grad(set_to_none=True)
+        model(x[:, :-1], targets=x[:, 1:]).backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    for name in grads[0]:
+        torch.testing.assert_close(grads[0][name], grads[1][name], rtol=0, atol=EXACT, msg=name)
+
+
+def test_activation_checkpointing_replays_the_dropout_seed():
+    """train/parallelize.py checkpoints each Block with preserve_rng_state: the recomputed forward
+    draws the same dropout seed and noise, so gradients equal those without checkpointing."""
+    from torch.utils.checkpoint import checkpoint
+
+    model = make_model(attn_dropout=0.3, dropout=0.1, use_t5_bias=True).train()
+    block = model.blocks[0]
+    x = torch.randn(2, 70, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(9))
+    grads = []
+    for wrapped in (False, True):
+        torch.manual_seed(4)
+        block.zero_grad(set_to_none=True)
+        (checkpoint(block, x, use_reentrant=False, preserve_rng_state=True) if wrapped else block(x)).sum().backward()
+        grads.append({n: p.grad.clone() for n, p in block.named_parameters()})
+    for name in grads[0]:
+        torch.testing.assert_close(grads[1][name], grads[0][name], rtol=0, atol=EXACT, msg=name)
+
+
+def test_bf16_autocast_does_not_reach_inside_the_function():
+    """bf16 inputs are computed in fp32 (EVA_SPEC §8.8) whether or not autocast is on: autocast
+    would otherwise recast every matmul of the group loop to bf16."""
+    w, c, inputs = _function_inputs(0)
+    low = [x.detach().to(torch.bfloat16).requires_grad_(True) for x in inputs]
+    tiling = Tiling(w, c, 0, False, 0.4)
+    outs = []
+    for enabled in (False, True):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=enabled):
+            out = EvaRecompute.apply(*low, tiling)
+        out.float().pow(2).sum().backward()
+        outs.append([out.detach()] + [x.grad.clone() for x in low])
+        for x in low:
+            x.grad = None
+    for a, b in zip(*outs):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
