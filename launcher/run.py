@@ -13,14 +13,17 @@ names. The console shows `stage k/N name`, progress bars and one result line per
 else a stage prints goes to ROOT/NAME/logs/STAGE.log. A stage is complete when its marker
 `.evalm-stage.json` exists (written last, with the arguments it ran with, its seconds and the peak
 memory so far); a rerun skips complete stages, resumes interrupted data and training stages (their
-own relaunch logic), and redoes the rest. A complete stage whose arguments changed is refused:
-rerun it with `--from STAGE`.
+own relaunch logic), and redoes the rest. Each marker holds the stage's key (`stage_key`: its commands, the content of the settings
+files and sample folders they name, and the previous stage's key): a changed key redoes the stage
+and, through the chain, every later one; `--only STAGE` marks the later stages stale.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
+import hashlib
 import json
 import resource
 import shutil
@@ -368,19 +371,67 @@ def _marker(r: Run, stage: str) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def run_stage(r: Run, stage: str, position: str = "") -> float:
-    """Run one stage unless complete; returns its seconds (0 when skipped)."""
+def _fingerprint(path: Path) -> str:
+    """sha256 of a file's bytes, or of a folder's files (relative names and bytes)."""
+    digest = hashlib.sha256()
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    for f in files:
+        digest.update(str(f.relative_to(path) if f != path else f.name).encode())
+        digest.update(f.read_bytes())
+    return digest.hexdigest()
+
+
+def _strings(node) -> list[str]:
+    """Every string value of a parsed TOML document."""
+    if isinstance(node, dict):
+        return [s for v in node.values() for s in _strings(v)]
+    if isinstance(node, list):
+        return [s for v in node for s in _strings(v)]
+    return [node] if isinstance(node, str) else []
+
+
+def stage_key(r: Run, stage: str, commands: list, previous: str) -> str:
+    """What a stage's outputs depend on: its commands, the content of every settings file or
+    sample folder they name (configs, budgets, task files and their splits, books), the run-file
+    fields it reads outside its commands, and the key of the stage before it, so a change reruns
+    the stage and every later one."""
+    inputs = {}
+    for arg in (a for argv in commands for a in argv):
+        path = Path(str(arg))
+        if path.is_file() or (path.is_dir() and r.samples in path.parents):
+            inputs[str(path)] = _fingerprint(path.parent if path.is_file() and r.samples in path.parents else path)
+    for config in [p for p in map(Path, inputs) if p.suffix == ".toml" and p.is_file()]:
+        for value in _strings(read_toml(config)):  # files a config names (word lists, budgets, tokenizers)
+            if Path(value).is_file():
+                inputs[value] = _fingerprint(Path(value))
+    if stage == "filter":
+        import data_pipeline.wordlists as wordlists
+
+        inputs["shipped word lists"] = _fingerprint(Path(wordlists.__file__).parent / "wordlists")
+        if (r.samples / "manifest.json").is_file():
+            inputs["samples manifest"] = _fingerprint(r.samples / "manifest.json")
+    extra = dataclasses.asdict(r.msit) if stage == "msit" else None  # the tuning data the launcher writes
+    blob = json.dumps({"commands": commands, "inputs": inputs, "extra": extra, "previous": previous}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def run_stage(r: Run, stage: str, position: str = "", previous: str = "") -> tuple[float, str]:
+    """Run one stage unless complete with the same key; returns its seconds (0 when skipped) and its key.
+
+    A complete stage whose key changed (or that `--only` marked stale) is redone from scratch."""
     commands = STAGES[stage](r)
     commands = commands if commands and isinstance(commands[0], list) else [commands]
+    key = stage_key(r, stage, commands, previous)
     done = _marker(r, stage)
-    if done is not None:
-        if done["commands"] != commands:
-            raise ConfigError(f"stage {stage!r} of {r.dir} is complete but its arguments changed; "
-                              f"rerun it and the stages after it with `evalm run {r.path} --from {stage}`")
-        print(f"stage {position} {stage}: complete, skipped ({done['seconds']:.0f} s when it ran)")
-        return 0.0
     folder = r.stage_dir(stage)
-    if folder.exists() and stage not in RESUMABLE:
+    if done is not None and done.get("key") == key and not done.get("stale"):
+        print(f"stage {position} {stage}: complete, skipped ({done['seconds']:.0f} s when it ran)")
+        return 0.0, key
+    if done is not None:  # changed settings or inputs: the old outputs must not be resumed
+        why = "marked stale by --only" if done.get("stale") else "its settings or inputs changed"
+        print(f"stage {position} {stage}: {why}; redoing it")
+        shutil.rmtree(folder)
+    elif folder.exists() and stage not in RESUMABLE:
         shutil.rmtree(folder)
     print(f"stage {position} {stage} ...", flush=True)
     t0 = time.perf_counter()
@@ -391,10 +442,18 @@ def run_stage(r: Run, stage: str, position: str = "") -> float:
         _call(argv, log)
     seconds = time.perf_counter() - t0
     folder.mkdir(parents=True, exist_ok=True)
-    marker = {"stage": stage, "commands": commands, "seconds": seconds, "peak_rss_gib_so_far": peak_rss_gib()}
+    marker = {"stage": stage, "key": key, "commands": commands, "seconds": seconds, "peak_rss_gib_so_far": peak_rss_gib()}
     (folder / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
     print(f"stage {position} {stage}: {stage_result(r, stage)} ({seconds:.0f} s; log {log})", flush=True)
-    return seconds
+    return seconds, key
+
+
+def _mark_stale(r: Run, stages: Sequence[str]) -> None:
+    """After `--only X`, the stages after X were built on X's old outputs: the next run redoes them."""
+    for stage in stages:
+        marker = _marker(r, stage)
+        if marker is not None:
+            (r.stage_dir(stage) / MARKER).write_text(json.dumps({**marker, "stale": True}, indent=2) + "\n")
 
 
 def ensure_samples(r: Run) -> None:
@@ -437,7 +496,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 shutil.rmtree(r.stage_dir(stage), ignore_errors=True)
         t0 = time.perf_counter()
         ensure_samples(r)
-        timings = {stage: run_stage(r, stage, f"{i}/{len(stages)}") for i, stage in enumerate(stages, 1)}
+        order = list(STAGES)
+        previous = (_marker(r, order[order.index(stages[0]) - 1]) or {}).get("key", "") if stages[0] != order[0] else ""
+        timings = {}
+        for i, stage in enumerate(stages, 1):
+            timings[stage], previous = run_stage(r, stage, f"{i}/{len(stages)}", previous)
+        if args.only:
+            _mark_stale(r, order[order.index(args.only) + 1:])
         report = write_report(r, timings, wall_seconds=time.perf_counter() - t0, peak_rss_gib=peak_rss_gib())
     except (ConfigError, RuntimeError, FileNotFoundError, ValueError) as err:
         print(f"evalm run: error: {err}", file=sys.stderr)

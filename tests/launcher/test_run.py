@@ -155,11 +155,34 @@ def test_from_pretrain_reruns_only_the_later_stages(run_file):
         assert changed == (order.index(stage) >= order.index("pretrain")), stage
 
 
-def test_changed_arguments_of_a_complete_stage_are_refused(run_file, tmp_path, capsys):
-    changed = tmp_path / "changed.toml"
-    changed.write_text(run_file.read_text().replace('vocab_size = 258', 'vocab_size = 320'))
-    assert main([str(changed)]) == 2
-    assert "--from tokenizer" in capsys.readouterr().err
+def test_a_changed_task_file_reruns_that_stage_and_every_later_one(run_file, capsys):
+    """Stage keys cover the content of the files a stage reads (here the polarity task file the
+    icl stage names), chained through the later stages; earlier stages are untouched."""
+    run_dir = run_file.parent / "runs" / "ci"
+    before = markers(run_dir)
+    task = run_file.parent / "samples" / "tasks" / "polarity" / "task.toml"
+    task.write_text(task.read_text().replace("Sentiment: {label}", "Verdict: {label}"))
+    capsys.readouterr()
+    assert main([str(run_file)]) == 0
+    assert "icl: its settings or inputs changed; redoing it" in capsys.readouterr().out
+    after = markers(run_dir)
+    order = list(STAGES)
+    for stage in order:
+        assert (after[stage] != before[stage]) == (order.index(stage) >= order.index("icl")), stage
+    report = json.loads((run_dir / "icl" / "polarity" / "msit" / "results.json").read_text())
+    assert "Verdict" in report["protocol"]["template"]
+
+
+def test_only_a_stage_marks_the_later_ones_stale(run_file, capsys):
+    run_dir = run_file.parent / "runs" / "ci"
+    assert main([str(run_file), "--only", "icl"]) == 0
+    assert json.loads((run_dir / "ppl" / MARKER).read_text())["stale"] is True
+    before = markers(run_dir)
+    capsys.readouterr()
+    assert main([str(run_file)]) == 0
+    assert "ppl: marked stale by --only; redoing it" in capsys.readouterr().out
+    after = markers(run_dir)
+    assert [s for s in STAGES if after[s] != before[s]] == ["ppl"]
 
 
 def test_unknown_section_names_the_file_and_the_valid_ones(tmp_path, capsys):
