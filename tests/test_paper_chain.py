@@ -5,7 +5,8 @@
 The commands are read from README.md itself, so the test breaks when the README or a shipped
 config stops chaining (e.g. configs/msit.toml naming a folder no command writes). Every output
 path stays exactly as written; what changes is only what cannot exist here, each listed in EDITS:
-the user's data under /data (seeded CI-sized stand-ins), cluster flags (8 GPUs -> 2 CPU ranks under
+the user's data (seeded CI-sized stand-ins: /data/pile, and a datasets cache holding nyu-mll/glue sst2 and
+deepmind/pg19 in the hub layout, read offline as the README's evaluation commands do), cluster flags (8 GPUs -> 2 CPU ranks under
 torchrun, Slurm -> the local executor, HOST -> a real local Redis, 300 tasks -> 2), the 120B-token
 budget (-> the shipped relative Table 5, configs/budgets-tiny.toml), the GPT-2 tokenizer file
 (-> "or train one") and evaluation sizes. The shipped 350M/MSIT configs shrink through `--set` only.
@@ -23,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.hub_cache import write_hub_cache
 from tests.launcher.samples_fixture import write_samples
 from tests.train.helpers import free_port
 
@@ -67,17 +69,21 @@ def to_argv(line: str, work: Path, redis_url: str) -> list[str]:
 
 
 def stand_in_data(work: Path) -> None:
-    """/data/pile/train, /data/sst2, /data/pg19/test and runs/flan/train.jsonl, CI-sized."""
+    """/data/pile/train, runs/flan/train.jsonl, and the datasets cache the README's evaluation reads
+    offline (nyu-mll/glue sst2, deepmind/pg19), CI-sized, in the hub cache's layout under HF_HOME."""
     samples = write_samples(work / "samples")
     (work / "data" / "pile").mkdir(parents=True)
     (samples / "pile").rename(work / "data" / "pile" / "train")
-    (work / "data" / "pg19").mkdir()
-    (samples / "books").rename(work / "data" / "pg19" / "test")
-    (work / "data" / "sst2").mkdir()
-    for split in ("train", "test"):
+    splits = {}
+    for split, hub_split in (("train", "train"), ("test", "validation")):  # GLUE's labelled split is validation
         rows = [json.loads(x) for x in (samples / "tasks" / "polarity" / f"{split}.jsonl").read_text().splitlines()]
-        (work / "data" / "sst2" / f"{split}.jsonl").write_text(
-            "".join(json.dumps({"sentence": r["text"], "label": r["label"]}) + "\n" for r in rows))
+        splits[hub_split] = {"sentence": [r["text"] for r in rows], "label": [r["label"] for r in rows],
+                             "idx": list(range(len(rows)))}
+    write_hub_cache(work, "nyu-mll/glue", "sst2", splits)
+    books = sorted((samples / "books").glob("*.txt"))
+    write_hub_cache(work, "deepmind/pg19", None, {"test": {
+        "short_book_title": [b.stem for b in books], "publication_date": [1900] * len(books),
+        "url": [f"local://{b.name}" for b in books], "text": [b.read_text() for b in books]}})
     (work / "runs" / "flan").mkdir(parents=True)
     (samples / "instructions" / "train.jsonl").rename(work / "runs" / "flan" / "train.jsonl")
 
@@ -104,3 +110,5 @@ def test_the_readme_paper_scale_chain_runs_as_written(tmp_path, redis_url):
     assert len(msit) == 2 and all("initialised the model from runs/350m/checkpoints/step-00000004" in t for t in msit)
     assert (work / "models" / "350m-msit" / "model.safetensors").is_file()
     assert list((work / "results" / "sst2").rglob("*.json")) and list((work / "results" / "pg19").rglob("*.json"))
+    sst2 = json.loads((work / "results" / "sst2" / "results.json").read_text())
+    assert "nyu-mll/glue" in json.dumps(sst2["protocol"]["data"])  # read from the offline cache, not a folder
