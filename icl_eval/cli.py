@@ -174,12 +174,17 @@ def icl(argv: Sequence[str]) -> int:
     bar = _progress(n_items * len(config.shots) * len(config.methods) * len(config.seeds) * parts, "icl")
     t0 = time.perf_counter()
     runner = Runner(lm, task, config, options, splits_for_seed, progress=bar.update)
+    label_tokens = runner.prompt.label_token_counts()
+    if len(set(label_tokens.values())) > 1 and options.scoring.endswith("-sum"):
+        print(f"warning: the labels tokenize to unequal lengths {label_tokens}: {options.scoring} scores favour the "
+              "shorter ones; consider --eval.method.scoring=answer-mean or another verbalizer", file=sys.stderr)
     records = runner.run()
     bar.close()
     summary = summarize(records, runner.baselines)
     results = {
         "protocol": {"model": _describe(lm), "task": task.name, "template": task.template,
                      "template_source": task.source, "labels": list(task.labels), "data": data_info,
+                     "label_tokens": label_tokens,
                      "eval": to_dict(config),
                      "method_options": to_dict(options), "scoring": options.scoring,
                      "seconds": time.perf_counter() - t0},

@@ -111,6 +111,14 @@ class PromptBuilder:
             out.append(self.test_item(-1 - j, blank, n_shots, gold=-1))
         return out
 
+    def label_token_counts(self) -> dict[str, int]:
+        """Tokens of each verbalized label inside the template (empty for multiple choice).
+
+        Summed scores (instance-sum, answer-sum) of labels with unequal token counts are biased
+        towards the shorter ones: a small BPE can make " A" one token and " B" two."""
+        fields = {name: "x" for name in self.task.input_fields}
+        return {label: len(self.segments(fields, label)[1]) for label in self.task.labels}
+
     def lead(self, n_shots: int) -> tuple[int, ...]:
         return self.sep if n_shots > 0 else self.bos
 

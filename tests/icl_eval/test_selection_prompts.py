@@ -85,3 +85,12 @@ def test_builtin_template_sets_cover_the_papers():
     assert get_task("agnews", "structured").instruction
     with pytest.raises(ValueError, match="valid"):
         get_task("nope")
+
+
+def test_label_token_counts_reveal_unequal_verbalizers():
+    from icl_eval.tasks import Task
+
+    uneven = PromptBuilder(Task("t", "Q: {q} A: {label}", ("no", "yes")), ByteTokenizer())
+    assert uneven.label_token_counts() == {"no": 3, "yes": 4}  # " no", " yes" in bytes
+    even = PromptBuilder(Task("t", "{x} {label}", ("A", "B")), ByteTokenizer())
+    assert even.label_token_counts() == {"A": 2, "B": 2}
