@@ -21,9 +21,6 @@ and, through the chain, every later one; `--only STAGE` marks the later stages s
 from __future__ import annotations
 
 import argparse
-import contextlib
-import dataclasses
-import hashlib
 import json
 import resource
 import shutil
@@ -36,6 +33,8 @@ from pathlib import Path
 from pydantic.dataclasses import dataclass
 
 from evalm.config import FROZEN, ConfigError, build, read_toml
+from launcher.console import call
+from launcher.keys import stage_key
 from launcher.report import MARKER, stage_result, write_report
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "tiny.toml"
@@ -311,108 +310,9 @@ def write_msit_data(r: Run, out: Path) -> dict:
 # ----------------------------------------------------------------------------- running
 
 
-def _call(argv: list, log: Path) -> None:
-    """Run one command in this process; its printed lines and the data library's log lines go to
-    the stage's log file, while progress bars (stderr) stay on the console. An error names the log."""
-    from launcher.cli import main
-
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("a", encoding="utf-8") as f:
-        f.write(f"\n$ evalm {' '.join(argv)}\n")
-        f.flush()
-        with _quiet(f):
-            code = main(argv)
-    if code:
-        raise RuntimeError(f"`evalm {' '.join(argv)}` exited with {code}; its output is in {log}; "
-                           f"fix the error, then rerun `evalm run`")
-
-
-@contextlib.contextmanager
-def _quiet(f):
-    """stdout and datatrove's loguru lines (it logs to the stderr object of the moment) into `f`."""
-    from loguru import logger
-
-    logger.remove()  # datatrove's tasks replace the handlers themselves, so reset them all after
-    logger.add(f, level="INFO")
-    saved_stderr = sys.stderr
-    try:
-        with contextlib.redirect_stdout(f):
-            sys.stderr = _ProgressOnly(saved_stderr, f)
-            yield
-    finally:
-        sys.stderr = saved_stderr
-        logger.remove()
-        logger.add(sys.stderr, level="INFO")
-
-
-class _ProgressOnly:
-    """A stderr that shows progress bars (carriage-return updates) and sends whole lines to the log."""
-
-    def __init__(self, console, log):
-        self.console, self.log = console, log
-
-    def write(self, text: str) -> int:
-        (self.console if "\r" in text else self.log).write(text)
-        return len(text)
-
-    def flush(self) -> None:
-        self.console.flush()
-        self.log.flush()
-
-    def isatty(self) -> bool:
-        return self.console.isatty()
-
-    def fileno(self) -> int:
-        return self.log.fileno()
-
-
 def _marker(r: Run, stage: str) -> dict | None:
     path = r.stage_dir(stage) / MARKER
     return json.loads(path.read_text()) if path.is_file() else None
-
-
-def _fingerprint(path: Path) -> str:
-    """sha256 of a file's bytes, or of a folder's files (relative names and bytes)."""
-    digest = hashlib.sha256()
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
-    for f in files:
-        digest.update(str(f.relative_to(path) if f != path else f.name).encode())
-        digest.update(f.read_bytes())
-    return digest.hexdigest()
-
-
-def _strings(node) -> list[str]:
-    """Every string value of a parsed TOML document."""
-    if isinstance(node, dict):
-        return [s for v in node.values() for s in _strings(v)]
-    if isinstance(node, list):
-        return [s for v in node for s in _strings(v)]
-    return [node] if isinstance(node, str) else []
-
-
-def stage_key(r: Run, stage: str, commands: list, previous: str) -> str:
-    """What a stage's outputs depend on: its commands, the content of every settings file or
-    sample folder they name (configs, budgets, task files and their splits, books), the run-file
-    fields it reads outside its commands, and the key of the stage before it, so a change reruns
-    the stage and every later one."""
-    inputs = {}
-    for arg in (a for argv in commands for a in argv):
-        path = Path(str(arg))
-        if path.is_file() or (path.is_dir() and r.samples in path.parents):
-            inputs[str(path)] = _fingerprint(path.parent if path.is_file() and r.samples in path.parents else path)
-    for config in [p for p in map(Path, inputs) if p.suffix == ".toml" and p.is_file()]:
-        for value in _strings(read_toml(config)):  # files a config names (word lists, budgets, tokenizers)
-            if Path(value).is_file():
-                inputs[value] = _fingerprint(Path(value))
-    if stage == "filter":
-        import data_pipeline.wordlists as wordlists
-
-        inputs["shipped word lists"] = _fingerprint(Path(wordlists.__file__).parent / "wordlists")
-        if (r.samples / "manifest.json").is_file():
-            inputs["samples manifest"] = _fingerprint(r.samples / "manifest.json")
-    extra = dataclasses.asdict(r.msit) if stage == "msit" else None  # the tuning data the launcher writes
-    blob = json.dumps({"commands": commands, "inputs": inputs, "extra": extra, "previous": previous}, sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()
 
 
 def run_stage(r: Run, stage: str, position: str = "", previous: str = "") -> tuple[float, str]:
@@ -439,7 +339,7 @@ def run_stage(r: Run, stage: str, position: str = "", previous: str = "") -> tup
         write_msit_data(r, folder / "data" / "train.jsonl")
     log = r.dir / "logs" / f"{stage}.log"
     for argv in commands:
-        _call(argv, log)
+        call(argv, log)
     seconds = time.perf_counter() - t0
     folder.mkdir(parents=True, exist_ok=True)
     marker = {"stage": stage, "key": key, "commands": commands, "seconds": seconds, "peak_rss_gib_so_far": peak_rss_gib()}

@@ -1,0 +1,67 @@
+"""The console of `evalm run`: a stage's own output goes to its log file, progress bars stay.
+
+datatrove logs through loguru to whatever stderr object is current when a task starts, and every
+command prints its own lines; the launcher shows `stage k/N`, progress bars and one result line per
+stage (issue 9, "quiet by default"), so the rest of a stage's output is written to its log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from pathlib import Path
+
+
+def call(argv: list, log: Path) -> None:
+    """Run one command in this process; its printed lines and the data library's log lines go to
+    the stage's log file, while progress bars (stderr) stay on the console. An error names the log."""
+    from launcher.cli import main
+
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("a", encoding="utf-8") as f:
+        f.write(f"\n$ evalm {' '.join(argv)}\n")
+        f.flush()
+        with _quiet(f):
+            code = main(argv)
+    if code:
+        raise RuntimeError(f"`evalm {' '.join(argv)}` exited with {code}; its output is in {log}; "
+                           f"fix the error, then rerun `evalm run`")
+
+
+@contextlib.contextmanager
+def _quiet(f):
+    """stdout and datatrove's loguru lines (it logs to the stderr object of the moment) into `f`."""
+    from loguru import logger
+
+    logger.remove()  # datatrove's tasks replace the handlers themselves, so reset them all after
+    logger.add(f, level="INFO")
+    saved_stderr = sys.stderr
+    try:
+        with contextlib.redirect_stdout(f):
+            sys.stderr = _ProgressOnly(saved_stderr, f)
+            yield
+    finally:
+        sys.stderr = saved_stderr
+        logger.remove()
+        logger.add(sys.stderr, level="INFO")
+
+
+class _ProgressOnly:
+    """A stderr that shows progress bars (carriage-return updates) and sends whole lines to the log."""
+
+    def __init__(self, console, log):
+        self.console, self.log = console, log
+
+    def write(self, text: str) -> int:
+        (self.console if "\r" in text else self.log).write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        self.console.flush()
+        self.log.flush()
+
+    def isatty(self) -> bool:
+        return self.console.isatty()
+
+    def fileno(self) -> int:
+        return self.log.fileno()

@@ -1,0 +1,60 @@
+"""Stage keys of `evalm run`: what a stage's outputs depend on, so a change reruns it and every later one.
+
+A key hashes the stage's commands, the content of the settings files and sample folders they name
+(configs, budgets, task files with their splits, books, the pile shards), files named inside those
+TOML configs, the shipped word lists (filter), the run-file fields the launcher reads outside the
+commands (the MSIT data it writes), and the previous stage's key (the chain).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+
+from evalm.config import read_toml
+
+
+def _fingerprint(path: Path) -> str:
+    """sha256 of a file's bytes, or of a folder's files (relative names and bytes)."""
+    digest = hashlib.sha256()
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    for f in files:
+        digest.update(str(f.relative_to(path) if f != path else f.name).encode())
+        digest.update(f.read_bytes())
+    return digest.hexdigest()
+
+
+def _strings(node) -> list[str]:
+    """Every string value of a parsed TOML document."""
+    if isinstance(node, dict):
+        return [s for v in node.values() for s in _strings(v)]
+    if isinstance(node, list):
+        return [s for v in node for s in _strings(v)]
+    return [node] if isinstance(node, str) else []
+
+
+def stage_key(r, stage: str, commands: list, previous: str) -> str:
+    """What a stage's outputs depend on: its commands, the content of every settings file or
+    sample folder they name (configs, budgets, task files and their splits, books), the run-file
+    fields it reads outside its commands, and the key of the stage before it, so a change reruns
+    the stage and every later one."""
+    inputs = {}
+    for arg in (a for argv in commands for a in argv):
+        path = Path(str(arg))
+        if path.is_file() or (path.is_dir() and r.samples in path.parents):
+            inputs[str(path)] = _fingerprint(path.parent if path.is_file() and r.samples in path.parents else path)
+    for config in [p for p in map(Path, inputs) if p.suffix == ".toml" and p.is_file()]:
+        for value in _strings(read_toml(config)):  # files a config names (word lists, budgets, tokenizers)
+            if Path(value).is_file():
+                inputs[value] = _fingerprint(Path(value))
+    if stage == "filter":
+        import data_pipeline.wordlists as wordlists
+
+        inputs["shipped word lists"] = _fingerprint(Path(wordlists.__file__).parent / "wordlists")
+        if (r.samples / "manifest.json").is_file():
+            inputs["samples manifest"] = _fingerprint(r.samples / "manifest.json")
+    extra = dataclasses.asdict(r.msit) if stage == "msit" else None  # the tuning data the launcher writes
+    blob = json.dumps({"commands": commands, "inputs": inputs, "extra": extra, "previous": previous}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
