@@ -61,11 +61,18 @@ class Runner:
         self.baselines: list[dict] = []
         """Per (split, seed, shots): each label baseline's per-item correctness on the items scored."""
         self.predictions: list[dict] = []
+        self._item_set = 0
 
     def run(self) -> list[dict]:
+        first_test = None
         for seed in self.config.seeds:
-            splits, held = hold_out_validation(self.splits_for_seed(seed), self.config.validation_items) \
-                if self.config.choose_shot_on_validation else (self.splits_for_seed(seed), [])
+            raw = self.splits_for_seed(seed)
+            first_test = raw["test"] if first_test is None else first_test
+            # seeds share the items of one split (crossed design), or each has its own (the synthetic
+            # family's fresh episode per seed: nested); recorded so the bootstrap resamples correctly
+            self._item_set = 0 if raw["test"] is first_test else seed
+            splits, held = hold_out_validation(raw, self.config.validation_items) \
+                if self.config.choose_shot_on_validation else (raw, [])
             parts = ["test"] + (["validation"] if self.config.choose_shot_on_validation else [])
             for split in parts:
                 self._run_split(splits, split, seed, held)
@@ -99,7 +106,8 @@ class Runner:
     def _record_baselines(self, split, seed, k, items: list[TestItem], per_item: list[list[Demo]], train) -> None:
         demo_labels = [[self.task.gold(train[d.item_id]) for d in demos] for demos in per_item]
         vectors = label_baselines([it.gold for it in items], demo_labels, [len(it.candidates) for it in items], seed)
-        self.baselines.append({"split": split, "seed": seed, "shots": k, "item_ids": [it.item_id for it in items],
+        self.baselines.append({"split": split, "seed": seed, "shots": k, "item_set": self._item_set,
+                               "item_ids": [it.item_id for it in items],
                                **{name: v.tolist() for name, v in vectors.items()}})
 
     def _score(self, name: str, per_item: list[list[Demo]], items: list[TestItem], rows, k: int) -> MethodResult:
@@ -135,7 +143,7 @@ class Runner:
         used = result.info.get("demos_used", [k] * len(items))
         self.records.append({
             "method": name, "split": split, "seed": seed, "shots": k, **metrics(preds, gold),
-            "item_ids": [it.item_id for it in items], "correct": [int(p == g) for p, g in zip(preds, gold)],
+            "item_set": self._item_set, "item_ids": [it.item_id for it in items], "correct": [int(p == g) for p, g in zip(preds, gold)],
             "demos_used_min": min(used, default=k), "demos_used_mean": float(np.mean(used)) if used else float(k),
             "demo_ids": [d.item_id for d in demos] if self.config.selection == "random" else None,
             "tokens_per_demo": float(np.mean([len(d.tokens) for d in demos])) if demos else 0.0,

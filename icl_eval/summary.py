@@ -25,9 +25,12 @@ from icl_eval.bootstrap import hierarchical_interval, interval_summary
 AVERAGED = ("accuracy", "macro_f1", "seconds_per_item", "demos_used_mean")
 
 
-def _by_seed(rows: list[dict], key: str) -> tuple[list[np.ndarray], list[list[int]]]:
+def _by_seed(rows: list[dict], key: str) -> tuple[list[np.ndarray], list[list[tuple[int, int]]]]:
+    """Per seed: the vector under `key` and its items, named (item set, index) so that seeds with
+    their own items (a fresh synthetic episode each) never look like seeds sharing items."""
     rows = sorted(rows, key=lambda r: r["seed"])
-    return [np.asarray(r[key], dtype=float) for r in rows], [r["item_ids"] for r in rows]
+    return ([np.asarray(r[key], dtype=float) for r in rows],
+            [[(r.get("item_set", 0), i) for i in r["item_ids"]] for r in rows])
 
 
 def _paired(a: list[dict], b: list[dict], key_a: str, key_b: str) -> dict[str, Any]:

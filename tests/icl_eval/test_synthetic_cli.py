@@ -45,6 +45,7 @@ def test_trained_tiny_model_learns_in_context_above_every_label_baseline(one_thr
     runner = Runner(EvalmLM(model, ByteTokenizer()), synthetic_task(syn), config, MethodOptions(),
                     lambda seed: episode(seed, syn))
     acc = summarize(runner.run(), runner.baselines)["test"]["incremental"]
+    assert len({r["item_set"] for r in runner.records}) == 2  # a fresh episode per seed: nested items
     assert acc["32"]["gain"]["ci95"][0] > 0, acc["32"]
     assert acc["32"]["accuracy_mean"] > acc["1"]["accuracy_mean"] + 0.2
 
