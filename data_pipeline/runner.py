@@ -193,6 +193,10 @@ def _local(pipeline, tasks, logging_dir, depends, options):
     from datatrove.executor import LocalPipelineExecutor
 
     workers = int(options.pop("workers", 1))
+    # forkserver (datatrove's default) starts one server per process, which keeps the stderr of the
+    # moment it started: every later stage's worker lines would go to the first stage's log or the
+    # terminal (launcher/console.py). Spawned workers take the file descriptors of their own stage.
+    options.setdefault("start_method", "spawn")
     return LocalPipelineExecutor(
         pipeline, tasks=tasks, workers=min(workers, tasks), logging_dir=logging_dir, depends=depends, **options
     )

@@ -8,6 +8,7 @@ stage (issue 9, "quiet by default"), so the rest of a stage's output is written 
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from pathlib import Path
 
@@ -30,18 +31,28 @@ def call(argv: list, log: Path) -> None:
 
 @contextlib.contextmanager
 def _quiet(f):
-    """stdout and datatrove's loguru lines (it logs to the stderr object of the moment) into `f`."""
+    """stdout and datatrove's loguru lines (it logs to the stderr object of the moment) into `f`.
+
+    datatrove runs tasks in worker processes, which write to file descriptor 2 itself, so fd 2 is
+    pointed at the log for the stage and the console keeps a duplicate of the terminal for the
+    progress bars of this process."""
     from loguru import logger
 
+    sys.stderr.flush()
+    saved_fd = os.dup(2)
+    console = os.fdopen(saved_fd, "w", buffering=1, encoding="utf-8", errors="replace")
+    saved_stderr = sys.stderr
     logger.remove()  # datatrove's tasks replace the handlers themselves, so reset them all after
     logger.add(f, level="INFO")
-    saved_stderr = sys.stderr
     try:
+        os.dup2(f.fileno(), 2)
         with contextlib.redirect_stdout(f):
-            sys.stderr = _ProgressOnly(saved_stderr, f)
+            sys.stderr = _ProgressOnly(console, f)
             yield
     finally:
         sys.stderr = saved_stderr
+        os.dup2(saved_fd, 2)
+        console.close()
         logger.remove()
         logger.add(sys.stderr, level="INFO")
 

@@ -1,0 +1,30 @@
+"""`evalm run`'s console: a stage's log lines, including those of datatrove's worker processes
+(which write to file descriptor 2 themselves), go to the stage's log file, not to the terminal."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from launcher.console import call
+
+
+def _corpus(folder: Path) -> Path:
+    folder.mkdir(parents=True)
+    for part in range(2):  # two files, two tasks, two worker processes
+        rows = [{"text": f"document {part}-{i}: " + "the quick brown fox jumps over the lazy dog. " * 30,
+                 "meta": {"pile_set_name": "Pile-CC"}} for i in range(5)]
+        (folder / f"train-{part:02d}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return folder
+
+
+def test_worker_process_log_lines_go_to_the_stage_log_not_the_console(tmp_path, capfd):
+    corpus = _corpus(tmp_path / "pile")
+    log = tmp_path / "logs" / "filter.log"
+    call(["data", "filter", "--input", str(corpus), "--output", str(tmp_path / "out"), "--tasks", "2",
+          "--workers", "2"], log)
+    console = capfd.readouterr()
+    text = log.read_text()
+    # datatrove shows INFO only from the worker holding local rank 0: its lines and the pool's
+    assert "Processing done for rank=" in text and "2/2 tasks completed" in text, text[:3000]
+    assert "datatrove" not in console.err + console.out, (console.err + console.out)[:2000]
