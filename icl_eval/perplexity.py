@@ -128,36 +128,69 @@ def fixed_position(lm: CausalLM, books: list[tuple[str, list[int]]], contexts, t
                    targets_per_book: int, segment_tokens: int, unigram_logp: np.ndarray | None = None) -> dict:
     """The same target tokens scored after contexts of each length (ICL_SPEC §6, context use).
 
-    Targets of a book: `targets_per_book` spans of `target_tokens`, the first starting after
-    max(contexts) tokens, so every context length fits before every target. Each (target,
-    context) pair is encoded from scratch through the cache: tokens[s - L : s + K], last K scored.
+    Targets of a book: `targets_per_book` spans of `target_tokens`, spread evenly over the part of
+    the book after max(contexts) tokens (adjacent spans would all sample one scene), so every
+    context length fits before every target. Each (target, context) pair is encoded from scratch
+    through the cache: tokens[s - L : s + K], last K scored. Each row carries the change against
+    the shortest context, paired on the same spans, with a bootstrap interval over spans.
     """
     longest = max(contexts)
-    nll = {L: [] for L in contexts}
+    span_nll = {L: [] for L in contexts}  # per span: mean NLL of its K target tokens
     targets, used = [], []
     for name, tokens in books:
-        starts = [longest + j * target_tokens for j in range(targets_per_book)
-                  if longest + (j + 1) * target_tokens <= len(tokens)]
+        starts = target_starts(len(tokens), longest, target_tokens, targets_per_book)
         if starts:
             used.append(name)
         for s in starts:
             targets.append(np.asarray(tokens[s: s + target_tokens]))
             for L in contexts:
                 seq = tokens[s - L: s + target_tokens]
-                nll[L].append(cached_nll(lm, seq, segment_tokens)[-target_tokens:])
+                span_nll[L].append(float(cached_nll(lm, seq, segment_tokens)[-target_tokens:].mean()))
     if not targets:
         raise ValueError(f"no book has {longest + target_tokens} tokens for the fixed-position protocol; "
                          "lower the longest context or the target length")
-    rows = [{"context": L, "tokens": int(sum(len(x) for x in nll[L])), "mean_nll": float(np.mean(np.concatenate(nll[L]))),
-             "token_ppl": math.exp(float(np.mean(np.concatenate(nll[L]))))} for L in contexts]
+    shortest = np.asarray(span_nll[min(contexts)])
+    rows = []
+    for L in contexts:
+        per_span = np.asarray(span_nll[L])
+        delta, (lo, hi) = float((per_span - shortest).mean()), paired_interval(per_span - shortest)
+        rows.append({"context": L, "tokens": len(per_span) * target_tokens, "mean_nll": float(per_span.mean()),
+                     "token_ppl": math.exp(float(per_span.mean())),
+                     "vs_shortest": {"context": min(contexts), "delta_nll": delta, "delta_nll_ci95": [lo, hi],
+                                     "ppl_ratio": math.exp(delta), "ppl_ratio_ci95": [math.exp(lo), math.exp(hi)]}})
     every = np.concatenate(targets)
     references = {"uniform": {"token_ppl": float(lm.tokenizer.vocab_size)}}
     if unigram_logp is not None:
         references["unigram"] = {"token_ppl": math.exp(float(-unigram_logp[every].mean()))}
     return {"protocol": {"protocol": "the same target tokens after contexts of increasing length, each encoded "
-                         "from scratch through the cache", "target_tokens": target_tokens,
-                         "targets_per_book": targets_per_book, "books": used, "targets": len(targets)},
+                         "from scratch through the cache; spans spread evenly after the longest context",
+                         "target_tokens": target_tokens, "targets_per_book": targets_per_book, "books": used,
+                         "targets": len(targets), "interval": f"95% percentile bootstrap over the {len(targets)} "
+                         f"spans ({BOOTSTRAP_DRAWS} draws), paired with the shortest context"},
             "rows": rows, "references": references}
+
+
+def target_starts(n_tokens: int, longest: int, target_tokens: int, count: int) -> list[int]:
+    """Up to `count` span starts, evenly spaced over [longest, n_tokens - target_tokens], distinct."""
+    last = n_tokens - target_tokens
+    if last < longest or count < 1:
+        return []
+    if count == 1:
+        return [longest]
+    room = min(count, (last - longest) // target_tokens + 1)  # never overlap two spans
+    return [longest + round(j * (last - longest) / max(room - 1, 1)) for j in range(room)] if room > 1 else [longest]
+
+
+BOOTSTRAP_DRAWS = 2000
+
+
+def paired_interval(deltas: np.ndarray, draws: int = BOOTSTRAP_DRAWS, seed: int = 0) -> tuple[float, float]:
+    """95% percentile bootstrap interval of the mean of per-span paired differences."""
+    if len(deltas) < 2 or not np.any(deltas):
+        return float(deltas.mean()), float(deltas.mean())
+    rng = np.random.default_rng(seed)
+    means = deltas[rng.integers(0, len(deltas), size=(draws, len(deltas)))].mean(axis=1)
+    return float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
 
 
 def evaluate(lm: CausalLM, books: list[tuple[str, str]], max_tokens: int, segment_tokens: int, buckets,

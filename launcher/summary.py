@@ -81,7 +81,20 @@ def _ppl_lines(ppl: dict[str, Any], train_length) -> list[str]:
             lines.append(f"| {model} | " + " | ".join(f"{row['token_ppl']:.1f}" for row in f["rows"]) + " |")
         lines += ["| references | " + ", ".join(f"{k} {v['token_ppl']:.1f}" for k, v in first["references"].items())
                   + " |" + " |" * (len(contexts) - 1)]
+        lines += ["", f"Perplexity relative to the {contexts[0]}-token context on the same spans (paired 95% "
+                      "bootstrap interval over spans; below 1 means the longer context helps):", "",
+                  "| model | " + " | ".join(str(c) for c in contexts[1:]) + " |", "|---|" + "---|" * (len(contexts) - 1)]
+        for model, f in fixed.items():
+            lines.append(f"| {model} | " + " | ".join(_ratio_cell(row) for row in f["rows"][1:]) + " |")
     return lines + ["", "![perplexity vs length](perplexity_vs_length.png)"]
+
+
+def _ratio_cell(row: dict) -> str:
+    vs = row.get("vs_shortest")
+    if not vs:  # results written before the paired comparison existed
+        return "-"
+    lo, hi = vs["ppl_ratio_ci95"]
+    return f"{vs['ppl_ratio']:.3f} [{lo:.3f}, {hi:.3f}]"
 
 
 def summary_markdown(results: dict) -> str:

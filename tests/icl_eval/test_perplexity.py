@@ -83,12 +83,31 @@ def test_references_bits_per_byte_and_fixed_positions_against_direct_computation
     assert cached["bits_per_byte"] == pytest.approx(cached["mean_nll"] / np.log(2))  # ASCII: one byte per token
     rows = res["fixed_position"]["rows"]
     assert [r["context"] for r in rows] == [4, 32, 128] and res["fixed_position"]["protocol"]["targets"] == 2
+    first = rows[0]["mean_nll"]
     for row in rows:  # oracle: one forward over context + targets, the last 16 tokens' NLL
         nll = []
-        for j in range(2):
-            s = 128 + j * 16
+        for s in (128, len(tokens) - 16):  # two spans: right after the longest context and at the book's end
             seq = tokens[s - row["context"]: s + 16]
             logits = lm.forward(torch.tensor([seq]))[0]
             lp = torch.log_softmax(logits[:-1].double(), -1)
             nll.append(-lp[torch.arange(len(seq) - 1), torch.tensor(seq[1:])][-16:].numpy())
         assert row["mean_nll"] == pytest.approx(float(np.mean(np.concatenate(nll))), abs=1e-9)
+        delta = row["vs_shortest"]
+        assert delta["delta_nll"] == pytest.approx(row["mean_nll"] - first, abs=1e-9)
+        assert delta["delta_nll_ci95"][0] <= delta["delta_nll"] <= delta["delta_nll_ci95"][1]
+
+
+def test_fixed_position_spans_spread_without_overlap_and_paired_interval():
+    from icl_eval.perplexity import paired_interval, target_starts
+
+    starts = target_starts(10_000, 4096, 128, 8)
+    assert starts[0] == 4096 and starts[-1] == 10_000 - 128 and len(starts) == 8
+    assert all(b - a >= 128 for a, b in zip(starts, starts[1:]))
+    assert target_starts(4096 + 300, 4096, 128, 8) == [4096, 4096 + 172]  # room for two spans only
+    assert target_starts(4000, 4096, 128, 8) == []
+    rng = np.random.default_rng(3)
+    deltas = rng.normal(-0.05, 0.02, size=40)
+    lo, hi = paired_interval(deltas)
+    half = 1.96 * deltas.std(ddof=1) / np.sqrt(len(deltas))  # normal-theory interval, independent oracle
+    assert lo == pytest.approx(deltas.mean() - half, abs=0.004) and hi == pytest.approx(deltas.mean() + half, abs=0.004)
+    assert hi < 0
