@@ -62,9 +62,17 @@ class _ProgressOnly:
 
     def __init__(self, console, log):
         self.console, self.log = console, log
+        self.bar_open = False  # a bar is on the console's last line: its closing newline goes there too
 
     def write(self, text: str) -> int:
-        (self.console if "\r" in text else self.log).write(text)
+        if "\r" in text:
+            self.console.write(text)
+            self.bar_open = True
+        elif self.bar_open and not text.strip():
+            self.console.write(text)
+            self.bar_open = False
+        else:
+            self.log.write(text)
         return len(text)
 
     def flush(self) -> None:

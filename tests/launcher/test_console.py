@@ -28,3 +28,17 @@ def test_worker_process_log_lines_go_to_the_stage_log_not_the_console(tmp_path, 
     # datatrove shows INFO only from the worker holding local rank 0: its lines and the pool's
     assert "Processing done for rank=" in text and "2/2 tasks completed" in text, text[:3000]
     assert "datatrove" not in console.err + console.out, (console.err + console.out)[:2000]
+
+
+def test_a_closed_progress_bar_ends_its_console_line():
+    import io
+
+    from launcher.console import _ProgressOnly
+
+    console, log = io.StringIO(), io.StringIO()
+    err = _ProgressOnly(console, log)
+    err.write("\rbar:  50%")
+    err.write("\rbar: 100%")
+    err.write("\n")  # tqdm's close
+    err.write("a log line\n")
+    assert console.getvalue() == "\rbar:  50%\rbar: 100%\n" and log.getvalue() == "a log line\n"
