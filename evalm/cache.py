@@ -15,7 +15,7 @@ batch of forks broadcasts the parent's batch-1 parts instead of copying them.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -91,7 +91,6 @@ class FullState:
         return dataclasses.replace(self, n_owned=0)
 
 
-@dataclass
 class Cache:
     """Position plus per-layer states; pass it to `EvalmModel.forward(tokens, cache=cache)`.
 
@@ -99,19 +98,20 @@ class Cache:
     Structured Prompting); block and chunk alignment always count from the cache's start.
     `prefix` holds, per layer, entries merged from other caches that every new token attends to
     (`merge`), and `own_logit_bias` is added to the logits of this cache's own entries.
+
+    A plain class, not a dataclass, on purpose: FSDP2 rebuilds dataclass arguments that hold
+    tensors requiring grad (to hook them for backward), so under autograd each sharded block would
+    update a copy and the caller's cache would miss every layer after the first (tuning under the
+    SAICL mask, train/structure.py, encodes through caches with gradients).
     """
 
-    n_layer: int
-    batch_size: int = 1
-    position_offset: int = 0
-    n_seen: int = 0
-    layers: list = field(default_factory=list)  # per layer: EvaState | FullState | None
-    prefix: list = field(default_factory=list)  # per layer: (k, v) (1, H, P, D) or None
-    own_logit_bias: float = 0.0
-
-    def __post_init__(self) -> None:
-        self.layers = self.layers or [None] * self.n_layer
-        self.prefix = self.prefix or [None] * self.n_layer
+    def __init__(self, n_layer: int, batch_size: int = 1, position_offset: int = 0, n_seen: int = 0,
+                 layers: list | None = None, prefix: list | None = None, own_logit_bias: float = 0.0):
+        self.n_layer, self.batch_size = n_layer, batch_size
+        self.position_offset, self.n_seen = position_offset, n_seen
+        self.layers = layers or [None] * n_layer  # per layer: EvaState | FullState | None
+        self.prefix = prefix or [None] * n_layer  # per layer: (k, v) (1 or B, H, P, D) or None
+        self.own_logit_bias = own_logit_bias
 
     def get_pos(self) -> int:
         """Absolute position of the next token (drives the circular positions)."""
@@ -129,7 +129,8 @@ class Cache:
         if batch_size is not None and batch_size != self.batch_size and self.batch_size != 1:
             raise ValueError(f"fork(batch_size={batch_size}) needs a batch-1 parent, not {self.batch_size}")
         layers = [s.disowned() if s is not None else None for s in self.layers]
-        return dataclasses.replace(self, batch_size=batch_size or self.batch_size, layers=layers, prefix=list(self.prefix))
+        return Cache(self.n_layer, batch_size or self.batch_size, self.position_offset, self.n_seen, layers,
+                     list(self.prefix), self.own_logit_bias)
 
     def nbytes(self) -> int:
         """Bytes held by the layer states and merged prefixes (shared parts counted once here)."""

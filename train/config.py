@@ -79,12 +79,21 @@ class MsitDataConfig:
     pretrain_fraction: float = 0.0
     """Share of tuning lines that are plain pretraining lines (loss on every token), spread evenly,
     so tuning does not wreck language modelling (train.packing.MixedLines); 0 turns it off."""
+    structure: Literal["packed", "saicl"] = "packed"
+    """How a line is fed (train.structure): `packed`, examples back to back (EVALM §3.2), or
+    `saicl`, each example its own group and the last `saicl_queries` examples tested over their merge
+    (the SAICL decoder mask; needs examples of one token length, e.g. the synthetic family)."""
+    saicl_queries: int = 8
+    """With structure `saicl`: test examples per line; the rest of the line's examples are its demonstrations."""
     shuffle: bool = True
     """Shuffle examples within each task (seeded) before packing, and lines across epochs."""
     seed: int = 1234
     """Seed of example and line order."""
 
     def __post_init__(self) -> None:
+        if self.structure == "saicl" and (self.pretrain_fraction or self.saicl_queries < 1):
+            raise ValueError("structure 'saicl' needs saicl_queries >= 1 and pretrain_fraction = 0 (pretraining lines "
+                             "hold no examples to split into demonstrations and tests)")
         if self.seq_len < 2:
             raise ValueError(f"seq_len must be >= 2, got {self.seq_len}")
         for name in ("default_template", *self.templates):

@@ -18,6 +18,7 @@ from evalm.tokenizer import load_tokenizer
 from train.config import MsitDataConfig, run_command
 from train.packing import MixedLines, PackedLines, build_lines
 from train.shards import PretrainLines, TokenShards
+from train.structure import SaiclMask
 from train.parallelize import Runtime
 
 DEFAULT_CONFIG = "configs/msit-tiny.toml"
@@ -32,6 +33,8 @@ def make_source(config: MsitDataConfig, model_vocab: int):
             raise ValueError(f"{config.tokenizer}: {tokenizer.vocab_size} ids but model.vocab_size is "
                              f"{model_vocab}; raise model.vocab_size")
         lines, stats = build_lines(config, tokenizer)
+        if config.structure == "saicl":  # the trainer feeds these lines under the SAICL mask
+            lines.structure = SaiclMask(tokenizer.eos_id, config.saicl_queries)
         if config.pretrain_fraction:
             pretraining = PretrainLines(TokenShards(config.pretrain_shards), config.seq_len)
             lines = MixedLines(lines, pretraining, config.pretrain_fraction)

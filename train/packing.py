@@ -143,6 +143,8 @@ def pack(encoded: list[Encoded], config: MsitDataConfig, pad_id: int) -> tuple[n
 class PackedLines:
     """A line source over packed MSIT lines (same interface as `shards.PretrainLines`)."""
 
+    structure = None  # how the trainer feeds the lines (train.structure); None: packed
+
     def __init__(self, ids: np.ndarray, masks: np.ndarray):
         self.ids, self.masks = ids, masks
         self.seq_len = ids.shape[1] - 1

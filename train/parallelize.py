@@ -67,21 +67,27 @@ def apply_activation_checkpointing(model: EvalmModel) -> None:
         model.blocks[i] = checkpoint_wrapper(block, preserve_rng_state=True)
 
 
-def apply_fsdp(model: EvalmModel, mesh: DeviceMesh, *, bf16: bool) -> None:
+def apply_fsdp(model: EvalmModel, mesh: DeviceMesh, *, bf16: bool, shard_blocks: bool = True) -> None:
     """`fully_shard` each block, then the root (which holds embeddings, final norm, lm_head).
 
     Blocks reshard after forward (ZeRO-3: gather again in backward) to keep 8k-token activations
     room; the root's parameters are needed first in backward, so it keeps them gathered. bf16 runs
     compute in bf16 while parameters stay fp32 and gradients reduce in fp32.
+
+    `shard_blocks=False` makes the whole model one unit. Tuning under the SAICL mask needs it
+    (train/structure.py): its test pass reaches the demonstrations' keys and values inside each
+    block, past the block's FSDP hooks, so a block resharded or reduced after its test pass would
+    free weights, or drop gradients, that the demonstrations' backward still needs. Gradients are
+    then reduced once, after the whole backward (measured: equal to an unsharded model's on 2 ranks).
     """
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
-    for block in model.blocks:
+    for block in model.blocks if shard_blocks else ():
         fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=True)
     fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
 
 
 def build_model(config: ModelConfig, runtime: Runtime, *, seed: int, bf16: bool,
-                activation_checkpointing: bool) -> EvalmModel:
+                activation_checkpointing: bool, shard_blocks: bool = True) -> EvalmModel:
     """The sharded model, initialised from `seed` identically on every rank and for every world size.
 
     On CUDA: meta construction, AC, FSDP, then allocate and initialise the local shards (DTensor's
@@ -98,7 +104,7 @@ def build_model(config: ModelConfig, runtime: Runtime, *, seed: int, bf16: bool,
         model.init_weights()
     if activation_checkpointing:
         apply_activation_checkpointing(model)
-    apply_fsdp(model, runtime.mesh, bf16=bf16)
+    apply_fsdp(model, runtime.mesh, bf16=bf16, shard_blocks=shard_blocks)
     if on_meta:
         model.to_empty(device=runtime.device)
         torch.manual_seed(seed)

@@ -31,6 +31,7 @@ from tqdm import tqdm
 from evalm.config import to_dict
 from train import checkpoint
 from train.config import RunConfig
+from train.structure import Packed
 from train.data import IGNORE, LineLoader, LineSource
 from train.metrics import MetricsLogger, flops_per_token, peak_flops, peak_memory_gib
 from train.parallelize import Runtime, build_model, init_distributed, weight_decay_groups
@@ -46,8 +47,12 @@ def run(config: RunConfig, out: str | Path, make_source: Callable[[Runtime], Lin
     logger = MetricsLogger(out, enabled=runtime.is_main, tensorboard=tcfg.tensorboard)
     try:
         resume_path = _resume_path(out, resume, runtime)
+        grouped = getattr(config.data, "structure", "packed") == "saicl"  # train.structure: one FSDP unit
+        if grouped and tcfg.activation_checkpointing:
+            raise ValueError("data.structure='saicl' encodes through caches that the test pass reads inside "
+                             "each block; set train.activation_checkpointing=false")
         model = build_model(config.model, runtime, seed=tcfg.seed, bf16=tcfg.mixed_precision == "bf16",
-                            activation_checkpointing=tcfg.activation_checkpointing)
+                            activation_checkpointing=tcfg.activation_checkpointing, shard_blocks=not grouped)
         optimizer = torch.optim.AdamW(weight_decay_groups(model, ocfg.weight_decay), lr=ocfg.lr,
                                       betas=tuple(ocfg.betas), eps=ocfg.eps)
         source = make_source(runtime)
@@ -139,6 +144,7 @@ def _loop(config: RunConfig, out: Path, model, optimizer, loader: LineLoader, ru
     """Steps from `step` to the end: set the LR, step, log every log_every, save every save_every."""
     tcfg, ocfg, ccfg = config.train, config.optim, config.checkpoint
     seq_len = loader.source.seq_len
+    structure = getattr(loader.source, "structure", None) or Packed()  # train.structure: how lines are fed
     tokens_per_step = tcfg.batch_size * tcfg.grad_accum * seq_len * runtime.world_size
     flops = flops_per_token(sum(p.numel() for p in model.parameters()), config.model.n_layer,
                             config.model.d_model, seq_len)
@@ -152,7 +158,7 @@ def _loop(config: RunConfig, out: Path, model, optimizer, loader: LineLoader, ru
                    decay_power=ocfg.decay_power, min_lr_ratio=ocfg.min_lr_ratio)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        loss, grad_norm = train_step(model, optimizer, loader, runtime, tcfg.grad_accum, ocfg.clip_norm)
+        loss, grad_norm = train_step(model, optimizer, loader, runtime, tcfg.grad_accum, ocfg.clip_norm, structure)
         step += 1
         tokens_seen += tokens_per_step
         bar.update(1)
@@ -178,16 +184,17 @@ def _loop(config: RunConfig, out: Path, model, optimizer, loader: LineLoader, ru
 
 
 def train_step(model, optimizer, loader: LineLoader, runtime: Runtime, grad_accum: int,
-               clip_norm: float) -> tuple[float, float]:
+               clip_norm: float, structure=None) -> tuple[float, float]:
     """One optimizer step; returns the step's mean loss over all ranks and the pre-clip grad norm."""
-    batches = [loader.next_batch() for _ in range(grad_accum)]
+    structure = structure or Packed()
+    batches = [structure.prepare(*loader.next_batch()) for _ in range(grad_accum)]
     # collectives need tensors on the backend's device (NCCL: CUDA)
     count = torch.tensor(float(sum(int((t != IGNORE).sum()) for _, t in batches)), device=runtime.device)
     dist.all_reduce(count)
     n_targets = max(count.item(), 1.0)  # a step with no target contributes zero gradient
     loss_sum = torch.zeros((), dtype=torch.float64, device=runtime.device)
     for inputs, targets in batches:
-        logits = model(inputs.to(runtime.device))
+        logits = structure.logits(model, inputs, runtime.device)
         micro = F.cross_entropy(logits.float().flatten(0, 1), targets.to(runtime.device).flatten(),
                                 ignore_index=IGNORE, reduction="sum")
         (micro * (runtime.world_size / n_targets)).backward()  # [token mean note]
