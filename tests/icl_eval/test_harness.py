@@ -3,7 +3,8 @@
 The core runs without lm_eval: prefix-shared scoring == one forward per request (the oracle is
 `lm.forward`, no cache), rolling == one full forward, greedy generation == argmax over full
 forwards, and no silent truncation. The TemplateLM and `simple_evaluate` tests skip when the
-extra is not installed (CI installs only `.[dev]`); they use a task built from a local file.
+extra is not installed (CI installs `.[dev,harness]`); they use a task built from a local file.
+The comparison with lm-eval's own HF backend is tests/icl_eval/test_harness_hf.py.
 """
 
 from __future__ import annotations
@@ -217,3 +218,4 @@ def test_simple_evaluate_and_the_cli_on_a_local_task(tmp_path, monkeypatch):
                str(tmp_path / "tasks"), "--num-fewshot", "3", "--seeds", "1,2", "--out", str(tmp_path / "run")])
     written = json.loads((tmp_path / "run" / "results.json").read_text())
     assert rc == 0 and written["summary"] == out["summary"]  # same weights, same seeds: the same numbers
+    assert written["add_bos"] is True and out["add_bos"] is True  # EVALM default: documents start with bos
