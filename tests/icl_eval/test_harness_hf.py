@@ -21,20 +21,12 @@ pytest.importorskip("accelerate")
 transformers = pytest.importorskip("transformers")
 
 from icl_eval.harness import harness_lm, rolling_requests  # noqa: E402
+from tests.icl_eval.test_t5 import one_thread  # noqa: E402, F401 (autouse: one torch thread)
 
 WINDOW = 64
 TOL = 1e-4
 CORPUS = ["The quick brown fox jumps over the lazy dog. " * 3, "Language models predict the next token of a text.",
           "Question: what is two plus two? Answer: four.\n", "Numbers: 1 2 3 4 5 6 7 8 9 10."] * 20
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models are all small ops: one thread is faster and steadier on a shared 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _tokenizer(llama_style: bool):
