@@ -308,6 +308,9 @@ def harness(argv: Sequence[str]) -> int:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--overflow", choices=("error", "drop_left"), default="error",
                    help="past the model's window: raise, or cut from the left and record it")
+    p.add_argument("--add-bos", action=argparse.BooleanOptionalAction, default=None,
+                   help="start every context with the bos token (default: as `lm_eval --model hf` with add_bos_token "
+                        "unset, i.e. what the model's tokenizer does by default: GPT-2 no, Llama yes; EVALM yes)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", choices=("float32", "float64", "bfloat16", "float16"))
     args = p.parse_args(argv)
@@ -316,7 +319,7 @@ def harness(argv: Sequence[str]) -> int:
     lm = _load_lm(args, args.device, args.dtype, {}, None, "harness")
     limit = None if args.limit is None else (int(args.limit) if args.limit >= 1 else args.limit)
     results = evaluate(lm, args.tasks, args.num_fewshot, args.seeds, limit, args.include_path,
-                       batch_size=args.batch_size, overflow=args.overflow)
+                       batch_size=args.batch_size, overflow=args.overflow, add_bos=args.add_bos)
     results["model"] = _describe(lm)
     out = Path(args.out or "runs/eval-harness")
     write_json(out / "results.json", results)

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from icl_eval.lm import right_pad
-from icl_eval.methods import MethodOptions, MethodResult, Progress
+from icl_eval.methods import MethodOptions, MethodResult, Progress, reduce_scores
 from icl_eval.prompts import Candidate, Demo, PromptBuilder, TestItem
 from icl_eval.scoring import score_candidates
 
@@ -116,12 +116,9 @@ def ensemble(lm, prompt, demos, items, options: MethodOptions, progress: Progres
     segs = demo_segments(prompt, demos)
     scores = []
     for item in items:
-        per_pair = _pair_scores(lm, segs, split_item(lm, prompt, item), options.scoring)  # (k, C)
-        if options.ensemble_reduce == "mean_score":
-            scores.append(per_pair.mean(axis=0).tolist())
-        else:
-            logp = per_pair - np.logaddexp.reduce(per_pair, axis=1, keepdims=True)
-            scores.append(np.log(np.exp(logp).mean(axis=0)).tolist())
+        mean_logits = options.ensemble_reduce == "mean_logits"
+        per_pair = _pair_scores(lm, segs, split_item(lm, prompt, item), options.scoring, mean_logits)  # (k or 1, C)
+        scores.append((per_pair[0] if mean_logits else reduce_scores(per_pair, options.ensemble_reduce)).tolist())
         if progress:
             progress(1)
     info = {"demos_used": [len(segs)] * len(items), "encoder": "pairs", "n_groups": len(segs),
@@ -129,10 +126,10 @@ def ensemble(lm, prompt, demos, items, options: MethodOptions, progress: Progres
     return MethodResult(scores, _timed(info, t0, len(items)))
 
 
-def _pair_scores(lm, segs: list[Segment], parts, rule: str) -> np.ndarray:
+def _pair_scores(lm, segs: list[Segment], parts, rule: str, mean_logits: bool = False) -> np.ndarray:
     """(k, C) scores of every candidate after every (d_i, t) pair alone: one batched encoder and decoder call
-    per distinct test segment."""
-    out = np.zeros((len(segs), len(parts)))
+    per distinct test segment. `mean_logits`: (1, C), the pairs' decoder logits averaged, then scored (SAICL §5.3)."""
+    out = np.zeros((1 if mean_logits else len(segs), len(parts)))
     by_test: dict[Segment, list[int]] = {}
     for j, (test, _) in enumerate(parts):
         by_test.setdefault(test, []).append(j)
@@ -143,6 +140,9 @@ def _pair_scores(lm, segs: list[Segment], parts, rule: str) -> np.ndarray:
         tiled = [c for _ in segs for c in cands]  # pair-major, as repeat_interleave
         logits = lm.decoder_logits(hidden.repeat_interleave(C, 0), mask.repeat_interleave(C, 0),
                                    right_pad([c.tokens for c in tiled], lm.pad_id))
+        if mean_logits:
+            out[0, idx] = score_candidates(logits.reshape(len(segs), C, *logits.shape[1:]).mean(0), cands, rule)
+            continue
         flat = score_candidates(logits, tiled, rule)
         out[:, idx] = np.array(flat).reshape(len(segs), C)
     return out

@@ -14,6 +14,12 @@ ICL_SPEC §7: standard harness tasks run on EVALM checkpoints, launched through
 - a seed loop for std (`evaluate`), and the fixed demonstrations come from the task's own
   `fewshot_config` (set `sampler: first_n` in a task YAML to share them across test questions).
 
+Otherwise the numbers are lm-eval's HF backend's (`lm_eval --model hf`), request by request
+(tests/icl_eval/test_harness_hf.py): the same tokenization (`add_bos` unset follows the model's
+tokenizer, as `add_bos_token` unset does there; the prefix token is bos, else eos), lm-eval's own
+rolling windows, and `generate_until` reading `max_gen_toks` / `max_new_tokens` / `do_sample` /
+`temperature` as lm-eval does (icl_eval/decoding.py; sampling is seeded, not HF's draw).
+
 The core (`score_requests`, `rolling_requests`, `greedy_generate`) needs only `torch`: the extra
 `harness` (`pip install 'evalm[harness]'`) is imported lazily, by `harness_lm` and `evaluate`.
 
@@ -31,6 +37,7 @@ from typing import Any
 
 import torch
 
+from icl_eval.decoding import GenerationSettings, generate
 from icl_eval.lm import CausalLM, right_pad
 
 Request = tuple[Sequence[int], Sequence[int]]
@@ -132,38 +139,42 @@ def rolling_requests(tokens: Sequence[int], prefix_id: int, window: int | None) 
     """A document's loglikelihood_rolling as (context, continuation) requests covering every token once.
 
     No window (EVALM): one request, `[prefix] -> tokens`, which the cache encodes in segments, so
-    every token sees the whole document before it. A window W: disjoint windows of W predicted
-    tokens, each conditioned on the one token before it (the harness's `get_rolling_token_windows`
-    with context_len=1); nothing is dropped, every token is scored exactly once.
+    every token sees the whole document before it. A window W: lm-eval's own windows,
+    `make_disjoint_window(get_rolling_token_windows(tokens, prefix, W, context_len=1))`
+    (lm_eval/utils.py): the first predicts W tokens after the prefix token, every full window after
+    it W tokens after the one token before them, and the last, shorter window is filled back with
+    context to W model positions (tests/icl_eval/test_harness_hf.py compares them request by request).
     """
     tokens = list(tokens)
     if not tokens:
         return []
     if window is None:
         return [([prefix_id], tokens)]
-    out: list[Request] = [([prefix_id], tokens[:window])]
-    for start in range(window, len(tokens), window):
-        out.append(([tokens[start - 1]], tokens[start : start + window]))
+    done = min(window, len(tokens))
+    out: list[Request] = [([prefix_id], tokens[:done])]
+    while done < len(tokens):
+        n = min(len(tokens) - done, window)
+        end = done + n
+        out.append((tokens[end - window - 1 : end - n], tokens[done:end]))  # context + continuation - 1 == W
+        done = end
     return out
 
 
 def greedy_generate(lm: CausalLM, context: Sequence[int], max_new_tokens: int, stop=lambda ids: False,
                     segment_tokens: int = 4096) -> list[int]:
     """Greedy decoding through the cache: the context is encoded once, then one token per step."""
-    if not context:
-        raise ValueError("greedy_generate needs at least one context token (e.g. the bos token)")
-    state = lm.new_state(0)
-    logits = _extend(lm, state, context, segment_tokens)
-    out: list[int] = []
-    for _ in range(max_new_tokens):
-        nxt = int(logits[0, -1].argmax())
-        if nxt == lm.tokenizer.eos_id:
-            break
-        out.append(nxt)
-        if stop(out):
-            break
-        logits = lm.extend(state, torch.tensor([[nxt]], dtype=torch.long))
-    return out
+    return generate(lm, context, max_new_tokens, stop, segment_tokens)
+
+
+def default_add_bos(tokenizer) -> bool:
+    """What lm-eval's HF backend does with `add_bos_token` unset: whatever the model's own tokenizer does
+    by default (a Hugging Face tokenizer's `add_special_tokens=True`: GPT-2 adds nothing, Llama adds <s>).
+    An EVALM tokenizer has no such default; EVALM documents start with bos (= eos), so True."""
+    hf = getattr(tokenizer, "_tok", None)  # icl_eval.hf.HFTokenizerAdapter's transformers tokenizer
+    if hf is None:
+        return True
+    with_special, plain = hf("a")["input_ids"], hf("a", add_special_tokens=False)["input_ids"]
+    return hf.bos_token_id is not None and with_special[:1] == [hf.bos_token_id] != plain[:1]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -175,7 +186,7 @@ def _lm_eval():
         import lm_eval.api.model  # noqa: F401
     except ImportError as err:
         raise ImportError("the lm-evaluation-harness backend is an optional extra: pip install 'evalm[harness]' "
-                          "(lm-eval>=0.4.4)") from err
+                          "(lm-eval>=0.4.13, accelerate)") from err
     return lm_eval
 
 
@@ -185,15 +196,16 @@ def _harness_class():
     from lm_eval.api.model import TemplateLM
 
     class HarnessLM(TemplateLM):
-        """A `CausalLM` behind the harness: loglikelihood (prefix-shared), rolling, greedy generate_until."""
+        """A `CausalLM` behind the harness: loglikelihood (prefix-shared), rolling, generate_until."""
 
         def __init__(self, lm: CausalLM, batch_size: int = 16, segment_tokens: int = 4096,
-                     overflow: str = "error", max_gen_toks: int = 256, add_bos: bool = True):
+                     overflow: str = "error", max_gen_toks: int = 256, add_bos: bool | None = None, seed: int = 0):
             super().__init__()
             if overflow not in ("error", "drop_left"):
                 raise ValueError(f"overflow={overflow!r}: use 'error' or 'drop_left'")
             self.lm, self.batch_size, self.segment_tokens = lm, batch_size, segment_tokens
-            self.overflow, self.max_gen_toks, self.add_bos = overflow, max_gen_toks, add_bos
+            self.overflow, self.max_gen_toks, self.seed = overflow, max_gen_toks, seed
+            self.add_bos = default_add_bos(lm.tokenizer) if add_bos is None else bool(add_bos)
             self.truncations: list[dict[str, Any]] = []
             """One entry per request cut under overflow='drop_left': kind, tokens cut, tokens kept."""
 
@@ -202,14 +214,24 @@ def _harness_class():
             return self.lm.tokenizer.eos_id
 
         @property
+        def prefix_token_id(self) -> int:
+            # lm-eval's HF backend: the tokenizer's bos token if it has one, else eos (EVALM: bos = eos)
+            bos = getattr(getattr(self.lm.tokenizer, "_tok", None), "bos_token_id", None)
+            return self.eot_token_id if bos is None else int(bos)
+
+        @property
         def tokenizer_name(self) -> str:
             return str(getattr(self.lm.tokenizer, "name", type(self.lm.tokenizer).__name__))
 
         def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs) -> list[int]:
-            # A context starts like a document and like our ICL prompts (`[bos] d_1 ...`, bos = eos);
-            # the harness asks for add_special_tokens=False where it adds its own prefix token.
+            # lm-eval's HF backend: an explicit flag wins; unset means `add_bos`, unless the text already
+            # starts with the bos token's text. The bos token is the prefix token (EVALM: `[bos] d_1 ...`).
             ids = list(self.lm.tokenizer.encode(string))
-            return [self.eot_token_id, *ids] if self.add_bos and add_special_tokens is not False else ids
+            bos = self.add_bos if add_special_tokens is None else add_special_tokens
+            if add_special_tokens is None and bos:
+                text = self.tok_decode([self.prefix_token_id])
+                bos = not (text and string.startswith(text))
+            return [self.prefix_token_id, *ids] if bos else ids
 
         def tok_decode(self, tokens) -> str:
             return self.lm.tokenizer.decode(list(tokens))
@@ -231,7 +253,10 @@ def _harness_class():
             out = []
             for req in requests:
                 (text,) = req.args
-                tokens = self.tok_encode(text, add_special_tokens=False)  # rolling_requests adds the prefix token
+                # lm-eval encodes the document as a context (its bos, if added, is scored after the prefix
+                # token); an EVALM tokenizer's bos *is* the prefix token, so it is not doubled there.
+                hf = getattr(self.lm.tokenizer, "_tok", None) is not None
+                tokens = self.tok_encode(text, add_special_tokens=None if hf else False)
                 pairs = rolling_requests(tokens, self.prefix_token_id, self.lm.max_positions)
                 total = sum(lp for lp, _ in score_requests(self.lm, pairs, self.batch_size, self.segment_tokens))
                 self.cache_hook.add_partial("loglikelihood_rolling", (text,), total)
@@ -240,17 +265,20 @@ def _harness_class():
 
         def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
             out = []
-            for req in requests:
+            for i, req in enumerate(requests):
                 context, gen_kwargs = req.args
-                until = gen_kwargs.get("until") or []
-                until = [until] if isinstance(until, str) else list(until)
-                n_new = int(gen_kwargs.get("max_gen_toks", self.max_gen_toks))
+                settings = GenerationSettings.from_request(gen_kwargs, self.max_gen_toks)
+                # lm-eval adds the eos text to the stop strings; every draw has its own seeded generator
+                eos = self.tok_decode([self.eot_token_id])
+                until = [*settings.until, *([eos] if eos not in settings.until else [])]
+                generator = torch.Generator().manual_seed(self.seed * 1_000_003 + i) if settings.do_sample else None
+                n_new = settings.max_new_tokens
                 ctx = self._fit(self.tok_encode(context), [0] * (n_new + 1), "generate_until")
-                ids = greedy_generate(self.lm, ctx, n_new, lambda ids: any(s in self.tok_decode(ids) for s in until),
-                                      self.segment_tokens)
+                ids = generate(self.lm, ctx, n_new, lambda ids: any(s and s in self.tok_decode(ids) for s in until),
+                               self.segment_tokens, settings, generator)
                 text = self.tok_decode(ids)
                 for s in until:
-                    text = text.split(s)[0]
+                    text = text.split(s)[0] if s else text
                 self.cache_hook.add_partial("generate_until", (context, gen_kwargs), text)
                 out.append(text)
             return out
@@ -259,7 +287,7 @@ def _harness_class():
 
 
 def harness_lm(lm: CausalLM, **options):
-    """The `TemplateLM` over `lm` (options: batch_size, segment_tokens, overflow, max_gen_toks, add_bos)."""
+    """The `TemplateLM` over `lm` (options: batch_size, segment_tokens, overflow, max_gen_toks, add_bos, seed)."""
     _lm_eval()
     return _harness_class()(lm, **options)
 
@@ -274,13 +302,14 @@ def evaluate(lm: CausalLM, tasks: Sequence[str], num_fewshot: int | None = None,
     manager = TaskManager(include_path=include_path) if include_path else TaskManager()
     runs = []
     for seed in seeds:
+        model.seed = seed  # sampled generate_until draws
         res = lm_eval.simple_evaluate(model=model, tasks=list(tasks), num_fewshot=num_fewshot, limit=limit,
                                       task_manager=manager, random_seed=seed, numpy_random_seed=seed,
                                       torch_random_seed=seed, fewshot_random_seed=seed, log_samples=False,
                                       bootstrap_iters=0)
         runs.append({"seed": seed, "results": res["results"], "n_samples": res.get("n-samples")})
     return {"runs": runs, "summary": _summarize([r["results"] for r in runs]),
-            "truncations": list(model.truncations), "overflow": model.overflow}
+            "truncations": list(model.truncations), "overflow": model.overflow, "add_bos": model.add_bos}
 
 
 def _summarize(per_seed: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, dict[str, float]]]:

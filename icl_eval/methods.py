@@ -65,8 +65,9 @@ class MethodOptions:
     """structured: bias on the test tokens' own logits: `log_m`, `off`, or a number."""
     saicl_rescale: bool = False
     """saicl: also add log M (SAICL has no rescale; this is the Structured-Prompting hybrid)."""
-    ensemble_reduce: Literal["mean_score", "mean_prob"] = "mean_score"
-    """ensemble: mean of the per-group scores (log-probabilities or logits), or log of the mean probability."""
+    ensemble_reduce: Literal["mean_score", "mean_prob", "mean_logits"] = "mean_score"
+    """ensemble: mean of the per-group scores (log-probabilities or logits), log of the mean probability,
+    or SAICL §5.3's mean of the groups' logits at every position, scored once (`mean_logits`)."""
     t5_cross: Literal["none", "aligned"] = "none"
     """saicl on T5 (icl_eval/t5.py): no position bias between a demonstration and the test (Appendix B),
     or the stock bias with each demonstration right before the test (then k = 1 equals concat)."""
@@ -137,12 +138,16 @@ def encode(lm: CausalLM, tokens: Sequence[int], position_offset: int, segment_to
     return state
 
 
-def _score_after(lm: CausalLM, state, item: TestItem, rule: str) -> list[float]:
-    """Fork the cache once per candidate (one right-padded batch) and score them."""
+def _logits_after(lm: CausalLM, state, item: TestItem) -> torch.Tensor:
+    """Fork the cache once per candidate (one right-padded batch): the candidates' logits (C, T, V)."""
     rows = [c.tokens for c in item.candidates]
     kids = lm.fork(state, batch_size=len(rows))
-    logits = lm.extend(kids, right_pad(rows, lm.tokenizer.eos_id))
-    return score_candidates(logits, item.candidates, rule)
+    return lm.extend(kids, right_pad(rows, lm.tokenizer.eos_id))
+
+
+def _score_after(lm: CausalLM, state, item: TestItem, rule: str) -> list[float]:
+    """The candidates' scores after the cache `state`."""
+    return score_candidates(_logits_after(lm, state, item), item.candidates, rule)
 
 
 def _loop(items: Sequence[TestItem], progress: Progress, fn) -> list[list[float]]:
@@ -303,17 +308,25 @@ def ensemble(lm, prompt, demos, items, options: MethodOptions, progress: Progres
     t_enc = time.perf_counter() - t0
 
     def one(item: TestItem) -> list[float]:
+        if options.ensemble_reduce == "mean_logits":  # SAICL §5.3: average the logits of all groups, then score
+            mean = torch.stack([_logits_after(lm, s, item) for s in states]).mean(0)
+            return score_candidates(mean, item.candidates, options.scoring)
         per_group = np.array([_score_after(lm, s, item, options.scoring) for s in states])  # (G, C)
-        if options.ensemble_reduce == "mean_score":
-            return per_group.mean(axis=0).tolist()
-        logp = per_group - np.logaddexp.reduce(per_group, axis=1, keepdims=True)
-        return np.log(np.exp(logp).mean(axis=0)).tolist()
+        return reduce_scores(per_group, options.ensemble_reduce).tolist()
 
     scores = _loop(items, progress, one)
     info = {"n_groups": len(groups), "groups": [{"demo_ids": g.demo_ids, "tokens": len(g.tokens)} for g in groups],
             "demos_used": [len(demos)] * len(items), "reduce": options.ensemble_reduce,
             "cache_bytes": sum(lm.nbytes(s) for s in states), "cache_reuse": True}
     return MethodResult(scores, _timed(info, t0, t_enc, len(items)))
+
+
+def reduce_scores(per_group: np.ndarray, reduce: str) -> np.ndarray:
+    """(G, C) per-group scores -> (C,): their mean (`mean_score`), or the log of the mean probability."""
+    if reduce == "mean_score":
+        return per_group.mean(axis=0)
+    logp = per_group - np.logaddexp.reduce(per_group, axis=1, keepdims=True)
+    return np.log(np.exp(logp).mean(axis=0))
 
 
 def _timed(info: dict, t0: float, t_encode: float, n_items: int) -> dict:

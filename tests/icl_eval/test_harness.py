@@ -3,7 +3,8 @@
 The core runs without lm_eval: prefix-shared scoring == one forward per request (the oracle is
 `lm.forward`, no cache), rolling == one full forward, greedy generation == argmax over full
 forwards, and no silent truncation. The TemplateLM and `simple_evaluate` tests skip when the
-extra is not installed (CI installs only `.[dev]`); they use a task built from a local file.
+extra is not installed (CI installs `.[dev,harness]`); they use a task built from a local file.
+The comparison with lm-eval's own HF backend is tests/icl_eval/test_harness_hf.py.
 """
 
 from __future__ import annotations
@@ -207,13 +208,17 @@ def test_simple_evaluate_and_the_cli_on_a_local_task(tmp_path, monkeypatch):
     (tmp_path / "tasks").mkdir()
     (tmp_path / "tasks" / "local_parity.yaml").write_text(TASK_YAML.format(data=tmp_path))
     lm = tiny_evalm("eva")
-    out = evaluate(lm, ["local_parity"], num_fewshot=3, seeds=(1, 2), include_path=str(tmp_path / "tasks"))
+    out = evaluate(lm, ["local_parity"], num_fewshot=3, seeds=(1, 2), include_path=str(tmp_path / "tasks"),
+                   add_bos=False)
     acc = out["summary"]["local_parity"]["acc,none"]
     assert 0.0 <= acc["mean"] <= 1.0 and acc["n_seeds"] == 2
     assert [r["seed"] for r in out["runs"]] == [1, 2] and out["truncations"] == []
 
     save_model(lm.model, tmp_path / "ckpt")
     rc = main(["harness", "--checkpoint", str(tmp_path / "ckpt"), "--tasks", "local_parity", "--include-path",
-               str(tmp_path / "tasks"), "--num-fewshot", "3", "--seeds", "1,2", "--out", str(tmp_path / "run")])
+               str(tmp_path / "tasks"), "--num-fewshot", "3", "--seeds", "1,2", "--out", str(tmp_path / "run"),
+               "--no-add-bos"])
     written = json.loads((tmp_path / "run" / "results.json").read_text())
     assert rc == 0 and written["summary"] == out["summary"]  # same weights, same seeds: the same numbers
+    assert written["add_bos"] is False and out["add_bos"] is False  # the flag reached the model
+    assert harness_lm(lm).add_bos is True  # EVALM's default: its documents start with bos

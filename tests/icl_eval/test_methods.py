@@ -140,3 +140,51 @@ def test_ensemble_single_demo_equals_incremental(lm, synth):
     prompt, splits = synth
     demos, items = demos_and_items(prompt, splits, 1)
     assert np.abs(scores("ensemble", lm, prompt, demos, items) - scores("incremental", lm, prompt, demos, items)).max() <= TOL
+
+
+WORDS = ("alpha", "be", "gamma ray", "delta")
+
+
+def _mean_logits_oracle(lm, prompt, groups, item, rule: str) -> list[float]:
+    """SAICL §5.3 by hand: each group + candidate in one forward, the logits averaged over the groups,
+    then log-softmax and the rule's span (instance-sum, answer-mean) or the answer's first logit (answer-logit)."""
+    out = []
+    for cand in item.candidates:
+        per_group = []
+        for g in groups:
+            seq = torch.tensor([list(g) + list(cand.tokens)])
+            per_group.append(lm.forward(seq)[0, len(g):].double())
+        mean = torch.stack(per_group).mean(0)  # (T, V): position t predicts token t + 1
+        if rule == "answer-logit":
+            out.append(float(mean[cand.answer_start - 1, cand.tokens[cand.answer_start]]))
+            continue
+        logp = torch.log_softmax(mean, -1)
+        span = range(max(cand.body_start, 1), len(cand.tokens)) if rule == "instance-sum" else \
+            range(cand.answer_start, cand.answer_end)
+        lps = [float(logp[t - 1, cand.tokens[t]]) for t in span]
+        out.append(sum(lps) if rule == "instance-sum" else sum(lps) / len(lps))
+    return out
+
+
+@pytest.mark.parametrize("labels, rule", [(None, "instance-sum"), (WORDS, "answer-mean"), (WORDS, "instance-sum"),
+                                          (WORDS, "answer-logit")])
+def test_ensemble_mean_logits_averages_the_groups_logits_then_scores(lm, synth, labels, rule):
+    """`ensemble_reduce="mean_logits"` == the hand computation above, for one- and multi-token answers
+    (labels "be" .. "gamma ray": 2 to 9 byte tokens), and it is not the mean of the groups' scores."""
+    from icl_eval.prompts import PromptBuilder
+    from icl_eval.synthetic import SyntheticConfig
+    from icl_eval.tasks import Task
+
+    prompt, splits = synth
+    if labels:
+        prompt = PromptBuilder(Task("words", SyntheticConfig().template, labels), prompt.tokenizer)
+    demos, items = demos_and_items(prompt, splits, 6)
+    groups = [prompt.context(demos[:3]), prompt.context(demos[3:])]  # n_groups=2: near-equal halves, in order
+    got = scores("ensemble", lm, prompt, demos, items, n_groups=2, ensemble_reduce="mean_logits", scoring=rule)
+    want = np.array([_mean_logits_oracle(lm, prompt, groups, it, rule) for it in items])
+    assert np.abs(got - want).max() <= TOL
+    mean_score = scores("ensemble", lm, prompt, demos, items, n_groups=2, ensemble_reduce="mean_score", scoring=rule)
+    if rule != "answer-logit":  # a raw logit is linear: there the mean of logits is the mean of scores
+        assert np.abs(got - mean_score).max() > 1e-3
+    if labels:
+        assert max(c.answer_end - c.answer_start for c in items[0].candidates) > 1

@@ -165,6 +165,26 @@ def test_ensemble_reduces_the_one_demonstration_concat_scores(t5, synth_t5, redu
     assert np.abs(run("ensemble", t5, prompt, demos, items, ensemble_reduce=reduce) - want).max() <= TOL
 
 
+def test_ensemble_mean_logits_averages_the_pairs_decoder_logits(t5, synth_t5):
+    """SAICL §5.3 by hand: each (d_i, t) pair through the stock T5, the decoder logits averaged over
+    the pairs, then log-softmax over the instance (multi-token: answer, rest of the instance, </s>)."""
+    prompt, splits = synth_t5
+    demos, items = demos_and_items(prompt, splits, 4)
+    got = run("ensemble", t5, prompt, demos, items, ensemble_reduce="mean_logits", scoring="instance-sum")
+    segs = demo_segments(prompt, demos)
+    for row, item in zip(got, items):
+        for score, (test, cand) in zip(row, split_item(t5, prompt, item)):
+            assert len(cand.tokens) > 2  # more than one scored token
+            with torch.no_grad():
+                mean = torch.stack([t5.model(input_ids=torch.tensor([s + test]),
+                                             decoder_input_ids=torch.tensor([cand.tokens])).logits[0]
+                                    for s in segs]).mean(0)
+            lp = torch.log_softmax(mean[:-1], -1).gather(-1, torch.tensor(cand.tokens[1:])[:, None])
+            assert abs(score - float(lp.sum())) <= TOL
+    mean_score = run("ensemble", t5, prompt, demos, items, ensemble_reduce="mean_score", scoring="instance-sum")
+    assert np.abs(got - mean_score).max() > 1e-3
+
+
 def test_no_demonstrations_is_the_encoder_over_the_test_alone(t5, synth_t5):
     prompt, splits = synth_t5
     _, items = demos_and_items(prompt, splits, 0)
