@@ -77,6 +77,7 @@ def groups(t: Tiling, batch_heads: int, n_blocks: int, n_remote: int) -> list[Gr
     while b0 < n_blocks:
         if cost(w, b0 * w + w - 1) > t.group_logits:
             step = max(MIN_PIECE, t.group_logits // cost(1, b0 * w + w - 1))
+            step = -(-w // -(-w // step))  # equal pieces: 120 rows would leave a thin 8-row piece
             out.extend(Group(b0, b0 + 1, r0, min(w, r0 + step), n_vis(b0 * w + min(w, r0 + step) - 1))
                        for r0 in range(0, w, step))
             b0 += 1
