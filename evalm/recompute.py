@@ -26,7 +26,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-GROUP_LOGITS = 1 << 20  # logits per group (B·H·rows·keys, 4 MiB in fp32): a working set near the cache size, measured fastest at 8k and 32k
+GROUP_LOGITS = 1 << 18  # logits per group (B·H·rows·keys, 1 MiB in fp32): bounds the working set and backward's temporaries
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ class Group(NamedTuple):
         return slice(self.b0 * w + self.r0, (self.b1 - 1) * w + self.r1)
 
 
-MIN_PIECE = 16  # rows: a thinner piece of a block costs more in per-call overhead than it saves
+MIN_PIECE = 32  # rows: a thinner piece of a block costs more in per-call overhead than it saves
 
 
 def groups(t: Tiling, batch_heads: int, n_blocks: int, n_remote: int) -> list[Group]:
