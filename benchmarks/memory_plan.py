@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from evalm import EvalmModel, ModelConfig
 from evalm.config import build, read_toml
-from evalm.recompute import GROUP_LOGITS
+from evalm.recompute import GROUP_LOGITS, MIN_PIECE
 
 GIB = 2**30
 RUNTIME_ALLOWANCE = 2 * GIB  # CUDA context, NCCL buffers, allocator fragmentation (an allowance, not a measurement)
@@ -69,12 +69,12 @@ def block_bytes_per_token(config: ModelConfig, act: int) -> int:
 
 def eva_working_set(shape: Shape) -> int:
     """Bytes of one tile group's fp32 temporaries (logits, probabilities, their gradient, the
-    dropout mask): a group is GROUP_LOGITS logits, or one block over every visible chunk if that
-    is more (the last block of a line: w rows over ext + w keys and seq_len / c summaries)."""
+    dropout mask): a group is at most GROUP_LOGITS logits, since a block over more is cut into
+    pieces of rows (evalm/recompute.py), never thinner than MIN_PIECE rows."""
     cfg = shape.model
     ext = cfg.window_size if cfg.overlap_window else 0
-    one_block = shape.micro_batch * cfg.n_head * cfg.window_size * (ext + cfg.window_size + shape.seq_len // cfg.chunk_size)
-    return 4 * 4 * max(GROUP_LOGITS, one_block)
+    thinnest = shape.micro_batch * cfg.n_head * MIN_PIECE * (ext + cfg.window_size + shape.seq_len // cfg.chunk_size)
+    return 4 * 4 * max(GROUP_LOGITS, thinnest)
 
 
 def plan(shape: Shape, gpus: int) -> list[tuple[str, float]]:

@@ -116,13 +116,18 @@ class EvaAttention(nn.Module):
         B, T, _ = x.shape
         return x.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, D)
 
+    def chunk_keys(self, q_mean: Tensor, k_mean: Tensor) -> tuple[Tensor, Tensor]:
+        """k̃ and ω (B, H, n, D) of chunks from their mean query and key (§1.3)."""
+        k_tilde = self.adaptive_mu_k(k_mean)
+        omega = self.adaptive_mu_q(q_mean) + k_tilde  # μ_r: causal EVA has no 0.5 (§1.3)
+        if self.training:  # one random-feature sample per chunk per head, fresh every forward
+            omega = omega + torch.randn_like(omega)
+        return k_tilde, omega
+
     def summarize(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Remote (key, value) of whole chunks: q, k, v (B, H, n, c, D) -> k̃, β (B, H, n, D)."""
         s = self.head_dim**-0.5
-        k_tilde = self.adaptive_mu_k(k.mean(-2))
-        omega = self.adaptive_mu_q(q.mean(-2)) + k_tilde  # μ_r: causal EVA has no 0.5 (§1.3)
-        if self.training:  # one random-feature sample per chunk per head, fresh every forward
-            omega = omega + torch.randn_like(omega)
+        k_tilde, omega = self.chunk_keys(q.mean(-2), k.mean(-2))
         # Products and sums rather than matmuls: on the strided chunk views of a whole sequence a
         # matmul would copy k and v and keep the copies for backward; a product keeps the views.
         lam = s * (k * omega.unsqueeze(-2)).sum(-1) - s * k.pow(2).sum(-1) / 2  # (B, H, n, c)
@@ -184,11 +189,11 @@ class EvaAttention(nn.Module):
         B, T, H, D = q.shape
         w, c, s = self.window_size, self.chunk_size, self.head_dim**-0.5
         n = T // c
-        if n > 0:  # chunk views (B, H, n, c, D) of the same storage: nothing is copied or saved twice
-            chunks = lambda x: x[:, : n * c].unflatten(1, (n, c)).permute(0, 3, 1, 2, 4)  # noqa: E731
-            rk, rv = self.summarize(chunks(q), chunks(k), chunks(v))
+        if n > 0:  # k̃ and ω here (the adaptive maps are modules); β inside the Function, from k and v
+            mean = lambda x: x[:, : n * c].unflatten(1, (n, c)).mean(2).transpose(1, 2).contiguous()  # noqa: E731
+            rk, omega = self.chunk_keys(mean(q), mean(k))
         else:
-            rk = rv = q.new_zeros(B, H, 0, D)
+            rk = omega = q.new_zeros(B, H, 0, D)
         bias = None
         if self.rel_pos_bias is not None:  # one block's (w, ext + w) bias: it depends on i − j only
             distance = torch.arange(w, device=q.device)[:, None] + self.ext - torch.arange(self.ext + w, device=q.device)
@@ -196,7 +201,7 @@ class EvaAttention(nn.Module):
         dropout = self.attn_dropout if self.training else 0.0
         seed = int(torch.randint(0, 2**62, (1,))) if dropout > 0 else 0
         tiling = Tiling(w, c, self.ext, self.exclude_window_chunks, s, dropout, seed, self.group_logits)
-        return eva_attention(tiling, q, k, v, rk, rv, bias)
+        return eva_attention(tiling, q, k, v, rk, omega, bias)
 
     def _attend(self, q, seq_k, seq_v, remote_k, remote_v, n0: int, p0: int, cache: Cache | None) -> Tensor:
         """Queries at n0 … n0+T−1 over their window, the visible chunks and any merged prefix.
@@ -295,6 +300,10 @@ class EvaAttention(nn.Module):
             values.append(prefix[1].unsqueeze(1).expand(B, G, -1, -1, -1))
             masks.append(torch.zeros(G, rows, prefix[0].shape[-2], dtype=qg.dtype, device=qg.device))
 
+        # Scoring a short input (one tile, no graph, fp32/fp64): split softmax, summaries never copied
+        if G == 1 and not torch.is_grad_enabled() and not (self.training and self.attn_dropout) \
+                and qg.dtype in (torch.float32, torch.float64):
+            return _joint_softmax(qg[:, :, 0] * self.head_dim**-0.5, keys, values, masks).unsqueeze(2)
         mask = torch.cat(masks, -1).unsqueeze(1)  # (G, 1, rows, K): broadcast over heads
         n_keys = mask.shape[-1]
         if B > 1:
@@ -308,3 +317,19 @@ class EvaAttention(nn.Module):
             scale=self.head_dim**-0.5,
         )
         return out.view(B, G, H, rows, D).transpose(1, 2)
+
+
+def _joint_softmax(q: Tensor, keys: list[Tensor], values: list[Tensor], masks: list[Tensor]) -> Tensor:
+    """One softmax over several key sets, never concatenated: q (B, H, rows, D), scaled; keys[i] and
+    values[i] (B, 1, H, K_i, D); masks (1, rows, ·) additive, together as wide as the keys -> (B, H, rows, D).
+
+    A test input scored over thousands of cached chunk summaries (incremental scoring, §4.2) would
+    otherwise copy every summary into one key tensor per layer and call: at the 350M shape and
+    2,000 demonstrations that copy cost as much as the attention itself.
+    """
+    masks = torch.cat(masks, -1).split([k.shape[-2] for k in keys], -1)  # one mask may span several parts
+    logits = [torch.matmul(q, k[:, 0].transpose(-1, -2)).add_(m) for k, m in zip(keys, masks)]
+    top = torch.stack([lg.amax(-1) for lg in logits]).amax(0).unsqueeze(-1)  # (B, H, rows, 1)
+    probs = [lg.sub_(top).exp_() for lg in logits]
+    total = sum(p.sum(-1, keepdim=True) for p in probs)
+    return sum(torch.matmul(p, v[:, 0]) for p, v in zip(probs, values)).div_(total)

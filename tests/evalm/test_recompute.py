@@ -70,6 +70,26 @@ def test_gradients_equal_the_autograd_path(name, n, monkeypatch):
         assert len(evalm.recompute.groups(t, 8, -(-n // attn.window_size), n // attn.chunk_size)) > 1
 
 
+def _pieces(attn, n: int, batch_heads: int = 8) -> list:
+    """The groups of an n-token sequence that are pieces of a block (fewer than w rows)."""
+    t = Tiling(attn.window_size, attn.chunk_size, attn.ext, attn.exclude_window_chunks, 1.0, group_logits=attn.group_logits)
+    found = evalm.recompute.groups(t, batch_heads, -(-n // attn.window_size), n // attn.chunk_size)
+    return [g for g in found if g.r1 - g.r0 < attn.window_size]
+
+
+@pytest.mark.parametrize("name", ["w16c4-t5", "w8c4-overlap-t5", "w16c4-exclude"])
+def test_blocks_cut_into_row_pieces_keep_the_gradients(name, monkeypatch):
+    """A block whose queries see more chunks than the logit budget allows runs in row pieces."""
+    monkeypatch.setattr(evalm.recompute, "MIN_PIECE", 3)
+    attn = make_attention(**VARIANTS[name])
+    attn.group_logits = 8 * 5 * (2 * attn.window_size + 30)  # about 5 rows per piece late in the sequence
+    x, weight = _inputs(200)
+    assert len(_pieces(attn, 200)) > 4
+    new = _grads(attn, attn, x, weight)
+    attn.recompute = False
+    _assert_same(new, _grads(attn, attn, x, weight))
+
+
 @pytest.mark.parametrize("name", ["w16c4-t5", "w8c4-overlap-t5", "w16c4-exclude", "w16c16"])
 def test_gradients_equal_the_per_token_oracle(name):
     attn = make_attention(**VARIANTS[name])
@@ -86,10 +106,11 @@ def _function_inputs(ext: int, n_blocks: int = 5):
     return w, c, (t(1, N, 2, D), t(1, N, 2, D), t(1, N, 2, D), t(1, 2, N // c, D), t(1, 2, N // c, D), t(w, ext + w))
 
 
-@pytest.mark.parametrize("ext", [0, 8])
-def test_dropout_masks_are_replayed_exactly_in_backward(ext):
+@pytest.mark.parametrize("ext, budget", [(0, 2 * 2 * 8 * 30), (8, 2 * 2 * 8 * 30), (8, 2 * 2 * 3 * 30)])
+def test_dropout_masks_are_replayed_exactly_in_backward(ext, budget, monkeypatch):
+    monkeypatch.setattr(evalm.recompute, "MIN_PIECE", 3)  # the smallest budget cuts blocks into pieces
     w, c, inputs = _function_inputs(ext)
-    tiling = Tiling(w, c, ext, False, 0.4, dropout=0.3, seed=11, group_logits=2 * 2 * w * 30)
+    tiling = Tiling(w, c, ext, False, 0.4, dropout=0.3, seed=11, group_logits=budget)
     fn = lambda *a: EvaRecompute.apply(*a, tiling)  # noqa: E731
     assert torch.autograd.gradcheck(fn, inputs, eps=1e-6, atol=1e-8, fast_mode=True)
     no_drop = EvaRecompute.apply(*inputs, dataclasses.replace(tiling, dropout=0.0))
