@@ -51,7 +51,7 @@ def test_o1_long_sequence_on_the_recompute_tiled_and_cached_paths(name, monkeypa
     with torch.no_grad():
         np.testing.assert_allclose(attn(x).numpy(), want, rtol=0, atol=EXACT)  # recompute path, default budget
     groups = seen_groups[0]
-    assert len(groups) > 4 and any(b1 - b0 > 1 for b0, b1, _ in groups)  # several groups of several blocks
+    assert len(groups) > 4 and any(g.b1 - g.b0 > 1 for g in groups)  # several groups of several blocks
 
     # The tiled path: 8 tiles of 256 rows; a smaller logit budget splits them into groups of 2.
     monkeypatch.setattr(evalm.eva, "TILE_LOGITS", 1 << 21)
