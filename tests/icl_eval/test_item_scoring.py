@@ -17,7 +17,7 @@ from icl_eval.lm import EvalmLM
 from icl_eval.methods import METHODS, MethodOptions
 from icl_eval.prompts import PromptBuilder
 from icl_eval.tasks import Task
-from tests.icl_eval.conftest import tiny_evalm
+from tests.icl_eval.conftest import save_tiny_gpt2, tiny_evalm
 
 EXACT = 1e-12
 SINGLE = Task("single", "Review: {text} Sentiment:{label}", ("A", "B", "C", "D", "E", "F"))
@@ -127,18 +127,8 @@ def test_incremental_left_drop_is_decided_per_item_like_concat(attention):
 
 @pytest.fixture(scope="module")
 def gpt2_folder(tmp_path_factory):
-    transformers = pytest.importorskip("transformers")
-    folder = tmp_path_factory.mktemp("tiny-gpt2")
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(vocab_size=257, n_positions=512, n_embd=32, n_layer=2, n_head=4,
-                                     bos_token_id=256, eos_token_id=256)
-    model = transformers.GPT2LMHeadModel(config)
-    with torch.no_grad():  # larger weights than GPT-2's init so attention is far from uniform
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.normal_(0, 0.3)
-    model.save_pretrained(folder)
-    return folder
+    pytest.importorskip("transformers")
+    return save_tiny_gpt2(tmp_path_factory.mktemp("tiny-gpt2"), n_positions=512)
 
 
 @pytest.mark.parametrize("task", [SINGLE, MULTI], ids=["single-token", "multi-token"])
