@@ -104,11 +104,13 @@ class Bench:
         return records
 
     def context_tokens(self, shots: int) -> int:
-        probe = Runner(self.lm, self.task, self.config((), shots, self.seeds[:1]), MethodOptions(), lambda s: self.splits)
+        """The longest context any seed draws at `shots` (an alias must hold for every seed)."""
         from icl_eval.selection import dataset_level
 
-        ids = dataset_level(len(self.splits["train"]), shots, self.seeds[0])
-        return len(probe.prompt.context([probe.prompt.demo(i, self.splits["train"][i]) for i in ids]))
+        prompt = Runner(self.lm, self.task, self.config((), shots, self.seeds), MethodOptions(), lambda s: self.splits).prompt
+        train = self.splits["train"]
+        return max(len(prompt.context([prompt.demo(i, train[i]) for i in dataset_level(len(train), shots, seed)]))
+                   for seed in self.seeds)
 
     def cell(self, method: str, shots: int) -> None:
         """Run (or alias) one method at one shot count over the seeds."""
@@ -204,6 +206,19 @@ def table(name: str, summary: dict, bench: Bench, shots, methods) -> str:
     return "\n".join(lines)
 
 
+def save(path: Path, lm, task, lead, bench: Bench, args, shots, methods) -> str:
+    """Summarise the finished cells, write the JSON and the markdown table next to it; the table."""
+    summary = summarize(bench.records, list(bench.baselines.values()))
+    write_json(path, {
+        "model": lm.describe(), "task": task.name, "template": task.template, "lead_words": lead,
+        "bos": bench.bos, "seeds": list(bench.seeds), "items": args.items, "group_tokens": args.group_tokens,
+        "shots": shots, "overflow": OVERFLOW, "same_as": bench.same, "summary": summary, "records": bench.records,
+        "baseline_records": list(bench.baselines.values())})
+    text = table(task.name, summary, bench, shots, methods)
+    path.with_suffix(".md").write_text(text + "\n")
+    return text
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--samples", default="data/samples", help="output of `evalm data samples` (default: data/samples)")
@@ -240,16 +255,12 @@ def main(argv=None) -> int:
         lead = args.bbc_words if task_name == "bbc_news" else None
         task, splits = load_task(Path(args.samples), task_name, lead)
         bench = Bench(lm, task, splits, args)
-        for k in shots:
+        for i, k in enumerate(shots):
             for m in methods:
                 bench.cell(m, k)
-        summary = summarize(bench.records, list(bench.baselines.values()))
-        write_json(out / f"{task_name}.json", {
-            "model": lm.describe(), "task": task.name, "template": task.template, "lead_words": lead,
-            "bos": bench.bos, "seeds": list(bench.seeds), "items": args.items, "group_tokens": args.group_tokens,
-            "overflow": OVERFLOW, "same_as": bench.same, "summary": summary, "records": bench.records,
-            "baseline_records": list(bench.baselines.values())})
-        tables.append(table(task_name, summary, bench, shots, methods))
+            # written after every shot count, so that a run cut short keeps its finished rows
+            text = save(out / f"{task_name}.json", lm, task, lead, bench, args, shots[: i + 1], methods)
+        tables.append(text)
         print(tables[-1], flush=True)
     print(f"\naccuracy [95% hierarchical bootstrap CI] ± seed std; Δ0: paired difference to 0 shots [CI]; "
           f"BOS {json.dumps(bench.bos)}\n")
