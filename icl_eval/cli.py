@@ -141,13 +141,15 @@ def icl(argv: Sequence[str]) -> int:
     p.add_argument("--seeds", type=_csv(int))
     p.add_argument("--test-items", type=int, help="score a seeded random sample of N test items, recorded by index "
                    "(default: the whole split; --eval.test_items_order=first takes the file's first N)")
+    p.add_argument("--bos", help="what each prompt starts with: auto (the model's own: EVALM </s>; HF: its tokenizer's "
+                   "BOS, none for GPT-2 style), none, eos, or one token such as '<|endoftext|>' (default: auto)")
     p.add_argument("--save-predictions", action="store_true")
     args = p.parse_args(rest)
     data = _load_config(args, overrides)
     where = data.pop("_where")
     section = dict(data.get("eval", {}))
     method_section = section.pop("method", {})
-    for key in ("task", "data", "methods", "shots", "seeds", "test_items"):
+    for key in ("task", "data", "methods", "shots", "seeds", "test_items", "bos"):
         if getattr(args, key) is not None:
             section[key] = getattr(args, key)
     if args.save_predictions:
@@ -184,7 +186,7 @@ def icl(argv: Sequence[str]) -> int:
     results = {
         "protocol": {"model": _describe(lm), "task": task.name, "template": task.template,
                      "template_source": task.source, "labels": list(task.labels), "data": data_info,
-                     "label_tokens": label_tokens,
+                     "label_tokens": label_tokens, "bos": runner.prompt.describe_bos(),
                      "eval": to_dict(config),
                      "method_options": to_dict(options), "scoring": options.scoring,
                      "seconds": time.perf_counter() - t0},

@@ -40,6 +40,9 @@ class EvalConfig:
     """Label-balanced dataset-level sampling."""
     separator: Literal["newline", "eos", "space-newline"] = "newline"
     """Between demonstrations (ICL_SPEC §2)."""
+    bos: str = "auto"
+    """Tokens a prompt starts with (prompts.resolve_bos): `auto` the model's own (EVALM `</s>`; HF: the
+    tokenizer's BOS, none for GPT-2 style), `none`, `eos`, or one token spelled out; recorded in results.json."""
     calibration: Literal["none", "contextual", "pmi"] = "none"
     """Zhao et al.'s contextual calibration, or PMI against an "N/A" input."""
     test_items: int | None = None

@@ -10,6 +10,9 @@ concatenates (new tensors), so a fork is a shallow copy and the parent is never 
 A merged cache (Structured Prompting) holds the groups' K/V as its first `prefix_len` entries; its
 own tokens attend to them and to themselves through an explicit 4-D mask that adds
 `own_logit_bias` to their own keys' logits (Eq. 2's log M) and masks the future.
+
+Logits come back in the model's dtype (a float64 model scores exactly; the scorers widen bf16/fp16
+to float32). The prompts' BOS is the model's own (`HFTokenizerAdapter.default_bos`).
 """
 
 from __future__ import annotations
@@ -65,6 +68,30 @@ class HFTokenizerAdapter:
     def encode(self, text: str) -> list[int]:
         return list(self._tok(text, add_special_tokens=False)["input_ids"])
 
+    def default_bos(self) -> tuple[tuple[int, ...], str]:
+        """What a document started with in the model's training, as far as its tokenizer tells:
+
+        1. the token(s) the tokenizer prepends itself (Llama, Mistral, Gemma: `<s>`, `<bos>`);
+        2. else its declared `bos_token` when that is not also its eos (SmolLM2-Instruct: `<|im_start|>`);
+        3. else none: a GPT-2-style model's one special token `<|endoftext|>` ends documents and was
+           never prepended to one (lm-eval's HF backend adds no BOS for it either)."""
+        tok = self._tok
+        plain = self.encode("x")
+        full = list(tok("x", add_special_tokens=True)["input_ids"])
+        if len(full) > len(plain) and full[len(full) - len(plain):] == plain:
+            lead = tuple(full[: len(full) - len(plain)])
+            return lead, f"the tokenizer prepends {tok.convert_ids_to_tokens(list(lead))} itself"
+        bos, eos = tok.bos_token_id, tok.eos_token_id
+        if bos is not None and bos != eos:
+            return (int(bos),), f"the tokenizer's bos_token {tok.bos_token!r} (not its eos)"
+        return (), "none: the tokenizer prepends nothing and has no bos apart from its eos (GPT-2 style)"
+
+    def token_id(self, text: str) -> int | None:
+        """The id of one vocabulary entry spelled `text` (special tokens included), else None."""
+        found = self._tok.convert_tokens_to_ids(text)
+        unk = self._tok.unk_token_id
+        return None if found is None or (found == unk and text != self._tok.unk_token) else int(found)
+
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(list(ids))
 
@@ -88,7 +115,7 @@ class HFCausalLM:
     def forward(self, tokens: Tensor) -> Tensor:
         tokens = tokens.to(self.device)
         positions = torch.arange(tokens.shape[1], device=self.device).expand_as(tokens)
-        return self.model(input_ids=tokens, position_ids=positions, use_cache=False).logits.float()
+        return self.model(input_ids=tokens, position_ids=positions, use_cache=False).logits
 
     def new_state(self, position_offset: int = 0) -> HFState:
         return HFState(layers=[], position_offset=position_offset)
@@ -108,7 +135,7 @@ class HFCausalLM:
                          use_cache=True)
         state.layers = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
         state.n_seen += T
-        return out.logits.float()
+        return out.logits  # the model's own dtype: scoring widens to float32, float64 stays exact
 
     def _mask(self, state: HFState, B: int, T: int) -> Tensor:
         """(B, 1, T, S + T) additive mask: 0 on group entries, own_logit_bias on own visible keys, min on the future."""

@@ -15,9 +15,13 @@ scoring function (`scoring.score_candidates`), plus what it actually used (`info
 | saicl       | one group per demonstration, merged, no rescale                   | order-invariant               |
 | ensemble    | each demonstration alone, scores averaged (Min et al.)            | -                             |
 
+[test prefix note] After a cache, an item's candidates share `lead` and I(x) up to the label: that
+prefix is encoded once on a fork, each candidate's remaining tokens on a fork of it
+(`icl_eval/item_scoring.py`, `test_prefix="shared"`; `"reencode"` feeds each candidate whole).
 [window note] A prompt longer than the model's window is never cut silently: `on_overflow="error"`
-raises `PromptTooLong`; `"drop_left"` drops whole demonstrations from the left and records how many
-were used. [EVA alignment note] EVA's blocks and chunks count from the start of each cache, so
+raises `PromptTooLong`; `"drop_left"` drops whole demonstrations from the left, per item (room =
+window minus that item's longest candidate, in `concat` and `incremental` alike), and records how
+many were used. [EVA alignment note] EVA's blocks and chunks count from the start of each cache, so
 `structured` with one group equals `concat` exactly; with several groups under `align="mask"`
 each group starts at position L - len(group), and for EVA its block/chunk alignment still counts
 from its own first token (the model is told its absolute positions through `position_offset`).
@@ -37,6 +41,7 @@ from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from evalm.config import FROZEN
 from icl_eval.lm import CausalLM, right_pad
+from icl_eval.item_scoring import SCORERS
 from icl_eval.prompts import Demo, PromptBuilder, TestItem
 from icl_eval.scoring import RULES, score_candidates
 
@@ -65,6 +70,9 @@ class MethodOptions:
     """structured: bias on the test tokens' own logits: `log_m`, `off`, or a number."""
     saicl_rescale: bool = False
     """saicl: also add log M (SAICL has no rescale; this is the Structured-Prompting hybrid)."""
+    test_prefix: Literal["shared", "reencode"] = "shared"
+    """After a cache: encode the candidates' shared test prefix once per item and fork it per candidate
+    (`icl_eval/item_scoring.py`), or feed every candidate whole (the old way; same scores, K times the work)."""
     ensemble_reduce: Literal["mean_score", "mean_prob", "mean_logits"] = "mean_score"
     """ensemble: mean of the per-group scores (log-probabilities or logits), log of the mean probability,
     or SAICL §5.3's mean of the groups' logits at every position, scored once (`mean_logits`)."""
@@ -145,9 +153,9 @@ def _logits_after(lm: CausalLM, state, item: TestItem) -> torch.Tensor:
     return lm.extend(kids, right_pad(rows, lm.tokenizer.eos_id))
 
 
-def _score_after(lm: CausalLM, state, item: TestItem, rule: str) -> list[float]:
-    """The candidates' scores after the cache `state`."""
-    return score_candidates(_logits_after(lm, state, item), item.candidates, rule)
+def _score_after(lm: CausalLM, state, item: TestItem, rule: str, test_prefix: str = "shared") -> list[float]:
+    """Score an item's candidates after the cache `state` (left untouched), the way `test_prefix` says."""
+    return SCORERS[test_prefix](lm, state, item, rule)
 
 
 def _loop(items: Sequence[TestItem], progress: Progress, fn) -> list[list[float]]:
@@ -180,15 +188,30 @@ def concat(lm, prompt, demos, items, options: MethodOptions, progress: Progress 
 
 
 def incremental(lm, prompt, demos, items, options: MethodOptions, progress: Progress = None) -> MethodResult:
-    """EVALM's incremental encoding: the context is encoded once; each item forks the cache."""
+    """EVALM's incremental encoding: the context is encoded once; each item forks the cache.
+
+    Past the window the left-drop is decided per item, exactly as `concat` decides it (room = window
+    minus that item's longest candidate), so drop_left scores what a left-dropping concat scores,
+    item by item; items that keep the same demonstrations share one context encoding."""
     t0 = time.perf_counter()
-    kept = _fit(prompt, demos, _room(lm, _longest(items)), options)
-    ctx = prompt.context(kept)
-    state = encode(lm, ctx, 0, options.segment_tokens)
-    t_enc = time.perf_counter() - t0
-    scores = _loop(items, progress, lambda item: _score_after(lm, state, item, options.scoring))
-    info = {"demos_used": [len(kept)] * len(items), "context_tokens": len(ctx), "cache_bytes": lm.nbytes(state),
-            "cache_reuse": True}
+    demos = list(demos)
+    starts = [len(demos) - len(_fit(prompt, demos, _room(lm, _longest([it])), options)) for it in items] \
+        if items else [0]
+    scores: list[list[float]] = [[] for _ in items]
+    t_enc, cache_bytes, contexts = 0.0, 0, []
+    for start in sorted(set(starts)):
+        t1 = time.perf_counter()
+        ctx = prompt.context(demos[start:])
+        state = encode(lm, ctx, 0, options.segment_tokens)
+        t_enc += time.perf_counter() - t1
+        contexts.append(len(ctx))
+        cache_bytes = max(cache_bytes, lm.nbytes(state))
+        for i in [i for i, s in enumerate(starts) if s == start]:
+            scores[i] = _score_after(lm, state, items[i], options.scoring, options.test_prefix)
+            if progress:
+                progress(1)
+    info = {"demos_used": [len(demos) - s for s in starts][: len(items)], "context_tokens": max(contexts),
+            "context_encodings": len(contexts), "cache_bytes": cache_bytes, "cache_reuse": True}
     return MethodResult(scores, _timed(info, t0, t_enc, len(items)))
 
 
@@ -267,7 +290,7 @@ def _grouped(lm, prompt, groups: list[Group], items, options, bias: float, progr
         states.append(encode(lm, tokens, offset, options.segment_tokens))
     merged = lm.merge(states, own_logit_bias=bias, position_offset=L)
     t_enc = time.perf_counter() - t0
-    scores = _loop(items, progress, lambda item: _score_after(lm, merged, item, options.scoring))
+    scores = _loop(items, progress, lambda item: _score_after(lm, merged, item, options.scoring, options.test_prefix))
     info = {
         "groups": [{"demo_ids": g.demo_ids, "tokens": len(g.tokens), "truncated_tokens": g.truncated_tokens,
                     "padded_tokens": g.padded_tokens} for g in groups],
@@ -311,7 +334,7 @@ def ensemble(lm, prompt, demos, items, options: MethodOptions, progress: Progres
         if options.ensemble_reduce == "mean_logits":  # SAICL §5.3: average the logits of all groups, then score
             mean = torch.stack([_logits_after(lm, s, item) for s in states]).mean(0)
             return score_candidates(mean, item.candidates, options.scoring)
-        per_group = np.array([_score_after(lm, s, item, options.scoring) for s in states])  # (G, C)
+        per_group = np.array([_score_after(lm, s, item, options.scoring, options.test_prefix) for s in states])  # (G, C)
         return reduce_scores(per_group, options.ensemble_reduce).tolist()
 
     scores = _loop(items, progress, one)
@@ -331,7 +354,8 @@ def reduce_scores(per_group: np.ndarray, reduce: str) -> np.ndarray:
 
 def _timed(info: dict, t0: float, t_encode: float, n_items: int) -> dict:
     total = time.perf_counter() - t0
-    info.update(seconds=total, encode_seconds=t_encode, seconds_per_item=total / max(1, n_items))
+    info.update(seconds=total, encode_seconds=t_encode, seconds_per_item=total / max(1, n_items),
+                marginal_seconds_per_item=(total - t_encode) / max(1, n_items))
     return info
 
 

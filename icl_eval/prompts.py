@@ -8,7 +8,12 @@ The layout, the same for every method so that they can be compared exactly:
 `concat` feeds context + test(y) in one window; `incremental` encodes the context once and feeds
 test(y) after a fork; `structured` splits the context into groups, each its own `[bos] d ... d`,
 and feeds test(y) after their merge. With one group the token stream is identical to `concat`'s.
-The end-of-document id is the bos (documents are separated by it in pretraining, EVA_SPEC §5).
+
+[bos] is the model's own (`resolve_bos`): for EVALM the end-of-document `</s>` (documents are
+separated by it in pretraining, EVA_SPEC §5); for a Hugging Face model what its tokenizer says
+(`icl_eval.hf.HFTokenizerAdapter.default_bos`: Llama's `<s>`, SmolLM2-Instruct's `<|im_start|>`,
+nothing for GPT-2); `none` or a token spelled out overrides it (`--bos`). With no bos, a 0-shot
+test's first token has no prediction and is not scored.
 
 Each instance is tokenized in segments split at the `{label}` slot, so the answer's tokens are known
 exactly (a space before the slot goes with the answer, as GPT-style BPE merges it that way).
@@ -59,16 +64,37 @@ class Demo:
     tokens: tuple[int, ...]
 
 
-class PromptBuilder:
-    """Renders a task's items with one tokenizer and one separator."""
+def resolve_bos(tokenizer, spec: str = "auto") -> tuple[tuple[int, ...], str]:
+    """The tokens a prompt starts with and why: `auto` (the model's own), `none`, `eos`, or one token's spelling."""
+    if spec == "none":
+        return (), "none (--bos none)"
+    if spec == "eos":
+        return (tokenizer.eos_id,), "the eos token (--bos eos)"
+    if spec == "auto":
+        own = getattr(tokenizer, "default_bos", None)
+        if own is None:
+            return (tokenizer.eos_id,), "the end-of-document token (EVALM's </s>, EVA_SPEC §5)"
+        return own()
+    lookup = getattr(tokenizer, "token_id", None)
+    found = lookup(spec) if lookup else None
+    if found is None:
+        ids = tokenizer.encode(spec)
+        found = ids[0] if len(ids) == 1 else None
+    if found is None:
+        raise ValueError(f"--bos {spec!r}: not one token of the tokenizer; use auto, none, eos or a single token")
+    return (int(found),), f"{spec!r} (--bos)"
 
-    def __init__(self, task: Task, tokenizer, separator: str = "newline"):
+
+class PromptBuilder:
+    """Renders a task's items with one tokenizer, one separator and one BOS."""
+
+    def __init__(self, task: Task, tokenizer, separator: str = "newline", bos: str = "auto"):
         if separator not in SEPARATORS:
             raise ValueError(f"separator {separator!r} is not known; valid: {sorted(SEPARATORS)}")
         self.task, self.tokenizer, self.separator_name = task, tokenizer, separator
         text = SEPARATORS[separator]
         self.sep: tuple[int, ...] = (tokenizer.eos_id,) if text is None else tuple(tokenizer.encode(text))
-        self.bos: tuple[int, ...] = (tokenizer.eos_id,)
+        self.bos, self.bos_source = resolve_bos(tokenizer, bos)
         self.instruction: tuple[int, ...] = tuple(tokenizer.encode(task.instruction)) + self.sep if task.instruction else ()
 
     def segments(self, fields: dict[str, str], answer: str) -> tuple[list[int], list[int], list[int]]:
@@ -110,6 +136,11 @@ class PromptBuilder:
             blank.update({f: item[f] for f in self.task.choice_fields})
             out.append(self.test_item(-1 - j, blank, n_shots, gold=-1))
         return out
+
+    def describe_bos(self) -> dict[str, Any]:
+        """What results.json records about the BOS."""
+        return {"ids": list(self.bos), "text": self.tokenizer.decode(list(self.bos)) if self.bos else "",
+                "source": self.bos_source}
 
     def label_token_counts(self) -> dict[str, int]:
         """Tokens of each verbalized label inside the template (empty for multiple choice).

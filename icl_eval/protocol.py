@@ -56,7 +56,7 @@ class Runner:
                  splits_for_seed: Callable[[int], Splits], progress=None):
         self.lm, self.task, self.config, self.options = lm, task, config, options
         self.splits_for_seed, self.progress = splits_for_seed, progress
-        self.prompt = PromptBuilder(task, lm.tokenizer, config.separator)
+        self.prompt = PromptBuilder(task, lm.tokenizer, config.separator, config.bos)
         self.records: list[dict] = []
         self.baselines: list[dict] = []
         """Per (split, seed, shots): each label baseline's per-item correctness on the items scored."""

@@ -51,7 +51,7 @@ def _mean(lp: Tensor, logits: Tensor, cand: Candidate, rule: str) -> float:
     return float(lp[a:b].mean())
 
 
-def _first_logit(lp: Tensor, logits: Tensor, cand: Candidate, rule: str) -> float:
+def _first_logit(lp: Tensor, logits, cand: Candidate, rule: str) -> float:
     return float(logits[cand.answer_start - 1, cand.tokens[cand.answer_start]])
 
 
@@ -74,6 +74,50 @@ def score_candidates(logits: Tensor, candidates: Sequence[Candidate], rule: str)
         tokens[i, : len(c.tokens)] = torch.tensor(c.tokens)
     lp = token_logprobs(logits, tokens)
     return [RULES[rule](lp[i], logits[i], c, rule) for i, c in enumerate(candidates)]
+
+
+class _PrefixRows:
+    """`logits[t, token]` of one candidate whose rows t < p are the shared prefix's and the rest its tail's."""
+
+    def __init__(self, prefix: Tensor, tail: Tensor | None):
+        self.prefix, self.tail = prefix, tail
+
+    def __getitem__(self, index: tuple[int, int]) -> Tensor:
+        t, token = index
+        p = self.prefix.shape[0]
+        return self.prefix[t, token] if t < p else self.tail[t - p, token]
+
+
+def _log_softmax_wide(rows: Tensor) -> Tensor:
+    return torch.log_softmax(rows.to(torch.promote_types(rows.dtype, torch.float32)), dim=-1)
+
+
+def _pick(logp: Tensor, targets: Sequence[int]) -> Tensor:
+    return logp.gather(-1, torch.tensor(list(targets), dtype=torch.long, device=logp.device)[:, None]).squeeze(-1)
+
+
+def score_after_prefix(prefix_logits: Tensor, tail_logits: Tensor | None, candidates: Sequence[Candidate],
+                       rule: str) -> list[float]:
+    """Scores of candidates that share their first p tokens, from the logits of those p tokens (p, V),
+    computed once, and of each candidate's tokens [p, len - 1) (C, S, V), right-padded (None when no
+    candidate has any: single-token answers at the end are scored from the prefix's forward alone).
+
+    Row t predicts token t + 1 and log-softmax is row-wise, so these are `score_candidates`' numbers
+    row for row; a candidate's last token predicts nothing and is never fed."""
+    if rule not in RULES:
+        raise ValueError(f"scoring rule {rule!r} is not known; valid: {sorted(RULES)}")
+    p = prefix_logits.shape[0]
+    prefix_lp = _log_softmax_wide(prefix_logits)  # (p, V), once for every candidate
+    head = torch.cat([prefix_lp.new_zeros(1), _pick(prefix_lp[:-1], candidates[0].tokens[1:p])]) if p else None
+    out = []
+    for i, c in enumerate(candidates):
+        parts = [head, _pick(prefix_lp[-1:], c.tokens[p : p + 1])] if p else [prefix_lp.new_zeros(1)]
+        n_tail = len(c.tokens) - 1 - p
+        tail = tail_logits[i, :n_tail] if n_tail > 0 else None
+        if tail is not None:
+            parts.append(_pick(_log_softmax_wide(tail), c.tokens[p + 1 :]).to(prefix_lp.dtype))
+        out.append(RULES[rule](torch.cat(parts), _PrefixRows(prefix_logits, tail), c, rule))
+    return out
 
 
 # ----------------------------------------------------------------------------------------------

@@ -48,3 +48,19 @@ def demos_and_items(prompt, splits, n_demos: int, n_items: int = 3):
     demos = [prompt.demo(i, splits["train"][i]) for i in range(n_demos)]
     items = [prompt.test_item(i, splits["test"][i], n_demos) for i in range(n_items)]
     return demos, items
+
+
+def save_tiny_gpt2(folder, n_positions: int = 256):
+    """A tiny random GPT-2 (byte vocabulary, eos 256) saved to `folder`; no download."""
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=257, n_positions=n_positions, n_embd=32, n_layer=2, n_head=4,
+                                     bos_token_id=256, eos_token_id=256)
+    model = transformers.GPT2LMHeadModel(config)
+    with torch.no_grad():  # larger weights than GPT-2's init so attention is far from uniform
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.3)
+    model.save_pretrained(folder)
+    return folder

@@ -14,7 +14,7 @@ import torch
 
 from evalm.tokenizer import ByteTokenizer
 from icl_eval.methods import METHODS, MethodOptions, make_groups
-from tests.icl_eval.conftest import demos_and_items
+from tests.icl_eval.conftest import demos_and_items, save_tiny_gpt2
 
 transformers = pytest.importorskip("transformers")
 TOL = 1e-6
@@ -24,16 +24,7 @@ TOL = 1e-6
 def hf_lm(tmp_path_factory):
     from icl_eval.hf import load_hf
 
-    folder = tmp_path_factory.mktemp("tiny-gpt2")
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(vocab_size=257, n_positions=256, n_embd=32, n_layer=2, n_head=4,
-                                     bos_token_id=256, eos_token_id=256)
-    model = transformers.GPT2LMHeadModel(config)
-    with torch.no_grad():  # larger weights than GPT-2's init so attention is far from uniform
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.normal_(0, 0.3)
-    model.save_pretrained(folder)
+    folder = save_tiny_gpt2(tmp_path_factory.mktemp("tiny-gpt2"))
     return load_hf(folder, tokenizer=ByteTokenizer(), dtype="float64", attn_implementation="eager")
 
 
