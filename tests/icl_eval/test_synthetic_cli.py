@@ -70,7 +70,7 @@ def test_cli_icl_and_ppl_write_reports(tmp_path):
     assert (out / "time_per_item_vs_shots.png").stat().st_size > 1000
 
     (tmp_path / "books").mkdir()
-    (tmp_path / "books" / "b1.txt").write_text("It was the best of times. " * 30)
+    (tmp_path / "books" / "b1.txt").write_text("It was the best of times. " * 50)  # 1,300 bytes: reaches 1024
     rc = main(["ppl", "--out", str(tmp_path / "ppl"), "--books", str(tmp_path / "books"), "--lengths", "64,256,1024",
                "--synthetic.train_steps=2", "--ppl.segment_tokens=128"])
     assert rc == 0
