@@ -8,6 +8,7 @@ an interrupted run. See docs/data_pipeline.md.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -158,6 +159,8 @@ def main(argv: Sequence[str]) -> int:
     try:
         return command.run(args)
     except (StageError, RedisUnavailable, cfg.ConfigError, FileNotFoundError) as err:
+        if os.environ.get("EVALM_DEBUG"):
+            raise
         print(f"evalm data {name}: error: {err}", file=sys.stderr)
         return 2
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import shutil
 import sys
@@ -404,7 +405,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.only:
             _mark_stale(r, order[order.index(args.only) + 1:])
         report = write_report(r, timings, wall_seconds=time.perf_counter() - t0, peak_rss_gib=peak_rss_gib())
+    except KeyboardInterrupt:
+        print(f"evalm run: interrupted; rerun `evalm run {args.config}` to resume: complete stages are skipped, "
+              "data and training stages continue from where they stopped", file=sys.stderr)
+        return 130
     except (ConfigError, RuntimeError, FileNotFoundError, ValueError) as err:
+        if os.environ.get("EVALM_DEBUG"):
+            raise
         print(f"evalm run: error: {err}", file=sys.stderr)
         return 2
     print(f"\nreport: {report / 'summary.md'}")
