@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import json
 import random
-import re
 import shlex
 from pathlib import Path
 
-import pytest
 import torch
 
 from evalm import EvalmModel, ModelConfig
@@ -59,15 +57,6 @@ def _tiny_checkpoint(folder: Path) -> Path:
                                    chunk_size=1024, circular_period=4096, dropout=0.0, attn_dropout=0.0))
     model.init_weights()
     return save_model(model, folder)
-
-
-@pytest.fixture
-def one_thread():
-    """Tiny matmuls: one thread is several times faster than two on the shared CI cores."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def test_readme_pg19_command_scores_a_300k_token_book_to_262144(tmp_path, capsys, one_thread):

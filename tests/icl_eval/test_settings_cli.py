@@ -10,7 +10,6 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 from icl_eval.cli import main
 
@@ -18,13 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 QUICK = ["--synthetic.train_steps=2", "--methods", "incremental", "--seeds", "1"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny matmuls run several times faster on one thread of the shared cores."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/icl_eval/conftest.py
 
 
 def test_no_config_file_unless_named_and_flags_win(tmp_path, monkeypatch, capsys):

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
 import torch
 
 from evalm import EvalmModel, ModelConfig
@@ -18,15 +17,6 @@ from icl_eval.methods import MethodOptions
 from icl_eval.protocol import Runner
 from icl_eval.summary import summarize
 from icl_eval.synthetic import SyntheticConfig, episode, synthetic_task, train_tiny_model
-
-
-@pytest.fixture
-def one_thread():
-    """Tiny matmuls run faster on one thread, and the test machine's cores are shared (~20 s here)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def test_trained_tiny_model_learns_in_context_above_every_label_baseline(one_thread):
