@@ -40,7 +40,7 @@ def test_trained_tiny_model_learns_in_context_above_every_label_baseline(one_thr
     assert acc["32"]["accuracy_mean"] > acc["1"]["accuracy_mean"] + 0.2
 
 
-def test_cli_icl_and_ppl_write_reports(tmp_path):
+def test_cli_icl_and_ppl_write_reports(tmp_path, one_thread):
     from icl_eval.cli import main
 
     out = tmp_path / "icl"
