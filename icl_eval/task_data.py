@@ -112,7 +112,7 @@ def check_fields(task: Task, rows: Rows, where: str) -> None:
     """Every field the template and label need, in every row: else the file and line (row) to fix.
 
     A jsonl row without a key still loads (the column holds None there), so rows are checked
-    one column at a time; line = row + 1 in a jsonl file."""
+    one column at a time; a jsonl file is named by line (row + 1), other sources by row."""
     if not len(rows):
         return
     first = rows[0]
@@ -124,8 +124,9 @@ def check_fields(task: Task, rows: Rows, where: str) -> None:
                                   f"{rows.columns}); rename it in the data or map it with `field_aliases` in the task")
         values = rows.dataset[column]
         if None in values:
-            line = values.index(None) + 1
-            raise DataSourceError(f"{where}: line {line} (row {line - 1}) has no {column!r}; add it or remove the row")
+            row = values.index(None)
+            at = f"line {row + 1}" if str(where).endswith(".jsonl") else f"row {row} (counting from 0)"
+            raise DataSourceError(f"{where}: {at} has no {column!r}; add it or remove the row")
 
 
 def _from_data(task: Task, data: str) -> tuple[Splits, dict[str, Any]]:
