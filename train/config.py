@@ -230,17 +230,27 @@ def run_command(argv: Sequence[str] | None, *, command: str, doc: str, default_c
 
     try:
         run(config, out, make_source(config.data, config.model.vocab_size), resume=resume, command=command)
-    except KeyboardInterrupt:  # Ctrl-C: the last complete checkpoint stays; say how to continue from it
-        again = " ".join(["evalm train", command, *_without_resume(argv), "--resume auto"])
-        print(f"evalm train {command}: interrupted; the last complete checkpoint under {out}/checkpoints is kept; "
-              f"resume with: {again}", file=sys.stderr)
-        return 130
     except (CheckpointError, FileNotFoundError, ValueError) as err:  # what to fix, without a traceback
         if debug():
             raise
         print(f"evalm train {command}: error: {err}", file=sys.stderr)
         return 2
+    except BaseException as err:  # Ctrl-C: the last complete checkpoint stays; say how to continue from it
+        if not _interrupted(err):
+            raise
+        again = " ".join(["evalm train", command, *_without_resume(argv), "--resume auto"])
+        print(f"evalm train {command}: interrupted; the last complete checkpoint under {out}/checkpoints is kept; "
+              f"resume with: {again}", file=sys.stderr)
+        return 130
     return 0
+
+
+def _interrupted(err: BaseException) -> bool:
+    """Ctrl-C, also when it hit a checkpoint save and DCP wrapped it (CheckpointException, a BaseException)."""
+    if isinstance(err, KeyboardInterrupt):
+        return True
+    failures = getattr(err, "failures", None)
+    return isinstance(failures, dict) and any(isinstance(f[0], KeyboardInterrupt) for f in failures.values())
 
 
 def _without_resume(argv: Sequence[str] | None) -> list[str]:

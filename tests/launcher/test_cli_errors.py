@@ -115,8 +115,9 @@ def test_ctrl_c_in_pretraining_says_how_to_resume_and_that_works(tmp_path):
     assert len(hint) == 1, stderr
     command = hint[0].split("resume with: ", 1)[1]
     assert command == f"evalm train pretrain --config {run_file} --out {out} --resume auto"
-    # the printed command continues the run (here to a nearer last step)
-    again = evalm(*command.split()[1:], "--set", "train.steps=4")
+    # the printed command continues the run from its last complete checkpoint (here to two steps past it)
+    last = max(int(p.name.split("-")[1]) for p in out.glob("checkpoints/step-*"))
+    again = evalm(*command.split()[1:], "--set", f"train.steps={last + 2}")
     assert again.returncode == 0, again.stderr
     metrics = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
-    assert any(m.get("step") == 4 for m in metrics)
+    assert max(m["step"] for m in metrics) == last + 2, metrics[-3:]
