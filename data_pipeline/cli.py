@@ -8,6 +8,7 @@ an interrupted run. See docs/data_pipeline.md.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -23,15 +24,15 @@ DEFAULT_BUDGETS = Path(__file__).with_name("budgets") / "table5.toml"
 
 def _common(p: argparse.ArgumentParser, *, multi_input: bool) -> None:
     if multi_input:
-        p.add_argument("--input", nargs="+", required=True, metavar="PATH", help="files or folders of jsonl, jsonl.zst, jsonl.gz or parquet shards")
+        p.add_argument("--input", nargs="+", required=True, metavar="PATH", help="files or folders of jsonl, jsonl.zst, jsonl.gz or parquet shards (required)")
     else:
-        p.add_argument("--input", required=True, metavar="DIR", help="output folder of the previous stage (its documents/ are read), or a folder of shards")
-    p.add_argument("--output", required=True, metavar="DIR", help="output folder; relaunching with the same arguments finishes an interrupted run")
-    p.add_argument("--config", metavar="FILE", help="TOML data config with [filter], [dedup], [blend] sections (defaults: DATA_SPEC.md)")
-    p.add_argument("--tasks", type=int, default=1, metavar="N", help="number of tasks (input files are dealt round-robin); fixed for an output folder")
-    p.add_argument("--workers", type=int, default=1, metavar="K", help="tasks run at once by the local executor")
+        p.add_argument("--input", required=True, metavar="DIR", help="output folder of the previous stage (its documents/ are read), or a folder of shards (required)")
+    p.add_argument("--output", required=True, metavar="DIR", help="output folder; relaunching with the same arguments finishes an interrupted run (required)")
+    p.add_argument("--config", metavar="FILE", help="TOML data config with [filter], [dedup], [blend] sections (default: none, the built-in values listed in docs/data_pipeline.md)")
+    p.add_argument("--tasks", type=int, default=1, metavar="N", help="number of tasks (input files are dealt round-robin); fixed for an output folder (default: 1)")
+    p.add_argument("--workers", type=int, default=1, metavar="K", help="tasks run at once by the local executor (default: 1)")
     p.add_argument("--executor", default="local", choices=["local", "slurm", "ray"], help="datatrove executor (default: local processes)")
-    p.add_argument("--executor-option", action="append", default=[], metavar="KEY=VALUE", help="passed to the executor, e.g. partition=cpu time=04:00:00 (Slurm)")
+    p.add_argument("--executor-option", action="append", default=[], metavar="KEY=VALUE", help="passed to the executor, e.g. partition=cpu time=04:00:00 (Slurm); repeatable (default: none)")
     p.add_argument("--overwrite", action="store_true", help="delete an existing stage folder at --output and start over (default: off; a relaunch continues it)")
 
 
@@ -158,6 +159,8 @@ def main(argv: Sequence[str]) -> int:
     try:
         return command.run(args)
     except (StageError, RedisUnavailable, cfg.ConfigError, FileNotFoundError) as err:
+        if os.environ.get("EVALM_DEBUG"):
+            raise
         print(f"evalm data {name}: error: {err}", file=sys.stderr)
         return 2
 

@@ -808,7 +808,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output", default="data/samples", metavar="DIR", help="where the samples go (default: data/samples)")
     p.add_argument("--cache", metavar="DIR", help="download cache (default: $EVALM_CACHE/samples or ~/.cache/evalm/samples); "
                    "copy it to a machine without network")
-    p.add_argument("--force", action="store_true", help="rebuild even if OUT is complete")
+    p.add_argument("--force", action="store_true", help="rebuild even if OUT is complete (default: off)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -8,7 +8,9 @@ before pydantic, so the message can name the file, the section, the key and the 
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import os
 import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -23,6 +25,22 @@ FROZEN = pydantic.ConfigDict(extra="forbid")
 
 class ConfigError(ValueError):
     """A config file or override that cannot be used; the message says where and what to do."""
+
+
+def debug() -> bool:
+    """`evalm --debug` (EVALM_DEBUG=1): user errors show their traceback instead of one line."""
+    return os.environ.get("EVALM_DEBUG", "") not in ("", "0")
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse whose errors are one line naming the flag (no usage block), descriptions kept as written."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 @dataclass(config=FROZEN, frozen=True)

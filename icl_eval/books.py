@@ -38,7 +38,9 @@ def _books_of(source: str) -> Iterator[tuple[str, str]]:
     if path.is_dir() and not is_saved_dataset(path):
         files = sorted(path.glob("*.txt"))
         if not files:
-            raise DataSourceError(f"{path}: no .txt books in this folder")
+            raise DataSourceError(f"{path}: no books here; --books expects a folder of .txt files, one book each "
+                                  "(PG-19's test/ as distributed), a .txt file, a jsonl/parquet file with a `text` "
+                                  "column, or a cached id such as deepmind/pg19:test")
         for f in files:
             yield f.name, f.read_text(encoding="utf-8", errors="replace")
     elif path.suffix == ".txt":

@@ -85,14 +85,16 @@ class PerplexityConfig:
     books: tuple[str, ...] = ()
     """Folders of .txt books (PG-19's split folders), .txt or jsonl/parquet files, saved folders, or a
     cached dataset id with a split (`deepmind/pg19:test`); see `icl_eval.books`."""
-    max_books: int | None = 10
-    """Read at most this many books (folders: sorted by file name; datasets: in row order)."""
-    max_tokens: int = 262_144
-    """Score at most this many tokens per book."""
+    max_books: int | None = None
+    """Read at most this many books (folders: sorted by file name; datasets: in row order); None: all."""
+    max_tokens: int | None = None
+    """Tokens scored per book: must equal the largest bucket (None: the largest bucket); a book
+    shorter than that is scored to its end and counted only in the buckets it reaches."""
     segment_tokens: int = 8192
     """Incremental-encoding segment (the training length)."""
     buckets: tuple[int, ...] = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144)
-    """Upper ends of the position buckets; a token at position p falls in the first bucket > p."""
+    """Upper ends of the position buckets; a token at position p falls in the first bucket > p. At least
+    one book must reach the largest (`icl_eval.supply`), else an error or, with --allow-skip, a skip."""
     baselines: tuple[Literal["nonoverlap", "sliding"], ...] = ("nonoverlap", "sliding")
     """Re-encoding baselines on the same books."""
     window_tokens: int | None = None

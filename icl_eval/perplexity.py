@@ -208,7 +208,7 @@ def evaluate(lm: CausalLM, books: list[tuple[str, str]], max_tokens: int, segmen
         if max_tokens > lm.max_positions:
             raise ValueError(
                 f"max_tokens={max_tokens} exceeds the model's {lm.max_positions} positions: the cached protocol "
-                f"would use positions it never learned; lower ppl.max_tokens"
+                f"would use positions it never learned; lower the largest --lengths bucket to {lm.max_positions}"
             )
     protocols = {"cached": lambda toks: cached_nll(lm, toks, segment_tokens)}
     if "nonoverlap" in baselines:

@@ -103,7 +103,30 @@ def task_splits(task: Task, task_arg: str, data: str | None) -> tuple[Splits, di
         raise DataSourceError(f"task {task.name!r} names no dataset: give --data (a folder, saved dataset or id)")
     if "train" not in splits or "test" not in splits:
         raise DataSourceError(f"{info['source']}: need train and test splits, found {sorted(splits)}")
+    for split, rows in splits.items():
+        check_fields(task, rows, info.get("splits", {}).get(split, f"{info['source']} split {split!r}"))
     return splits, info
+
+
+def check_fields(task: Task, rows: Rows, where: str) -> None:
+    """Every field the template and label need, in every row: else the file and line (row) to fix.
+
+    A jsonl row without a key still loads (the column holds None there), so rows are checked
+    one column at a time; a jsonl file is named by line (row + 1), other sources by row."""
+    if not len(rows):
+        return
+    first = rows[0]
+    needed = [task._column(f, first) for f in [*task.input_fields, *task.choice_fields]]
+    needed.append(task._column(task.label_field, first))
+    for column in dict.fromkeys(needed):
+        if column not in rows.columns:
+            raise DataSourceError(f"{where}: no field {column!r} (task {task.name!r} needs it; the rows have "
+                                  f"{rows.columns}); rename it in the data or map it with `field_aliases` in the task")
+        values = rows.dataset[column]
+        if None in values:
+            row = values.index(None)
+            at = f"line {row + 1}" if str(where).endswith(".jsonl") else f"row {row} (counting from 0)"
+            raise DataSourceError(f"{where}: {at} has no {column!r}; add it or remove the row")
 
 
 def _from_data(task: Task, data: str) -> tuple[Splits, dict[str, Any]]:

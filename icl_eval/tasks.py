@@ -239,10 +239,25 @@ def read_task_file(path: str | Path) -> Task:
     spec.setdefault("name", Path(path).stem)
     spec.setdefault("source", str(path))
     valid = set(Task.__dataclass_fields__)
+    where = f"{path}:{_table_line(path)}"
     unknown = sorted(set(spec) - valid)
     if unknown:
-        raise ValueError(f"{path}: unknown task key(s) {unknown}; valid: {sorted(valid | set(SPLITS) | {'data'})}")
-    return Task(**spec)
+        raise ValueError(f"{where}: unknown task key(s) {unknown}; valid: {sorted(valid | set(SPLITS) | {'data'})}")
+    if "template" not in spec:
+        raise ValueError(f"{where}: the task has no `template`; add one with the input fields and one {{label}} slot, "
+                         "e.g. template = \"Review: {text} Sentiment: {label}\"")
+    try:
+        return Task(**spec)
+    except ValueError as err:  # the file and line of the table, then what is wrong with it
+        raise ValueError(f"{where}: {err}") from None
+
+
+def _table_line(path: str | Path) -> int:
+    """The line of the `[task]` table (TOML) or `task:` key (YAML): where a missing key belongs."""
+    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        if line.strip().replace(" ", "") in ("[task]", "task:"):
+            return number
+    return 1
 
 
 def _task_table(path: str | Path) -> dict[str, Any]:

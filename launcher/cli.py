@@ -58,16 +58,35 @@ def usage() -> str:
     width = max(map(len, COMMANDS))
     rows = "\n".join(f"  {name:<{width}}  {text}" for name, (_, text) in COMMANDS.items())
     return (
-        "usage: evalm COMMAND [ARGS...]\n\n"
+        "usage: evalm [--version] [--debug] COMMAND [ARGS...]\n\n"
         "EVALM end to end: raw corpus -> long-range LM -> many-shot evaluation.\n\n"
         f"commands:\n{rows}\n\n"
         "`evalm COMMAND --help` explains each one. `evalm run` with no argument builds a tiny\n"
-        "EVALM from shipped sample data on the CPU in minutes.\n"
+        "EVALM from shipped sample data on the CPU in minutes.\n\n"
+        "global options (before COMMAND):\n"
+        "  --version  print the package version and exit\n"
+        "  --debug    show the traceback of an error instead of its one-line message (default: off)\n"
     )
+
+
+def version() -> str:
+    """The installed package's version (pyproject.toml)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("evalm")
+    except PackageNotFoundError:
+        return "unknown (not installed; pip install -e .)"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    while argv and argv[0] in ("--debug", "--version"):
+        if argv.pop(0) == "--version":
+            print(f"evalm {version()}")
+            return 0
+        os.environ["EVALM_DEBUG"] = "1"  # read by every command (and the stages `evalm run` starts)
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(usage())
         return 0

@@ -24,6 +24,8 @@ def call(argv: list, log: Path) -> None:
         f.flush()
         with _quiet(f):
             code = main(argv)
+    if code == 130:  # Ctrl-C inside the command (a training stage keeps its last complete checkpoint)
+        raise KeyboardInterrupt
     if code:
         raise RuntimeError(f"`evalm {' '.join(argv)}` exited with {code}; its output is in {log}; "
                            f"fix the error, then rerun `evalm run`")

@@ -4,7 +4,7 @@
     evalm run configs/tiny.toml --from pretrain   # rerun pretrain and everything after it
     evalm run configs/tiny.toml --only icl        # rerun one stage (earlier ones must be complete)
 
-Stages exchange files, never objects (ARCHITECTURE.md): each one is the same command a user runs
+Stages exchange files, never objects: each one is the same command a user runs
 as a separate job (`evalm data filter`, `evalm train pretrain`, ...), called here with the run's
 folders wired in and the config's extra arguments appended. `twins` trains the baselines EVALM
 compares EVA with on the same data, steps and seed (full attention; learned absolute positions),
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import shutil
 import sys
@@ -379,8 +380,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="evalm run", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("config", nargs="?", default=str(DEFAULT_CONFIG), help="run file (default: configs/tiny.toml)")
     where = parser.add_mutually_exclusive_group()
-    where.add_argument("--from", dest="start", choices=list(STAGES), help="rerun this stage and every later one")
-    where.add_argument("--only", choices=list(STAGES), help="rerun just this stage")
+    where.add_argument("--from", dest="start", choices=list(STAGES), metavar="STAGE",
+                       help=f"rerun this stage and every later one; one of {', '.join(STAGES)} "
+                            "(default: none, run every stage that is not complete)")
+    where.add_argument("--only", choices=list(STAGES), metavar="STAGE",
+                       help="rerun just this stage; the later ones are marked stale (default: none)")
     args = parser.parse_args(argv)
     try:
         r = load_run(args.config)
@@ -404,7 +408,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.only:
             _mark_stale(r, order[order.index(args.only) + 1:])
         report = write_report(r, timings, wall_seconds=time.perf_counter() - t0, peak_rss_gib=peak_rss_gib())
+    except KeyboardInterrupt:
+        print(f"evalm run: interrupted; rerun `evalm run {args.config}` to resume: complete stages are skipped, "
+              "data and training stages continue from where they stopped", file=sys.stderr)
+        return 130
     except (ConfigError, RuntimeError, FileNotFoundError, ValueError) as err:
+        if os.environ.get("EVALM_DEBUG"):
+            raise
         print(f"evalm run: error: {err}", file=sys.stderr)
         return 2
     print(f"\nreport: {report / 'summary.md'}")

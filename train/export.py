@@ -10,7 +10,6 @@ the `[data] shards`) is copied along, so `evalm eval --checkpoint OUT` needs not
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import sys
@@ -18,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from evalm import EvalmModel, ModelConfig
-from evalm.config import build
+from evalm.config import Parser, build, debug
 from evalm.io import save_model
 
 
@@ -49,9 +48,11 @@ def export(checkpoint: str | Path, out: str | Path, tokenizer: str | Path | None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="evalm export", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--checkpoint", required=True, help="step-XXXXXXXX folder, or a run folder (latest complete checkpoint)")
-    parser.add_argument("--out", required=True, help="folder for model.safetensors, config.json, tokenizer.json")
+    parser = Parser(prog="evalm export", description=__doc__)
+    parser.add_argument("--checkpoint", required=True, metavar="DIR",
+                        help="step-XXXXXXXX folder, or a run folder (its latest complete checkpoint) (required)")
+    parser.add_argument("--out", required=True, metavar="DIR",
+                        help="folder for model.safetensors, config.json, tokenizer.json (required)")
     parser.add_argument("--tokenizer", help="tokenizer.json to copy (default: the one the run trained with)")
     args = parser.parse_args(argv)
     from train.checkpoint import CheckpointError
@@ -59,6 +60,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         out = export(args.checkpoint, args.out, args.tokenizer)
     except (CheckpointError, FileNotFoundError, KeyError) as err:
+        if debug():
+            raise
         print(f"evalm export: error: {err}", file=sys.stderr)
         return 2
     print(f"exported {out}")

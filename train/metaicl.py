@@ -203,7 +203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 epilog="Any field: --section.key=value (e.g. --metaicl.encoder=fid).")
     p.add_argument("--config", default=str(DEFAULT_CONFIG) if DEFAULT_CONFIG.is_file() else None,
                    help=f"TOML with [model] [metaicl] [optim] [synthetic] (default: {DEFAULT_CONFIG.name})")
-    p.add_argument("--out", required=True, help="output folder: a Hugging Face T5 folder plus metrics.jsonl")
+    p.add_argument("--out", required=True, help="output folder: a Hugging Face T5 folder plus metrics.jsonl (required)")
     args = p.parse_args(rest)
     try:
         model_cfg, cfg, optim, syn = load_configs(args.config, overrides)

@@ -10,7 +10,6 @@ BPE), with `</s>` as the end-of-document token written after every document, or 
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import io
 import json
@@ -19,6 +18,7 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from evalm.config import Parser
 from evalm.tokenizer import load_tokenizer
 from train.shards import ShardWriter
 
@@ -118,13 +118,15 @@ def encode_to_shards(tokenizer, files: Sequence[Path], out_dir: Path, tokenizer_
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="evalm train tokenizer", description=__doc__.split("\n")[0])
-    parser.add_argument("--input", required=True, help="folder (or file) of documents")
-    parser.add_argument("--output", required=True, help="folder for tokenizer.json and the token shards")
-    parser.add_argument("--vocab-size", type=int, default=8192, help="BPE vocabulary size (default 8192)")
-    parser.add_argument("--tokenizer", default=None,
-                        help="use this tokenizer.json / .model / 'bytes' instead of training one")
-    parser.add_argument("--tokens-per-shard", type=int, default=100_000_000)
+    parser = Parser(prog="evalm train tokenizer", description=__doc__.split("\n")[0])
+    parser.add_argument("--input", required=True, metavar="PATH", help="folder (or file) of documents (required)")
+    parser.add_argument("--output", required=True, metavar="DIR",
+                        help="folder for tokenizer.json and the token shards (required)")
+    parser.add_argument("--vocab-size", type=int, default=8192, metavar="N", help="BPE vocabulary size (default: 8192)")
+    parser.add_argument("--tokenizer", default=None, metavar="PATH", help="use this tokenizer.json / SentencePiece "
+                        ".model / `bytes` instead of training one (default: none, train a byte-level BPE)")
+    parser.add_argument("--tokens-per-shard", type=int, default=100_000_000, metavar="N",
+                        help="token ids per shard file; a new shard starts past it (default: 100000000)")
     args = parser.parse_args(argv)
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)

@@ -30,6 +30,15 @@ def tiny_evalm(attention: str, seed: int = 0, dtype=torch.float32) -> EvalmLM:
     return EvalmLM(model.to(dtype).eval(), ByteTokenizer())
 
 
+@pytest.fixture
+def one_thread():
+    """Tiny matmuls run several times faster on one thread than on two shared cores."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(params=["eva", "full"])
 def lm(request) -> EvalmLM:
     """float64, so that the 1e-6 bound of the exactness tests has a wide margin over rounding

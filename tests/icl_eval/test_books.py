@@ -98,7 +98,7 @@ def test_cli_ppl_reads_pg19_from_the_cache(tmp_path):
     model.init_weights()
     ckpt = save_model(model, tmp_path / "ckpt")
     out = tmp_path / "ppl"
-    assert main(["ppl", "--checkpoint", str(ckpt), "--books", "deepmind/pg19:test", "--lengths", "64,128",
+    assert main(["ppl", "--checkpoint", str(ckpt), "--books", "deepmind/pg19:test", "--lengths", "64,120",
                  "--ppl.segment_tokens=64", "--ppl.max_books=2", "--out", str(out)]) == 0
     res = json.loads((out / "results.json").read_text())
     assert [b["book"] for b in res["books"]] == ["Book 0", "Book 1"] and res["books"][0]["tokens"] == 120

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
 import torch
 
 from evalm import EvalmModel, ModelConfig
@@ -18,15 +17,6 @@ from icl_eval.methods import MethodOptions
 from icl_eval.protocol import Runner
 from icl_eval.summary import summarize
 from icl_eval.synthetic import SyntheticConfig, episode, synthetic_task, train_tiny_model
-
-
-@pytest.fixture
-def one_thread():
-    """Tiny matmuls run faster on one thread, and the test machine's cores are shared (~20 s here)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def test_trained_tiny_model_learns_in_context_above_every_label_baseline(one_thread):
@@ -50,7 +40,7 @@ def test_trained_tiny_model_learns_in_context_above_every_label_baseline(one_thr
     assert acc["32"]["accuracy_mean"] > acc["1"]["accuracy_mean"] + 0.2
 
 
-def test_cli_icl_and_ppl_write_reports(tmp_path):
+def test_cli_icl_and_ppl_write_reports(tmp_path, one_thread):
     from icl_eval.cli import main
 
     out = tmp_path / "icl"
@@ -70,7 +60,7 @@ def test_cli_icl_and_ppl_write_reports(tmp_path):
     assert (out / "time_per_item_vs_shots.png").stat().st_size > 1000
 
     (tmp_path / "books").mkdir()
-    (tmp_path / "books" / "b1.txt").write_text("It was the best of times. " * 30)
+    (tmp_path / "books" / "b1.txt").write_text("It was the best of times. " * 50)  # 1,300 bytes: reaches 1024
     rc = main(["ppl", "--out", str(tmp_path / "ppl"), "--books", str(tmp_path / "books"), "--lengths", "64,256,1024",
                "--synthetic.train_steps=2", "--ppl.segment_tokens=128"])
     assert rc == 0

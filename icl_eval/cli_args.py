@@ -1,0 +1,119 @@
+"""The argument parsers of `evalm eval icl|ppl|harness`: every option with its help and default (issue 10).
+
+Parsing only: `icl_eval.cli` turns the parsed flags into settings (`icl_eval.settings`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import textwrap
+from collections.abc import Sequence
+
+from evalm.config import Parser
+
+SECTIONS_HELP = "see docs/evaluation.md for every key and its built-in default"
+
+
+def common(parser: Parser, out: str, sections: str | None) -> None:
+    """--config (commands with settings sections), the model flags, --out."""
+    if sections:
+        parser.add_argument("--config", metavar="FILE", help=f"TOML file with {sections} sections; read only when "
+                            f"given (default: none, the built-in defaults; {SECTIONS_HELP})")
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--checkpoint", metavar="DIR", help="exported EVALM folder (model.safetensors + config.json, "
+                       "written by `evalm export`) (default: none, the built-in tiny model trained on the synthetic family)")
+    group.add_argument("--hf-model", metavar="DIR", help="local Hugging Face causal LM folder, or a T5 folder "
+                       "(encoder-decoder) (default: none)")
+    parser.add_argument("--gguf-file", metavar="FILE", help="with --hf-model: a GGUF file inside the folder, "
+                        "e.g. SmolLM2 (default: none, safetensors weights)")
+    parser.add_argument("--tokenizer", metavar="PATH", help="tokenizer.json, a SentencePiece .model, or `bytes` "
+                        "(default: the checkpoint's tokenizer.json, else bytes)")
+    parser.add_argument("--out", default=out, metavar="DIR", help=f"output folder (default: {out})")
+
+
+def allow_skip(parser: Parser, what: str) -> None:
+    parser.add_argument("--allow-skip", action="store_true", help=f"drop {what} and record the skip in "
+                        "results.json (default: off, any shortfall is an error)")
+
+
+def csv(kind, valid: Sequence[str] = ()):
+    def parse(text: str):
+        values = tuple(kind(x) for x in text.split(",") if x)
+        bad = [v for v in values if valid and v not in valid]
+        if bad:
+            raise argparse.ArgumentTypeError(f"unknown name(s) {', '.join(bad)}; valid: {', '.join(valid)}")
+        return values
+
+    return parse
+
+
+def _default(cls, name: str) -> str:
+    """A config field's built-in default as the flag would spell it (so --help cannot drift from the code)."""
+    value = cls.__dataclass_fields__[name].default
+    return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
+
+
+def _describe(*paragraphs: str) -> str:
+    return "\n".join(textwrap.fill(p, 100, subsequent_indent="  ") for p in paragraphs)
+
+
+def icl_parser() -> Parser:
+    from icl_eval.config import EvalConfig
+    from icl_eval.methods import METHODS
+    from icl_eval.tasks import TEMPLATE_SETS
+
+    tasks = "; ".join(f"{name}: {' '.join(sorted(t))}" for name, t in TEMPLATE_SETS.items())
+    p = Parser(prog="evalm eval icl", description=_describe(
+        "Many-shot ICL evaluation: every method x shot count x seed on the test items (docs/evaluation.md).", "",
+        "methods: incremental (context encoded once into the cache), concat (re-encoded per item), structured "
+        "(Structured Prompting groups), saicl (SAICL), ensemble (one group per forward, scores averaged), "
+        "fid (T5 only)",
+        "built-in tasks (--eval.template_set=evalm|structured): " + tasks,
+        "protocol: dataset-level seeded demonstrations (or --eval.selection=topk), label baselines on the same "
+        "items, bootstrap intervals; the synthetic family draws a fresh rule per seed"))
+    common(p, "runs/eval-icl", "[eval], [eval.method], [model], [synthetic]")
+    p.add_argument("--task", help="a built-in task name (its dataset is read from the offline datasets cache), "
+                   "`synthetic`, or a task file .toml/.yaml (default: synthetic)")
+    p.add_argument("--data", help="folder of train/validation/test files, a save_to_disk folder, or a dataset id "
+                   "`id[/config]` in the offline cache (default: the task's own data)")
+    p.add_argument("--methods", type=csv(str, list(METHODS)), metavar="M1,M2",
+                   help=f"methods, comma-separated, from {', '.join(METHODS)} (default: {_default(EvalConfig, 'methods')})")
+    p.add_argument("--shots", type=csv(int), metavar="K1,K2", help="demonstrations per prompt, comma-separated; "
+                   f"each must fit the training pool (default: {_default(EvalConfig, 'shots')})")
+    p.add_argument("--seeds", type=csv(int), metavar="S1,S2", help="one demonstration draw per seed, comma-separated; "
+                   f"results give mean and spread over seeds (default: {_default(EvalConfig, 'seeds')})")
+    p.add_argument("--test-items", type=int, metavar="N", help="score a seeded random sample of N test items, recorded "
+                   "by index; N above the split size is an error (default: the whole split; "
+                   "--eval.test_items_order=first takes the file's first N)")
+    p.add_argument("--bos", metavar="auto|none|eos|TOKEN", help="what each prompt starts with: auto (the model's "
+                   "own: EVALM </s>; HF: the token its tokenizer prepends, else its declared bos, else none), none, "
+                   f"eos, or one token such as '<|endoftext|>' (default: {_default(EvalConfig, 'bos')})")
+    p.add_argument("--save-predictions", action="store_true", help="write predictions.jsonl: every candidate's "
+                   "score per item, method, shot and seed (default: off)")
+    allow_skip(p, "shot counts above the training pool and a --test-items above the split (scoring all)")
+    return p
+
+
+def ppl_parser() -> Parser:
+    from icl_eval.config import PerplexityConfig
+
+    p = Parser(prog="evalm eval ppl", description=_describe(
+        "Perplexity vs context length (PG-19 protocol, docs/evaluation.md): every book scored to the largest "
+        "--lengths bucket.", "", "protocols: cached (incremental encoding through the cache, every token sees its whole "
+        "prefix), nonoverlap and sliding (re-encoded windows, --ppl.baselines), fixed-position (--fixed-contexts: "
+        "the same targets after each context length); references: uniform, unigram (--unigram-shards)"))
+    common(p, "runs/eval-ppl", "[ppl], [model], [synthetic]")
+    p.add_argument("--books", nargs="+", metavar="SOURCE", help="PG-19 split folder(s) of .txt books, .txt files, "
+                   "jsonl/parquet files or save_to_disk folders with `text`, or a cached dataset id with a split, "
+                   "e.g. deepmind/pg19:test (default: none; required unless the --config file names [ppl] books)")
+    p.add_argument("--lengths", type=csv(int), metavar="L1,L2", help="position bucket upper ends, increasing; every "
+                   "book is scored to the largest and at least one book must reach it "
+                   f"(default: {_default(PerplexityConfig, 'buckets')})")
+    p.add_argument("--max-tokens", type=int, metavar="N", help="tokens scored per book; must equal the largest "
+                   "--lengths bucket (default: the largest --lengths bucket)")
+    p.add_argument("--unigram-shards", metavar="DIR", help="token-shard folder the model was pretrained on: adds the "
+                   "unigram reference (default: none, uniform reference only)")
+    p.add_argument("--fixed-contexts", type=csv(int), metavar="C1,C2", help="context lengths of the fixed-position "
+                   "protocol (the same targets after each), e.g. 16,256,4096 (default: none, protocol off)")
+    allow_skip(p, "--lengths buckets that no book reaches")
+    return p

@@ -1,0 +1,79 @@
+"""`evalm eval icl|ppl` settings: no implicit config, flags win, the effective block in results.json,
+and nothing the data cannot supply is capped silently (an error, or with --allow-skip a recorded skip).
+
+Run: python -m pytest tests/icl_eval/test_settings_cli.py -q
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from icl_eval.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
+QUICK = ["--synthetic.train_steps=2", "--methods", "incremental", "--seeds", "1"]
+
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/icl_eval/conftest.py
+
+
+def test_no_config_file_unless_named_and_flags_win(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(REPO)  # where configs/eval-tiny.toml exists: it must not be read implicitly
+    assert main(["icl", "--out", str(tmp_path / "a"), "--shots", "0,1", "--test-items", "3", *QUICK]) == 0
+    settings = json.loads((tmp_path / "a" / "results.json").read_text())["settings"]
+    assert settings["config"] is None
+    assert settings["values"]["eval.method"]["group_tokens"] is None  # eval-tiny.toml says 64
+    assert settings["values"]["model"]["d_model"] == 64 and settings["values"]["synthetic"]["train_steps"] == 2
+    assert settings["sources"]["eval.shots"] == "--shots" and "eval.method.group_tokens" not in settings["sources"]
+    out = capsys.readouterr().out
+    assert out.index("evalm eval icl settings") < out.index("no --checkpoint: training")  # printed first
+
+    config = str(REPO / "configs" / "eval-tiny.toml")
+    assert main(["icl", "--config", config, "--out", str(tmp_path / "b"), "--shots", "0,1", "--test-items", "3",
+                 *QUICK]) == 0
+    settings = json.loads((tmp_path / "b" / "results.json").read_text())["settings"]
+    assert settings["config"] == config
+    assert settings["values"]["eval.method"]["group_tokens"] == 64
+    assert settings["sources"]["eval.method.group_tokens"] == "config"
+    assert settings["values"]["eval"]["shots"] == [0, 1] and settings["sources"]["eval.shots"] == "--shots"
+
+
+def test_shots_and_test_items_beyond_the_data_are_errors_or_recorded_skips(tmp_path, capsys):
+    # the synthetic family: 512 training items and 100 test items per episode
+    assert main(["icl", "--out", str(tmp_path / "a"), "--shots", "0,600", *QUICK]) == 2
+    assert "--shots 600: the train split has 512 items" in capsys.readouterr().err
+    assert main(["icl", "--out", str(tmp_path / "a"), "--shots", "0", "--test-items", "150", *QUICK]) == 2
+    assert "--test-items 150: the test split has 100 items" in capsys.readouterr().err
+    assert not (tmp_path / "a").exists()  # refused before any scoring
+
+    assert main(["icl", "--out", str(tmp_path / "b"), "--shots", "0,600", "--test-items", "3", "--allow-skip",
+                 *QUICK]) == 0
+    res = json.loads((tmp_path / "b" / "results.json").read_text())
+    assert [s["shots"] for s in res["skipped"]] == [600] and "512" in res["skipped"][0]["why"]
+    assert {r["shots"] for r in res["records"]} == {0}
+
+
+@pytest.fixture
+def books(tmp_path) -> Path:
+    (tmp_path / "books").mkdir()
+    (tmp_path / "books" / "a.txt").write_text("word " * 60)  # 300 bytes: 300 byte tokens
+    (tmp_path / "books" / "b.txt").write_text("term " * 20)
+    return tmp_path / "books"
+
+
+def test_ppl_lengths_max_tokens_and_unreached_buckets(tmp_path, books, capsys):
+    base = ["ppl", "--books", str(books), "--synthetic.train_steps=1", "--ppl.segment_tokens=64"]
+    assert main([*base, "--lengths", "64,256", "--max-tokens", "128", "--out", str(tmp_path / "x")]) == 2
+    assert "--max-tokens 128 is below the largest --lengths bucket 256" in capsys.readouterr().err
+    assert main([*base, "--lengths", "64,512", "--out", str(tmp_path / "x")]) == 2
+    assert "no book reaches --lengths bucket(s) 512: the longest, 'a.txt', has 300 tokens" in capsys.readouterr().err
+
+    assert main([*base, "--lengths", "64,256,512", "--allow-skip", "--out", str(tmp_path / "ok")]) == 0
+    res = json.loads((tmp_path / "ok" / "results.json").read_text())
+    assert [s["bucket"] for s in res["skipped"]] == [512]
+    buckets = res["protocols"]["cached"]["buckets"]  # b.txt ends inside [64, 256), a.txt inside [256, 512)
+    assert [(b["books"], b["tokens"]) for b in buckets] == [(2, 128), (2, 192 + 36), (1, 44)]
+    assert [book["tokens"] for book in res["books"]] == [300, 100]  # every book to its end: nothing capped
