@@ -153,7 +153,7 @@ def main(argv: Sequence[str]) -> int:
         print(f"evalm data: unknown command {name!r}; valid: {', '.join(COMMANDS)}\n\n{usage()}", file=sys.stderr)
         return 2
     command = COMMANDS[name]
-    parser = argparse.ArgumentParser(prog=f"evalm data {name}", description=command.description)
+    parser = cfg.Parser(prog=f"evalm data {name}", description=command.description)
     command.add_arguments(parser)
     args = parser.parse_args(rest)
     try:

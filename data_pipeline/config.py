@@ -8,6 +8,7 @@ Configs are data: thresholds, paths and names, never code.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import tomllib
 from collections.abc import Mapping
@@ -225,3 +226,11 @@ def load_budgets(path: str | Path) -> Budgets:
 def to_dict(config: Any) -> dict[str, Any]:
     """JSON-ready dict of a config (recorded as config.json in every output folder)."""
     return dataclasses.asdict(config)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse whose errors are one line naming the flag, no usage block (the ground floor's copy of
+    evalm.config.Parser: data_pipeline imports nothing from the floors above it)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")

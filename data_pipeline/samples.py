@@ -838,6 +838,8 @@ DESCRIPTION = (
 
 
 def samples_main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="evalm data samples", description=DESCRIPTION)
+    from data_pipeline.config import Parser  # one-line errors
+
+    parser = Parser(prog="evalm data samples", description=DESCRIPTION)
     add_arguments(parser)
     return run(parser.parse_args(argv))

@@ -20,7 +20,6 @@ and, through the chain, every later one; `--only STAGE` marks the later stages s
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import resource
@@ -33,7 +32,7 @@ from pathlib import Path
 
 from pydantic.dataclasses import dataclass
 
-from evalm.config import FROZEN, ConfigError, build, read_toml
+from evalm.config import FROZEN, ConfigError, Parser, build, read_toml
 from launcher.console import call
 from launcher.keys import stage_key
 from launcher.report import MARKER, stage_result, write_report
@@ -377,7 +376,7 @@ def peak_rss_gib() -> float:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="evalm run", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(prog="evalm run", description=__doc__)
     parser.add_argument("config", nargs="?", default=str(DEFAULT_CONFIG), help="run file (default: configs/tiny.toml)")
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--from", dest="start", choices=list(STAGES), metavar="STAGE",

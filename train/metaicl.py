@@ -22,7 +22,6 @@ Face folder that `evalm eval icl --hf-model OUT --tokenizer bytes` reads.
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import sys
@@ -34,7 +33,7 @@ from typing import Literal
 import torch
 from pydantic.dataclasses import dataclass
 
-from evalm.config import FROZEN, ConfigError, apply_overrides, build, read_toml, to_dict
+from evalm.config import FROZEN, ConfigError, Parser, apply_overrides, build, read_toml, to_dict
 from train.config import OptimConfig
 from train.schedule import lr_at
 
@@ -199,7 +198,7 @@ def load_configs(path: str | Path | None, overrides: Sequence[str]):
 
 def main(argv: Sequence[str] | None = None) -> int:
     overrides, rest = _split(list(sys.argv[1:] if argv is None else argv))
-    p = argparse.ArgumentParser(prog="evalm train metaicl", description=__doc__.split("\n")[0],
+    p = Parser(prog="evalm train metaicl", description=__doc__.split("\n")[0],
                                 epilog="Any field: --section.key=value (e.g. --metaicl.encoder=fid).")
     p.add_argument("--config", default=str(DEFAULT_CONFIG) if DEFAULT_CONFIG.is_file() else None,
                    help=f"TOML with [model] [metaicl] [optim] [synthetic] (default: {DEFAULT_CONFIG.name})")

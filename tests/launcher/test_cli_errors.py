@@ -121,3 +121,12 @@ def test_ctrl_c_in_pretraining_says_how_to_resume_and_that_works(tmp_path):
     assert again.returncode == 0, again.stderr
     metrics = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
     assert max(m["step"] for m in metrics) == last + 2, metrics[-3:]
+
+
+@pytest.mark.parametrize("argv", [("run", "--bogus"), ("data", "filter", "--bogus"), ("data", "samples", "--bogus"),
+                                  ("train", "metaicl", "--bogus"), ("train", "pretrain", "--bogus"),
+                                  ("eval", "icl", "--bogus"), ("export", "--bogus")])
+def test_a_bad_flag_is_one_line_for_every_command(argv):
+    line = one_line_error(evalm(*argv))
+    assert "error:" in line and "--help" in line  # names the flag (or the missing ones) and where to look
+    assert ("--bogus" in line) or ("required" in line)
