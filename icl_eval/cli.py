@@ -115,7 +115,9 @@ def _supply(config, splits, allow_skip: bool):
     from icl_eval.supply import icl_grid
 
     held = config.validation_items if config.choose_shot_on_validation and not splits.get("validation") else 0
-    return icl_grid(config, len(splits["train"]), held, len(splits["test"]), allow_skip)
+    n_validation = (len(splits["validation"]) if splits.get("validation") else held) \
+        if config.choose_shot_on_validation else None
+    return icl_grid(config, len(splits["train"]), held, len(splits["test"]), allow_skip, n_validation)
 
 
 def _run_icl(args, config, options, model_cfg, syn, task, splits_for_seed, data_info) -> dict:

@@ -17,8 +17,12 @@ from evalm.config import ConfigError
 SKIP_HINT = "or pass --allow-skip to record it as skipped in results.json"
 
 
-def icl_grid(config, n_train: int, held_out: int, n_test: int, allow_skip: bool) -> tuple[Any, list[dict]]:
-    """The EvalConfig with what the splits cannot supply removed (allow_skip) or an error."""
+def icl_grid(config, n_train: int, held_out: int, n_test: int, allow_skip: bool,
+             n_validation: int | None = None) -> tuple[Any, list[dict]]:
+    """The EvalConfig with what the splits cannot supply removed (allow_skip) or an error.
+
+    `n_validation`: items of the split the shot count is chosen on (choose_shot_on_validation),
+    which the same --test-items sample is drawn from."""
     skipped: list[dict] = []
     pool = n_train - held_out
     too_many = [k for k in config.shots if k > pool]
@@ -37,6 +41,12 @@ def icl_grid(config, n_train: int, held_out: int, n_test: int, allow_skip: bool)
             raise ConfigError(f"{why}; lower --test-items or leave it out to score the whole split, {SKIP_HINT}")
         skipped.append({"test_items": config.test_items, "why": f"{why}; scored all {n_test}"})
         config = dataclasses.replace(config, test_items=None)
+    if n_validation is not None and config.test_items is not None and config.test_items > n_validation:
+        why = (f"--test-items {config.test_items}: the validation split the shot count is chosen on has "
+               f"{n_validation} items")
+        if not allow_skip:
+            raise ConfigError(f"{why}; lower --test-items (or raise eval.validation_items), {SKIP_HINT}")
+        skipped.append({"validation_items": n_validation, "why": f"{why}; scored all {n_validation} there"})
     return config, skipped
 
 

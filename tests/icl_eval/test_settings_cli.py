@@ -56,6 +56,21 @@ def test_shots_and_test_items_beyond_the_data_are_errors_or_recorded_skips(tmp_p
     assert {r["shots"] for r in res["records"]} == {0}
 
 
+def test_test_items_beyond_the_validation_split_are_an_error():
+    """With the shot count chosen on validation (held out of the training pool here), the same
+    --test-items sample is drawn there too: a validation split too small for it is not capped silently."""
+    from icl_eval.config import EvalConfig
+    from icl_eval.supply import icl_grid
+    from evalm.config import ConfigError
+
+    config = EvalConfig(shots=(0, 4), test_items=80, choose_shot_on_validation=True, validation_items=50)
+    with pytest.raises(ConfigError, match="--test-items 80: the validation split the shot count is chosen on has 50"):
+        icl_grid(config, n_train=512, held_out=50, n_test=100, allow_skip=False, n_validation=50)
+    kept, skipped = icl_grid(config, n_train=512, held_out=50, n_test=100, allow_skip=True, n_validation=50)
+    assert kept.test_items == 80 and skipped == [{"validation_items": 50, "why": skipped[0]["why"]}]
+    assert icl_grid(config, 512, 50, 100, False, n_validation=None)[1] == []  # not chosen on validation: no check
+
+
 @pytest.fixture
 def books(tmp_path) -> Path:
     (tmp_path / "books").mkdir()
