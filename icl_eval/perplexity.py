@@ -26,6 +26,7 @@ import math
 import numpy as np
 import torch
 
+from icl_eval.bootstrap import REPLICATES, hierarchical_interval
 from icl_eval.lm import CausalLM
 
 
@@ -153,7 +154,8 @@ def fixed_position(lm: CausalLM, books: list[tuple[str, list[int]]], contexts, t
     rows = []
     for L in contexts:
         per_span = np.asarray(span_nll[L])
-        delta, (lo, hi) = float((per_span - shortest).mean()), paired_interval(per_span - shortest)
+        deltas = per_span - shortest  # paired on the spans: one "seed", spans resampled (icl_eval.bootstrap)
+        delta, (lo, hi) = float(deltas.mean()), hierarchical_interval([deltas], [range(len(deltas))])
         rows.append({"context": L, "tokens": len(per_span) * target_tokens, "mean_nll": float(per_span.mean()),
                      "token_ppl": math.exp(float(per_span.mean())),
                      "vs_shortest": {"context": min(contexts), "delta_nll": delta, "delta_nll_ci95": [lo, hi],
@@ -166,7 +168,7 @@ def fixed_position(lm: CausalLM, books: list[tuple[str, list[int]]], contexts, t
                          "from scratch through the cache; spans spread evenly after the longest context",
                          "target_tokens": target_tokens, "targets_per_book": targets_per_book, "books": used,
                          "targets": len(targets), "interval": f"95% percentile bootstrap over the {len(targets)} "
-                         f"spans ({BOOTSTRAP_DRAWS} draws), paired with the shortest context"},
+                         f"spans ({REPLICATES} draws), paired with the shortest context"},
             "rows": rows, "references": references}
 
 
@@ -175,22 +177,10 @@ def target_starts(n_tokens: int, longest: int, target_tokens: int, count: int) -
     last = n_tokens - target_tokens
     if last < longest or count < 1:
         return []
-    if count == 1:
-        return [longest]
     room = min(count, (last - longest) // target_tokens + 1)  # never overlap two spans
-    return [longest + round(j * (last - longest) / max(room - 1, 1)) for j in range(room)] if room > 1 else [longest]
-
-
-BOOTSTRAP_DRAWS = 2000
-
-
-def paired_interval(deltas: np.ndarray, draws: int = BOOTSTRAP_DRAWS, seed: int = 0) -> tuple[float, float]:
-    """95% percentile bootstrap interval of the mean of per-span paired differences."""
-    if len(deltas) < 2 or not np.any(deltas):
-        return float(deltas.mean()), float(deltas.mean())
-    rng = np.random.default_rng(seed)
-    means = deltas[rng.integers(0, len(deltas), size=(draws, len(deltas)))].mean(axis=1)
-    return float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
+    if room == 1:
+        return [longest]
+    return [longest + round(j * (last - longest) / (room - 1)) for j in range(room)]
 
 
 def evaluate(lm: CausalLM, books: list[tuple[str, str]], max_tokens: int, segment_tokens: int, buckets,

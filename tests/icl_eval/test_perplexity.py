@@ -98,7 +98,8 @@ def test_references_bits_per_byte_and_fixed_positions_against_direct_computation
 
 
 def test_fixed_position_spans_spread_without_overlap_and_paired_interval():
-    from icl_eval.perplexity import paired_interval, target_starts
+    from icl_eval.bootstrap import hierarchical_interval
+    from icl_eval.perplexity import target_starts
 
     starts = target_starts(10_000, 4096, 128, 8)
     assert starts[0] == 4096 and starts[-1] == 10_000 - 128 and len(starts) == 8
@@ -107,7 +108,7 @@ def test_fixed_position_spans_spread_without_overlap_and_paired_interval():
     assert target_starts(4000, 4096, 128, 8) == []
     rng = np.random.default_rng(3)
     deltas = rng.normal(-0.05, 0.02, size=40)
-    lo, hi = paired_interval(deltas)
+    lo, hi = hierarchical_interval([deltas], [range(len(deltas))])  # what fixed_position calls
     half = 1.96 * deltas.std(ddof=1) / np.sqrt(len(deltas))  # normal-theory interval, independent oracle
     assert lo == pytest.approx(deltas.mean() - half, abs=0.004) and hi == pytest.approx(deltas.mean() + half, abs=0.004)
     assert hi < 0
