@@ -23,8 +23,8 @@ import time
 
 import torch
 
+from config_toolkit import build, read_toml
 from evalm import EvalmModel, ModelConfig
-from evalm.config import build, read_toml
 
 
 def tiny_model(path: str) -> EvalmModel:

@@ -18,8 +18,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from config_toolkit import build, read_toml
 from evalm import EvalmModel, ModelConfig
-from evalm.config import build, read_toml
 from evalm.recompute import GROUP_LOGITS, MIN_PIECE
 
 GIB = 2**30

@@ -27,8 +27,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from config_toolkit import read_toml
 from evalm import ModelConfig
-from evalm.config import read_toml
 from train.data import LineLoader
 from train.parallelize import build_model, init_distributed, weight_decay_groups
 from train.shards import PretrainLines, ShardWriter, TokenShards

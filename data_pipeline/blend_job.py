@@ -16,8 +16,9 @@ from typing import Any
 import numpy as np
 from datatrove.pipeline.base import PipelineStep
 
+from config_toolkit import to_dict
 from data_pipeline import blend
-from data_pipeline.config import BlendConfig, Budgets, to_dict
+from data_pipeline.config import BlendConfig, Budgets
 from data_pipeline.runner import Manifest, Step, read_all, write_errors, write_json, writer
 
 

@@ -8,12 +8,12 @@ an interrupted run. See docs/data_pipeline.md.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from config_toolkit import ConfigError, Dispatcher, Parser
 from data_pipeline import config as cfg
 from data_pipeline import samples
 from data_pipeline.lsh import RedisUnavailable
@@ -137,32 +137,22 @@ COMMANDS: dict[str, Command] = {
 }
 
 
-def usage() -> str:
-    width = max(map(len, COMMANDS))
-    rows = "\n".join(f"  {name:<{width}}  {c.summary}" for name, c in COMMANDS.items())
-    return f"usage: evalm data COMMAND [ARGS...]\n\ncommands:\n{rows}\n\n`evalm data COMMAND --help` explains each one.\n"
+def _command(name: str, command: Command) -> Callable[[Sequence[str]], int]:
+    """`evalm data NAME ARGS`: the command's own parser, then its run."""
+    def run(argv: Sequence[str]) -> int:
+        parser = Parser(prog=f"evalm data {name}", description=command.description)
+        command.add_arguments(parser)
+        return command.run(parser.parse_args(argv))
+
+    return run
 
 
-def main(argv: Sequence[str]) -> int:
-    argv = list(argv)
-    if not argv or argv[0] in ("-h", "--help", "help"):
-        print(usage())
-        return 0
-    name, rest = argv[0], argv[1:]
-    if name not in COMMANDS:
-        print(f"evalm data: unknown command {name!r}; valid: {', '.join(COMMANDS)}\n\n{usage()}", file=sys.stderr)
-        return 2
-    command = COMMANDS[name]
-    parser = cfg.Parser(prog=f"evalm data {name}", description=command.description)
-    command.add_arguments(parser)
-    args = parser.parse_args(rest)
-    try:
-        return command.run(args)
-    except (StageError, RedisUnavailable, cfg.ConfigError, FileNotFoundError) as err:
-        if os.environ.get("EVALM_DEBUG"):
-            raise
-        print(f"evalm data {name}: error: {err}", file=sys.stderr)
-        return 2
+DISPATCHER = Dispatcher(
+    "evalm data", {name: (c.summary, _command(name, c)) for name, c in COMMANDS.items()},
+    footer="`evalm data COMMAND --help` explains each one.",
+    user_errors=(StageError, RedisUnavailable, ConfigError, FileNotFoundError),
+)
+usage, main = DISPATCHER.usage, DISPATCHER.main
 
 
 if __name__ == "__main__":

@@ -8,18 +8,14 @@ Configs are data: thresholds, paths and names, never code.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
-import pydantic
 from pydantic.dataclasses import dataclass
 
-T = TypeVar("T")
-FROZEN = pydantic.ConfigDict(extra="forbid")
+from config_toolkit import FROZEN, ConfigError, build, read_toml
 
 # DATA_SPEC.md §1: the ten Pile subsets EVALM keeps (Appendix A.1), in survivor priority order.
 PILE_SUBSETS = (
@@ -35,10 +31,6 @@ PILE_SUBSETS = (
     "Pile-CC",
 )
 Compression = Literal["zstd", "gzip", "none"]
-
-
-class ConfigError(ValueError):
-    """A config that cannot be used; the message says where and what to do."""
 
 
 @dataclass(config=FROZEN, frozen=True)
@@ -167,40 +159,6 @@ class Budgets:
             raise ValueError("tokens must list at least one subset with a budget >= 0")
 
 
-def read_toml(path: str | Path) -> dict[str, Any]:
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: config file not found")
-    try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as err:
-        raise ConfigError(f"{path}: not valid TOML: {err}") from None
-
-
-def build(cls: type[T], section: Mapping[str, Any] | None, *, where: str) -> T:
-    """Validate one section into its dataclass; `where` names the file and section in errors."""
-    section = dict(section or {})
-    valid = [f.name for f in dataclasses.fields(cls)]
-    unknown = sorted(set(section) - set(valid))
-    if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {unknown}; valid keys: {valid}")
-    if "default" in section and isinstance(section["default"], Mapping):
-        section["default"] = build(FilterProfile, section["default"], where=f"{where}.default")
-    try:
-        return cls(**section)
-    except pydantic.ValidationError as err:
-        problems = "; ".join(_problem(e) for e in err.errors())
-        raise ConfigError(f"{where}: {problems}") from None
-    except ValueError as err:
-        raise ConfigError(f"{where}: {err}") from None
-
-
-def _problem(error: Mapping[str, Any]) -> str:
-    message = str(error["msg"]).removeprefix("Value error, ")
-    where = ".".join(map(str, error["loc"]))
-    return f"{where}: {message}" if where else message
-
-
 SECTIONS: dict[str, type] = {"filter": FilterConfig, "dedup": DedupConfig, "blend": BlendConfig}
 
 
@@ -221,16 +179,3 @@ def load_stage(stage: str, path: str | Path | None) -> Any:
 
 def load_budgets(path: str | Path) -> Budgets:
     return build(Budgets, read_toml(path), where=str(path))
-
-
-def to_dict(config: Any) -> dict[str, Any]:
-    """JSON-ready dict of a config (recorded as config.json in every output folder)."""
-    return dataclasses.asdict(config)
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse whose errors are one line naming the flag, no usage block (the ground floor's copy of
-    evalm.config.Parser: data_pipeline imports nothing from the floors above it)."""
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")

@@ -29,8 +29,9 @@ import numpy as np
 import orjson
 from datatrove.pipeline.base import PipelineStep
 
+from config_toolkit import to_dict
 from data_pipeline import dedup_graph, dedup_verify, lsh
-from data_pipeline.config import DedupConfig, to_dict
+from data_pipeline.config import DedupConfig
 from data_pipeline.minhash import SCHEME, Fingerprinter, lean, token_set
 from data_pipeline.runner import (
     Manifest,

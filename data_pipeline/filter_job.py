@@ -16,8 +16,9 @@ from typing import Any
 import numpy as np
 from datatrove.pipeline.base import PipelineStep
 
+from config_toolkit import to_dict
 from data_pipeline import filters, wordlists
-from data_pipeline.config import FilterConfig, to_dict
+from data_pipeline.config import FilterConfig
 from data_pipeline.document import Document
 from data_pipeline.normalize import normalize
 from data_pipeline.runner import Manifest, Step, merge_counts, reader, task_stats, write_errors, write_json, writer

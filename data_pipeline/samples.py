@@ -838,7 +838,7 @@ DESCRIPTION = (
 
 
 def samples_main(argv: Sequence[str]) -> int:
-    from data_pipeline.config import Parser  # one-line errors
+    from config_toolkit import Parser# one-line errors
 
     parser = Parser(prog="evalm data samples", description=DESCRIPTION)
     add_arguments(parser)

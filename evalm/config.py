@@ -1,46 +1,17 @@
-"""Configs are data: TOML sections validated into frozen dataclasses.
+"""The shape of one EVALM decoder: `ModelConfig`, a frozen dataclass read from a `[model]` section.
 
-Every component owns one frozen dataclass and receives only its own section (STYLE.md,
-"Configuration and launch"). Validation of types is pydantic's; unknown keys are refused here,
-before pydantic, so the message can name the file, the section, the key and the valid keys.
-`ModelConfig` lives here because every package above `evalm/` needs it.
+`ModelConfig` lives here because every package above `evalm/` needs it. Reading TOML, validating
+a section (`build`, which names unknown keys with the valid ones), overrides and `ConfigError` are
+the ground floor's `config_toolkit`.
 """
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
-import os
-import tomllib
-from collections.abc import Mapping, Sequence
-from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Literal
 
-import pydantic
 from pydantic.dataclasses import dataclass
 
-T = TypeVar("T")
-FROZEN = pydantic.ConfigDict(extra="forbid")
-
-
-class ConfigError(ValueError):
-    """A config file or override that cannot be used; the message says where and what to do."""
-
-
-def debug() -> bool:
-    """`evalm --debug` (EVALM_DEBUG=1): user errors show their traceback instead of one line."""
-    return os.environ.get("EVALM_DEBUG", "") not in ("", "0")
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse whose errors are one line naming the flag (no usage block), descriptions kept as written."""
-
-    def __init__(self, *args, **kwargs):
-        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
-        super().__init__(*args, **kwargs)
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+from config_toolkit import FROZEN
 
 
 @dataclass(config=FROZEN, frozen=True)
@@ -108,55 +79,3 @@ class ModelConfig:
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_head
-
-
-def read_toml(path: str | Path) -> dict[str, Any]:
-    """Parse a TOML file, turning syntax errors into a message with file and line."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: config file not found")
-    try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as err:
-        raise ConfigError(f"{path}: not valid TOML: {err}") from None
-
-
-def build(cls: type[T], section: Mapping[str, Any] | None, *, where: str) -> T:
-    """Validate one section into its dataclass; `where` names the file and section in errors."""
-    section = dict(section or {})
-    valid = [f.name for f in dataclasses.fields(cls)]
-    unknown = sorted(set(section) - set(valid))
-    if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {unknown}; valid keys: {valid}")
-    try:
-        return cls(**section)
-    except pydantic.ValidationError as err:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '?'}: {e['msg']}" for e in err.errors())
-        raise ConfigError(f"{where}: {problems}") from None
-    except ValueError as err:
-        raise ConfigError(f"{where}: {err}") from None
-
-
-def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
-    """Apply `section.key=value` overrides; values are parsed as TOML, else kept as strings."""
-    out: dict[str, Any] = {k: dict(v) if isinstance(v, Mapping) else v for k, v in data.items()}
-    for item in overrides:
-        dotted, sep, raw = item.partition("=")
-        if not sep or "." not in dotted:
-            raise ConfigError(f"override {item!r}: expected section.key=value, e.g. model.d_model=64")
-        *sections, key = dotted.strip().split(".")
-        node = out
-        for name in sections:
-            node = node.setdefault(name, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"override {item!r}: {name!r} is not a section")
-        try:
-            node[key] = tomllib.loads(f"v = {raw}")["v"]
-        except tomllib.TOMLDecodeError:
-            node[key] = raw
-    return out
-
-
-def to_dict(config: Any) -> dict[str, Any]:
-    """A JSON-ready dict of a config dataclass (for `config.json` in every output folder)."""
-    return dataclasses.asdict(config)

@@ -14,7 +14,8 @@ import torch
 from safetensors.torch import load_model as _load_weights
 from safetensors.torch import save_model as _save_weights
 
-from evalm.config import ModelConfig, build, to_dict
+from config_toolkit import build, to_dict
+from evalm.config import ModelConfig
 from evalm.model import EvalmModel
 
 WEIGHTS, CONFIG = "model.safetensors", "config.json"

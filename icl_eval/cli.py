@@ -20,21 +20,11 @@ import argparse
 import dataclasses
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
-from evalm.config import ConfigError, Parser, build, debug, to_dict
+from config_toolkit import ConfigError, Dispatcher, Parser, build, split_overrides, to_dict
 from icl_eval.cli_args import common, csv, icl_parser, ppl_parser
-
-def _split_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
-    """`--section.key=value` overrides vs ordinary arguments."""
-    overrides, rest = [], []
-    for a in argv:
-        if a.startswith("--") and "." in a.split("=", 1)[0] and "=" in a:
-            overrides.append(a[2:])
-        else:
-            rest.append(a)
-    return overrides, rest
 
 
 def _where(args) -> str:
@@ -72,8 +62,10 @@ def icl(argv: Sequence[str]) -> int:
     from icl_eval.config import EvalConfig
     from icl_eval.methods import MethodOptions
     from icl_eval.settings import Layers, record, render
+    from icl_eval.supply import icl_supply
+    from icl_eval.task_data import resolve_task
 
-    overrides, rest = _split_args(argv)
+    overrides, rest = split_overrides(argv)
     args = icl_parser().parse_args(rest)
     layers = Layers(args.config, overrides)
     _flags(layers, "eval", args, {"task": "task", "data": "data", "methods": "methods", "shots": "shots",
@@ -83,11 +75,8 @@ def icl(argv: Sequence[str]) -> int:
     config = build(EvalConfig, layers.section("eval"), where=f"{where} [eval]")
     options = build(MethodOptions, layers.section("eval.method"), where=f"{where} [eval.method]")
     model_cfg, syn = _tiny_sections(layers, args, where, need_synthetic=config.task == "synthetic")
-    if config.task != "synthetic" and model_cfg is not None:
-        raise ConfigError("--task: a real task needs --checkpoint DIR or --hf-model DIR "
-                          "(the built-in tiny model knows only `synthetic`)")
-    task, splits_for_seed, data_info = _task_data(config, syn)
-    config, skipped = _supply(config, splits_for_seed(config.seeds[0]), args.allow_skip)
+    task, splits_for_seed, data_info = resolve_task(config, syn, tiny_model=model_cfg is not None)
+    config, skipped = icl_supply(config, splits_for_seed(config.seeds[0]), args.allow_skip)
     settings = record(layers, {"eval": config, "eval.method": options, "model": model_cfg, "synthetic": syn},
                       {"skipped": skipped} if skipped else None)
     print(render("evalm eval icl", settings), flush=True)
@@ -97,33 +86,9 @@ def icl(argv: Sequence[str]) -> int:
     return 0
 
 
-def _task_data(config, syn):
-    """(task, seed -> splits, where the data came from)."""
-    from icl_eval.synthetic import episode, synthetic_task
-    from icl_eval.task_data import task_splits
-    from icl_eval.tasks import get_task
-
-    if config.task == "synthetic":
-        return synthetic_task(syn), (lambda seed: episode(seed, syn)), {"source": "synthetic"}  # a fresh rule per seed
-    task = get_task(config.task, config.template_set)
-    splits, data_info = task_splits(task, config.task, config.data)
-    return task, (lambda seed: splits), data_info
-
-
-def _supply(config, splits, allow_skip: bool):
-    """The grid the splits can supply (icl_eval.supply): shots vs the training pool, test items vs the split."""
-    from icl_eval.supply import icl_grid
-
-    held = config.validation_items if config.choose_shot_on_validation and not splits.get("validation") else 0
-    n_validation = (len(splits["validation"]) if splits.get("validation") else held) \
-        if config.choose_shot_on_validation else None
-    return icl_grid(config, len(splits["train"]), held, len(splits["test"]), allow_skip, n_validation)
-
-
 def _run_icl(args, config, options, model_cfg, syn, task, splits_for_seed, data_info) -> dict:
     from icl_eval.loading import describe, load_lm
     from icl_eval.protocol import Runner, select_items
-    from icl_eval.summary import summarize
 
     lm = load_lm(args, config.device, config.dtype, model_cfg, syn, config.context_window)
     n_items = len(select_items(len(splits_for_seed(config.seeds[0])["test"]), config))
@@ -135,20 +100,10 @@ def _run_icl(args, config, options, model_cfg, syn, task, splits_for_seed, data_
     if len(set(label_tokens.values())) > 1 and options.scoring.endswith("-sum"):
         print(f"warning: the labels tokenize to unequal lengths {label_tokens}: {options.scoring} scores favour the "
               "shorter ones; consider --eval.method.scoring=answer-mean or another verbalizer", file=sys.stderr)
-    records = runner.run()
+    runner.run()
     bar.close()
-    return {
-        "protocol": {"model": describe(lm), "task": task.name, "template": task.template,
-                     "template_source": task.source, "labels": list(task.labels), "data": data_info,
-                     "label_tokens": label_tokens, "bos": runner.prompt.describe_bos(),
-                     "eval": to_dict(config),
-                     "method_options": to_dict(options), "scoring": options.scoring,
-                     "seconds": time.perf_counter() - t0},
-        "summary": summarize(records, runner.baselines),
-        "records": records,
-        "baseline_records": runner.baselines,
-        "_predictions": runner.predictions, "_name": lm.name,
-    }
+    results = runner.results(describe(lm), data_info, time.perf_counter() - t0)
+    return {**results, "_predictions": runner.predictions, "_name": lm.name}
 
 
 def _write_icl(out: Path, results: dict, config) -> None:
@@ -189,7 +144,7 @@ def ppl(argv: Sequence[str]) -> int:
     from icl_eval.settings import Layers, record, render
     from icl_eval.supply import ppl_lengths, ppl_reach
 
-    overrides, rest = _split_args(argv)
+    overrides, rest = split_overrides(argv)
     args = ppl_parser().parse_args(rest)
     layers = Layers(args.config, overrides)
     if args.books:
@@ -312,28 +267,11 @@ def harness(argv: Sequence[str]) -> int:
     return 0
 
 
-COMMANDS: dict[str, tuple[Callable[[Sequence[str]], int], str]] = {
-    "icl": (icl, "many-shot ICL: incremental | concat | structured | saicl | ensemble over shots and seeds"),
-    "ppl": (ppl, "perplexity vs context length through the cache, with re-encoding baselines"),
-    "harness": (harness, "lm-evaluation-harness tasks via simple_evaluate (extra `harness`), prefix-shared cache"),
+COMMANDS = {
+    "icl": ("many-shot ICL: incremental | concat | structured | saicl | ensemble over shots and seeds", icl),
+    "ppl": ("perplexity vs context length through the cache, with re-encoding baselines", ppl),
+    "harness": ("lm-evaluation-harness tasks via simple_evaluate (extra `harness`), prefix-shared cache", harness),
 }
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help", "help"):
-        width = max(map(len, COMMANDS))
-        rows = "\n".join(f"  {name:<{width}}  {text}" for name, (_, text) in COMMANDS.items())
-        print(f"usage: evalm eval COMMAND [ARGS...]\n\ncommands:\n{rows}\n")
-        return 0
-    if argv[0] not in COMMANDS:
-        print(f"evalm eval: unknown command {argv[0]!r}; valid: {', '.join(COMMANDS)}", file=sys.stderr)
-        return 2
-    try:
-        return int(COMMANDS[argv[0]][0](argv[1:]) or 0)
-    except (ConfigError, ValueError, KeyError, OSError) as err:  # what the user can fix: one line (issue 10)
-        if debug():
-            raise
-        message = err.args[0] if isinstance(err, KeyError) and err.args else err
-        print(f"evalm eval {argv[0]}: error: {message}", file=sys.stderr)
-        return 2
+# What the user can fix is one line (issue 10); KeyError's message without its quotes.
+DISPATCHER = Dispatcher("evalm eval", COMMANDS, user_errors=(ConfigError, ValueError, KeyError, OSError))
+usage, main = DISPATCHER.usage, DISPATCHER.main

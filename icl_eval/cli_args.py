@@ -9,7 +9,7 @@ import argparse
 import textwrap
 from collections.abc import Sequence
 
-from evalm.config import Parser
+from config_toolkit import Parser
 
 SECTIONS_HELP = "see docs/evaluation.md for every key and its built-in default"
 

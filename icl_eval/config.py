@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic.dataclasses import dataclass
 
-from evalm.config import FROZEN
+from config_toolkit import FROZEN
 
 PAPER_SHOTS = (0, 1, 3, 4, 8, 16, 32, 64, 80, 128, 192, 256, 372, 512, 640, 768, 896, 1024, 1280, 1536, 1792, 2000)
 """EVALM Appendix C.1."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from evalm.config import ConfigError
+from config_toolkit import ConfigError
 
 
 def check_checkpoint(folder: str | Path) -> Path:

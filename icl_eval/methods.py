@@ -39,7 +39,7 @@ import numpy as np
 import torch
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
-from evalm.config import FROZEN
+from config_toolkit import FROZEN
 from icl_eval.lm import CausalLM, right_pad
 from icl_eval.item_scoring import SCORERS
 from icl_eval.prompts import Demo, PromptBuilder, TestItem

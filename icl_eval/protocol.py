@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from config_toolkit import to_dict
 from icl_eval.baselines import label_baselines
 from icl_eval.config import EvalConfig
 from icl_eval.lm import CausalLM
@@ -24,6 +25,7 @@ from icl_eval.methods import METHODS, MethodOptions, MethodResult
 from icl_eval.prompts import Demo, PromptBuilder, TestItem
 from icl_eval.scoring import calibrate, metrics
 from icl_eval.selection import TopK, dataset_level
+from icl_eval.summary import summarize
 from icl_eval.tasks import Task
 
 Splits = dict[str, list[dict[str, Any]]]
@@ -77,6 +79,21 @@ class Runner:
             for split in parts:
                 self._run_split(splits, split, seed, held)
         return self.records
+
+    def results(self, model: dict, data_info: dict, seconds: float) -> dict[str, Any]:
+        """results.json of a finished run: what was run (`protocol`), the summary, every record.
+
+        `model`: icl_eval.loading.describe of the scored model; `data_info`: where the task's rows came from."""
+        return {
+            "protocol": {"model": model, "task": self.task.name, "template": self.task.template,
+                         "template_source": self.task.source, "labels": list(self.task.labels), "data": data_info,
+                         "label_tokens": self.prompt.label_token_counts(), "bos": self.prompt.describe_bos(),
+                         "eval": to_dict(self.config), "method_options": to_dict(self.options),
+                         "scoring": self.options.scoring, "seconds": seconds},
+            "summary": summarize(self.records, self.baselines),
+            "records": self.records,
+            "baseline_records": self.baselines,
+        }
 
     def _run_split(self, splits: Splits, split: str, seed: int, held: list[int]) -> None:
         train = splits["train"]

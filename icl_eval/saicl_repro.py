@@ -125,7 +125,7 @@ def train_models(out: Path, config: str | None, overrides: Sequence[str]) -> tup
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from evalm.config import ConfigError
+    from config_toolkit import ConfigError
     from icl_eval.config import EvalConfig
     from icl_eval.methods import MethodOptions
     from icl_eval.protocol import Runner

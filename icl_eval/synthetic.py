@@ -26,7 +26,7 @@ from collections.abc import Sequence
 import torch
 from pydantic.dataclasses import dataclass
 
-from evalm.config import FROZEN
+from config_toolkit import FROZEN
 from icl_eval.tasks import Task
 
 LETTERS = "abcdefghijklmnopqrstuvwxyz"

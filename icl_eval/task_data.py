@@ -14,12 +14,13 @@ turned into Python dicts until a demonstration is drawn.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from config_toolkit import ConfigError
 from evalm.data_source import FILE_BUILDERS, DataSourceError, is_dataset_dict, is_saved_dataset, open_source
-from icl_eval.tasks import SPLITS, Task, _task_table
+from icl_eval.tasks import SPLITS, Task, _task_table, get_task
 
 Splits = dict[str, "Rows"]
 
@@ -88,6 +89,23 @@ def task_data_files(path: str | Path) -> dict[str, Path]:
     if "data" in spec:
         out.update(find_splits(base / spec["data"]))
     return out
+
+
+def resolve_task(config, synthetic, tiny_model: bool) -> tuple[Task, Callable[[int], Splits], dict[str, Any]]:
+    """The task `[eval] task` names, its splits per seed, and where its data came from.
+
+    `synthetic` (a SyntheticConfig) draws a fresh rule per seed; any other task reads its splits once
+    and every seed shares them. The built-in tiny model (`tiny_model`) knows only `synthetic`."""
+    if config.task == "synthetic":
+        from icl_eval.synthetic import episode, synthetic_task
+
+        return synthetic_task(synthetic), (lambda seed: episode(seed, synthetic)), {"source": "synthetic"}
+    if tiny_model:
+        raise ConfigError("--task: a real task needs --checkpoint DIR or --hf-model DIR "
+                          "(the built-in tiny model knows only `synthetic`)")
+    task = get_task(config.task, config.template_set)
+    splits, data_info = task_splits(task, config.task, config.data)
+    return task, (lambda seed: splits), data_info
 
 
 def task_splits(task: Task, task_arg: str, data: str | None) -> tuple[Splits, dict[str, Any]]:

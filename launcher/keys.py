@@ -13,7 +13,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from evalm.config import read_toml
+from config_toolkit import read_toml
 
 
 def _fingerprint(path: Path) -> str:

@@ -15,7 +15,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from evalm.config import to_dict
+from config_toolkit import to_dict
 from icl_eval.report import plot_accuracy, plot_perplexity
 
 MARKER = ".evalm-stage.json"

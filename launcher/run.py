@@ -32,7 +32,7 @@ from pathlib import Path
 
 from pydantic.dataclasses import dataclass
 
-from evalm.config import FROZEN, ConfigError, Parser, build, read_toml
+from config_toolkit import FROZEN, ConfigError, Parser, build, read_toml
 from launcher.console import call
 from launcher.keys import stage_key
 from launcher.report import MARKER, stage_result, write_report

@@ -16,8 +16,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from config_toolkit import Parser, build, debug
 from evalm import EvalmModel, ModelConfig
-from evalm.config import Parser, build, debug
 from evalm.io import save_model
 
 

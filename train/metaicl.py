@@ -33,7 +33,7 @@ from typing import Literal
 import torch
 from pydantic.dataclasses import dataclass
 
-from evalm.config import FROZEN, ConfigError, Parser, apply_overrides, build, debug, read_toml, to_dict
+from config_toolkit import FROZEN, ConfigError, Parser, apply_overrides, build, debug, read_toml, to_dict
 from train.config import OptimConfig
 from train.schedule import lr_at
 

@@ -15,7 +15,8 @@ import sys
 from collections.abc import Sequence
 
 from evalm.tokenizer import load_tokenizer
-from train.config import MsitDataConfig, run_command
+from train.command import run_command
+from train.config import MsitDataConfig
 from train.packing import MixedLines, PackedLines, build_lines
 from train.shards import PretrainLines, TokenShards
 from train.structure import SaiclMask

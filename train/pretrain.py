@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from train.config import run_command
+from train.command import run_command
 from train.parallelize import Runtime
 from train.shards import PretrainLines, TokenShards
 

@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from evalm.config import Parser
+from config_toolkit import Parser
 from evalm.tokenizer import load_tokenizer
 from train.shards import ShardWriter
 

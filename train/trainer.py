@@ -28,7 +28,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from evalm.config import to_dict
+from config_toolkit import to_dict
 from train import checkpoint
 from train.config import RunConfig
 from train.structure import Packed

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import pytest
 
+from config_toolkit import ConfigError, build
 from data_pipeline import filters, wordlists
-from data_pipeline.config import ConfigError, FilterConfig, FilterProfile, build, load_stage
+from data_pipeline.config import FilterConfig, FilterProfile, load_stage
 from data_pipeline.normalize import normalize
 
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from evalm.config import ConfigError
+from config_toolkit import ConfigError
 from tests.train.helpers import tiny_run_file, write_shards
 from train import checkpoint
 from train.cli import main as cli_main

@@ -1,0 +1,19 @@
+"""The configuration toolkit every package uses, on the ground floor (it imports nothing of ours).
+
+Configs are data (STYLE.md, "Configuration and launch"): TOML files read by `read_toml`, each
+section validated into a frozen pydantic dataclass by `build` (unknown keys named with the valid
+ones, before pydantic), `section.key=value` overrides, one `ConfigError`, an argparse `Parser`
+whose errors are one line, and the subcommand `Dispatcher` of every `evalm` command group.
+"""
+
+from config_toolkit.dispatch import Dispatcher, lazy
+from config_toolkit.errors import ConfigError, debug
+from config_toolkit.files import read_toml
+from config_toolkit.overrides import apply_overrides, split_overrides
+from config_toolkit.parser import Parser
+from config_toolkit.schema import FROZEN, build, to_dict
+
+__all__ = [
+    "FROZEN", "ConfigError", "Dispatcher", "Parser", "apply_overrides", "build", "debug", "lazy", "read_toml",
+    "split_overrides", "to_dict",
+]

@@ -1,0 +1,40 @@
+"""`section.key=value` overrides on top of a config file (`--set` in train, `--section.key=value` in eval)."""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from config_toolkit.errors import ConfigError
+
+
+def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """Apply `section.key=value` overrides; values are parsed as TOML, else kept as strings."""
+    out: dict[str, Any] = {k: dict(v) if isinstance(v, Mapping) else v for k, v in data.items()}
+    for item in overrides:
+        dotted, sep, raw = item.partition("=")
+        if not sep or "." not in dotted:
+            raise ConfigError(f"override {item!r}: expected section.key=value, e.g. model.d_model=64")
+        *sections, key = dotted.strip().split(".")
+        node = out
+        for name in sections:
+            node = node.setdefault(name, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r}: {name!r} is not a section")
+        try:
+            node[key] = tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError:
+            node[key] = raw
+    return out
+
+
+def split_overrides(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """`--section.key=value` arguments (returned without the dashes) vs every other argument."""
+    overrides, rest = [], []
+    for arg in argv:
+        if arg.startswith("--") and "=" in arg and "." in arg.split("=", 1)[0]:
+            overrides.append(arg[2:])
+        else:
+            rest.append(arg)
+    return overrides, rest

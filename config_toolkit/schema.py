@@ -1,0 +1,55 @@
+"""Validation of one config section into its frozen pydantic dataclass, and back to a dict.
+
+Unknown keys are refused here, before pydantic, so the message can name the file, the section,
+the key and the valid keys; pydantic checks the types and each class's `__post_init__` the rest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+import pydantic
+
+from config_toolkit.errors import ConfigError
+
+T = TypeVar("T")
+FROZEN = pydantic.ConfigDict(extra="forbid")
+"""The `config=` of every config dataclass: extra keys are an error."""
+
+
+def build(cls: type[T], section: Mapping[str, Any] | None, *, where: str) -> T:
+    """Validate one section into `cls`; `where` names the file and section in errors.
+
+    A field whose default is itself a config dataclass (e.g. the data filter's `default` profile)
+    is built the same way from its sub-table, so its unknown keys are named as `where.field`.
+    """
+    section = dict(section or {})
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(section) - set(fields))
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {unknown}; valid keys: {list(fields)}")
+    for name, value in section.items():
+        default = fields[name].default
+        if isinstance(value, Mapping) and dataclasses.is_dataclass(default):
+            section[name] = build(type(default), value, where=f"{where}.{name}")
+    try:
+        return cls(**section)
+    except pydantic.ValidationError as err:
+        raise ConfigError(f"{where}: {'; '.join(_problem(e) for e in err.errors())}") from None
+    except ValueError as err:
+        raise ConfigError(f"{where}: {err}") from None
+
+
+def _problem(error: Mapping[str, Any]) -> str:
+    """One pydantic error as `key: message`, without pydantic's 'Value error, ' prefix."""
+    message = str(error["msg"]).removeprefix("Value error, ")
+    key = ".".join(map(str, error["loc"]))
+    return f"{key}: {message}" if key else message
+
+
+def to_dict(config: Any) -> dict[str, Any]:
+    """A JSON-ready dict of a config dataclass (recorded as `config.json` in every output folder)."""
+    return dataclasses.asdict(config)
+

@@ -1,0 +1,85 @@
+"""The command body shared by `evalm train pretrain` and `evalm train msit`.
+
+Parse `--config FILE --out DIR [--set ...] [--resume ...]` into a `RunConfig`, run the trainer, and
+report what the user can fix in one line; Ctrl-C keeps the last complete checkpoint and prints the
+command that resumes from it. The configs themselves are `train.config`'s.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from config_toolkit import ConfigError, Parser, debug
+from train.config import DataConfig, RunConfig, load_run_config
+
+
+def parse_run_args(argv: Sequence[str] | None, *, prog: str, description: str, default_config: str,
+                   data_cls: type = DataConfig) -> tuple[RunConfig, Path, str]:
+    """`--config FILE --out DIR [--set section.key=value ...] [--resume none|auto|PATH]`."""
+    parser = Parser(prog=prog, description=description)
+    parser.add_argument("--config", default=default_config, metavar="FILE",
+                        help=f"run file with [model], [data], [optim], [train], [checkpoint] (default: {default_config})")
+    parser.add_argument("--out", default=None, metavar="DIR", help="run folder (default: runs/<config name>)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="override one config value, e.g. --set train.steps=10; repeatable (default: none)")
+    parser.add_argument("--resume", default="none", metavar="none|auto|PATH",
+                        help="none (refuses a folder with checkpoints), auto (latest complete checkpoint of --out, "
+                             "else fresh), or a checkpoint path (default: none)")
+    args = parser.parse_args(argv)
+    try:
+        config = load_run_config(args.config, args.overrides, data_cls)
+    except ConfigError as err:
+        parser.exit(2, f"{prog}: error: {err}\n")
+    out = Path(args.out) if args.out else Path("runs") / Path(args.config).stem
+    return config, out, args.resume
+
+
+def run_command(argv: Sequence[str] | None, *, command: str, doc: str, default_config: str,
+                make_source: Callable, data_cls: type = DataConfig) -> int:
+    """The body of `evalm train pretrain|msit`: parse, run the trainer, report errors without a traceback."""
+    config, out, resume = parse_run_args(argv, prog=f"evalm train {command}", description=doc.split("\n")[0],
+                                         default_config=default_config, data_cls=data_cls)
+    from train.checkpoint import CheckpointError
+    from train.trainer import run
+
+    try:
+        run(config, out, make_source(config.data, config.model.vocab_size), resume=resume, command=command)
+    except (CheckpointError, FileNotFoundError, ValueError) as err:  # what to fix, without a traceback
+        if debug():
+            raise
+        print(f"evalm train {command}: error: {err}", file=sys.stderr)
+        return 2
+    except BaseException as err:  # Ctrl-C: the last complete checkpoint stays; say how to continue from it
+        if not _interrupted(err):
+            raise
+        again = " ".join(["evalm train", command, *_without_resume(argv), "--resume auto"])
+        print(f"evalm train {command}: interrupted; the last complete checkpoint under {out}/checkpoints is kept; "
+              f"resume with: {again}", file=sys.stderr)
+        return 130
+    return 0
+
+
+def _interrupted(err: BaseException) -> bool:
+    """Ctrl-C, also when it hit a checkpoint save and DCP wrapped it (CheckpointException, a BaseException)."""
+    if isinstance(err, KeyboardInterrupt):
+        return True
+    failures = getattr(err, "failures", None)
+    return isinstance(failures, dict) and any(isinstance(f[0], KeyboardInterrupt) for f in failures.values())
+
+
+def _without_resume(argv: Sequence[str] | None) -> list[str]:
+    """The command's own arguments minus any --resume, quoted for a shell."""
+    import shlex
+
+    args, skip = [], False
+    for a in list(argv if argv is not None else sys.argv[1:]):
+        if skip or a.startswith("--resume="):
+            skip = False
+            continue
+        if a == "--resume":
+            skip = True
+            continue
+        args.append(shlex.quote(a))
+    return args
