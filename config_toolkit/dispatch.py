@@ -37,15 +37,20 @@ class Dispatcher:
     commands: Mapping[str, tuple[str, Run]]
     """Command name -> (one-line help, function of the remaining arguments returning an exit code)."""
     footer: str = ""
-    """A line printed under the command table, e.g. where the docs are."""
+    """Text printed under the command table, e.g. where the docs are."""
+    synopsis: str = "COMMAND [ARGS...]"
+    """What follows `prog` on the usage line (e.g. global options before COMMAND)."""
+    header: str = ""
+    """A paragraph between the usage line and the command table."""
     user_errors: tuple[type[BaseException], ...] = ()
     """Errors a user can fix, reported as one line `prog COMMAND: error: ...` with exit code 2 (unless --debug)."""
 
     def usage(self) -> str:
         width = max(map(len, self.commands))
         rows = "\n".join(f"  {name:<{width}}  {text}" for name, (text, _) in self.commands.items())
+        header = f"{self.header}\n\n" if self.header else ""
         footer = f"\n{self.footer}\n" if self.footer else ""
-        return f"usage: {self.prog} COMMAND [ARGS...]\n\ncommands:\n{rows}\n{footer}"
+        return f"usage: {self.prog} {self.synopsis}\n\n{header}commands:\n{rows}\n{footer}"
 
     def main(self, argv: Sequence[str] | None = None) -> int:
         argv = list(sys.argv[1:] if argv is None else argv)

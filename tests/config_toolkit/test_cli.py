@@ -57,6 +57,13 @@ def test_usage_lists_every_command_with_its_help(capsys):
         assert capsys.readouterr().out == expected + "\n"
 
 
+def test_usage_can_name_global_options_and_a_header():
+    d = Dispatcher("evalm", {"run": ("every stage", lambda argv: 0)}, synopsis="[--debug] COMMAND [ARGS...]",
+                   header="EVALM end to end.", footer="global options:\n  --debug  tracebacks")
+    assert d.usage() == ("usage: evalm [--debug] COMMAND [ARGS...]\n\nEVALM end to end.\n\ncommands:\n"
+                         "  run  every stage\n\nglobal options:\n  --debug  tracebacks\n")
+
+
 def test_a_command_gets_the_remaining_arguments():
     calls = []
     assert _dispatcher(calls).main(["ok", "--x", "1"]) == 0
