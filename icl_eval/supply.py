@@ -20,12 +20,12 @@ SKIP_HINT = "or pass --allow-skip to record it as skipped in results.json"
 def icl_supply(config, splits: dict, allow_skip: bool) -> tuple[Any, list[dict]]:
     """`icl_grid` for the splits of the first seed: the validation split the shot count is chosen on
     is the task's own, else `validation_items` held out of train (icl_eval.protocol.hold_out_validation)."""
-    n_validation = held = None
-    if config.choose_shot_on_validation:
-        own = len(splits["validation"]) if splits.get("validation") else 0
-        held = 0 if own else config.validation_items
-        n_validation = own or held
-    return icl_grid(config, len(splits["train"]), held or 0, len(splits["test"]), allow_skip, n_validation)
+    n_train, n_test = len(splits["train"]), len(splits["test"])
+    if not config.choose_shot_on_validation:
+        return icl_grid(config, n_train, 0, n_test, allow_skip)
+    own = len(splits.get("validation") or ())
+    held = 0 if own else config.validation_items
+    return icl_grid(config, n_train, held, n_test, allow_skip, own or held)
 
 
 def icl_grid(config, n_train: int, held_out: int, n_test: int, allow_skip: bool,

@@ -60,8 +60,8 @@ def test_test_items_beyond_the_validation_split_are_an_error():
     """With the shot count chosen on validation (held out of the training pool here), the same
     --test-items sample is drawn there too: a validation split too small for it is not capped silently."""
     from icl_eval.config import EvalConfig
-    from icl_eval.supply import icl_grid
     from config_toolkit import ConfigError
+    from icl_eval.supply import icl_grid, icl_supply
 
     config = EvalConfig(shots=(0, 4), test_items=80, choose_shot_on_validation=True, validation_items=50)
     with pytest.raises(ConfigError, match="--test-items 80: the validation split the shot count is chosen on has 50"):
@@ -69,6 +69,14 @@ def test_test_items_beyond_the_validation_split_are_an_error():
     kept, skipped = icl_grid(config, n_train=512, held_out=50, n_test=100, allow_skip=True, n_validation=50)
     assert kept.test_items == 80 and skipped == [{"validation_items": 50, "why": skipped[0]["why"]}]
     assert icl_grid(config, 512, 50, 100, False, n_validation=None)[1] == []  # not chosen on validation: no check
+    # from the splits: 50 held out of train when the task has no validation split, else its own split
+    with pytest.raises(ConfigError, match="chosen on has 50 items"):
+        icl_supply(config, {"train": [{}] * 512, "test": [{}] * 100}, allow_skip=False)
+    with pytest.raises(ConfigError, match="chosen on has 70 items"):
+        icl_supply(config, {"train": [{}] * 512, "validation": [{}] * 70, "test": [{}] * 100}, allow_skip=False)
+    with pytest.raises(ConfigError, match=r"--shots 4: the train split has 53 items \(50 held out"):
+        icl_supply(config, {"train": [{}] * 53, "test": [{}] * 100}, allow_skip=False)
+    assert icl_supply(config, {"train": [{}] * 4, "validation": [{}] * 80, "test": [{}] * 100}, False)[1] == []
 
 
 @pytest.fixture
