@@ -30,6 +30,7 @@ import orjson
 from datatrove.pipeline.base import PipelineStep
 
 from data_pipeline import dedup_graph, dedup_verify, lsh
+from data_pipeline.fingerprint_store import fingerprint_path, load_fingerprints, offsets
 from data_pipeline.config import DedupConfig, to_dict
 from data_pipeline.minhash import SCHEME, Fingerprinter, lean, token_set
 from data_pipeline.runner import (
@@ -43,30 +44,6 @@ from data_pipeline.runner import (
     write_json,
     writer,
 )
-
-
-def _fp_path(output: Path, rank: int) -> Path:
-    return output / "fingerprints" / f"{rank:05d}.npz"
-
-
-def load_fingerprints(output: Path, rank: int, config: DedupConfig) -> dict[str, np.ndarray]:
-    """One task's fingerprints; refuses a file made with another scheme, seed or num_perm."""
-    with np.load(_fp_path(output, rank), allow_pickle=False) as data:
-        fp = {k: data[k] for k in data.files}
-    made = (str(fp["scheme"]), int(fp["seed"]), int(fp["num_perm"]))
-    if made != (config.scheme, config.seed, config.num_perm):
-        raise StageError(f"{_fp_path(output, rank)} was made with (scheme, seed, num_perm)={made}; config wants "
-                         f"{(config.scheme, config.seed, config.num_perm)}. Use a new --output folder.")
-    return fp
-
-
-def offsets(output: Path, tasks: int) -> np.ndarray:
-    """Dense id of each task's first document (length tasks + 1)."""
-    counts = []
-    for rank in range(tasks):
-        with np.load(_fp_path(output, rank), allow_pickle=False) as data:
-            counts.append(len(data["lengths"]))
-    return np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
 
 
 class DedupStep(PipelineStep):
@@ -90,7 +67,7 @@ class FingerprintStep(DedupStep):
             lengths.append(len(doc.text))
             sets.append(token_set(doc.text))
         signatures = Fingerprinter(c.num_perm, c.seed).signatures(sets)
-        path = _fp_path(output, rank)
+        path = fingerprint_path(output, rank)
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "wb") as f:  # np.savez on a handle: no ".npz" appended, same bytes each run
             np.savez(f, signatures=signatures, ids=np.array(ids, dtype=str), subsets=np.array(subsets, dtype=str),
