@@ -108,15 +108,21 @@ class MemoryLshStep(DedupStep):
         _write_candidates(output, 0, pairs)
 
 
-class RedisInsertStep(DedupStep):
-    name = "lsh_insert"
+class RedisStep(DedupStep):
+    """An LSH step over the Redis index: the run's key prefix, the index, a client, the task's first dense id."""
 
-    def run(self, data=None, rank: int = 0, world_size: int = 1):
+    def redis(self, rank: int):
         output, c = Path(self.output), self.config
         basename = lsh.basename_for(output)
         index = lsh.make_index(c.num_perm, c.bands, c.rows, self.redis_url, basename)
-        client = lsh.connect(self.redis_url)
-        first = int(offsets(output, self.tasks)[rank])
+        return output, c, basename, index, lsh.connect(self.redis_url), int(offsets(output, self.tasks)[rank])
+
+
+class RedisInsertStep(RedisStep):
+    name = "lsh_insert"
+
+    def run(self, data=None, rank: int = 0, world_size: int = 1):
+        output, c, basename, index, client, first = self.redis(rank)
         with lsh.guarded(self.redis_url, f"lsh_insert task {rank}"):
             server = lsh.server_run(client)
             # re-inserting after a restart only re-adds members to bucket sets: idempotent
@@ -127,15 +133,11 @@ class RedisInsertStep(DedupStep):
                 lsh.mark_inserted(client, basename, rank, server)
 
 
-class RedisQueryStep(DedupStep):
+class RedisQueryStep(RedisStep):
     name = "lsh_query"
 
     def run(self, data=None, rank: int = 0, world_size: int = 1):
-        output, c = Path(self.output), self.config
-        basename = lsh.basename_for(output)
-        index = lsh.make_index(c.num_perm, c.bands, c.rows, self.redis_url, basename)
-        client = lsh.connect(self.redis_url)
-        first = int(offsets(output, self.tasks)[rank])
+        output, c, basename, index, client, first = self.redis(rank)
         pairs = []
         with lsh.guarded(self.redis_url, f"lsh_query task {rank}"):
             self.check_index(client, basename)
