@@ -74,7 +74,8 @@ def _adaptive_map(head_dim: int, layer_norm: bool) -> nn.Sequential:
 
 @dataclass(frozen=True)
 class EvaState:
-    """One EVA layer after n_seen tokens (EVA_SPEC §4.2). B is 1 for a shared parent."""
+    """One EVA layer after n_seen tokens (EVA_SPEC §4.2), a `LayerState` (evalm/cache.py). B is 1 for a
+    shared parent."""
 
     local_k: Tensor  # (B, H, ℓ, D) window keys, positions max(0, ⌊n/w⌋·w − ext) … n−1
     local_v: Tensor  # (B, H, ℓ, D) window values
