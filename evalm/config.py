@@ -19,6 +19,8 @@ from typing import Any, Literal, TypeVar
 import pydantic
 from pydantic.dataclasses import dataclass
 
+from evalm.attention import ATTENTION  # the one dict of attention classes
+
 T = TypeVar("T")
 FROZEN = pydantic.ConfigDict(extra="forbid")
 
@@ -88,8 +90,6 @@ class ModelConfig:
     """Standard deviation of the normal inits (OPT's megatron sigma)."""
 
     def __post_init__(self) -> None:
-        from evalm.model import ATTENTION  # the one dict of attention classes
-
         if self.attention not in ATTENTION:
             raise ValueError(f"attention={self.attention!r} is not known; valid: {sorted(ATTENTION)}")
         if self.d_model % self.n_head:
