@@ -75,7 +75,8 @@ def word_list_ratio(norm_words: list[str], vocabulary: frozenset[str]) -> float:
 
 
 class Text:
-    """What the measures read from one normalised document; words are split once, on first use."""
+    """What the measures read from one normalised document; words are split once, on first use
+    (the word-based filters share them)."""
 
     def __init__(self, text: str, stopwords: frozenset[str], flagged: frozenset[str], char_n: int, word_n: int):
         self.text, self.stopwords, self.flagged, self.char_n, self.word_n = text, stopwords, flagged, char_n, word_n
@@ -99,8 +100,11 @@ class Filter:
     reason: str
     """Recorded as `filter_reason` when this is the first filter a document fails."""
     measure: Callable[[Text], float]
+    """The document's value (a ratio or a count), from its normalised text."""
     low: str = ""
+    """The FilterProfile field the value must reach (>=); "" for no lower bound."""
     high: str = ""
+    """The FilterProfile field the value must not exceed (<=); "" for no upper bound."""
     kind: type = float
     """The value's type in the ratios record (word counts are int)."""
 

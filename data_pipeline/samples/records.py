@@ -33,7 +33,9 @@ class Doc:
 
 @dataclass
 class Provenance:
-    """Sources of one output file, for the manifest."""
+    """Sources of one output file, for the manifest. A package key that is not in the packages
+    table ("samples.py", the module this build once was; kept so manifests stay byte-identical)
+    marks content made here: templates, generated tables."""
 
     sources: dict[tuple[str, str, str], int] = field(default_factory=dict)
 

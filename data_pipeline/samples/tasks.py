@@ -27,6 +27,9 @@ SUBJ_PER_CLASS = 2500
 
 @dataclass(frozen=True)
 class TaskSpec:
+    """A task as data: its verbalizer words (label index order) and a template string with
+    `{field}` slots and one `{label}` slot, which an upper floor turns into its own task type."""
+
     name: str
     labels: tuple[str, ...]
     template: str
