@@ -18,6 +18,7 @@ from typing import Any, Literal
 from pydantic.dataclasses import dataclass
 
 from evalm.config import FROZEN, ConfigError, ModelConfig, Parser, apply_overrides, build, debug, read_toml, to_dict
+from train.instructions import MSIT_COLUMNS
 
 
 @dataclass(config=FROZEN, frozen=True)
@@ -36,10 +37,6 @@ class DataConfig:
     def __post_init__(self) -> None:
         if self.seq_len < 1:
             raise ValueError(f"seq_len must be >= 1, got {self.seq_len}")
-
-
-MSIT_COLUMNS = {"task": "task", "input": "input", "output": "output"}
-"""The fields of an instruction example and their default data columns."""
 
 
 @dataclass(config=FROZEN, frozen=True)
