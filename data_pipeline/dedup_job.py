@@ -32,6 +32,7 @@ from datatrove.pipeline.base import PipelineStep
 from config_toolkit import to_dict
 from data_pipeline import dedup_graph, dedup_verify, lsh
 from data_pipeline.config import DedupConfig
+from data_pipeline.fingerprint_store import fingerprint_path, load_fingerprints, offsets
 from data_pipeline.minhash import SCHEME, Fingerprinter, lean, token_set
 from data_pipeline.runner import (
     Manifest,
@@ -44,30 +45,6 @@ from data_pipeline.runner import (
     write_json,
     writer,
 )
-
-
-def _fp_path(output: Path, rank: int) -> Path:
-    return output / "fingerprints" / f"{rank:05d}.npz"
-
-
-def load_fingerprints(output: Path, rank: int, config: DedupConfig) -> dict[str, np.ndarray]:
-    """One task's fingerprints; refuses a file made with another scheme, seed or num_perm."""
-    with np.load(_fp_path(output, rank), allow_pickle=False) as data:
-        fp = {k: data[k] for k in data.files}
-    made = (str(fp["scheme"]), int(fp["seed"]), int(fp["num_perm"]))
-    if made != (config.scheme, config.seed, config.num_perm):
-        raise StageError(f"{_fp_path(output, rank)} was made with (scheme, seed, num_perm)={made}; config wants "
-                         f"{(config.scheme, config.seed, config.num_perm)}. Use a new --output folder.")
-    return fp
-
-
-def offsets(output: Path, tasks: int) -> np.ndarray:
-    """Dense id of each task's first document (length tasks + 1)."""
-    counts = []
-    for rank in range(tasks):
-        with np.load(_fp_path(output, rank), allow_pickle=False) as data:
-            counts.append(len(data["lengths"]))
-    return np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
 
 
 class DedupStep(PipelineStep):
@@ -91,7 +68,7 @@ class FingerprintStep(DedupStep):
             lengths.append(len(doc.text))
             sets.append(token_set(doc.text))
         signatures = Fingerprinter(c.num_perm, c.seed).signatures(sets)
-        path = _fp_path(output, rank)
+        path = fingerprint_path(output, rank)
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "wb") as f:  # np.savez on a handle: no ".npz" appended, same bytes each run
             np.savez(f, signatures=signatures, ids=np.array(ids, dtype=str), subsets=np.array(subsets, dtype=str),
@@ -132,15 +109,21 @@ class MemoryLshStep(DedupStep):
         _write_candidates(output, 0, pairs)
 
 
-class RedisInsertStep(DedupStep):
-    name = "lsh_insert"
+class RedisStep(DedupStep):
+    """An LSH step over the Redis index: the run's key prefix, the index, a client, the task's first dense id."""
 
-    def run(self, data=None, rank: int = 0, world_size: int = 1):
+    def redis(self, rank: int):
         output, c = Path(self.output), self.config
         basename = lsh.basename_for(output)
         index = lsh.make_index(c.num_perm, c.bands, c.rows, self.redis_url, basename)
-        client = lsh.connect(self.redis_url)
-        first = int(offsets(output, self.tasks)[rank])
+        return output, c, basename, index, lsh.connect(self.redis_url), int(offsets(output, self.tasks)[rank])
+
+
+class RedisInsertStep(RedisStep):
+    name = "lsh_insert"
+
+    def run(self, data=None, rank: int = 0, world_size: int = 1):
+        output, c, basename, index, client, first = self.redis(rank)
         with lsh.guarded(self.redis_url, f"lsh_insert task {rank}"):
             server = lsh.server_run(client)
             # re-inserting after a restart only re-adds members to bucket sets: idempotent
@@ -151,15 +134,11 @@ class RedisInsertStep(DedupStep):
                 lsh.mark_inserted(client, basename, rank, server)
 
 
-class RedisQueryStep(DedupStep):
+class RedisQueryStep(RedisStep):
     name = "lsh_query"
 
     def run(self, data=None, rank: int = 0, world_size: int = 1):
-        output, c = Path(self.output), self.config
-        basename = lsh.basename_for(output)
-        index = lsh.make_index(c.num_perm, c.bands, c.rows, self.redis_url, basename)
-        client = lsh.connect(self.redis_url)
-        first = int(offsets(output, self.tasks)[rank])
+        output, c, basename, index, client, first = self.redis(rank)
         pairs = []
         with lsh.guarded(self.redis_url, f"lsh_query task {rank}"):
             self.check_index(client, basename)

@@ -25,6 +25,7 @@ import numpy as np
 from datatrove.pipeline.base import PipelineStep
 
 from data_pipeline.config import DedupConfig
+from data_pipeline.fingerprint_store import offsets
 from data_pipeline.minhash import token_set
 from data_pipeline.runner import reader
 
@@ -66,8 +67,6 @@ class TokenStep(PipelineStep):
         self.output, self.config, self.tasks = output, config, tasks
 
     def run(self, data=None, rank: int = 0, world_size: int = 1):
-        from data_pipeline.dedup_job import offsets
-
         output = Path(self.output)
         first, end = (int(x) for x in offsets(output, self.tasks)[rank: rank + 2])
         needed = np.zeros(end - first, dtype=bool)

@@ -31,6 +31,7 @@ class Verdict:
     doc: Document
     reason: str | None
     ratios: filters.Ratios | None
+    """One value per filter of the table that judged it (None for a dropped subset)."""
     chars_removed: int
 
 
@@ -44,9 +45,11 @@ def word_lists(config: FilterConfig) -> tuple[frozenset[str], frozenset[str]]:
 
 
 def filter_documents(
-    docs: Iterable[Document], config: FilterConfig, stopwords: frozenset[str], flagged: frozenset[str]
+    docs: Iterable[Document], config: FilterConfig, stopwords: frozenset[str], flagged: frozenset[str],
+    table: tuple[filters.Filter, ...] = filters.FILTERS,
 ) -> Iterator[Verdict]:
-    """The stage as a pure function: a verdict (kept when reason is None) for every document."""
+    """The stage as a pure function: a verdict (kept when reason is None) for every document,
+    judged by the filters of `table` (filters.FILTERS)."""
     kept_subsets = set(config.subsets)
     for doc in docs:
         if doc.subset not in kept_subsets:
@@ -54,8 +57,8 @@ def filter_documents(
             continue
         text, removed = normalize(doc.text)
         doc.text = text
-        r = filters.ratios(text, stopwords, flagged, config.char_ngram, config.word_ngram)
-        yield Verdict(doc, filters.reject_reason(r, config.profile(doc.subset)), r, removed)
+        r = filters.ratios(text, stopwords, flagged, config.char_ngram, config.word_ngram, table)
+        yield Verdict(doc, filters.reject_reason(r, config.profile(doc.subset), table), r, removed)
 
 
 class TaskStats:
@@ -77,8 +80,9 @@ class TaskStats:
         else:
             self.dropped.setdefault(s, Counter())[v.reason] += 1
         if v.ratios is not None:
-            hist = self.histograms.setdefault(s, {name: np.zeros(BINS, dtype=np.int64) for name in filters.REASONS})
-            for name, value in asdict(v.ratios).items():
+            values = asdict(v.ratios)
+            hist = self.histograms.setdefault(s, {name: np.zeros(BINS, dtype=np.int64) for name in values})
+            for name, value in values.items():
                 x = np.log10(max(value, 1)) / 6 if name == "word_count" else value
                 hist[name][min(int(x * BINS), BINS - 1)] += 1
 

@@ -1,7 +1,9 @@
 """The six quality filters of EVALM Appendix A.1 / BLOOM, as pure functions (DATA_SPEC.md §3).
 
-Each ratio is a pure function of the (normalised) text; `reject_reason` applies them in the
-table's order and returns the first failing filter's name, or None to keep. Every ratio is
+Each ratio is a pure function of the (normalised) text. One table, FILTERS, declares the filters
+(reason, measure, FilterProfile bound); the reasons, the ratios record and the checks are derived
+from it. `reject_reason` applies them in the table's order and returns the first failing
+filter's name, or None to keep. Every ratio is
 computed for every document so the runner can histogram them: thresholds are to be chosen by
 looking at data (DATA_SPEC.md §3, "measure drop rates per subset").
 """
@@ -11,7 +13,9 @@ from __future__ import annotations
 import math
 import string
 from collections import Counter
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, make_dataclass
+from functools import cache, cached_property
 
 from data_pipeline.config import FilterProfile
 
@@ -19,10 +23,6 @@ from data_pipeline.config import FilterProfile
 # and whitespace (BLOOM's `special_characters_default` restricted to ASCII).
 SPECIAL = frozenset(string.punctuation + string.digits + string.whitespace)
 _STRIP = string.punctuation + string.digits + string.whitespace
-
-# The order of DATA_SPEC.md §3's table: the first failure is the recorded reason.
-REASONS = ("word_count", "char_repetition", "word_repetition", "special_characters", "stop_words", "flagged_words")
-
 
 def words(text: str) -> list[str]:
     """Split on space/newline/tab and drop empties (normalised text has no other whitespace)."""
@@ -74,39 +74,80 @@ def word_list_ratio(norm_words: list[str], vocabulary: frozenset[str]) -> float:
     return min(1.0, sum(1 for w in norm_words if w in vocabulary) / len(norm_words))
 
 
-@dataclass(frozen=True, slots=True)
-class Ratios:
-    word_count: int
-    char_repetition: float
-    word_repetition: float
-    special_characters: float
-    stop_words: float
-    flagged_words: float
+class Text:
+    """What the measures read from one normalised document; words are split once, on first use
+    (the word-based filters share them)."""
+
+    def __init__(self, text: str, stopwords: frozenset[str], flagged: frozenset[str], char_n: int, word_n: int):
+        self.text, self.stopwords, self.flagged, self.char_n, self.word_n = text, stopwords, flagged, char_n, word_n
+
+    @cached_property
+    def words(self) -> list[str]:
+        return words(self.text)
+
+    @cached_property
+    def norm_words(self) -> list[str]:
+        return normalized_words(self.text)
 
 
-def ratios(text: str, stopwords: frozenset[str], flagged: frozenset[str], char_n: int = 10, word_n: int = 5) -> Ratios:
-    norm = normalized_words(text)
-    return Ratios(
-        word_count=len(words(text)),
-        char_repetition=char_repetition_ratio(text, char_n),
-        word_repetition=word_repetition_ratio(norm, word_n),
-        special_characters=special_ratio(text),
-        stop_words=word_list_ratio(norm, stopwords),
-        flagged_words=word_list_ratio(norm, flagged),
-    )
+@dataclass(frozen=True)
+class Filter:
+    """One quality filter: the ratio it measures and the FilterProfile field(s) that bound it.
+
+    A document fails when its value is below `profile.<low>` or above `profile.<high>` (a filter
+    names one bound or both); the bounds are thresholds in data_pipeline.config.FilterProfile."""
+
+    reason: str
+    """Recorded as `filter_reason` when this is the first filter a document fails."""
+    measure: Callable[[Text], float]
+    """The document's value (a ratio or a count), from its normalised text."""
+    low: str = ""
+    """The FilterProfile field the value must reach (>=); "" for no lower bound."""
+    high: str = ""
+    """The FilterProfile field the value must not exceed (<=); "" for no upper bound."""
+    kind: type = float
+    """The value's type in the ratios record (word counts are int)."""
+
+    def passes(self, value: float, profile: FilterProfile) -> bool:
+        return (not self.low or value >= getattr(profile, self.low)) and (
+            not self.high or value <= getattr(profile, self.high))
 
 
-def reject_reason(r: Ratios, p: FilterProfile) -> str | None:
+# The order of DATA_SPEC.md §3's table: the first failure is the recorded reason. A new filter is
+# one entry here plus its threshold field(s) in FilterProfile.
+FILTERS: tuple[Filter, ...] = (
+    Filter("word_count", lambda t: len(t.words), low="min_words", high="max_words", kind=int),
+    Filter("char_repetition", lambda t: char_repetition_ratio(t.text, t.char_n), high="max_char_repetition"),
+    Filter("word_repetition", lambda t: word_repetition_ratio(t.norm_words, t.word_n), high="max_word_repetition"),
+    Filter("special_characters", lambda t: special_ratio(t.text), high="max_special_ratio"),
+    Filter("stop_words", lambda t: word_list_ratio(t.norm_words, t.stopwords), low="min_stopword_ratio"),
+    Filter("flagged_words", lambda t: word_list_ratio(t.norm_words, t.flagged), high="max_flagged_ratio"),
+)
+
+
+@cache
+def ratios_record(table: tuple[Filter, ...]) -> type:
+    """The frozen record of one value per filter of a table, in table order (`asdict` gives the
+    `filter_ratios` written with each rejected document)."""
+    record = make_dataclass("Ratios", [(f.reason, f.kind) for f in table], frozen=True, slots=True)
+    record.__module__ = __name__  # the default table's record pickles as filters.Ratios
+    return record
+
+
+REASONS = tuple(f.reason for f in FILTERS)
+Ratios = ratios_record(FILTERS)
+
+
+def ratios(text: str, stopwords: frozenset[str], flagged: frozenset[str], char_n: int = 10, word_n: int = 5,
+           table: tuple[Filter, ...] = FILTERS):
+    """Every filter's value for one document (all are computed, for the histograms in stats/)."""
+    t = Text(text, stopwords, flagged, char_n, word_n)
+    return ratios_record(table)(**{f.reason: f.measure(t) for f in table})
+
+
+def reject_reason(r, p: FilterProfile, table: tuple[Filter, ...] = FILTERS) -> str | None:
     """The first failing filter's name, or None when the document is kept."""
-    checks = (
-        p.min_words <= r.word_count <= p.max_words,
-        r.char_repetition <= p.max_char_repetition,
-        r.word_repetition <= p.max_word_repetition,
-        r.special_characters <= p.max_special_ratio,
-        r.stop_words >= p.min_stopword_ratio,
-        r.flagged_words <= p.max_flagged_ratio,
-    )
-    for reason, ok in zip(REASONS, checks):
-        if not ok:
-            return reason
+    for f in table:
+        if not f.passes(getattr(r, f.reason), p):
+            return f.reason
     return None

@@ -1,11 +1,12 @@
 """The incremental-encoding cache (EVALM Algorithm 1, EVA_SPEC §4.2-4.3).
 
-A `Cache` owns the position (`n_seen`, nanochat's KVCache) and one state per layer. For EVA a
-layer's state is exactly what the next token can attend to: the window K/V of the current block,
+A `Cache` owns the position (`n_seen`, nanochat's KVCache) and one state per layer, a
+`LayerState` defined by the layer's attention variant (declared below). For EVA a layer's state is exactly what the next token can attend to: the window K/V of the current block,
 the queries of the incomplete chunk, and one compressed (key, value) pair per completed chunk, so
 after n tokens a layer holds n // chunk_size remote entries, at most ext + window_size window rows
 and fewer than chunk_size pending queries: memory linear in n and chunk_size times smaller than a
-full K/V cache. For full attention the state is the plain K/V.
+full K/V cache (`EvaState`, evalm/eva.py). For full attention the state is the plain K/V
+(`FullState`, evalm/full_attention.py).
 
 States are never mutated in place: an update builds new tensors, so `fork()` is a shallow copy
 and a child can never change its parent. Long, shared tensors are kept as tuples of parts so a
@@ -14,8 +15,7 @@ batch of forks broadcasts the parent's batch-1 parts instead of copying them.
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -51,44 +51,43 @@ def parts_bytes(parts: Parts) -> int:
     return sum(p.numel() * p.element_size() for p in parts)
 
 
-@dataclass(frozen=True)
-class EvaState:
-    """One EVA layer after n_seen tokens (EVA_SPEC §4.2). B is 1 for a shared parent."""
+@runtime_checkable
+class LayerState(Protocol):
+    """What the cache needs of one layer's state; each attention variant defines its own.
 
-    local_k: Tensor  # (B, H, ℓ, D) window keys, positions max(0, ⌊n/w⌋·w − ext) … n−1
-    local_v: Tensor  # (B, H, ℓ, D) window values
-    pending_q: Tensor  # (B, H, n − ⌊n/c⌋·c, D) queries of the incomplete chunk
-    remote_k: Parts = ()  # parts (B, H, C_i, D): k̃_r of completed chunks, in order
-    remote_v: Parts = ()  # parts (B, H, C_i, D): β_r
-    n_owned: int = 0  # trailing remote parts this cache may merge into
-
-    def entries(self) -> tuple[Tensor, Tensor]:
-        """Everything a later token may attend to: (B, H, ℓ + n_chunks, D) keys and values."""
-        return (torch.cat([*self.remote_k, self.local_k], -2), torch.cat([*self.remote_v, self.local_v], -2))
-
-    def nbytes(self) -> int:
-        return parts_bytes((self.local_k, self.local_v, self.pending_q, *self.remote_k, *self.remote_v))
-
-    def disowned(self) -> EvaState:
-        return dataclasses.replace(self, n_owned=0)
-
-
-@dataclass(frozen=True)
-class FullState:
-    """One exact-attention layer: the plain K/V of every token seen."""
-
-    k: Parts = ()  # parts (B, H, T_i, D)
-    v: Parts = ()
-    n_owned: int = 0
+    The variant's module builds and reads its state (EVA: `EvaState` in evalm/eva.py; exact
+    attention: `FullState` in evalm/full_attention.py); `Cache` stores it in `layers[i]` without
+    looking inside, except through these three members. A state must be immutable: an update
+    builds a new state (new tensors), never writes into the old one, because `fork` shares states
+    between parent and children by reference.
+    """
 
     def entries(self) -> tuple[Tensor, Tensor]:
-        return torch.cat(self.k, -2), torch.cat(self.v, -2)
+        """Keys and values (B, H, K, D) that every later token of this layer attends to.
+
+        `merge` concatenates them across caches into the prefix of Structured Prompting (Hao et
+        al., Eq. 2), and SAICL training (train/structure.py) reads them as the groups' entries;
+        the prefix is attended to without mask or bias, so the order along K is the state's choice.
+        """
+        ...
 
     def nbytes(self) -> int:
-        return parts_bytes(self.k + self.v)
+        """Bytes of the tensors the state holds, for `Cache.nbytes` (the memory benchmarks).
 
-    def disowned(self) -> FullState:
-        return dataclasses.replace(self, n_owned=0)
+        Tensors shared with a parent count in full: each cache reports what it can reach.
+        """
+        ...
+
+    def disowned(self) -> LayerState:
+        """The state as a fork sees it: owning none of its tensors (`Cache.fork`).
+
+        A state that keeps long tensors as parts grows them with `parts_append`, which concatenates
+        new rows onto the last part only if this state made it (`n_owned`). A forked child that
+        did so would copy the parent's part (thousands of chunk summaries) once per child; after
+        `disowned` it adds new parts instead and the parent's stay shared. A state without such
+        parts may return itself.
+        """
+        ...
 
 
 class Cache:
@@ -109,7 +108,7 @@ class Cache:
                  layers: list | None = None, prefix: list | None = None, own_logit_bias: float = 0.0):
         self.n_layer, self.batch_size = n_layer, batch_size
         self.position_offset, self.n_seen = position_offset, n_seen
-        self.layers = layers or [None] * n_layer  # per layer: EvaState | FullState | None
+        self.layers: list[LayerState | None] = layers or [None] * n_layer
         self.prefix = prefix or [None] * n_layer  # per layer: (k, v) (1 or B, H, P, D) or None
         self.own_logit_bias = own_logit_bias
 

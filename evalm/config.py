@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic.dataclasses import dataclass
 
 from config_toolkit import FROZEN
+from evalm.attention import ATTENTION  # the one dict of attention classes
 
 
 @dataclass(config=FROZEN, frozen=True)
@@ -59,8 +60,6 @@ class ModelConfig:
     """Standard deviation of the normal inits (OPT's megatron sigma)."""
 
     def __post_init__(self) -> None:
-        from evalm.model import ATTENTION  # the one dict of attention classes
-
         if self.attention not in ATTENTION:
             raise ValueError(f"attention={self.attention!r} is not known; valid: {sorted(ATTENTION)}")
         if self.d_model % self.n_head:

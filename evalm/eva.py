@@ -20,21 +20,19 @@ kernel with fp32 accumulation (§8.8).
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from evalm.cache import Cache, EvaState, parts_append, parts_head, parts_len
+from evalm.cache import Cache, Parts, parts_append, parts_bytes, parts_head, parts_len
+from evalm.heads import HeadProjections, upcast
 from evalm.recompute import GROUP_LOGITS, Tiling, eva_attention
 
 TILE_LOGITS = 1 << 24  # logits per query tile (B·H·tile·keys): bounds memory on long segments
-
-
-def upcast(x: Tensor) -> Tensor:
-    """Softmax inputs in at least fp32 (EVA_SPEC §8.8); float64 stays float64 for exact tests."""
-    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
 
 
 def t5_bucket(distance: Tensor, num_buckets: int, max_distance: int) -> Tensor:
@@ -74,20 +72,37 @@ def _adaptive_map(head_dim: int, layer_norm: bool) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
-class EvaAttention(nn.Module):
+@dataclass(frozen=True)
+class EvaState:
+    """One EVA layer after n_seen tokens (EVA_SPEC §4.2), a `LayerState` (evalm/cache.py). B is 1 for a
+    shared parent."""
+
+    local_k: Tensor  # (B, H, ℓ, D) window keys, positions max(0, ⌊n/w⌋·w − ext) … n−1
+    local_v: Tensor  # (B, H, ℓ, D) window values
+    pending_q: Tensor  # (B, H, n − ⌊n/c⌋·c, D) queries of the incomplete chunk
+    remote_k: Parts = ()  # parts (B, H, C_i, D): k̃_r of completed chunks, in order
+    remote_v: Parts = ()  # parts (B, H, C_i, D): β_r
+    n_owned: int = 0  # trailing remote parts this cache may merge into
+
+    def entries(self) -> tuple[Tensor, Tensor]:
+        """Everything a later token may attend to: (B, H, ℓ + n_chunks, D) keys and values."""
+        return (torch.cat([*self.remote_k, self.local_k], -2), torch.cat([*self.remote_v, self.local_v], -2))
+
+    def nbytes(self) -> int:
+        return parts_bytes((self.local_k, self.local_v, self.pending_q, *self.remote_k, *self.remote_v))
+
+    def disowned(self) -> EvaState:
+        return dataclasses.replace(self, n_owned=0)
+
+
+class EvaAttention(HeadProjections):
     """Causal EVA with the public reference's parameter names, so its weights load strictly."""
 
     def __init__(self, config, layer_idx: int = 0):
-        super().__init__()
-        E, H = config.d_model, config.n_head
-        self.layer_idx = layer_idx
-        self.n_head, self.head_dim = H, E // H
+        super().__init__(config, layer_idx)  # q_proj, k_proj, v_proj, out_proj
         self.window_size, self.chunk_size = config.window_size, config.chunk_size
         self.ext = config.window_size if config.overlap_window else 0
         self.exclude_window_chunks = config.exclude_window_chunks
-        self.attn_dropout = config.attn_dropout
-        self.q_proj, self.k_proj = nn.Linear(E, E), nn.Linear(E, E)
-        self.v_proj, self.out_proj = nn.Linear(E, E), nn.Linear(E, E)
         self.adaptive_mu_q = _adaptive_map(self.head_dim, config.adaptive_proj == "qk")
         self.adaptive_mu_k = _adaptive_map(self.head_dim, config.adaptive_proj == "qk")
         self.rel_pos_bias = T5RelativeBias(self.window_size, self.ext) if config.use_t5_bias else None
@@ -102,19 +117,11 @@ class EvaAttention(nn.Module):
 
     def init_weights(self) -> None:
         """Inits of the reference (§1.2): Xavier gain 1/√2 on q/k/v and A_q/A_k, Xavier on out."""
-        for lin in (self.q_proj, self.k_proj, self.v_proj, self.adaptive_mu_q[0], self.adaptive_mu_k[0]):
-            lin.reset_parameters()
-            nn.init.xavier_uniform_(lin.weight, gain=2**-0.5)
-        nn.init.xavier_uniform_(self.out_proj.weight)
-        nn.init.zeros_(self.out_proj.bias)
+        self.init_projections(self.adaptive_mu_q[0], self.adaptive_mu_k[0])
         for mod in (*self.adaptive_mu_q[1:], *self.adaptive_mu_k[1:]):
             mod.reset_parameters()
         if self.rel_pos_bias is not None:
             nn.init.normal_(self.rel_pos_bias.relative_attention_bias.weight)
-
-    def _heads(self, x: Tensor) -> Tensor:
-        B, T, _ = x.shape
-        return x.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, D)
 
     def chunk_keys(self, q_mean: Tensor, k_mean: Tensor) -> tuple[Tensor, Tensor]:
         """k̃ and ω (B, H, n, D) of chunks from their mean query and key (§1.3)."""
@@ -143,7 +150,7 @@ class EvaAttention(nn.Module):
             heads = (B, T, self.n_head, self.head_dim)  # the projections' layout, not transposed
             out = self._attend_whole(self.q_proj(x).view(heads), self.k_proj(x).view(heads), self.v_proj(x).view(heads))
             return self.out_proj(out.reshape(B, T, -1))
-        q, k, v = self._heads(self.q_proj(x)), self._heads(self.k_proj(x)), self._heads(self.v_proj(x))
+        q, k, v = self.qkv(x)
         state: EvaState | None = cache.layers[self.layer_idx] if cache is not None else None
         n0 = cache.n_seen if cache is not None else 0
         p0 = max(0, (n0 // w) * w - ext)  # absolute position of the first cached window row
@@ -181,7 +188,7 @@ class EvaAttention(nn.Module):
                 remote_v=remote_v,
                 n_owned=n_owned,
             )
-        return self.out_proj(out.transpose(1, 2).reshape(B, T, -1))
+        return self.merge(out)
 
     def _attend_whole(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """A whole sequence (training, one-shot scoring), q, k, v (B, T, H, D): linear memory,

@@ -1,5 +1,6 @@
 """The EVALM decoder (EVALM §3.1, EVA_SPEC §5): pre-LN blocks, EVA or exact attention, circular
-positions, tied embeddings. Reads top-down: exact attention, MLP, Block, EvalmModel.
+positions, tied embeddings. Reads top-down: MLP, Block, EvalmModel. The attention of each block is
+`ATTENTION[config.attention]` (evalm/attention.py).
 
 The model knows nothing of files, tasks or distribution: `train/` shards it from outside (each
 `Block`, then the root) and `icl_eval/` drives it only through `forward(tokens, targets, cache)`,
@@ -12,70 +13,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from evalm.cache import Cache, FullState, parts_append
+from evalm.attention import ATTENTION
+from evalm.cache import Cache
 from evalm.config import ModelConfig
-from evalm.eva import EvaAttention, upcast
+from evalm.heads import upcast
 from evalm.positions import CircularPositionalEmbedding
 
 
-class FullAttention(nn.Module):
-    """Exact causal softmax attention: the baseline, and a plain K/V cache for the shared API."""
-
-    def __init__(self, config: ModelConfig, layer_idx: int = 0):
-        super().__init__()
-        E = config.d_model
-        self.layer_idx, self.n_head, self.head_dim = layer_idx, config.n_head, E // config.n_head
-        self.attn_dropout = config.attn_dropout
-        self.q_proj, self.k_proj = nn.Linear(E, E), nn.Linear(E, E)
-        self.v_proj, self.out_proj = nn.Linear(E, E), nn.Linear(E, E)
-
-    def init_weights(self) -> None:
-        for lin in (self.q_proj, self.k_proj, self.v_proj):
-            lin.reset_parameters()
-            nn.init.xavier_uniform_(lin.weight, gain=2**-0.5)
-        nn.init.xavier_uniform_(self.out_proj.weight)
-        nn.init.zeros_(self.out_proj.bias)
-
-    def _heads(self, x: Tensor) -> Tensor:
-        B, T, _ = x.shape
-        return x.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, D)
-
-    def forward(self, x: Tensor, cache: Cache | None = None) -> Tensor:
-        B, T, _ = x.shape
-        q, k, v = self._heads(self.q_proj(x)), self._heads(self.k_proj(x)), self._heads(self.v_proj(x))
-        if cache is None:
-            p = self.attn_dropout if self.training else 0.0
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)
-        else:
-            out = self._attend_cached(q, k, v, cache)
-        return self.out_proj(out.transpose(1, 2).reshape(B, T, -1))
-
-    def _attend_cached(self, q: Tensor, k: Tensor, v: Tensor, cache: Cache) -> Tensor:
-        """New queries over merged prefix, cached K/V and their own causal K/V, in one softmax."""
-        state = cache.layers[self.layer_idx] or FullState()
-        prefix = cache.prefix[self.layer_idx]
-        s, T = self.head_dim**-0.5, q.shape[-2]
-        causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
-        own = [upcast(s * (q @ p.transpose(-1, -2))) for p in state.k]
-        own.append(upcast(s * (q @ k.transpose(-1, -2))).masked_fill(~causal, float("-inf")))
-        logits = [torch.cat(own, -1) + cache.own_logit_bias]
-        values = [*state.v, v]
-        if prefix is not None:
-            logits.insert(0, upcast(s * (q @ prefix[0].transpose(-1, -2))))
-            values.insert(0, prefix[1])
-        probs = torch.softmax(torch.cat(logits, -1), dim=-1).to(q.dtype)
-        probs = F.dropout(probs, self.attn_dropout, self.training)
-        out, at = 0, 0
-        for val in values:
-            out = out + probs[..., at : at + val.shape[-2]] @ val
-            at += val.shape[-2]
-        keys, _ = parts_append(state.k, k, state.n_owned)
-        vals, n_owned = parts_append(state.v, v, state.n_owned)
-        cache.layers[self.layer_idx] = FullState(keys, vals, n_owned)
-        return out
-
-
-ATTENTION: dict[str, type[nn.Module]] = {"eva": EvaAttention, "full": FullAttention}
 ACTIVATION = {"relu": nn.ReLU, "gelu": nn.GELU}
 
 

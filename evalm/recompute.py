@@ -26,6 +26,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from evalm.heads import upcast  # softmax work in at least fp32 (EVA_SPEC §8.8)
+
 GROUP_LOGITS = 1 << 18  # logits per group (B·H·rows·keys, 1 MiB in fp32): bounds the working set and backward's temporaries
 
 
@@ -236,10 +238,10 @@ class EvaRecompute(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, rk, omega, bias, t: Tiling):
-        work = [_fp32(x) for x in (q, k, v, rk, omega)]
+        work = [upcast(x) for x in (q, k, v, rk, omega)]
         with torch.autocast(q.device.type, enabled=False):  # else bf16 autocast recasts every matmul
             beta, weights = summaries_forward(t, work[1], work[2], work[4])
-            out, lse = attention_forward(t, *work[:4], beta, _fp32(bias) if bias is not None else None)
+            out, lse = attention_forward(t, *work[:4], beta, upcast(bias) if bias is not None else None)
         out = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, rk, omega, bias, out, lse, beta, weights)
         ctx.tiling = t
@@ -249,10 +251,10 @@ class EvaRecompute(torch.autograd.Function):
     def backward(ctx, d_out):
         q, k, v, rk, omega, bias, out, lse, beta, weights = ctx.saved_tensors
         t = ctx.tiling
-        work = [_fp32(x) for x in (q, k, v, rk, omega)]
+        work = [upcast(x) for x in (q, k, v, rk, omega)]
         with torch.autocast(q.device.type, enabled=False):
             dq, dk, dv, drk, d_beta, d_bias = attention_backward(
-                t, *work[:4], beta, _fp32(bias) if bias is not None else None, _fp32(out), lse, _fp32(d_out))
+                t, *work[:4], beta, upcast(bias) if bias is not None else None, upcast(out), lse, upcast(d_out))
             d_omega = summaries_backward(t, work[1], work[2], work[4], weights, d_beta, dk, dv)
         like = (q, k, v, rk, omega, bias)
         grads = (dq, dk, dv, drk, d_omega, d_bias)
@@ -301,11 +303,6 @@ def summaries_backward(t: Tiling, k, v, omega, weights, d_beta, dk, dv) -> Tenso
 def _pad_front(x: Tensor, rows: int) -> Tensor:
     """x (B, N, H, D) with `rows` zero rows in front (the previous block of block 0, with overlap)."""
     return torch.nn.functional.pad(x, (0, 0, 0, 0, rows, 0)) if rows else x
-
-
-def _fp32(x: Tensor) -> Tensor:
-    """Softmax work in at least fp32 (EVA_SPEC §8.8); float64 stays float64 for the exact tests."""
-    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
 
 
 def eva_attention(t: Tiling, q: Tensor, k: Tensor, v: Tensor, rk: Tensor, omega: Tensor, bias: Tensor | None) -> Tensor:

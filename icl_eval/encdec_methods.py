@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from icl_eval.lm import right_pad
-from icl_eval.methods import MethodOptions, MethodResult, Progress, reduce_scores
+from icl_eval.method_options import MethodOptions, MethodResult, Progress, reduce_scores
 from icl_eval.prompts import Candidate, Demo, PromptBuilder, TestItem
 from icl_eval.scoring import score_candidates
 

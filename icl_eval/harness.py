@@ -190,98 +190,104 @@ def _lm_eval():
     return lm_eval
 
 
+class _HarnessMethods:
+    """`HarnessLM`'s methods: a `CausalLM` behind the harness (loglikelihood, prefix-shared; rolling;
+    generate_until). A mixin, so this module defines them without importing lm_eval;
+    `_harness_class` puts them in front of lm_eval's `TemplateLM` on first use."""
+
+    def __init__(self, lm: CausalLM, batch_size: int = 16, segment_tokens: int = 4096,
+                 overflow: str = "error", max_gen_toks: int = 256, add_bos: bool | None = None, seed: int = 0):
+        super().__init__()
+        if overflow not in ("error", "drop_left"):
+            raise ValueError(f"overflow={overflow!r}: use 'error' or 'drop_left'")
+        self.lm, self.batch_size, self.segment_tokens = lm, batch_size, segment_tokens
+        self.overflow, self.max_gen_toks, self.seed = overflow, max_gen_toks, seed
+        self.add_bos = default_add_bos(lm.tokenizer) if add_bos is None else bool(add_bos)
+        self.truncations: list[dict[str, Any]] = []
+        """One entry per request cut under overflow='drop_left': kind, tokens cut, tokens kept."""
+
+    @property
+    def eot_token_id(self) -> int:
+        return self.lm.tokenizer.eos_id
+
+    @property
+    def prefix_token_id(self) -> int:
+        # lm-eval's HF backend: the tokenizer's bos token if it has one, else eos (EVALM: bos = eos)
+        bos = getattr(getattr(self.lm.tokenizer, "_tok", None), "bos_token_id", None)
+        return self.eot_token_id if bos is None else int(bos)
+
+    @property
+    def tokenizer_name(self) -> str:
+        return str(getattr(self.lm.tokenizer, "name", type(self.lm.tokenizer).__name__))
+
+    def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs) -> list[int]:
+        # lm-eval's HF backend: an explicit flag wins; unset means `add_bos`, unless the text already
+        # starts with the bos token's text. The bos token is the prefix token (EVALM: `[bos] d_1 ...`).
+        ids = list(self.lm.tokenizer.encode(string))
+        bos = self.add_bos if add_special_tokens is None else add_special_tokens
+        if add_special_tokens is None and bos:
+            text = self.tok_decode([self.prefix_token_id])
+            bos = not (text and string.startswith(text))
+        return [self.prefix_token_id, *ids] if bos else ids
+
+    def tok_decode(self, tokens) -> str:
+        return self.lm.tokenizer.decode(list(tokens))
+
+    def _fit(self, ctx, cont, kind: str) -> list[int]:
+        ctx, cut = fit_request(ctx, cont, self.lm.max_positions, self.overflow)
+        if cut:
+            self.truncations.append({"kind": kind, "tokens_cut": cut, "tokens_kept": len(ctx) + len(cont)})
+        return ctx
+
+    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs):
+        pairs = [(self._fit(ctx, cont, "loglikelihood"), cont) for _, ctx, cont in requests]
+        results = score_requests(self.lm, pairs, self.batch_size, self.segment_tokens)
+        for (key, _, _), res in zip(requests, results):
+            self.cache_hook.add_partial("loglikelihood", key, res)
+        return results
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+        out = []
+        for req in requests:
+            (text,) = req.args
+            # lm-eval encodes the document as a context (its bos, if added, is scored after the prefix
+            # token); an EVALM tokenizer's bos *is* the prefix token, so it is not doubled there.
+            hf = getattr(self.lm.tokenizer, "_tok", None) is not None
+            tokens = self.tok_encode(text, add_special_tokens=None if hf else False)
+            pairs = rolling_requests(tokens, self.prefix_token_id, self.lm.max_positions)
+            total = sum(lp for lp, _ in score_requests(self.lm, pairs, self.batch_size, self.segment_tokens))
+            self.cache_hook.add_partial("loglikelihood_rolling", (text,), total)
+            out.append(total)
+        return out
+
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        out = []
+        for i, req in enumerate(requests):
+            context, gen_kwargs = req.args
+            settings = GenerationSettings.from_request(gen_kwargs, self.max_gen_toks)
+            # lm-eval adds the eos text to the stop strings; every draw has its own seeded generator
+            eos = self.tok_decode([self.eot_token_id])
+            until = [*settings.until, *([eos] if eos not in settings.until else [])]
+            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + i) if settings.do_sample else None
+            n_new = settings.max_new_tokens
+            ctx = self._fit(self.tok_encode(context), [0] * (n_new + 1), "generate_until")
+            ids = generate(self.lm, ctx, n_new, lambda ids: any(s and s in self.tok_decode(ids) for s in until),
+                           self.segment_tokens, settings, generator)
+            text = self.tok_decode(ids)
+            for s in until:
+                text = text.split(s)[0] if s else text
+            self.cache_hook.add_partial("generate_until", (context, gen_kwargs), text)
+            out.append(text)
+        return out
+
+
 @functools.cache
 def _harness_class():
     """`HarnessLM`, built on first use so that importing this module never needs lm_eval."""
     from lm_eval.api.model import TemplateLM
 
-    class HarnessLM(TemplateLM):
+    class HarnessLM(_HarnessMethods, TemplateLM):
         """A `CausalLM` behind the harness: loglikelihood (prefix-shared), rolling, generate_until."""
-
-        def __init__(self, lm: CausalLM, batch_size: int = 16, segment_tokens: int = 4096,
-                     overflow: str = "error", max_gen_toks: int = 256, add_bos: bool | None = None, seed: int = 0):
-            super().__init__()
-            if overflow not in ("error", "drop_left"):
-                raise ValueError(f"overflow={overflow!r}: use 'error' or 'drop_left'")
-            self.lm, self.batch_size, self.segment_tokens = lm, batch_size, segment_tokens
-            self.overflow, self.max_gen_toks, self.seed = overflow, max_gen_toks, seed
-            self.add_bos = default_add_bos(lm.tokenizer) if add_bos is None else bool(add_bos)
-            self.truncations: list[dict[str, Any]] = []
-            """One entry per request cut under overflow='drop_left': kind, tokens cut, tokens kept."""
-
-        @property
-        def eot_token_id(self) -> int:
-            return self.lm.tokenizer.eos_id
-
-        @property
-        def prefix_token_id(self) -> int:
-            # lm-eval's HF backend: the tokenizer's bos token if it has one, else eos (EVALM: bos = eos)
-            bos = getattr(getattr(self.lm.tokenizer, "_tok", None), "bos_token_id", None)
-            return self.eot_token_id if bos is None else int(bos)
-
-        @property
-        def tokenizer_name(self) -> str:
-            return str(getattr(self.lm.tokenizer, "name", type(self.lm.tokenizer).__name__))
-
-        def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs) -> list[int]:
-            # lm-eval's HF backend: an explicit flag wins; unset means `add_bos`, unless the text already
-            # starts with the bos token's text. The bos token is the prefix token (EVALM: `[bos] d_1 ...`).
-            ids = list(self.lm.tokenizer.encode(string))
-            bos = self.add_bos if add_special_tokens is None else add_special_tokens
-            if add_special_tokens is None and bos:
-                text = self.tok_decode([self.prefix_token_id])
-                bos = not (text and string.startswith(text))
-            return [self.prefix_token_id, *ids] if bos else ids
-
-        def tok_decode(self, tokens) -> str:
-            return self.lm.tokenizer.decode(list(tokens))
-
-        def _fit(self, ctx, cont, kind: str) -> list[int]:
-            ctx, cut = fit_request(ctx, cont, self.lm.max_positions, self.overflow)
-            if cut:
-                self.truncations.append({"kind": kind, "tokens_cut": cut, "tokens_kept": len(ctx) + len(cont)})
-            return ctx
-
-        def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs):
-            pairs = [(self._fit(ctx, cont, "loglikelihood"), cont) for _, ctx, cont in requests]
-            results = score_requests(self.lm, pairs, self.batch_size, self.segment_tokens)
-            for (key, _, _), res in zip(requests, results):
-                self.cache_hook.add_partial("loglikelihood", key, res)
-            return results
-
-        def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
-            out = []
-            for req in requests:
-                (text,) = req.args
-                # lm-eval encodes the document as a context (its bos, if added, is scored after the prefix
-                # token); an EVALM tokenizer's bos *is* the prefix token, so it is not doubled there.
-                hf = getattr(self.lm.tokenizer, "_tok", None) is not None
-                tokens = self.tok_encode(text, add_special_tokens=None if hf else False)
-                pairs = rolling_requests(tokens, self.prefix_token_id, self.lm.max_positions)
-                total = sum(lp for lp, _ in score_requests(self.lm, pairs, self.batch_size, self.segment_tokens))
-                self.cache_hook.add_partial("loglikelihood_rolling", (text,), total)
-                out.append(total)
-            return out
-
-        def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
-            out = []
-            for i, req in enumerate(requests):
-                context, gen_kwargs = req.args
-                settings = GenerationSettings.from_request(gen_kwargs, self.max_gen_toks)
-                # lm-eval adds the eos text to the stop strings; every draw has its own seeded generator
-                eos = self.tok_decode([self.eot_token_id])
-                until = [*settings.until, *([eos] if eos not in settings.until else [])]
-                generator = torch.Generator().manual_seed(self.seed * 1_000_003 + i) if settings.do_sample else None
-                n_new = settings.max_new_tokens
-                ctx = self._fit(self.tok_encode(context), [0] * (n_new + 1), "generate_until")
-                ids = generate(self.lm, ctx, n_new, lambda ids: any(s and s in self.tok_decode(ids) for s in until),
-                               self.segment_tokens, settings, generator)
-                text = self.tok_decode(ids)
-                for s in until:
-                    text = text.split(s)[0] if s else text
-                self.cache_hook.add_partial("generate_until", (context, gen_kwargs), text)
-                out.append(text)
-            return out
 
     return HarnessLM
 

@@ -22,6 +22,10 @@ def _run(argv: Sequence[str]) -> int:
 
 
 def _data(argv: Sequence[str]) -> int:
+    if argv[:1] == ["samples"]:  # composes icl_eval's and train's formats: a top-floor command
+        from launcher.samples import main as samples
+
+        return samples(argv[1:])
     from data_pipeline.cli import main
 
     return main(argv)

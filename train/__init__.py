@@ -4,6 +4,7 @@ Read top-down (docs/training.md for commands and formats):
     cli.py          `evalm train {tokenizer,pretrain,msit}`: one dict of subcommands
     tokenizer.py    byte-level BPE training (or an existing tokenizer) and encoding to shards
     shards.py       token-shard format: flat uint16/uint32 ids, document index, manifest; 8k+1 lines
+    instructions.py MSIT's instruction rows {"task", "input", "output"}: read (streamed) and written
     packing.py      MSIT: templates, held-out clusters, whole-example packing, answer loss masks
     data.py         the line loader: seeded order per epoch, per-rank cursor (resumable)
     config.py       DataConfig, MsitDataConfig, OptimConfig, TrainConfig, CheckpointConfig

@@ -17,6 +17,7 @@ from pydantic.dataclasses import dataclass
 
 from config_toolkit import FROZEN, ConfigError, apply_overrides, build, read_toml, to_dict
 from evalm.config import ModelConfig
+from train.instructions import MSIT_COLUMNS
 
 
 @dataclass(config=FROZEN, frozen=True)
@@ -35,10 +36,6 @@ class DataConfig:
     def __post_init__(self) -> None:
         if self.seq_len < 1:
             raise ValueError(f"seq_len must be >= 1, got {self.seq_len}")
-
-
-MSIT_COLUMNS = {"task": "task", "input": "input", "output": "output"}
-"""The fields of an instruction example and their default data columns."""
 
 
 @dataclass(config=FROZEN, frozen=True)

@@ -17,21 +17,13 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
-from evalm.data_source import iter_rows
-from train.config import MSIT_COLUMNS, MsitDataConfig
-
-
-@dataclass(frozen=True, slots=True)
-class Example:
-    task: str
-    input: str
-    output: str
+from train.config import MsitDataConfig
+from train.instructions import Example, iter_examples
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,20 +33,6 @@ class Encoded:
     task: str
     ids: np.ndarray
     mask: np.ndarray
-
-
-def iter_examples(source: str | Path, columns: dict[str, str] = MSIT_COLUMNS) -> Iterator[Example]:
-    """Examples one at a time from a file, saved folder or cached id (streamed: memory flat in the rows).
-
-    `columns` maps `task`/`input`/`output` to the data's columns (FLAN: task_name, inputs, targets);
-    a row that lacks one is an error naming the source, the row and the columns it has."""
-    for number, row in enumerate(iter_rows(source), 1):
-        values = {field: row.get(column) for field, column in columns.items()}
-        missing = sorted(f"{columns[f]!r}" for f, v in values.items() if v is None)
-        if missing:
-            raise ValueError(f"{source}: row {number} has no {', '.join(missing)} (it has {sorted(row)}); "
-                             f"map data.columns (task/input/output) to its columns")
-        yield Example(str(values["task"]), str(values["input"]), str(values["output"]))
 
 
 def held_out(config: MsitDataConfig) -> set[str]:

@@ -112,7 +112,7 @@ def test_verification_is_sharded_over_tasks(tmp_path, run_cli):
 
     import numpy as np
 
-    from data_pipeline.dedup_job import offsets
+    from data_pipeline.fingerprint_store import offsets
     from data_pipeline.dedup_verify import jaccard, token_hashes
 
     folder, truth = _planted(tmp_path)

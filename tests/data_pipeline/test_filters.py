@@ -5,11 +5,15 @@ Run: python -m pytest tests/data_pipeline/test_filters.py -q
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from config_toolkit import ConfigError, build
 from data_pipeline import filters, wordlists
 from data_pipeline.config import FilterConfig, FilterProfile, load_stage
+from data_pipeline.document import Document
+from data_pipeline.filter_job import filter_documents
 from data_pipeline.normalize import normalize
 
 
@@ -109,3 +113,36 @@ def test_unknown_config_keys_name_file_key_and_valid_keys(tmp_path):
         load_stage("filter", path)
     with pytest.raises(ConfigError, match="x.default: min_words"):
         build(FilterConfig, {"default": {"min_words": "many"}}, where="x")
+
+
+def test_every_filter_bound_is_a_threshold_of_the_profile():
+    fields = set(FilterProfile.__dataclass_fields__)
+    for f in filters.FILTERS:
+        assert (f.low or f.high) and {f.low, f.high} - {""} <= fields, f.reason
+    assert filters.REASONS == tuple(filters.Ratios.__dataclass_fields__)
+
+
+@dataclasses.dataclass(frozen=True)
+class DigitProfile(FilterProfile):
+    max_digit_ratio: float = 0.05
+    """The test filter's threshold: share of characters that are digits."""
+
+
+def test_a_filter_added_by_one_table_entry_drops_with_its_reason():
+    """One entry (reason, measure, bound) extends the stage: ratios, checks and reasons follow it."""
+    digits = filters.Filter("digits", lambda t: sum(ch.isdigit() for ch in t.text) / max(len(t.text), 1),
+                            high="max_digit_ratio")
+    table = (*filters.FILTERS, digits)
+    prose = ("The quiet river ran past the old mill where a miller and his daughter kept bees in the summer, "
+             "and in the winter they mended nets for the fishermen of the village by the sea.")
+    numbers = prose + " Record 31415926 was filed in 2718 and 1618."
+    docs = [Document("prose", prose, "Pile-CC"), Document("numbers", numbers, "Pile-CC")]
+    config = FilterConfig(default=DigitProfile())
+    stop = frozenset({"the", "and", "in", "a", "of", "for", "by", "his", "was", "they", "where"})
+    verdicts = {v.doc.id: v for v in filter_documents(docs, config, stop, frozenset(), table)}
+    assert verdicts["prose"].reason is None
+    assert verdicts["numbers"].reason == "digits"  # passes the six of DATA_SPEC §3, fails the new one
+    assert dataclasses.asdict(verdicts["numbers"].ratios)["digits"] == pytest.approx(16 / len(numbers))
+    assert list(dataclasses.asdict(verdicts["prose"].ratios)) == [*filters.REASONS, "digits"]
+    # the six-filter table keeps the same document: the new entry alone drops it
+    assert all(v.reason is None for v in filter_documents(docs, config, stop, frozenset()))

@@ -16,7 +16,7 @@ import torch
 
 from evalm import EvalmModel, ModelConfig
 from evalm.eva import EvaAttention, t5_bucket
-from evalm.model import FullAttention
+from evalm.full_attention import FullAttention
 from tests.evalm.oracle import eva_per_token, t5_bucket_ref
 
 EXACT = 1e-10  # float64: sums reassociated, nothing else

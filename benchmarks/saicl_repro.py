@@ -1,6 +1,6 @@
 """SAICL's experiment at CPU scale: meta-train three tiny T5s, evaluate on held-out rules, check the claims.
 
-    python -m icl_eval.saicl_repro --out runs/saicl-repro          # ~15 min on 2 quiet cores
+    python benchmarks/saicl_repro.py --out runs/saicl-repro          # ~15 min on 2 quiet cores
 
 1. `train.metaicl` meta-trains one tiny T5 per encoder (full attention, SAICL, FiD) with the same
    recipe (configs/metaicl-tiny.toml) on source rules of the synthetic family.
@@ -132,7 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from icl_eval.summary import summarize
     from icl_eval.synthetic import episode, synthetic_task
 
-    p = argparse.ArgumentParser(prog="python -m icl_eval.saicl_repro", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python benchmarks/saicl_repro.py", description=__doc__.split("\n")[0])
     p.add_argument("--out", default="runs/saicl-repro", help="output folder (default runs/saicl-repro)")
     p.add_argument("--config", default=None, help="meta-training TOML (default configs/metaicl-tiny.toml)")
     p.add_argument("--shots", default="4,8,16,32,64,128,256", help="test k (default 4,8,...,256)")

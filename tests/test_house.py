@@ -1,0 +1,153 @@
+"""The house rules, measured on the source (issue 12): no import loop, floors respected, small files
+and functions. An independent walk of the source's syntax trees, every import counted (also the
+ones made inside a function, which Python resolves late but which tie modules together all the
+same)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("config_toolkit", "evalm", "data_pipeline", "train", "icl_eval", "launcher")
+"""The source folders, each one top-level import package (listed in pyproject)."""
+
+FLOORS = {
+    "config_toolkit": set(),
+    "evalm": {"config_toolkit"},
+    "data_pipeline": {"config_toolkit"},
+    "train": {"config_toolkit", "evalm"},
+    "icl_eval": {"config_toolkit", "evalm"},
+    "launcher": set(PACKAGES),
+}
+"""What each package may import besides itself (ARCHITECTURE.md, "Packages and their rooms")."""
+
+SIDEWAYS = {("train.metaicl", "icl_eval")}
+"""Known exceptions to the floors, each with its reason. `evalm train metaicl` meta-trains a T5 on
+episodes laid out exactly as the evaluator lays out a prompt (the same PromptBuilder and segment
+split, SAICL §3.3): sharing that code is the point; copying it would let the two drift."""
+
+MAX_FILE_LINES, MAX_FUNCTION_LINES = 400, 60
+
+
+def modules() -> dict[str, Path]:
+    """Dotted module name -> file, for every source file of the packages."""
+    found = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join(parts)] = path
+    return found
+
+
+def imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
+    """The modules of ours that `name` imports, anywhere in the file.
+
+    `from a.b import c` names the module `a.b.c` when that is a module, else `a.b`; relative
+    imports are resolved against the importing module's package.
+    """
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base for alias in node.names]
+        else:
+            continue
+        for target in targets:
+            while target and target not in known:  # `import a.b.c` of a name inside a module: its module
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                out.add(target)
+    return out
+
+
+def graph() -> dict[str, set[str]]:
+    known = modules()
+    return {name: imports(name, path, known) for name, path in known.items()}
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan, iterative)."""
+    index, low, on_stack, stack, out, counter = {}, {}, set(), [], [], [0]
+    for root in edges:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(edges[root])))]
+        index[root] = low[root] = counter[0]
+        counter[0] += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is None:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        out.append(sorted(component))
+            elif child not in index:
+                index[child] = low[child] = counter[0]
+                counter[0] += 1
+                stack.append(child)
+                on_stack.add(child)
+                work.append((child, iter(sorted(edges.get(child, ())))))
+            elif child in on_stack:
+                low[node] = min(low[node], index[child])
+    return out
+
+
+def test_the_walker_sees_a_loop_made_inside_a_function(tmp_path):
+    """The oracle for the checker itself: a two-module loop through a function-level import."""
+    (tmp_path / "a.py").write_text("import b\n")
+    (tmp_path / "b.py").write_text("def f():\n    from a import x\n")
+    known = {"a": tmp_path / "a.py", "b": tmp_path / "b.py"}
+    edges = {n: imports(n, p, known) for n, p in known.items()}
+    assert edges == {"a": {"b"}, "b": {"a"}}
+    assert cycles(edges) == [["a", "b"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_loop_anywhere():
+    assert cycles(graph()) == []
+
+
+def test_no_import_runs_up_or_across_a_floor():
+    wrong = []
+    for name, targets in graph().items():
+        home = name.split(".")[0]
+        for target in targets:
+            floor = target.split(".")[0]
+            if floor != home and floor not in FLOORS[home] and (name, floor) not in SIDEWAYS:
+                wrong.append(f"{name} -> {target}")
+    assert wrong == []
+
+
+def test_files_and_functions_are_small():
+    long_files, long_functions = [], []
+    for name, path in modules().items():
+        text = path.read_text(encoding="utf-8")
+        if text.count("\n") > MAX_FILE_LINES:
+            long_files.append(f"{path.relative_to(ROOT)}: {text.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    long_functions.append(f"{name}.{node.name}: {length} lines")
+    assert long_files == [] and long_functions == []
