@@ -79,6 +79,10 @@ def train_tiny_model(model: torch.nn.Module, config: SyntheticConfig = Synthetic
     AdamW at `config.lr` without weight decay, betas (0.9, 0.999), linear warm-up over the first 10%
     of the steps then a constant LR, gradients clipped at 1.0: the `[optim]` section below, stepped
     by `train.local`. Returns the list of losses. Deterministic for a given seed on one thread count.
+
+    [floor note] The one import of `train/` from `icl_eval/`, made here when a tiny model is trained,
+    so the project has one training step (issue 12). Nothing `train.local` reaches imports
+    `icl_eval`, and `train/` reads the family from `evalm.synthetic`, so no module imports itself back.
     """
     from train.config import OptimConfig
     from train.local import train_in_process
