@@ -27,6 +27,12 @@ def _msit(argv: Sequence[str]) -> int:
     return main(argv)
 
 
+def _msit_data(argv: Sequence[str]) -> int:
+    from train.msit_data import main
+
+    return main(argv)
+
+
 def _metaicl(argv: Sequence[str]) -> int:
     from train.metaicl import main
 
@@ -37,6 +43,7 @@ COMMANDS: dict[str, tuple[Callable[[Sequence[str]], int], str]] = {
     "tokenizer": (_tokenizer, "train a byte-level BPE (or load one) and encode documents into token shards"),
     "pretrain": (_pretrain, "FSDP2 pretraining on token shards, resumable (--resume auto); same under torchrun"),
     "msit": (_msit, "many-shot instruction tuning: packed 8k (MSIT) / 16k (MSIT+) lines from a checkpoint"),
+    "msit-data": (_msit_data, "MSIT rows: synthetic in-context episodes plus instruction rows, as jsonl"),
     "metaicl": (_metaicl, "MetaICL meta-training of a T5 with full, SAICL or FiD encoding (SAICL §3.3)"),
 }
 
