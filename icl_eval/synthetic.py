@@ -1,6 +1,7 @@
-"""A synthetic in-context task family that only the context can solve.
+"""A synthetic in-context task family that only the context can solve: its task, byte batches, tiny model.
 
-Each episode draws a fresh rule: a random map from `n_inputs` one-letter inputs to `n_labels`
+The family itself (rules, episodes, instruction rows, `SyntheticConfig`) is plain data in
+`evalm.synthetic`, where `train/` reads it too; it is re-exported here. Each episode draws a fresh rule: a random map from `n_inputs` one-letter inputs to `n_labels`
 one-letter labels, each input's label uniform and independent (no dominant label by design; the
 label baselines of the evaluator measure what the chance unevenness of an episode is worth). An instance is `"{x}{label}"` (the
 label right after its input), demonstrations are joined by newlines. Since the rule is new in every
@@ -11,69 +12,23 @@ that (0.30 at 1 shot, 0.42 at 4, 0.73 at 16, 0.99 at 64). `dominant_prob` restor
 an ablation: there, counting labels in the context (one attention layer learns it within a few
 hundred steps) already reaches the majority rate, which is a label-prior artefact, not recall.
 
-`train_tiny_model` trains a small `EvalmModel` on such episodes on the CPU in seconds; tests and
-the embedded default (`evalm eval icl` with no checkpoint) use it. Byte tokens: one character per
-token, so the task needs no tokenizer file.
+`train_tiny_model` trains a small `EvalmModel` on such episodes on the CPU in seconds, through the
+project's one training step (`train.local`); tests and the embedded default (`evalm eval icl` with
+no checkpoint) use it. Byte tokens: one character per token, so the task needs no tokenizer file.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import random
-import time
-from collections.abc import Sequence
 
 import torch
-from pydantic.dataclasses import dataclass
 
-from config_toolkit import FROZEN
+from evalm.synthetic import LABEL_LETTERS, LETTERS, SyntheticConfig, draw_rule, episode, instruction_examples
 from icl_eval.tasks import Task
 
-LETTERS = "abcdefghijklmnopqrstuvwxyz"
-LABEL_LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
-
-
-@dataclass(config=FROZEN, frozen=True)
-class SyntheticConfig:
-    """The synthetic family and the tiny model's training run (section `[synthetic]`)."""
-
-    n_inputs: int = 16
-    """Distinct inputs per episode (letters a, b, ...)."""
-    n_labels: int = 4
-    """Labels per episode (letters A, B, ...)."""
-    dominant_prob: float | None = None
-    """None (default): every input's label uniform, so no label dominates by design and only
-    recall of the test input's own demonstrations solves the task (by chance an episode's labels
-    are uneven: the label baselines measure what that is worth). A probability p: the ablation
-    with a dominant label per episode, which label counting alone half solves."""
-    balanced: bool = False
-    """With dominant_prob None: assign labels so that each names the same number of inputs."""
-    n_train: int = 512
-    """Training items per evaluation episode (the demonstration pool)."""
-    n_test: int = 100
-    """Test items per evaluation episode."""
-    train_steps: int = 400
-    """Optimizer steps of `train_tiny_model`."""
-    train_shots: int = 40
-    """Demonstrations per training sequence (every label in it is a prediction target)."""
-    batch_size: int = 32
-    """Sequences per step."""
-    lr: float = 3e-3
-    """AdamW learning rate (constant after a 10% warmup)."""
-    seed: int = 0
-    """Seed of the training data and the model init."""
-    train_inputs: tuple[int, ...] = ()
-    """Rule sizes that `train_tiny_model`'s sequences draw from (e.g. 2, 4, 8, 16): small rules let
-    the recall circuit form early (see `instruction_examples`); empty: `n_inputs` only."""
-    template: str = "{x}{label}"
-    """Instance template. Byte tokens need none; with a BPE tokenizer use "{x} {label}", so the
-    label is its own pre-token and tokenizes the same inside a prompt as in tuning data."""
-
-    def __post_init__(self) -> None:
-        if not 2 <= self.n_inputs <= 26 or not 2 <= self.n_labels <= 26:
-            raise ValueError("n_inputs and n_labels must lie in 2..26")
-        if self.dominant_prob is not None and not 0.0 <= self.dominant_prob <= 1.0:
-            raise ValueError(f"dominant_prob must be None (uniform rule) or lie in [0, 1], got {self.dominant_prob}")
+__all__ = ["LABEL_LETTERS", "LETTERS", "SyntheticConfig", "SyntheticBatches", "draw_rule", "episode",
+           "instruction_examples", "synthetic_task", "train_tiny_model", "training_batch"]
 
 
 def synthetic_task(config: SyntheticConfig = SyntheticConfig()) -> Task:
@@ -81,62 +36,6 @@ def synthetic_task(config: SyntheticConfig = SyntheticConfig()) -> Task:
         "synthetic", config.template, tuple(LABEL_LETTERS[: config.n_labels]),
         source=f"icl_eval.synthetic ({config.n_inputs} inputs -> {config.n_labels} labels, fresh rule per episode)",
     )
-
-
-def draw_rule(rng: random.Random, config: SyntheticConfig) -> dict[str, int]:
-    """A fresh input -> label map: each input's label uniform and independent (default), a
-    balanced assignment (every label names n_inputs / n_labels inputs), or the ablation: the
-    episode's dominant label with probability `dominant_prob`, else another one."""
-    inputs = LETTERS[: config.n_inputs]
-    if config.dominant_prob is None and config.balanced:  # each label names the same number of inputs (+-1)
-        labels = [i % config.n_labels for i in range(config.n_inputs)]
-        rng.shuffle(labels)
-        return dict(zip(inputs, labels))
-    if config.dominant_prob is None:
-        return {x: rng.randrange(config.n_labels) for x in inputs}
-    dominant = rng.randrange(config.n_labels)
-    others = [lab for lab in range(config.n_labels) if lab != dominant]
-    return {
-        x: dominant if rng.random() < config.dominant_prob else rng.choice(others)
-        for x in inputs
-    }
-
-
-def episode(seed: int, config: SyntheticConfig = SyntheticConfig()) -> dict[str, list[dict]]:
-    """Train/test splits under one rule (the `seed`-th episode): items {"x": letter, "label": index}."""
-    rng = random.Random(seed)
-    rule = draw_rule(rng, config)
-    inputs = list(rule)
-
-    def items(n: int) -> list[dict]:
-        return [{"x": x, "label": rule[x]} for x in (rng.choice(inputs) for _ in range(n))]
-
-    return {"train": items(config.n_train), "test": items(config.n_test), "validation": items(config.n_test)}
-
-
-def instruction_examples(config: SyntheticConfig, n_episodes: int, per_episode: int, seed: int,
-                         inputs_per_episode: Sequence[int] = ()) -> list[dict]:
-    """Many-shot instruction data: `{"task", "input", "output"}` rows, one task per episode (rule).
-
-    MSIT packs a task's examples into one line (EVALM §3.2), so each line is an episode of one
-    fresh rule and the answer-only loss is exactly the in-context objective of `training_batch`.
-    Episodes draw their rules from `seed`, disjoint from the evaluation episodes' small seeds.
-    `inputs_per_episode` cycles the episodes through rules of several sizes (e.g. 2, 4, 8, 16
-    inputs): in small rules an input recurs within a few examples, inside EVA's exact local
-    window, so the recall circuit (an induction head) forms within a few hundred steps and then
-    serves the large rules through the chunk summaries; on 16-input rules alone it did not form
-    in 1,200 steps (docs/evaluation.md, "The synthetic family").
-    """
-    rng = random.Random(seed)
-    sizes = list(inputs_per_episode) or [config.n_inputs]
-    rows = []
-    for k in range(n_episodes):
-        rule = draw_rule(rng, dataclasses.replace(config, n_inputs=sizes[k % len(sizes)]))
-        inputs = list(rule)
-        for _ in range(per_episode):
-            x = rng.choice(inputs)
-            rows.append({"task": f"synthetic-{k:05d}", "input": x, "output": LABEL_LETTERS[rule[x]]})
-    return rows
 
 
 def training_batch(rng: random.Random, config: SyntheticConfig, eos_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -163,28 +62,33 @@ def training_batch(rng: random.Random, config: SyntheticConfig, eos_id: int) -> 
     return tokens, shifted
 
 
-def train_tiny_model(model: torch.nn.Module, config: SyntheticConfig = SyntheticConfig(), log_every: int = 0):
-    """Train `model` (any module with `model(tokens, targets) -> mean loss`) on fresh episodes.
+class SyntheticBatches:
+    """`training_batch` after `training_batch` from one seeded stream: the trainer's `next_batch`."""
 
-    Returns the list of losses. Deterministic for a given seed on one thread count.
+    def __init__(self, config: SyntheticConfig, eos_id: int = 256):
+        self.config, self.eos_id = config, eos_id
+        self.rng = random.Random(config.seed)
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return training_batch(self.rng, self.config, self.eos_id)
+
+
+def train_tiny_model(model: torch.nn.Module, config: SyntheticConfig = SyntheticConfig(), log_every: int = 0):
+    """Train `model` (logits of `model(tokens)`) on fresh episodes with the trainer's step.
+
+    AdamW at `config.lr` without weight decay, betas (0.9, 0.999), linear warm-up over the first 10%
+    of the steps then a constant LR, gradients clipped at 1.0: the `[optim]` section below, stepped
+    by `train.local`. Returns the list of losses. Deterministic for a given seed on one thread count.
+
+    [floor note] The one import of `train/` from `icl_eval/`, made here when a tiny model is trained,
+    so the project has one training step (issue 12). Nothing `train.local` reaches imports
+    `icl_eval`, and `train/` reads the family from `evalm.synthetic`, so no module imports itself back.
     """
-    rng = random.Random(config.seed)
+    from train.config import OptimConfig
+    from train.local import train_in_process
+
     torch.manual_seed(config.seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=0.0)
-    warmup = max(1, config.train_steps // 10)
-    model.train()
-    losses, t0 = [], time.perf_counter()
-    for step in range(config.train_steps):
-        for group in opt.param_groups:
-            group["lr"] = config.lr * min(1.0, (step + 1) / warmup)
-        tokens, targets = training_batch(rng, config, eos_id=256)
-        loss = model(tokens, targets)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        losses.append(loss.item())
-        if log_every and (step + 1) % log_every == 0:
-            print(f"synthetic step {step + 1}/{config.train_steps} loss {loss:.4f} {time.perf_counter() - t0:.1f}s")
-    model.eval()
-    return losses
+    optim = OptimConfig(lr=config.lr, betas=(0.9, 0.999), weight_decay=0.0, clip_norm=1.0,
+                        warmup_steps=max(1, config.train_steps // 10), min_lr_ratio=1.0)
+    return train_in_process(model, SyntheticBatches(config), optim, config.train_steps, log_every=log_every,
+                            name="synthetic")

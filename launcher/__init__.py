@@ -1,1 +1,12 @@
-"""The `evalm` command: one dict of subcommands, each importing its package lazily."""
+"""The `evalm` command and `evalm run`, in rooms (read top-down; no module imports one above it):
+
+    commands.py   the package commands (`data`, `train`, `eval`, `export`), each imported lazily
+    cli.py        `evalm`: `run` plus the command table; --version, --debug
+    run_file.py   the run file of `evalm run`: its sections, validated; the models a run trains
+    stages.py     the stage table: each stage's argv, built from the command table
+    keys.py       stage keys: commands, the files and sample folders they read, the previous key
+    markers.py    stage markers, stale marks, peak memory
+    console.py    the quiet console: a stage's output to its log, progress bars on screen
+    report.py     the report folder (results.json, plots); summary.py its summary.md
+    run.py        `evalm run`: every stage in order, skip by key, --from, --only
+"""

@@ -1,7 +1,8 @@
 """`evalm`: the one command. Subcommands are one dict of functions (litgpt's PARSER_DATA).
 
-Each function imports its package only when called, so `evalm --help` is fast and no package
-below the launcher ever imports upward (ARCHITECTURE.md, "Floors").
+The dict is `evalm run` plus the package commands of `launcher.commands`, the table the stages of
+`evalm run` are built from. Each function imports its package only when called, so `evalm --help`
+is fast and no package below the launcher ever imports upward (ARCHITECTURE.md, "Floors").
 """
 
 from __future__ import annotations
@@ -10,9 +11,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-# Nothing may reach a hub at run time; without these a hub lookup hangs ~23 s before failing.
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+from launcher.commands import COMMANDS as PACKAGE_COMMANDS
 
 
 def _run(argv: Sequence[str]) -> int:
@@ -21,40 +20,9 @@ def _run(argv: Sequence[str]) -> int:
     return main(argv)
 
 
-def _data(argv: Sequence[str]) -> int:
-    if argv[:1] == ["samples"]:  # composes icl_eval's and train's formats: a top-floor command
-        from launcher.samples import main as samples
-
-        return samples(argv[1:])
-    from data_pipeline.cli import main
-
-    return main(argv)
-
-
-def _train(argv: Sequence[str]) -> int:
-    from train.cli import main
-
-    return main(argv)
-
-
-def _eval(argv: Sequence[str]) -> int:
-    from icl_eval.cli import main
-
-    return main(argv)
-
-
-def _export(argv: Sequence[str]) -> int:
-    from train.export import main
-
-    return main(argv)
-
-
 COMMANDS: dict[str, tuple[Callable[[Sequence[str]], int], str]] = {
     "run": (_run, "every stage in order on a config (default: the tiny embedded one)"),
-    "data": (_data, "corpus preparation jobs: filter, dedup, blend, samples"),
-    "train": (_train, "tokenizer, pretrain (FSDP2, resumable), msit (many-shot instruction tuning)"),
-    "eval": (_eval, "many-shot ICL (incremental | concat | structured | saicl | ensemble) and perplexity vs length"),
-    "export": (_export, "write a checkpoint as safetensors + config.json"),
+    **PACKAGE_COMMANDS,
 }
 
 

@@ -12,18 +12,18 @@ import os
 import sys
 from pathlib import Path
 
+from launcher.commands import dispatch
+
 
 def call(argv: list, log: Path) -> None:
     """Run one command in this process; its printed lines and the data library's log lines go to
     the stage's log file, while progress bars (stderr) stay on the console. An error names the log."""
-    from launcher.cli import main
-
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("a", encoding="utf-8") as f:
         f.write(f"\n$ evalm {' '.join(argv)}\n")
         f.flush()
         with _quiet(f):
-            code = main(argv)
+            code = dispatch(argv)
     if code == 130:  # Ctrl-C inside the command (a training stage keeps its last complete checkpoint)
         raise KeyboardInterrupt
     if code:

@@ -2,13 +2,12 @@
 
 A key hashes the stage's commands, the content of the settings files and sample folders they name
 (configs, budgets, task files with their splits, books, the pile shards), files named inside those
-TOML configs, the shipped word lists (filter), the run-file fields the launcher reads outside the
-commands (the MSIT data it writes), and the previous stage's key (the chain).
+TOML configs, the shipped word lists (filter), and the previous stage's key (the chain). Every
+run-file field a stage depends on is in its commands (the MSIT data too: `evalm train msit-data`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 from pathlib import Path
@@ -37,12 +36,15 @@ def _strings(node) -> list[str]:
 
 def stage_key(r, stage: str, commands: list, previous: str) -> str:
     """What a stage's outputs depend on: its commands, the content of every settings file or
-    sample folder they name (configs, budgets, task files and their splits, books), the run-file
-    fields it reads outside its commands, and the key of the stage before it, so a change reruns
-    the stage and every later one."""
+    sample folder they name (configs, budgets, task files and their splits, books, instructions),
+    and the key of the stage before it, so a change reruns the stage and every later one."""
     inputs = {}
+    run_dir, samples = r.dir.resolve(), r.samples.resolve()
     for arg in (a for argv in commands for a in argv):
         path = Path(str(arg))
+        parents = path.resolve().parents
+        if run_dir in parents and samples not in parents:  # a stage's output (the msit rows): the chain covers it
+            continue
         if path.is_file() or (path.is_dir() and r.samples in path.parents):
             inputs[str(path)] = _fingerprint(path.parent if path.is_file() and r.samples in path.parents else path)
     for config in [p for p in map(Path, inputs) if p.suffix == ".toml" and p.is_file()]:
@@ -55,6 +57,5 @@ def stage_key(r, stage: str, commands: list, previous: str) -> str:
         inputs["shipped word lists"] = _fingerprint(Path(wordlists.__file__).parent / "wordlists")
         if (r.samples / "manifest.json").is_file():
             inputs["samples manifest"] = _fingerprint(r.samples / "manifest.json")
-    extra = dataclasses.asdict(r.msit) if stage == "msit" else None  # the tuning data the launcher writes
-    blob = json.dumps({"commands": commands, "inputs": inputs, "extra": extra, "previous": previous}, sort_keys=True)
+    blob = json.dumps({"commands": commands, "inputs": inputs, "previous": previous}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()

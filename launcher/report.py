@@ -17,8 +17,9 @@ from typing import Any
 
 from config_toolkit import to_dict
 from icl_eval.report import plot_accuracy, plot_perplexity
-
-MARKER = ".evalm-stage.json"
+from launcher.markers import MARKER
+from launcher.run_file import Run
+from launcher.summary import summary_markdown
 
 
 def _read(path: Path) -> dict | None:
@@ -31,7 +32,7 @@ def _last_loss(folder: Path) -> str:
     return f"final loss {json.loads(lines[-1])['loss']:.3f}" if lines else "no metrics"
 
 
-def stage_result(r, stage: str) -> str:
+def stage_result(r: Run, stage: str) -> str:
     """One line saying what a finished stage produced, for the console."""
     folder = r.stage_dir(stage)
     if stage in ("filter", "dedup"):
@@ -58,7 +59,7 @@ def stage_result(r, stage: str) -> str:
     return "done"
 
 
-def _icl_results(r) -> dict[str, dict[str, dict]]:
+def _icl_results(r: Run) -> dict[str, dict[str, dict]]:
     out: dict[str, dict[str, dict]] = {}
     for entry in r.evals:
         for model in entry.models:
@@ -78,18 +79,18 @@ def headline(summary: dict, method: str) -> dict[str, Any]:
             "over": c["gain"]["over"], "gain": c["gain"]["mean"], "gain_ci95": c["gain"]["ci95"]}
 
 
-def _icl_headlines(r):
+def _icl_headlines(r: Run):
     for name, models in _icl_results(r).items():
         for model, res in models.items():
             method = next(iter(res["summary"]["test"]))
             yield name, model, headline(res["summary"], method)
 
 
-def _ppl_results(r) -> dict[str, dict]:
+def _ppl_results(r: Run) -> dict[str, dict]:
     return {m: res for m in r.ppl.models if (res := _read(r.stage_dir("ppl") / m / "results.json")) is not None}
 
 
-def _run_totals(r) -> dict[str, Any]:
+def _run_totals(r: Run) -> dict[str, Any]:
     """Seconds per stage and the whole run's peak memory, from the markers (not this invocation)."""
     seconds, peak = {}, 0.0
     for marker_path in sorted(r.dir.glob(f"*/{MARKER}")):
@@ -99,7 +100,7 @@ def _run_totals(r) -> dict[str, Any]:
     return {"stage_seconds": seconds, "seconds": round(sum(seconds.values()), 1), "peak_rss_gib": round(peak, 2)}
 
 
-def write_report(r, timings: dict[str, float], *, wall_seconds: float, peak_rss_gib: float) -> Path:
+def write_report(r: Run, timings: dict[str, float], *, wall_seconds: float, peak_rss_gib: float) -> Path:
     out = r.dir / "report"
     out.mkdir(parents=True, exist_ok=True)
     icl = {}
@@ -131,8 +132,6 @@ def write_report(r, timings: dict[str, float], *, wall_seconds: float, peak_rss_
         "pretrain_seq_len": train_length if ppl else None,
     }
     (out / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
-    from launcher.summary import summary_markdown
-
     (out / "summary.md").write_text(summary_markdown(results))
     return out
 

