@@ -9,36 +9,22 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
+from config_toolkit import Dispatcher, lazy
 from launcher.commands import COMMANDS as PACKAGE_COMMANDS
 
-
-def _run(argv: Sequence[str]) -> int:
-    from launcher.run import main
-
-    return main(argv)
-
-
-COMMANDS: dict[str, tuple[Callable[[Sequence[str]], int], str]] = {
-    "run": (_run, "every stage in order on a config (default: the tiny embedded one)"),
-    **PACKAGE_COMMANDS,
-}
-
-
-def usage() -> str:
-    width = max(map(len, COMMANDS))
-    rows = "\n".join(f"  {name:<{width}}  {text}" for name, (_, text) in COMMANDS.items())
-    return (
-        "usage: evalm [--version] [--debug] COMMAND [ARGS...]\n\n"
-        "EVALM end to end: raw corpus -> long-range LM -> many-shot evaluation.\n\n"
-        f"commands:\n{rows}\n\n"
-        "`evalm COMMAND --help` explains each one. `evalm run` with no argument builds a tiny\n"
-        "EVALM from shipped sample data on the CPU in minutes.\n\n"
-        "global options (before COMMAND):\n"
-        "  --version  print the package version and exit\n"
-        "  --debug    show the traceback of an error instead of its one-line message (default: off)\n"
-    )
+COMMANDS = {"run": ("every stage in order on a config (default: the tiny embedded one)", lazy("launcher.run:main")),
+            **PACKAGE_COMMANDS}
+DISPATCHER = Dispatcher(
+    "evalm", COMMANDS, synopsis="[--version] [--debug] COMMAND [ARGS...]",
+    header="EVALM end to end: raw corpus -> long-range LM -> many-shot evaluation.",
+    footer="`evalm COMMAND --help` explains each one. `evalm run` with no argument builds a tiny\n"
+           "EVALM from shipped sample data on the CPU in minutes.\n\n"
+           "global options (before COMMAND):\n"
+           "  --version  print the package version and exit\n"
+           "  --debug    show the traceback of an error instead of its one-line message (default: off)")
+usage = DISPATCHER.usage
 
 
 def version() -> str:
@@ -59,15 +45,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"evalm {version()}")
             return 0
         os.environ["EVALM_DEBUG"] = "1"  # read by every command (and the stages `evalm run` starts)
-    if not argv or argv[0] in ("-h", "--help", "help"):
-        print(usage())
-        return 0
-    name, rest = argv[0], argv[1:]
-    if name not in COMMANDS:
-        print(f"evalm: unknown command {name!r}; valid: {', '.join(COMMANDS)}\n", file=sys.stderr)
-        print(usage(), file=sys.stderr)
-        return 2
-    return int(COMMANDS[name][0](rest) or 0)
+    return DISPATCHER.main(argv)
 
 
 if __name__ == "__main__":

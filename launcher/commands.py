@@ -10,7 +10,10 @@ upward (ARCHITECTURE.md, "Floors").
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+
+from config_toolkit import lazy
+from config_toolkit.dispatch import Run
 
 # Nothing may reach a hub at run time; without these a hub lookup hangs ~23 s before failing.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -27,30 +30,15 @@ def _data(argv: Sequence[str]) -> int:
     return main(argv)
 
 
-def _train(argv: Sequence[str]) -> int:
-    from train.cli import main
-
-    return main(argv)
-
-
-def _eval(argv: Sequence[str]) -> int:
-    from icl_eval.cli import main
-
-    return main(argv)
-
-
-def _export(argv: Sequence[str]) -> int:
-    from train.export import main
-
-    return main(argv)
-
-
-COMMANDS: dict[str, tuple[Callable[[Sequence[str]], int], str]] = {
-    "data": (_data, "corpus preparation jobs: filter, dedup, blend, samples"),
-    "train": (_train, "tokenizer, pretrain (FSDP2, resumable), msit-data and msit (many-shot instruction tuning)"),
-    "eval": (_eval, "many-shot ICL (incremental | concat | structured | saicl | ensemble) and perplexity vs length"),
-    "export": (_export, "write a checkpoint as safetensors + config.json"),
+COMMANDS: dict[str, tuple[str, Run]] = {
+    "data": ("corpus preparation jobs: filter, dedup, blend, samples", _data),
+    "train": ("tokenizer, pretrain (FSDP2, resumable), msit-data and msit (many-shot instruction tuning)",
+              lazy("train.cli:main")),
+    "eval": ("many-shot ICL (incremental | concat | structured | saicl | ensemble) and perplexity vs length",
+             lazy("icl_eval.cli:main")),
+    "export": ("write a checkpoint as safetensors + config.json", lazy("train.export:main")),
 }
+"""Command -> (one-line help, function of the remaining arguments): `config_toolkit.Dispatcher`'s table."""
 
 
 def argv(command: str, *args: object) -> list[str]:
@@ -62,4 +50,4 @@ def argv(command: str, *args: object) -> list[str]:
 
 def dispatch(argv: Sequence[str]) -> int:
     """Run `evalm ARGV` in this process; returns its exit status."""
-    return int(COMMANDS[argv[0]][0](list(argv[1:])) or 0)
+    return int(COMMANDS[argv[0]][1](list(argv[1:])) or 0)
