@@ -48,7 +48,7 @@ def _build(variant: str, method: str, length: int):
     import torch
 
     from evalm import EvalmModel, ModelConfig
-    from config_toolkit import build, read_toml
+    from evalm.config_toolkit import build, read_toml
     from evalm.model import ATTENTION
 
     torch.manual_seed(0)

@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 READ = """
 import json, sys
-from icl_eval.books import iter_books
+from evalm.icl_eval.books import iter_books
 import datasets  # imports done: measure from here
 def rss():  # anonymous resident memory (MiB): mapped Arrow file pages are page cache, reclaimable
     line = [x for x in open("/proc/self/status") if x.startswith("RssAnon:")][0]

@@ -39,10 +39,10 @@ import zstandard
 from datasketch import MinHash
 from threadpoolctl import threadpool_limits
 
-from data_pipeline import lsh
-from data_pipeline.cli import main as data_main
-from data_pipeline.minhash import Fingerprinter, lean, token_set
-from data_pipeline.normalize import normalize
+from evalm.data_pipeline import lsh
+from evalm.data_pipeline.cli import main as data_main
+from evalm.data_pipeline.minhash import Fingerprinter, lean, token_set
+from evalm.data_pipeline.normalize import normalize
 
 STOP = "the of and to in a is that for it as was with be by on not he this are or his from at which".split()
 

@@ -30,8 +30,8 @@ import tracemalloc
 
 import numpy as np
 
-from data_pipeline import dedup_graph
-from data_pipeline.dedup_verify import jaccard
+from evalm.data_pipeline import dedup_graph
+from evalm.data_pipeline.dedup_verify import jaccard
 from dedup import _redis_server  # benchmarks/dedup.py (this folder is sys.path[0] when run as a script)
 
 PILE_DOCS = 210_000_000
@@ -120,8 +120,8 @@ def bench_redis(docs: int) -> dict:
     """redis-benchmark SADD/HSET, then LSH insert and query documents/s through datasketch."""
     import redis
 
-    from data_pipeline import lsh
-    from data_pipeline.minhash import Fingerprinter, lean
+    from evalm.data_pipeline import lsh
+    from evalm.data_pipeline.minhash import Fingerprinter, lean
 
     url, server = _redis_server()  # benchmarks/dedup.py's: a private server on a free port
     port = redis.connection.parse_url(url)["port"]

@@ -28,11 +28,11 @@ import torch
 
 from evalm import EvalmModel, ModelConfig
 from evalm.tokenizer import ByteTokenizer
-from icl_eval.lm import EvalmLM
-from icl_eval.methods import METHODS, MethodOptions, encode
-from icl_eval.prompts import PromptBuilder
-from icl_eval.synthetic import SyntheticConfig, episode, synthetic_task
-from icl_eval.tasks import Task
+from evalm.icl_eval.lm import EvalmLM
+from evalm.icl_eval.methods import METHODS, MethodOptions, encode
+from evalm.icl_eval.prompts import PromptBuilder
+from evalm.icl_eval.synthetic import SyntheticConfig, episode, synthetic_task
+from evalm.icl_eval.tasks import Task
 
 WORDS = ("terrible", "bad", "okay", "good", "great", "outstanding")
 """Multi-token (byte) labels: SST-5's verbalizer plus one, for the 6-label (Trec-sized) row."""

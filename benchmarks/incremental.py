@@ -23,7 +23,7 @@ import time
 
 import torch
 
-from config_toolkit import build, read_toml
+from evalm.config_toolkit import build, read_toml
 from evalm import EvalmModel, ModelConfig
 
 

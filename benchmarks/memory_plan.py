@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from config_toolkit import build, read_toml
+from evalm.config_toolkit import build, read_toml
 from evalm import EvalmModel, ModelConfig
 from evalm.recompute import GROUP_LOGITS, MIN_PIECE
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from icl_eval.report import write_json
+from evalm.icl_eval.report import write_json
 
 RUNS = (  # (label, trained encoder, method)
     ("concat", "full", "concat"),
@@ -108,8 +108,8 @@ def plot(summary: dict, path: Path, title: str) -> None:
 
 def train_models(out: Path, config: str | None, overrides: Sequence[str]) -> tuple[dict, object]:
     """One meta-trained T5 per encoder under out/models/<encoder> (reused when already there)."""
-    import train.metaicl as metaicl
-    from icl_eval.t5 import load_t5
+    import evalm.train.metaicl as metaicl
+    from evalm.icl_eval.t5 import load_t5
 
     models, syn = {}, None
     for enc in sorted({enc for _, enc, _ in RUNS}):
@@ -125,12 +125,12 @@ def train_models(out: Path, config: str | None, overrides: Sequence[str]) -> tup
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from config_toolkit import ConfigError
-    from icl_eval.config import EvalConfig
-    from icl_eval.methods import MethodOptions
-    from icl_eval.protocol import Runner
-    from icl_eval.summary import summarize
-    from icl_eval.synthetic import episode, synthetic_task
+    from evalm.config_toolkit import ConfigError
+    from evalm.icl_eval.config import EvalConfig
+    from evalm.icl_eval.methods import MethodOptions
+    from evalm.icl_eval.protocol import Runner
+    from evalm.icl_eval.summary import summarize
+    from evalm.icl_eval.synthetic import episode, synthetic_task
 
     p = argparse.ArgumentParser(prog="python benchmarks/saicl_repro.py", description=__doc__.split("\n")[0])
     p.add_argument("--out", default="runs/saicl-repro", help="output folder (default runs/saicl-repro)")
@@ -145,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    import train.metaicl as metaicl
+    import evalm.train.metaicl as metaicl
 
     out = Path(args.out)
     try:

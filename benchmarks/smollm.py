@@ -34,13 +34,13 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from icl_eval.config import EvalConfig  # noqa: E402
-from icl_eval.methods import METHODS, MethodOptions  # noqa: E402
-from icl_eval.protocol import Runner  # noqa: E402
-from icl_eval.report import write_json  # noqa: E402
-from icl_eval.summary import summarize  # noqa: E402
-from icl_eval.task_data import load_splits, task_data_files  # noqa: E402
-from icl_eval.tasks import read_task_file  # noqa: E402
+from evalm.icl_eval.config import EvalConfig  # noqa: E402
+from evalm.icl_eval.methods import METHODS, MethodOptions  # noqa: E402
+from evalm.icl_eval.protocol import Runner  # noqa: E402
+from evalm.icl_eval.report import write_json  # noqa: E402
+from evalm.icl_eval.summary import summarize  # noqa: E402
+from evalm.icl_eval.task_data import load_splits, task_data_files  # noqa: E402
+from evalm.icl_eval.tasks import read_task_file  # noqa: E402
 
 OVERFLOW = {"incremental": "drop_left", "structured": "error", "saicl": "error"}
 """What each method does past the window (see the module docstring)."""
@@ -105,7 +105,7 @@ class Bench:
 
     def context_tokens(self, shots: int) -> int:
         """The longest context any seed draws at `shots` (an alias must hold for every seed)."""
-        from icl_eval.selection import dataset_level
+        from evalm.icl_eval.selection import dataset_level
 
         prompt = Runner(self.lm, self.task, self.config((), shots, self.seeds), MethodOptions(), lambda s: self.splits).prompt
         train = self.splits["train"]
@@ -148,8 +148,8 @@ TOPICS = ("business", "entertainment", "politics", "sports", "tech", "science")
 def prefix_speed(lm, samples: Path, args) -> list[dict]:
     """Marginal seconds per item after a 16-shot cache, per candidate re-encoding vs the shared test
     prefix (issue 16), with 2, 5 and 6 labels on bbc_news leads; both measured here, same items."""
-    from icl_eval.prompts import PromptBuilder
-    from icl_eval.tasks import Task
+    from evalm.icl_eval.prompts import PromptBuilder
+    from evalm.icl_eval.tasks import Task
 
     base, splits = load_task(samples, "bbc_news", args.bbc_words)
     out = []
@@ -241,7 +241,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from icl_eval.hf import load_hf
+    from evalm.icl_eval.hf import load_hf
 
     torch.set_num_threads(args.threads)
     folder, name = gguf_location()

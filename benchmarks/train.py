@@ -27,12 +27,12 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from config_toolkit import read_toml
+from evalm.config_toolkit import read_toml
 from evalm import ModelConfig
-from train.data import LineLoader
-from train.parallelize import build_model, init_distributed, weight_decay_groups
-from train.shards import PretrainLines, ShardWriter, TokenShards
-from train.trainer import train_step
+from evalm.train.data import LineLoader
+from evalm.train.parallelize import build_model, init_distributed, weight_decay_groups
+from evalm.train.shards import PretrainLines, ShardWriter, TokenShards
+from evalm.train.trainer import train_step
 
 ROOT = Path(__file__).resolve().parents[1]
 

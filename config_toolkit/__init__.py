@@ -6,12 +6,12 @@ ones, before pydantic), `section.key=value` overrides, one `ConfigError`, an arg
 whose errors are one line, and the subcommand `Dispatcher` of every `evalm` command group.
 """
 
-from config_toolkit.dispatch import Dispatcher, lazy
-from config_toolkit.errors import ConfigError, debug
-from config_toolkit.files import read_toml
-from config_toolkit.overrides import apply_overrides, split_overrides
-from config_toolkit.parser import Parser
-from config_toolkit.schema import FROZEN, build, to_dict
+from evalm.config_toolkit.dispatch import Dispatcher, lazy
+from evalm.config_toolkit.errors import ConfigError, debug
+from evalm.config_toolkit.files import read_toml
+from evalm.config_toolkit.overrides import apply_overrides, split_overrides
+from evalm.config_toolkit.parser import Parser
+from evalm.config_toolkit.schema import FROZEN, build, to_dict
 
 __all__ = [
     "FROZEN", "ConfigError", "Dispatcher", "Parser", "apply_overrides", "build", "debug", "lazy", "read_toml",

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from config_toolkit.errors import debug
+from evalm.config_toolkit.errors import debug
 
 Run = Callable[[Sequence[str]], int]
 

@@ -6,7 +6,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from config_toolkit.errors import ConfigError
+from evalm.config_toolkit.errors import ConfigError
 
 
 def read_toml(path: str | Path) -> dict[str, Any]:

@@ -6,7 +6,7 @@ import tomllib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from config_toolkit.errors import ConfigError
+from evalm.config_toolkit.errors import ConfigError
 
 
 def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict[str, Any]:

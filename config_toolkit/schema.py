@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 import pydantic
 
-from config_toolkit.errors import ConfigError
+from evalm.config_toolkit.errors import ConfigError
 
 T = TypeVar("T")
 FROZEN = pydantic.ConfigDict(extra="forbid")

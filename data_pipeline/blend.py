@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from data_pipeline.config import Budgets
+from evalm.data_pipeline.config import Budgets
 
 
 def estimate_tokens(text: str, bytes_per_token: float) -> int:

@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 from datatrove.pipeline.base import PipelineStep
 
-from config_toolkit import to_dict
-from data_pipeline import blend
-from data_pipeline.config import BlendConfig, Budgets
-from data_pipeline.runner import Manifest, Step, read_all, write_errors, write_json, writer
+from evalm.config_toolkit import to_dict
+from evalm.data_pipeline import blend
+from evalm.data_pipeline.config import BlendConfig, Budgets
+from evalm.data_pipeline.runner import Manifest, Step, read_all, write_errors, write_json, writer
 
 
 class PlanStep(PipelineStep):

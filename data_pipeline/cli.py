@@ -13,10 +13,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from config_toolkit import ConfigError, Dispatcher, Parser
-from data_pipeline import config as cfg
-from data_pipeline.lsh import RedisUnavailable
-from data_pipeline.runner import BLOCKING, StageError, parse_options, record_settings, resolve_inputs, run_steps
+from evalm.config_toolkit import ConfigError, Dispatcher, Parser
+from evalm.data_pipeline import config as cfg
+from evalm.data_pipeline.lsh import RedisUnavailable
+from evalm.data_pipeline.runner import BLOCKING, StageError, parse_options, record_settings, resolve_inputs, run_steps
 
 DEFAULT_BUDGETS = Path(__file__).with_name("budgets") / "table5.toml"
 
@@ -70,15 +70,15 @@ def _launch(args: argparse.Namespace, stage: str, extra: dict, build_steps: Call
 
 
 def _filter(args: argparse.Namespace) -> int:
-    from data_pipeline import filter_job
+    from evalm.data_pipeline import filter_job
 
     return _launch(args, "filter", lambda c, out: filter_job.settings(c),
                    lambda out, c, a, fresh: filter_job.steps(out, c, a.tasks))
 
 
 def _dedup(args: argparse.Namespace) -> int:
-    from data_pipeline import dedup_job
-    from data_pipeline.lsh import basename_for
+    from evalm.data_pipeline import dedup_job
+    from evalm.data_pipeline.lsh import basename_for
 
     if args.redis_url:
         kept = "kept (--keep-index)" if args.keep_index else "deleted when the run completes (--keep-index keeps them)"
@@ -88,7 +88,7 @@ def _dedup(args: argparse.Namespace) -> int:
 
 
 def _blend(args: argparse.Namespace) -> int:
-    from data_pipeline import blend_job
+    from evalm.data_pipeline import blend_job
 
     budgets = cfg.load_budgets(args.budgets)
     return _launch(args, "blend", lambda c, out: blend_job.settings(c, budgets),
@@ -151,7 +151,7 @@ def _command(name: str, command: Command) -> Callable[[Sequence[str]], int]:
 
 
 def _above(name: str) -> Callable[[Sequence[str]], int]:
-    """A command of ABOVE reached here (`python -m data_pipeline.cli`): say where it runs."""
+    """A command of ABOVE reached here (`python -m evalm.data_pipeline.cli`): say where it runs."""
     def run(argv: Sequence[str]) -> int:
         print(f"evalm data {name}: composed on the top floor (launcher/samples.py); run `evalm data {name}`",
               file=sys.stderr)

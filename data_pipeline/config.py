@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic.dataclasses import dataclass
 
-from config_toolkit import FROZEN, ConfigError, build, read_toml
+from evalm.config_toolkit import FROZEN, ConfigError, build, read_toml
 
 # DATA_SPEC.md §1: the ten Pile subsets EVALM keeps (Appendix A.1), in survivor priority order.
 PILE_SUBSETS = (

@@ -29,12 +29,12 @@ import numpy as np
 import orjson
 from datatrove.pipeline.base import PipelineStep
 
-from config_toolkit import to_dict
-from data_pipeline import dedup_graph, dedup_verify, lsh
-from data_pipeline.config import DedupConfig
-from data_pipeline.fingerprint_store import fingerprint_path, load_fingerprints, offsets
-from data_pipeline.minhash import SCHEME, Fingerprinter, lean, token_set
-from data_pipeline.runner import (
+from evalm.config_toolkit import to_dict
+from evalm.data_pipeline import dedup_graph, dedup_verify, lsh
+from evalm.data_pipeline.config import DedupConfig
+from evalm.data_pipeline.fingerprint_store import fingerprint_path, load_fingerprints, offsets
+from evalm.data_pipeline.minhash import SCHEME, Fingerprinter, lean, token_set
+from evalm.data_pipeline.runner import (
     Manifest,
     StageError,
     Step,

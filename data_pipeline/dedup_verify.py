@@ -24,10 +24,10 @@ from pathlib import Path
 import numpy as np
 from datatrove.pipeline.base import PipelineStep
 
-from data_pipeline.config import DedupConfig
-from data_pipeline.fingerprint_store import offsets
-from data_pipeline.minhash import token_set
-from data_pipeline.runner import reader
+from evalm.data_pipeline.config import DedupConfig
+from evalm.data_pipeline.fingerprint_store import offsets
+from evalm.data_pipeline.minhash import token_set
+from evalm.data_pipeline.runner import reader
 
 
 def token_hashes(text: str) -> np.ndarray:

@@ -16,12 +16,12 @@ from typing import Any
 import numpy as np
 from datatrove.pipeline.base import PipelineStep
 
-from config_toolkit import to_dict
-from data_pipeline import filters, wordlists
-from data_pipeline.config import FilterConfig
-from data_pipeline.document import Document
-from data_pipeline.normalize import normalize
-from data_pipeline.runner import Manifest, Step, merge_counts, reader, task_stats, write_errors, write_json, writer
+from evalm.config_toolkit import to_dict
+from evalm.data_pipeline import filters, wordlists
+from evalm.data_pipeline.config import FilterConfig
+from evalm.data_pipeline.document import Document
+from evalm.data_pipeline.normalize import normalize
+from evalm.data_pipeline.runner import Manifest, Step, merge_counts, reader, task_stats, write_errors, write_json, writer
 
 BINS = 20  # histogram bins over [0, 1] for the ratios; word counts use log10 bins over [0, 6]
 

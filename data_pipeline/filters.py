@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, make_dataclass
 from functools import cache, cached_property
 
-from data_pipeline.config import FilterProfile
+from evalm.data_pipeline.config import FilterProfile
 
 # DATA_SPEC.md §3: after ASCII normalisation the special characters are punctuation, digits
 # and whitespace (BLOOM's `special_characters_default` restricted to ASCII).

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from data_pipeline.config import DedupConfig
-from data_pipeline.runner import StageError
+from evalm.data_pipeline.config import DedupConfig
+from evalm.data_pipeline.runner import StageError
 
 
 def fingerprint_path(output: Path, rank: int) -> Path:

@@ -19,7 +19,7 @@ import orjson
 import zstandard
 from datatrove.pipeline.readers.base import BaseDiskReader
 
-from data_pipeline.document import Document, from_record
+from evalm.data_pipeline.document import Document, from_record
 
 _EXCERPT = 2000  # bytes of a bad line kept in the errors file (base64), enough to find it again
 

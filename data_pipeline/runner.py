@@ -26,8 +26,8 @@ import orjson
 from datatrove.pipeline.base import PipelineStep
 from datatrove.pipeline.writers.jsonl import JsonlWriter
 
-from data_pipeline.document import Document
-from data_pipeline.reader import PileReader, is_data_file
+from evalm.data_pipeline.document import Document
+from evalm.data_pipeline.reader import PileReader, is_data_file
 
 
 class StageError(RuntimeError):

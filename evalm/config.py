@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic.dataclasses import dataclass
 
-from config_toolkit import FROZEN
+from evalm.config_toolkit import FROZEN
 from evalm.attention import ATTENTION  # the one dict of attention classes
 
 

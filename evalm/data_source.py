@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from config_toolkit import ConfigError
+from evalm.config_toolkit import ConfigError
 
 # Before any `datasets` / `huggingface_hub` import: both read these once, at import time.
 os.environ["HF_DATASETS_OFFLINE"] = "1"

@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_model as _load_weights
 from safetensors.torch import save_model as _save_weights
 
-from config_toolkit import build, to_dict
+from evalm.config_toolkit import build, to_dict
 from evalm.config import ModelConfig
 from evalm.model import EvalmModel
 

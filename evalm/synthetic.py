@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 from pydantic.dataclasses import dataclass
 
-from config_toolkit import FROZEN
+from evalm.config_toolkit import FROZEN
 
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 LABEL_LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"

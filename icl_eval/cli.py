@@ -23,8 +23,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from config_toolkit import ConfigError, Dispatcher, Parser, build, split_overrides, to_dict
-from icl_eval.cli_args import common, csv, icl_parser, ppl_parser
+from evalm.config_toolkit import ConfigError, Dispatcher, Parser, build, split_overrides, to_dict
+from evalm.icl_eval.cli_args import common, csv, icl_parser, ppl_parser
 
 
 def _where(args) -> str:
@@ -42,8 +42,8 @@ def _flags(layers, section: str, args, names: dict[str, str]) -> None:
 def _tiny_sections(layers, args, where: str, need_synthetic: bool):
     """`[model]` of the built-in tiny model (no --checkpoint/--hf-model) and `[synthetic]`, when used."""
     from evalm import ModelConfig
-    from icl_eval.settings import TINY_MODEL, TINY_SYNTHETIC_TRAINING
-    from icl_eval.synthetic import SyntheticConfig
+    from evalm.icl_eval.settings import TINY_MODEL, TINY_SYNTHETIC_TRAINING
+    from evalm.icl_eval.synthetic import SyntheticConfig
 
     tiny = not (args.checkpoint or args.hf_model)
     model = build(ModelConfig, {**TINY_MODEL, **layers.section("model")}, where=f"{where} [model]") if tiny else None
@@ -59,11 +59,11 @@ def _progress(total: int, desc: str):
 
 
 def icl(argv: Sequence[str]) -> int:
-    from icl_eval.config import EvalConfig
-    from icl_eval.methods import MethodOptions
-    from icl_eval.settings import Layers, record, render
-    from icl_eval.supply import icl_supply
-    from icl_eval.task_data import resolve_task
+    from evalm.icl_eval.config import EvalConfig
+    from evalm.icl_eval.methods import MethodOptions
+    from evalm.icl_eval.settings import Layers, record, render
+    from evalm.icl_eval.supply import icl_supply
+    from evalm.icl_eval.task_data import resolve_task
 
     overrides, rest = split_overrides(argv)
     args = icl_parser().parse_args(rest)
@@ -87,8 +87,8 @@ def icl(argv: Sequence[str]) -> int:
 
 
 def _run_icl(args, config, options, model_cfg, syn, task, splits_for_seed, data_info) -> dict:
-    from icl_eval.loading import describe, load_lm
-    from icl_eval.protocol import Runner, select_items
+    from evalm.icl_eval.loading import describe, load_lm
+    from evalm.icl_eval.protocol import Runner, select_items
 
     lm = load_lm(args, config.device, config.dtype, model_cfg, syn, config.context_window)
     n_items = len(select_items(len(splits_for_seed(config.seeds[0])["test"]), config))
@@ -107,7 +107,7 @@ def _run_icl(args, config, options, model_cfg, syn, task, splits_for_seed, data_
 
 
 def _write_icl(out: Path, results: dict, config) -> None:
-    from icl_eval.report import plot_accuracy, plot_time, write_json, write_predictions
+    from evalm.icl_eval.report import plot_accuracy, plot_time, write_json, write_predictions
 
     predictions, name = results.pop("_predictions"), results.pop("_name")
     summary, protocol = results["summary"], results["protocol"]
@@ -139,10 +139,10 @@ def _print_summary(summary: dict) -> None:
 
 
 def ppl(argv: Sequence[str]) -> int:
-    from icl_eval.books import iter_books
-    from icl_eval.config import PerplexityConfig
-    from icl_eval.settings import Layers, record, render
-    from icl_eval.supply import ppl_lengths, ppl_reach
+    from evalm.icl_eval.books import iter_books
+    from evalm.icl_eval.config import PerplexityConfig
+    from evalm.icl_eval.settings import Layers, record, render
+    from evalm.icl_eval.supply import ppl_lengths, ppl_reach
 
     overrides, rest = split_overrides(argv)
     args = ppl_parser().parse_args(rest)
@@ -161,7 +161,7 @@ def ppl(argv: Sequence[str]) -> int:
     model_cfg, syn = _tiny_sections(layers, args, where, need_synthetic=False)
     settings = record(layers, {"ppl": config, "model": model_cfg, "synthetic": syn})
     print(render("evalm eval ppl", settings), flush=True)
-    from icl_eval.loading import load_lm
+    from evalm.icl_eval.loading import load_lm
 
     lm = load_lm(args, config.device, config.dtype, model_cfg, syn, None)
     fixed_need = max(config.fixed_contexts) + config.fixed_target_tokens if config.fixed_contexts else 0
@@ -177,10 +177,10 @@ def ppl(argv: Sequence[str]) -> int:
 
 
 def _run_ppl(lm, config) -> dict:
-    from icl_eval.books import iter_books
-    from icl_eval.loading import describe
-    from icl_eval.perplexity import evaluate
-    from icl_eval.unigram import fit_unigram
+    from evalm.icl_eval.books import iter_books
+    from evalm.icl_eval.loading import describe
+    from evalm.icl_eval.perplexity import evaluate
+    from evalm.icl_eval.unigram import fit_unigram
 
     books = iter_books(config.books, config.max_books)  # lazily: one book in memory at a time
     bar = _progress(config.max_books, "ppl")
@@ -198,7 +198,7 @@ def _run_ppl(lm, config) -> dict:
 
 
 def _write_ppl(out: Path, results: dict, lm) -> None:
-    from icl_eval.report import plot_perplexity, write_json
+    from evalm.icl_eval.report import plot_perplexity, write_json
 
     write_json(out / "results.json", results)
     plot_perplexity({"": results}, out / "perplexity_vs_length.png", f"{Path(lm.name).name or lm.name}")
@@ -247,9 +247,9 @@ def harness(argv: Sequence[str]) -> int:
     args = p.parse_args(argv)
     if not (args.checkpoint or args.hf_model):
         raise ConfigError("evalm eval harness needs --checkpoint DIR or --hf-model DIR")
-    from icl_eval.harness import evaluate
-    from icl_eval.loading import describe, load_lm
-    from icl_eval.report import write_json
+    from evalm.icl_eval.harness import evaluate
+    from evalm.icl_eval.loading import describe, load_lm
+    from evalm.icl_eval.report import write_json
 
     lm = load_lm(args, args.device, args.dtype, None, None, None)
     limit = None if args.limit is None else (int(args.limit) if args.limit >= 1 else args.limit)

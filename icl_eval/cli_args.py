@@ -9,7 +9,7 @@ import argparse
 import textwrap
 from collections.abc import Sequence
 
-from config_toolkit import Parser
+from evalm.config_toolkit import Parser
 
 SECTIONS_HELP = "see docs/evaluation.md for every key and its built-in default"
 
@@ -58,9 +58,9 @@ def _describe(*paragraphs: str) -> str:
 
 
 def icl_parser() -> Parser:
-    from icl_eval.config import EvalConfig
-    from icl_eval.methods import METHODS
-    from icl_eval.tasks import TEMPLATE_SETS
+    from evalm.icl_eval.config import EvalConfig
+    from evalm.icl_eval.methods import METHODS
+    from evalm.icl_eval.tasks import TEMPLATE_SETS
 
     tasks = "; ".join(f"{name}: {' '.join(sorted(t))}" for name, t in TEMPLATE_SETS.items())
     p = Parser(prog="evalm eval icl", description=_describe(
@@ -95,7 +95,7 @@ def icl_parser() -> Parser:
 
 
 def ppl_parser() -> Parser:
-    from icl_eval.config import PerplexityConfig
+    from evalm.icl_eval.config import PerplexityConfig
 
     p = Parser(prog="evalm eval ppl", description=_describe(
         "Perplexity vs context length (PG-19 protocol, docs/evaluation.md): every book scored to the largest "

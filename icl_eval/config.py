@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic.dataclasses import dataclass
 
-from config_toolkit import FROZEN
+from evalm.config_toolkit import FROZEN
 
 PAPER_SHOTS = (0, 1, 3, 4, 8, 16, 32, 64, 80, 128, 192, 256, 372, 512, 640, 768, 896, 1024, 1280, 1536, 1792, 2000)
 """EVALM Appendix C.1."""
@@ -67,7 +67,7 @@ class EvalConfig:
     """Override the model's window (EVALM: no limit; HF: max_position_embeddings)."""
 
     def __post_init__(self) -> None:
-        from icl_eval.methods import METHODS
+        from evalm.icl_eval.methods import METHODS
 
         unknown = [m for m in self.methods if m not in METHODS]
         if unknown:

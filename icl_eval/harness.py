@@ -23,7 +23,7 @@ rolling windows, and `generate_until` reading `max_gen_toks` / `max_new_tokens` 
 The core (`score_requests`, `rolling_requests`, `greedy_generate`) needs only `torch`: the extra
 `harness` (`pip install 'evalm[harness]'`) is imported lazily, by `harness_lm` and `evaluate`.
 
-    from icl_eval.harness import evaluate
+    from evalm.icl_eval.harness import evaluate
     evaluate(lm, tasks=["my_task"], num_fewshot=16, seeds=(1, 2, 3), include_path="tasks/")
     evalm eval harness --checkpoint DIR --tasks my_task --include-path tasks/ --num-fewshot 16 --seeds 1,2,3
 """
@@ -37,8 +37,8 @@ from typing import Any
 
 import torch
 
-from icl_eval.decoding import GenerationSettings, generate
-from icl_eval.lm import CausalLM, right_pad
+from evalm.icl_eval.decoding import GenerationSettings, generate
+from evalm.icl_eval.lm import CausalLM, right_pad
 
 Request = tuple[Sequence[int], Sequence[int]]
 """(context tokens, continuation tokens); the context is never empty (the harness prepends a prefix token)."""

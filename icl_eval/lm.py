@@ -55,7 +55,7 @@ class EvalmLM:
         self.config = model.config
 
     def describe(self) -> dict[str, Any]:
-        from config_toolkit import to_dict
+        from evalm.config_toolkit import to_dict
 
         return {"kind": "evalm", "name": self.name, "config": to_dict(self.config)}
 

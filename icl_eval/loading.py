@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from config_toolkit import ConfigError
+from evalm.config_toolkit import ConfigError
 
 
 def check_checkpoint(folder: str | Path) -> Path:
@@ -32,11 +32,11 @@ def load_lm(args, device: str, dtype: str, model_section: dict | None, synthetic
     import torch
 
     from evalm.tokenizer import load_tokenizer
-    from icl_eval.lm import EvalmLM
+    from evalm.icl_eval.lm import EvalmLM
 
     if args.hf_model:
-        from icl_eval.hf import load_hf
-        from icl_eval.t5 import is_t5_folder, load_t5
+        from evalm.icl_eval.hf import load_hf
+        from evalm.icl_eval.t5 import is_t5_folder, load_t5
 
         if not Path(args.hf_model).is_dir():
             raise ConfigError(f"--hf-model {args.hf_model}: no such folder; give a local Hugging Face model folder")
@@ -63,8 +63,8 @@ def tiny_default(model_cfg, syn, context_window: int | None):
 
     from evalm import EvalmModel
     from evalm.tokenizer import ByteTokenizer
-    from icl_eval.lm import EvalmLM
-    from icl_eval.synthetic import train_tiny_model
+    from evalm.icl_eval.lm import EvalmLM
+    from evalm.icl_eval.synthetic import train_tiny_model
 
     torch.manual_seed(syn.seed)
     model = EvalmModel(model_cfg)

@@ -12,8 +12,8 @@ from typing import Any, Literal
 import numpy as np
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
-from config_toolkit import FROZEN
-from icl_eval.scoring import RULES
+from evalm.config_toolkit import FROZEN
+from evalm.icl_eval.scoring import RULES
 
 
 class PromptTooLong(ValueError):

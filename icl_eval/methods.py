@@ -37,10 +37,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from icl_eval.encdec_methods import ENCDEC_METHODS
-from icl_eval.lm import CausalLM, right_pad
-from icl_eval.item_scoring import SCORERS
-from icl_eval.method_options import (  # noqa: F401  (re-exported: the methods' public signature)
+from evalm.icl_eval.encdec_methods import ENCDEC_METHODS
+from evalm.icl_eval.lm import CausalLM, right_pad
+from evalm.icl_eval.item_scoring import SCORERS
+from evalm.icl_eval.method_options import (  # noqa: F401  (re-exported: the methods' public signature)
     Method,
     MethodOptions,
     MethodResult,
@@ -48,8 +48,8 @@ from icl_eval.method_options import (  # noqa: F401  (re-exported: the methods' 
     PromptTooLong,
     reduce_scores,
 )
-from icl_eval.prompts import Demo, PromptBuilder, TestItem
-from icl_eval.scoring import score_candidates
+from evalm.icl_eval.prompts import Demo, PromptBuilder, TestItem
+from evalm.icl_eval.scoring import score_candidates
 
 
 # ----------------------------------------------------------------------------------------------

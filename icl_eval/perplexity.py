@@ -26,8 +26,8 @@ import math
 import numpy as np
 import torch
 
-from icl_eval.bootstrap import REPLICATES, hierarchical_interval
-from icl_eval.lm import CausalLM
+from evalm.icl_eval.bootstrap import REPLICATES, hierarchical_interval
+from evalm.icl_eval.lm import CausalLM
 
 
 def _nll(logits: torch.Tensor, targets: torch.Tensor) -> np.ndarray:

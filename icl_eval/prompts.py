@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from icl_eval.tasks import Task
+from evalm.icl_eval.tasks import Task
 
 SEPARATORS: dict[str, str | None] = {
     "newline": "\n",

@@ -17,16 +17,16 @@ from typing import Any
 
 import numpy as np
 
-from config_toolkit import to_dict
-from icl_eval.baselines import label_baselines
-from icl_eval.config import EvalConfig
-from icl_eval.lm import CausalLM
-from icl_eval.methods import METHODS, MethodOptions, MethodResult
-from icl_eval.prompts import Demo, PromptBuilder, TestItem
-from icl_eval.scoring import calibrate, metrics
-from icl_eval.selection import TopK, dataset_level
-from icl_eval.summary import summarize
-from icl_eval.tasks import Task
+from evalm.config_toolkit import to_dict
+from evalm.icl_eval.baselines import label_baselines
+from evalm.icl_eval.config import EvalConfig
+from evalm.icl_eval.lm import CausalLM
+from evalm.icl_eval.methods import METHODS, MethodOptions, MethodResult
+from evalm.icl_eval.prompts import Demo, PromptBuilder, TestItem
+from evalm.icl_eval.scoring import calibrate, metrics
+from evalm.icl_eval.selection import TopK, dataset_level
+from evalm.icl_eval.summary import summarize
+from evalm.icl_eval.tasks import Task
 
 Splits = dict[str, list[dict[str, Any]]]
 

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from icl_eval.prompts import Candidate
+from evalm.icl_eval.prompts import Candidate
 
 
 def token_logprobs(logits: Tensor, tokens: Tensor) -> Tensor:

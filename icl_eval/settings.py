@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from config_toolkit import apply_overrides, read_toml, to_dict
+from evalm.config_toolkit import apply_overrides, read_toml, to_dict
 
 TINY_MODEL: dict[str, Any] = {
     "vocab_size": 257, "d_model": 64, "n_layer": 2, "n_head": 4, "d_ff": 256, "window_size": 16,

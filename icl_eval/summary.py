@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from icl_eval.baselines import NAMES as BASELINES
-from icl_eval.bootstrap import hierarchical_interval, interval_summary
+from evalm.icl_eval.baselines import NAMES as BASELINES
+from evalm.icl_eval.bootstrap import hierarchical_interval, interval_summary
 
 AVERAGED = ("accuracy", "macro_f1", "seconds_per_item", "demos_used_mean")
 

@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from config_toolkit import ConfigError
+from evalm.config_toolkit import ConfigError
 
 SKIP_HINT = "or pass --allow-skip to record it as skipped in results.json"
 

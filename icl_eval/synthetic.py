@@ -25,7 +25,7 @@ import random
 import torch
 
 from evalm.synthetic import LABEL_LETTERS, LETTERS, SyntheticConfig, draw_rule, episode, instruction_examples
-from icl_eval.tasks import Task
+from evalm.icl_eval.tasks import Task
 
 __all__ = ["LABEL_LETTERS", "LETTERS", "SyntheticConfig", "SyntheticBatches", "draw_rule", "episode",
            "instruction_examples", "synthetic_task", "train_tiny_model", "training_batch"]
@@ -84,8 +84,8 @@ def train_tiny_model(model: torch.nn.Module, config: SyntheticConfig = Synthetic
     so the project has one training step (issue 12). Nothing `train.local` reaches imports
     `icl_eval`, and `train/` reads the family from `evalm.synthetic`, so no module imports itself back.
     """
-    from train.config import OptimConfig
-    from train.local import train_in_process
+    from evalm.train.config import OptimConfig
+    from evalm.train.local import train_in_process
 
     torch.manual_seed(config.seed)
     optim = OptimConfig(lr=config.lr, betas=(0.9, 0.999), weight_decay=0.0, clip_norm=1.0,

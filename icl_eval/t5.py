@@ -85,7 +85,7 @@ def tiny_t5(seed: int = 0, dtype=torch.float32, init_std: float | None = None, *
 
 def load_t5(folder: str | Path, tokenizer=None, dtype: str = "float32", device: str = "cpu") -> T5LM:
     """A T5ForConditionalGeneration (and its tokenizer unless given) from a local folder; never the network."""
-    from icl_eval.hf import HFTokenizerAdapter
+    from evalm.icl_eval.hf import HFTokenizerAdapter
 
     tf = _transformers()
     folder = Path(folder)

@@ -18,9 +18,9 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from config_toolkit import ConfigError
+from evalm.config_toolkit import ConfigError
 from evalm.data_source import FILE_BUILDERS, DataSourceError, is_dataset_dict, is_saved_dataset, open_source
-from icl_eval.tasks import SPLITS, Task, _task_table, get_task
+from evalm.icl_eval.tasks import SPLITS, Task, _task_table, get_task
 
 Splits = dict[str, "Rows"]
 
@@ -97,7 +97,7 @@ def resolve_task(config, synthetic, tiny_model: bool) -> tuple[Task, Callable[[i
     `synthetic` (a SyntheticConfig) draws a fresh rule per seed; any other task reads its splits once
     and every seed shares them. The built-in tiny model (`tiny_model`) knows only `synthetic`."""
     if config.task == "synthetic":
-        from icl_eval.synthetic import episode, synthetic_task
+        from evalm.icl_eval.synthetic import episode, synthetic_task
 
         return synthetic_task(synthetic), (lambda seed: episode(seed, synthetic)), {"source": "synthetic"}
     if tiny_model:

@@ -11,10 +11,10 @@ import os
 import sys
 from collections.abc import Sequence
 
-from config_toolkit import Dispatcher, lazy
-from launcher.commands import COMMANDS as PACKAGE_COMMANDS
+from evalm.config_toolkit import Dispatcher, lazy
+from evalm.launcher.commands import COMMANDS as PACKAGE_COMMANDS
 
-COMMANDS = {"run": ("every stage in order on a config (default: the tiny embedded one)", lazy("launcher.run:main")),
+COMMANDS = {"run": ("every stage in order on a config (default: the tiny embedded one)", lazy("evalm.launcher.run:main")),
             **PACKAGE_COMMANDS}
 DISPATCHER = Dispatcher(
     "evalm", COMMANDS, synopsis="[--version] [--debug] COMMAND [ARGS...]",

@@ -12,8 +12,8 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from config_toolkit import lazy
-from config_toolkit.dispatch import Run
+from evalm.config_toolkit import lazy
+from evalm.config_toolkit.dispatch import Run
 
 # Nothing may reach a hub at run time; without these a hub lookup hangs ~23 s before failing.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -22,10 +22,10 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 def _data(argv: Sequence[str]) -> int:
     if argv[:1] == ["samples"]:  # composes icl_eval's and train's formats: a top-floor command
-        from launcher.samples import main as samples
+        from evalm.launcher.samples import main as samples
 
         return samples(argv[1:])
-    from data_pipeline.cli import main
+    from evalm.data_pipeline.cli import main
 
     return main(argv)
 
@@ -33,10 +33,10 @@ def _data(argv: Sequence[str]) -> int:
 COMMANDS: dict[str, tuple[str, Run]] = {
     "data": ("corpus preparation jobs: filter, dedup, blend, samples", _data),
     "train": ("tokenizer, pretrain (FSDP2, resumable), msit-data and msit (many-shot instruction tuning)",
-              lazy("train.cli:main")),
+              lazy("evalm.train.cli:main")),
     "eval": ("many-shot ICL (incremental | concat | structured | saicl | ensemble) and perplexity vs length",
-             lazy("icl_eval.cli:main")),
-    "export": ("write a checkpoint as safetensors + config.json", lazy("train.export:main")),
+             lazy("evalm.icl_eval.cli:main")),
+    "export": ("write a checkpoint as safetensors + config.json", lazy("evalm.train.export:main")),
 }
 """Command -> (one-line help, function of the remaining arguments): `config_toolkit.Dispatcher`'s table."""
 

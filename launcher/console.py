@@ -12,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from launcher.commands import dispatch
+from evalm.launcher.commands import dispatch
 
 
 def call(argv: list, log: Path) -> None:

@@ -12,7 +12,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from config_toolkit import read_toml
+from evalm.config_toolkit import read_toml
 
 
 def _fingerprint(path: Path) -> str:
@@ -52,7 +52,7 @@ def stage_key(r, stage: str, commands: list, previous: str) -> str:
             if Path(value).is_file():
                 inputs[value] = _fingerprint(Path(value))
     if stage == "filter":
-        import data_pipeline.wordlists as wordlists
+        import evalm.data_pipeline.wordlists as wordlists
 
         inputs["shipped word lists"] = _fingerprint(Path(wordlists.__file__).parent / "wordlists")
         if (r.samples / "manifest.json").is_file():

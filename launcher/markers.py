@@ -11,7 +11,7 @@ import json
 import resource
 from collections.abc import Sequence
 
-from launcher.run_file import Run
+from evalm.launcher.run_file import Run
 
 MARKER = ".evalm-stage.json"
 

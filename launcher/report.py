@@ -15,11 +15,11 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from config_toolkit import to_dict
-from icl_eval.report import plot_accuracy, plot_perplexity
-from launcher.markers import MARKER
-from launcher.run_file import Run
-from launcher.summary import summary_markdown
+from evalm.config_toolkit import to_dict
+from evalm.icl_eval.report import plot_accuracy, plot_perplexity
+from evalm.launcher.markers import MARKER
+from evalm.launcher.run_file import Run
+from evalm.launcher.summary import summary_markdown
 
 
 def _read(path: Path) -> dict | None:

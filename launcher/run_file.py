@@ -15,7 +15,7 @@ from pathlib import Path
 
 from pydantic.dataclasses import dataclass
 
-from config_toolkit import FROZEN, ConfigError, build, read_toml
+from evalm.config_toolkit import FROZEN, ConfigError, build, read_toml
 
 
 @dataclass(config=FROZEN, frozen=True)

@@ -14,14 +14,14 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from config_toolkit import Parser
-from data_pipeline.samples import build
-from data_pipeline.samples.fetch import Fetch, pip_fetch
-from data_pipeline.samples.packages import Package, SampleError
-from data_pipeline.samples.tasks import Splits, TaskSpec
-from icl_eval.task_folder import write_task_folder
-from icl_eval.tasks import Task
-from train.instructions import ROW_FORMAT, Example, write_examples
+from evalm.config_toolkit import Parser
+from evalm.data_pipeline.samples import build
+from evalm.data_pipeline.samples.fetch import Fetch, pip_fetch
+from evalm.data_pipeline.samples.packages import Package, SampleError
+from evalm.data_pipeline.samples.tasks import Splits, TaskSpec
+from evalm.icl_eval.task_folder import write_task_folder
+from evalm.icl_eval.tasks import Task
+from evalm.train.instructions import ROW_FORMAT, Example, write_examples
 
 
 def write_task(folder: Path, spec: TaskSpec, splits: Splits) -> tuple[Path, dict[str, Path]]:

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from launcher.commands import argv
-from launcher.run_file import MODELS, Run, trained_models
+from evalm.launcher.commands import argv
+from evalm.launcher.run_file import MODELS, Run, trained_models
 
 SYNTHETIC_SEED = 10**6
 """Seed of the tuning data's synthetic rules, far from the evaluation episodes' small seeds."""

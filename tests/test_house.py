@@ -6,11 +6,14 @@ same)."""
 from __future__ import annotations
 
 import ast
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("config_toolkit", "evalm", "data_pipeline", "train", "icl_eval", "launcher")
-"""The source folders, each one top-level import package (listed in pyproject)."""
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]
+FOLDERS = {folder: name for name, folder in PYPROJECT["package-dir"].items()}
+"""Source folder -> its import name: the repository's top-level folders are the parts of one
+import namespace, `evalm` (pyproject.toml, issue 12)."""
 
 FLOORS = {
     "config_toolkit": set(),
@@ -18,11 +21,11 @@ FLOORS = {
     "data_pipeline": {"config_toolkit"},
     "train": {"config_toolkit", "evalm"},
     "icl_eval": {"config_toolkit", "evalm"},
-    "launcher": set(PACKAGES),
+    "launcher": set(FOLDERS),
 }
-"""What each package may import besides itself (ARCHITECTURE.md, "Packages and their rooms")."""
+"""What each folder may import besides itself (ARCHITECTURE.md, "Packages and their rooms")."""
 
-SIDEWAYS = {("train.metaicl", "icl_eval"), ("icl_eval.synthetic", "train")}
+SIDEWAYS = {("evalm.train.metaicl", "icl_eval"), ("evalm.icl_eval.synthetic", "train")}
 """Known exceptions to the floors, each with its reason (both inside functions, so neither package
 loads the other at import):
 - `evalm train metaicl` meta-trains a T5 on episodes laid out exactly as the evaluator lays out a
@@ -35,15 +38,20 @@ MAX_FILE_LINES, MAX_FUNCTION_LINES = 400, 60
 
 
 def modules() -> dict[str, Path]:
-    """Dotted module name -> file, for every source file of the packages."""
+    """Dotted import name -> file, for every source file of the packages."""
     found = {}
-    for package in PACKAGES:
-        for path in sorted((ROOT / package).rglob("*.py")):
-            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    for folder, name in FOLDERS.items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            parts = [name, *path.relative_to(ROOT / folder).with_suffix("").parts]
             if parts[-1] == "__init__":
                 parts.pop()
             found[".".join(parts)] = path
     return found
+
+
+def floor(name: str) -> str:
+    """The folder a dotted import name lives in (`evalm.train.x` -> `train`, `evalm.model` -> `evalm`)."""
+    return max((f for f, n in FOLDERS.items() if name == n or name.startswith(n + ".")), key=lambda f: len(FOLDERS[f]))
 
 
 def imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
@@ -135,12 +143,20 @@ def test_no_import_loop_anywhere():
 def test_no_import_runs_up_or_across_a_floor():
     wrong = []
     for name, targets in graph().items():
-        home = name.split(".")[0]
+        home = floor(name)
         for target in targets:
-            floor = target.split(".")[0]
-            if floor != home and floor not in FLOORS[home] and (name, floor) not in SIDEWAYS:
+            other = floor(target)
+            if other != home and other not in FLOORS[home] and (name, other) not in SIDEWAYS:
                 wrong.append(f"{name} -> {target}")
     assert wrong == []
+
+
+def test_every_package_folder_is_installed_under_its_name():
+    """A subpackage missing from pyproject's list would import from a checkout and not from a wheel."""
+    wanted = sorted(".".join([name, *init.parent.relative_to(ROOT / folder).parts])
+                    for folder, name in FOLDERS.items() for init in (ROOT / folder).rglob("__init__.py"))
+    assert sorted(PYPROJECT["packages"]) == wanted
+    assert set(FOLDERS) == set(FLOORS)
 
 
 def test_files_and_functions_are_small():

@@ -35,7 +35,7 @@ SHAPE = ["model.d_model=32", "model.n_layer=2", "model.n_head=2", "model.d_ff=64
 RUN = ["train.steps=4", "train.batch_size=1", "train.grad_accum=1", "train.mixed_precision=fp32",
        "train.activation_checkpointing=false", "train.device=cpu", "train.log_every=1", "optim.warmup_steps=1",
        "checkpoint.save_every=2"]
-SETS = {"train.pretrain": [*SHAPE, *RUN, "data.seq_len=64"], "train.msit": [*SHAPE, *RUN, "data.seq_len=128"]}
+SETS = {"evalm.train.pretrain": [*SHAPE, *RUN, "data.seq_len=64"], "evalm.train.msit": [*SHAPE, *RUN, "data.seq_len=128"]}
 EDITS = [  # (pattern, replacement) applied to each command line of the block
     (r"--executor slurm|--executor-option \S+", ""),
     (r"--tasks \d+", "--tasks 2"),
@@ -61,7 +61,7 @@ def to_argv(line: str, work: Path, redis_url: str) -> list[str]:
     line = line.replace("redis://HOST:6379/0", redis_url).replace(" /data/", f" {work}/data/")
     argv = shlex.split(line)
     if argv[0] == "evalm":
-        return [sys.executable, "-m", "launcher.cli", *argv[1:]]
+        return [sys.executable, "-m", "evalm.launcher.cli", *argv[1:]]
     assert argv[0] == "torchrun", line
     module = argv[argv.index("-m") + 1]
     sets = [x for s in SETS[module] for x in ("--set", s)]

@@ -13,8 +13,8 @@ Read top-down (docs/training.md for commands and formats):
     checkpoint.py   DCP save/load, markers, keep_latest_k, resume path, architecture check
     metrics.py      the rank-0 progress line, metrics.jsonl, optional TensorBoard
     trainer.py      the loop shared by pretraining and MSIT
-    pretrain.py     `python -m train.pretrain` / `torchrun -m train.pretrain`
-    msit.py         `python -m train.msit` / `torchrun -m train.msit`
+    pretrain.py     `python -m evalm.train.pretrain` / `torchrun -m evalm.train.pretrain`
+    msit.py         `python -m evalm.train.msit` / `torchrun -m evalm.train.msit`
     msit_data.py    `evalm train msit-data`: synthetic episodes and instruction rows as MSIT jsonl
     local.py        one-process training through the trainer's step (the synthetic tiny model)
 """

@@ -8,19 +8,19 @@ from __future__ import annotations
 
 import sys
 
-from config_toolkit import Dispatcher, lazy
+from evalm.config_toolkit import Dispatcher, lazy
 
 COMMANDS = {
     "tokenizer": ("train a byte-level BPE (or load one) and encode documents into token shards",
-                  lazy("train.tokenizer:main")),
+                  lazy("evalm.train.tokenizer:main")),
     "pretrain": ("FSDP2 pretraining on token shards, resumable (--resume auto); same under torchrun",
-                 lazy("train.pretrain:main")),
+                 lazy("evalm.train.pretrain:main")),
     "msit": ("many-shot instruction tuning: packed 8k (MSIT) / 16k (MSIT+) lines from a checkpoint",
-             lazy("train.msit:main")),
+             lazy("evalm.train.msit:main")),
     "msit-data": ("MSIT rows: synthetic in-context episodes plus instruction rows, as jsonl",
-                  lazy("train.msit_data:main")),
+                  lazy("evalm.train.msit_data:main")),
     "metaicl": ("MetaICL meta-training of a T5 with full, SAICL or FiD encoding (SAICL §3.3)",
-                lazy("train.metaicl:main")),
+                lazy("evalm.train.metaicl:main")),
 }
 DISPATCHER = Dispatcher("evalm train", COMMANDS, footer="See docs/training.md.")
 usage, main = DISPATCHER.usage, DISPATCHER.main

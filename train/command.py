@@ -11,8 +11,8 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from config_toolkit import ConfigError, Parser, debug
-from train.config import DataConfig, RunConfig, load_run_config
+from evalm.config_toolkit import ConfigError, Parser, debug
+from evalm.train.config import DataConfig, RunConfig, load_run_config
 
 
 def parse_run_args(argv: Sequence[str] | None, *, prog: str, description: str, default_config: str,
@@ -41,8 +41,8 @@ def run_command(argv: Sequence[str] | None, *, command: str, doc: str, default_c
     """The body of `evalm train pretrain|msit`: parse, run the trainer, report errors without a traceback."""
     config, out, resume = parse_run_args(argv, prog=f"evalm train {command}", description=doc.split("\n")[0],
                                          default_config=default_config, data_cls=data_cls)
-    from train.checkpoint import CheckpointError
-    from train.trainer import run
+    from evalm.train.checkpoint import CheckpointError
+    from evalm.train.trainer import run
 
     try:
         run(config, out, make_source(config.data, config.model.vocab_size), resume=resume, command=command)

@@ -15,9 +15,9 @@ from typing import Any, Literal
 
 from pydantic.dataclasses import dataclass
 
-from config_toolkit import FROZEN, ConfigError, apply_overrides, build, read_toml, to_dict
+from evalm.config_toolkit import FROZEN, ConfigError, apply_overrides, build, read_toml, to_dict
 from evalm.config import ModelConfig
-from train.instructions import MSIT_COLUMNS
+from evalm.train.instructions import MSIT_COLUMNS
 
 
 @dataclass(config=FROZEN, frozen=True)

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from config_toolkit import Parser, build, debug
+from evalm.config_toolkit import Parser, build, debug
 from evalm import EvalmModel, ModelConfig
 from evalm.io import save_model
 
@@ -32,7 +32,7 @@ def run_tokenizer(run_config: dict) -> Path | None:
 
 
 def export(checkpoint: str | Path, out: str | Path, tokenizer: str | Path | None = None) -> Path:
-    from train.checkpoint import load_model_only, resolve_checkpoint
+    from evalm.train.checkpoint import load_model_only, resolve_checkpoint
 
     path = resolve_checkpoint(checkpoint)
     run_config = json.loads((path / "config.json").read_text())
@@ -55,7 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="folder for model.safetensors, config.json, tokenizer.json (required)")
     parser.add_argument("--tokenizer", help="tokenizer.json to copy (default: the one the run trained with)")
     args = parser.parse_args(argv)
-    from train.checkpoint import CheckpointError
+    from evalm.train.checkpoint import CheckpointError
 
     try:
         out = export(args.checkpoint, args.out, args.tokenizer)

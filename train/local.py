@@ -14,9 +14,9 @@ from typing import Protocol
 
 import torch
 
-from train.config import OptimConfig
-from train.parallelize import Runtime, weight_decay_groups
-from train.trainer import set_lr, train_step
+from evalm.train.config import OptimConfig
+from evalm.train.parallelize import Runtime, weight_decay_groups
+from evalm.train.trainer import set_lr, train_step
 
 
 class Batches(Protocol):

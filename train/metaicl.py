@@ -33,9 +33,9 @@ from typing import Literal
 import torch
 from pydantic.dataclasses import dataclass
 
-from config_toolkit import FROZEN, ConfigError, Parser, apply_overrides, build, debug, read_toml, to_dict
-from train.config import OptimConfig
-from train.schedule import lr_at
+from evalm.config_toolkit import FROZEN, ConfigError, Parser, apply_overrides, build, debug, read_toml, to_dict
+from evalm.train.config import OptimConfig
+from evalm.train.schedule import lr_at
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "metaicl-tiny.toml"
 
@@ -98,7 +98,7 @@ def episodes(rng: random.Random, syn, n: int) -> list[dict]:
 
 def make_batch(lm, prompt, syn, rng: random.Random, k: int, batch_size: int):
     """(demo segments, test segments, decoder rows) of `batch_size` episodes, in the evaluation layout."""
-    from icl_eval.encdec_methods import demo_segments, split_item
+    from evalm.icl_eval.encdec_methods import demo_segments, split_item
 
     demos, tests, targets = [], [], []
     for _ in range(batch_size):
@@ -113,7 +113,7 @@ def make_batch(lm, prompt, syn, rng: random.Random, k: int, batch_size: int):
 
 def loss_on(lm, kind: str, cross: str, demos, tests, targets) -> torch.Tensor:
     """Mean cross-entropy of the answer tokens and their end token given the encoded episode."""
-    from icl_eval.t5 import pad_rows
+    from evalm.icl_eval.t5 import pad_rows
 
     hidden, mask = lm.encode(kind, demos, tests, cross)
     ids, keep = pad_rows([t[:-1] for t in targets], lm.pad_id)
@@ -125,7 +125,7 @@ def loss_on(lm, kind: str, cross: str, demos, tests, targets) -> torch.Tensor:
 
 
 def build_lm(model_cfg: T5ModelConfig, seed: int):
-    from icl_eval.t5 import load_t5, tiny_t5
+    from evalm.icl_eval.t5 import load_t5, tiny_t5
 
     if model_cfg.init_from:
         return load_t5(model_cfg.init_from)
@@ -144,8 +144,8 @@ def train(model_cfg: T5ModelConfig, cfg: MetaIclConfig, optim: OptimConfig, syn,
 
 
 def _train(model_cfg: T5ModelConfig, cfg: MetaIclConfig, optim: OptimConfig, syn, out: Path | None):
-    from icl_eval.prompts import PromptBuilder
-    from icl_eval.synthetic import synthetic_task
+    from evalm.icl_eval.prompts import PromptBuilder
+    from evalm.icl_eval.synthetic import synthetic_task
 
     lm = build_lm(model_cfg, cfg.seed)
     prompt = PromptBuilder(synthetic_task(syn), lm.tokenizer)

@@ -1,8 +1,8 @@
 """`evalm train msit`: many-shot instruction tuning from a pretrained checkpoint (EVALM §3.2, App. B).
 
-    python -m train.msit --config configs/msit-tiny.toml --out runs/msit-tiny \
+    python -m evalm.train.msit --config configs/msit-tiny.toml --out runs/msit-tiny \
         --set checkpoint.init_from=runs/pretrain-tiny
-    torchrun --nproc_per_node=8 -m train.msit --config configs/msit-plus.toml --out runs/msit-plus
+    torchrun --nproc_per_node=8 -m evalm.train.msit --config configs/msit-plus.toml --out runs/msit-plus
 
 Instruction examples are templated, held-out clusters removed, and whole examples packed into
 lines of 8192 (MSIT) or 16384 (MSIT+) tokens by `train.packing`; the loop, checkpoints and resume
@@ -15,12 +15,12 @@ import sys
 from collections.abc import Sequence
 
 from evalm.tokenizer import load_tokenizer
-from train.command import run_command
-from train.config import MsitDataConfig
-from train.packing import MixedLines, PackedLines, build_lines
-from train.shards import PretrainLines, TokenShards
-from train.structure import SaiclMask
-from train.parallelize import Runtime
+from evalm.train.command import run_command
+from evalm.train.config import MsitDataConfig
+from evalm.train.packing import MixedLines, PackedLines, build_lines
+from evalm.train.shards import PretrainLines, TokenShards
+from evalm.train.structure import SaiclMask
+from evalm.train.parallelize import Runtime
 
 DEFAULT_CONFIG = "configs/msit-tiny.toml"
 

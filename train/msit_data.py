@@ -21,7 +21,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from config_toolkit import Parser, debug
+from evalm.config_toolkit import Parser, debug
 
 DEFAULTS = {"episodes": 1200, "examples": 160, "inputs": (2, 4, 8, 16), "seed": 10**6}
 """The embedded run's tuning data (configs/tiny.toml [msit])."""

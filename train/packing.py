@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from train.config import MsitDataConfig
-from train.instructions import Example, iter_examples
+from evalm.train.config import MsitDataConfig
+from evalm.train.instructions import Example, iter_examples
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,7 +39,7 @@ class Runtime:
 def init_distributed(device: str = "auto") -> Runtime:
     """Join the torchrun process group (RANK/WORLD_SIZE set), or make a one-process group.
 
-    One entry point for both launches (nanochat `compute_init`): a plain `python -m train.pretrain`
+    One entry point for both launches (nanochat `compute_init`): a plain `python -m evalm.train.pretrain`
     is a world of one, so the same FSDP and DCP code runs. gloo on CPU, NCCL on GPU.
     """
     use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())

@@ -1,8 +1,8 @@
 """`evalm train pretrain`: causal-LM pretraining on token shards (EVALM §3.2, Appendix A.2).
 
-    python -m train.pretrain --config configs/pretrain-tiny.toml --out runs/tiny
-    torchrun --nproc_per_node=8 -m train.pretrain --config configs/evalm-350m.toml --out runs/350m
-    python -m train.pretrain --config ... --out runs/350m --resume auto    # continue a run
+    python -m evalm.train.pretrain --config configs/pretrain-tiny.toml --out runs/tiny
+    torchrun --nproc_per_node=8 -m evalm.train.pretrain --config configs/evalm-350m.toml --out runs/350m
+    python -m evalm.train.pretrain --config ... --out runs/350m --resume auto    # continue a run
 
 The same entry point serves one process and torchrun (nanochat `compute_init`).
 """
@@ -12,9 +12,9 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from train.command import run_command
-from train.parallelize import Runtime
-from train.shards import PretrainLines, TokenShards
+from evalm.train.command import run_command
+from evalm.train.parallelize import Runtime
+from evalm.train.shards import PretrainLines, TokenShards
 
 DEFAULT_CONFIG = "configs/pretrain-tiny.toml"
 

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from evalm.cache import Cache
-from train.data import IGNORE
+from evalm.train.data import IGNORE
 
 
 @dataclass(frozen=True)

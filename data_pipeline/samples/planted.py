@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import random
 
-from data_pipeline.samples.packages import CODE_MEMBER
-from data_pipeline.samples.records import Doc
+from evalm.data_pipeline.samples.packages import CODE_MEMBER
+from evalm.data_pipeline.samples.records import Doc
 
 
 def jaccard(a: str, b: str) -> float:

@@ -10,8 +10,8 @@ from typing import Any
 import orjson
 import zstandard
 
-from data_pipeline.samples.fetch import sha256_of
-from data_pipeline.samples.packages import Package
+from evalm.data_pipeline.samples.fetch import sha256_of
+from evalm.data_pipeline.samples.packages import Package
 
 
 @dataclass

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from data_pipeline.samples.archive import Archive, csv_rows
-from data_pipeline.samples.packages import BBC_DIR, RT_CSV, SEED
-from data_pipeline.samples.records import Output, Provenance
+from evalm.data_pipeline.samples.archive import Archive, csv_rows
+from evalm.data_pipeline.samples.packages import BBC_DIR, RT_CSV, SEED
+from evalm.data_pipeline.samples.records import Output, Provenance
 
 SPLIT_FRACTIONS = {"validation": 0.1, "test": 0.2}
 """Per label, the rest is train."""

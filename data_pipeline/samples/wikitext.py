@@ -8,8 +8,8 @@ import re
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 
-from data_pipeline.samples.archive import Archive
-from data_pipeline.samples.packages import WIKI_BZ2
+from evalm.data_pipeline.samples.archive import Archive
+from evalm.data_pipeline.samples.packages import WIKI_BZ2
 
 _TEMPLATE = re.compile(r"\{\{[^{}]*\}\}")
 _TABLE = re.compile(r"\{\|.*?\|\}", re.S)

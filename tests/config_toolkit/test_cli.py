@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from config_toolkit import ConfigError, Dispatcher, Parser, lazy
+from evalm.config_toolkit import ConfigError, Dispatcher, Parser, lazy
 
 
 def test_parser_error_is_one_line_naming_the_flag(capsys):
@@ -104,7 +104,7 @@ def test_lazy_imports_its_module_only_when_the_command_runs(tmp_path, monkeypatc
 
 @pytest.mark.parametrize("group", ["data", "train", "eval"])
 def test_the_real_command_groups_dispatch_through_it(group):
-    proc = subprocess.run([sys.executable, "-m", "launcher.cli", group, "nope"], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "evalm.launcher.cli", group, "nope"], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.startswith(f"evalm {group}: error: unknown command 'nope'; valid: ")

@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 from pydantic.dataclasses import dataclass
 
-from config_toolkit import FROZEN, ConfigError, build, read_toml, to_dict
+from evalm.config_toolkit import FROZEN, ConfigError, build, read_toml, to_dict
 
 
 @dataclass(config=FROZEN, frozen=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from config_toolkit import ConfigError, apply_overrides, split_overrides
+from evalm.config_toolkit import ConfigError, apply_overrides, split_overrides
 
 
 def test_values_are_parsed_as_toml_else_kept_as_strings():

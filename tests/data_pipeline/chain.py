@@ -43,7 +43,7 @@ def run_chain(inputs: Path, root: Path, executor_args: list[str], env: dict | No
     budgets.write_text(BUDGETS)
     stages = [("filter", inputs, []), ("dedup", root / "filter", []), ("blend", root / "dedup", ["--budgets", budgets])]
     for stage, source, extra in stages:
-        cmd = [sys.executable, "-m", "data_pipeline.cli", stage, "--input", str(source), "--output", str(root / stage),
+        cmd = [sys.executable, "-m", "evalm.data_pipeline.cli", stage, "--input", str(source), "--output", str(root / stage),
                "--tasks", str(tasks), *map(str, extra), *executor_args]
         done = subprocess.run(cmd, env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=900)
         assert done.returncode == 0, f"{stage}: {done.stderr[-3000:]}"

@@ -39,7 +39,7 @@ def read_records(folder: Path) -> list[dict]:
 
 @pytest.fixture
 def run_cli():
-    from data_pipeline.cli import main
+    from evalm.data_pipeline.cli import main
 
     def run(*argv: str) -> int:
         return main([str(a) for a in argv])

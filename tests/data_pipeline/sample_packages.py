@@ -18,10 +18,10 @@ from xml.sax.saxutils import escape
 import orjson
 import zstandard
 
-from data_pipeline.samples import packages as P
-from data_pipeline.samples.fetch import sha256_of
-from data_pipeline.samples.pile import BOOKS, FOLIO_PAIRS, PILE_PLAYS
-from data_pipeline.samples.tasks import TASKS
+from evalm.data_pipeline.samples import packages as P
+from evalm.data_pipeline.samples.fetch import sha256_of
+from evalm.data_pipeline.samples.pile import BOOKS, FOLIO_PAIRS, PILE_PLAYS
+from evalm.data_pipeline.samples.tasks import TASKS
 
 STOP = "the of and to a in that is was he for it with as his on be at by i this had not are but from or have".split()
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from data_pipeline.blend import plan, targets
-from data_pipeline.config import Budgets
+from evalm.data_pipeline.blend import plan, targets
+from evalm.data_pipeline.config import Budgets
 
 
 def test_relative_budgets_ignore_subsets_absent_from_the_data():

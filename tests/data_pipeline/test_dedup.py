@@ -112,8 +112,8 @@ def test_verification_is_sharded_over_tasks(tmp_path, run_cli):
 
     import numpy as np
 
-    from data_pipeline.fingerprint_store import offsets
-    from data_pipeline.dedup_verify import jaccard, token_hashes
+    from evalm.data_pipeline.fingerprint_store import offsets
+    from evalm.data_pipeline.dedup_verify import jaccard, token_hashes
 
     folder, truth = _planted(tmp_path)
     out = tmp_path / "out"

@@ -9,12 +9,12 @@ import dataclasses
 
 import pytest
 
-from config_toolkit import ConfigError, build
-from data_pipeline import filters, wordlists
-from data_pipeline.config import FilterConfig, FilterProfile, load_stage
-from data_pipeline.document import Document
-from data_pipeline.filter_job import filter_documents
-from data_pipeline.normalize import normalize
+from evalm.config_toolkit import ConfigError, build
+from evalm.data_pipeline import filters, wordlists
+from evalm.data_pipeline.config import FilterConfig, FilterProfile, load_stage
+from evalm.data_pipeline.document import Document
+from evalm.data_pipeline.filter_job import filter_documents
+from evalm.data_pipeline.normalize import normalize
 
 
 def test_word_count_splits_on_space_newline_tab():

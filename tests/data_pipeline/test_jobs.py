@@ -111,7 +111,7 @@ def test_parquet_input(tmp_path, run_cli):
 
 def test_killed_task_relaunched_gives_byte_identical_outputs(tmp_path):
     _corpus(tmp_path / "in", 6, 250, seed=3)
-    cmd = [sys.executable, "-m", "data_pipeline.cli", "filter", "--input", str(tmp_path / "in"), "--tasks", "6"]
+    cmd = [sys.executable, "-m", "evalm.data_pipeline.cli", "filter", "--input", str(tmp_path / "in"), "--tasks", "6"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     subprocess.run(cmd + ["--output", str(tmp_path / "whole")], check=True, env=env, capture_output=True)
 
@@ -172,7 +172,7 @@ def read_records_file(path: Path) -> list[dict]:
 
 @pytest.mark.parametrize("command", ["filter", "dedup", "blend"])
 def test_each_subcommand_explains_itself(command, capsys):
-    from data_pipeline.cli import COMMANDS, main
+    from evalm.data_pipeline.cli import COMMANDS, main
 
     with pytest.raises(SystemExit) as exit_info:
         main([command, "--help"])

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from datasketch import LeanMinHash, MinHash
 
-from data_pipeline import lsh
-from data_pipeline.minhash import Fingerprinter, lean_bytes, token_set
+from evalm.data_pipeline import lsh
+from evalm.data_pipeline.minhash import Fingerprinter, lean_bytes, token_set
 
 
 def _corpus(n: int, seed: int) -> list[set[str]]:

@@ -75,7 +75,7 @@ def test_filter_dedup_blend_on_ray_are_byte_identical_to_local(tmp_path, head):
 def test_a_killed_ray_job_reruns_from_datatroves_markers(tmp_path, head):
     """SIGKILL the driver (its Ray tasks die with it) once some tasks are done; the rerun only runs the rest."""
     inputs = corpus(tmp_path / "in", files=8, docs=150)
-    base = [sys.executable, "-m", "data_pipeline.cli", "filter", "--input", str(inputs), "--tasks", "8"]
+    base = [sys.executable, "-m", "evalm.data_pipeline.cli", "filter", "--input", str(inputs), "--tasks", "8"]
     subprocess.run(base + ["--output", str(tmp_path / "local")], check=True, capture_output=True)
     out = tmp_path / "ray"
     cmd = base + ["--output", str(out), *ray_args(head)]

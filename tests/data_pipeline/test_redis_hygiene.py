@@ -69,7 +69,7 @@ def server():
 
 
 def _dedup(*args) -> list[str]:
-    return [sys.executable, "-m", "data_pipeline.cli", "dedup", *map(str, args)]
+    return [sys.executable, "-m", "evalm.data_pipeline.cli", "dedup", *map(str, args)]
 
 
 def test_keys_live_under_the_printed_namespace_and_go_at_completion(tmp_path, run_cli, server, capsys):

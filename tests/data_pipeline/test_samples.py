@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from data_pipeline.samples.build import Writers, build_samples
-from data_pipeline.samples.fetch import fetch_verified, pip_fetch
-from data_pipeline.samples.packages import GENSIM_WHEELS, Package, SampleError, gensim_package
-from data_pipeline.samples.wikitext import wiki_to_text
+from evalm.data_pipeline.samples.build import Writers, build_samples
+from evalm.data_pipeline.samples.fetch import fetch_verified, pip_fetch
+from evalm.data_pipeline.samples.packages import GENSIM_WHEELS, Package, SampleError, gensim_package
+from evalm.data_pipeline.samples.wikitext import wiki_to_text
 from tests.data_pipeline.sample_packages import make_packages, no_network
 
 

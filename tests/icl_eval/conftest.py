@@ -10,9 +10,9 @@ import torch
 
 from evalm import EvalmModel, ModelConfig
 from evalm.tokenizer import ByteTokenizer
-from icl_eval.lm import EvalmLM
-from icl_eval.prompts import PromptBuilder
-from icl_eval.synthetic import SyntheticConfig, episode, synthetic_task
+from evalm.icl_eval.lm import EvalmLM
+from evalm.icl_eval.prompts import PromptBuilder
+from evalm.icl_eval.synthetic import SyntheticConfig, episode, synthetic_task
 
 
 def tiny_evalm(attention: str, seed: int = 0, dtype=torch.float32) -> EvalmLM:

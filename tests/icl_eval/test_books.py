@@ -15,7 +15,7 @@ import torch
 from evalm import EvalmModel, ModelConfig
 from evalm.data_source import DataSourceError
 from evalm.io import save_model
-from icl_eval.books import iter_books
+from evalm.icl_eval.books import iter_books
 from tests.hub_cache import write_hub_cache
 
 
@@ -89,7 +89,7 @@ def test_memory_stays_flat_in_the_number_of_books(tmp_path):
 
 
 def test_cli_ppl_reads_pg19_from_the_cache(tmp_path):
-    from icl_eval.cli import main
+    from evalm.icl_eval.cli import main
 
     write_hub_cache(tmp_path, "deepmind/pg19", None, {"test": pg19(3, 120)})
     torch.manual_seed(0)

@@ -14,8 +14,8 @@ import json
 import pytest
 
 from evalm.tokenizer import ByteTokenizer
-from icl_eval.prompts import PromptBuilder, resolve_bos
-from icl_eval.tasks import Task
+from evalm.icl_eval.prompts import PromptBuilder, resolve_bos
+from evalm.icl_eval.tasks import Task
 
 transformers = pytest.importorskip("transformers")
 from tokenizers import Tokenizer, models, pre_tokenizers, processors  # noqa: E402
@@ -26,7 +26,7 @@ TASK = Task("t", "Review: {text} Sentiment: {label}", ("negative", "positive"))
 
 
 def tiny_tokenizer(folder, bos: str | None, eos: str, prepend: str | None = None):
-    from icl_eval.hf import HFTokenizerAdapter
+    from evalm.icl_eval.hf import HFTokenizerAdapter
 
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(VOCAB)}, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
@@ -76,7 +76,7 @@ def test_prompts_start_with_the_resolved_bos(tmp_path):
 
 
 def test_the_cli_records_the_bos_and_takes_the_flag(tmp_path):
-    from icl_eval.cli import main
+    from evalm.icl_eval.cli import main
 
     out = tmp_path / "icl"
     assert main(["icl", "--out", str(out), "--shots", "0,2", "--seeds", "1", "--methods", "incremental",

@@ -15,7 +15,7 @@ import sys
 import pytest
 import torch
 
-from icl_eval.harness import (RequestTooLong, fit_request, greedy_generate, harness_lm, rolling_requests,
+from evalm.icl_eval.harness import (RequestTooLong, fit_request, greedy_generate, harness_lm, rolling_requests,
                               score_requests)
 
 from .conftest import tiny_evalm
@@ -197,8 +197,8 @@ def test_simple_evaluate_and_the_cli_on_a_local_task(tmp_path, monkeypatch):
     import json
 
     from evalm.io import save_model
-    from icl_eval.cli import main
-    from icl_eval.harness import evaluate
+    from evalm.icl_eval.cli import main
+    from evalm.icl_eval.harness import evaluate
 
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

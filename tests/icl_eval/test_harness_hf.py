@@ -20,7 +20,7 @@ pytest.importorskip("lm_eval")
 pytest.importorskip("accelerate")
 transformers = pytest.importorskip("transformers")
 
-from icl_eval.harness import harness_lm, rolling_requests  # noqa: E402
+from evalm.icl_eval.harness import harness_lm, rolling_requests  # noqa: E402
 from tests.icl_eval.test_t5 import one_thread  # noqa: E402, F401 (autouse: one torch thread)
 
 WINDOW = 64
@@ -69,7 +69,7 @@ def build_model(path, style: str):
 def _pair(folder, add_bos=None):
     from lm_eval.models.huggingface import HFLM
 
-    from icl_eval.hf import load_hf
+    from evalm.icl_eval.hf import load_hf
 
     theirs = HFLM(pretrained=str(folder), device="cpu", batch_size=1, dtype="float32", add_bos_token=add_bos)
     ours = harness_lm(load_hf(folder, attn_implementation="eager"), batch_size=3, add_bos=add_bos)

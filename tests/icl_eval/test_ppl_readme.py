@@ -18,7 +18,7 @@ import torch
 
 from evalm import EvalmModel, ModelConfig
 from evalm.io import save_model
-from launcher.cli import main
+from evalm.launcher.cli import main
 from tests.hub_cache import write_hub_cache
 
 REPO = Path(__file__).resolve().parents[2]

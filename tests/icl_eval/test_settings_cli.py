@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from icl_eval.cli import main
+from evalm.icl_eval.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
 QUICK = ["--synthetic.train_steps=2", "--methods", "incremental", "--seeds", "1"]
@@ -59,9 +59,9 @@ def test_shots_and_test_items_beyond_the_data_are_errors_or_recorded_skips(tmp_p
 def test_test_items_beyond_the_validation_split_are_an_error():
     """With the shot count chosen on validation (held out of the training pool here), the same
     --test-items sample is drawn there too: a validation split too small for it is not capped silently."""
-    from icl_eval.config import EvalConfig
-    from config_toolkit import ConfigError
-    from icl_eval.supply import icl_grid, icl_supply
+    from evalm.icl_eval.config import EvalConfig
+    from evalm.config_toolkit import ConfigError
+    from evalm.icl_eval.supply import icl_grid, icl_supply
 
     config = EvalConfig(shots=(0, 4), test_items=80, choose_shot_on_validation=True, validation_items=50)
     with pytest.raises(ConfigError, match="--test-items 80: the validation split the shot count is chosen on has 50"):

@@ -11,12 +11,12 @@ import torch
 
 from evalm import EvalmModel, ModelConfig
 from evalm.tokenizer import ByteTokenizer
-from icl_eval.config import EvalConfig
-from icl_eval.lm import EvalmLM
-from icl_eval.methods import MethodOptions
-from icl_eval.protocol import Runner
-from icl_eval.summary import summarize
-from icl_eval.synthetic import SyntheticConfig, episode, synthetic_task, train_tiny_model
+from evalm.icl_eval.config import EvalConfig
+from evalm.icl_eval.lm import EvalmLM
+from evalm.icl_eval.methods import MethodOptions
+from evalm.icl_eval.protocol import Runner
+from evalm.icl_eval.summary import summarize
+from evalm.icl_eval.synthetic import SyntheticConfig, episode, synthetic_task, train_tiny_model
 
 
 def test_trained_tiny_model_learns_in_context_above_every_label_baseline(one_thread):
@@ -41,7 +41,7 @@ def test_trained_tiny_model_learns_in_context_above_every_label_baseline(one_thr
 
 
 def test_cli_icl_and_ppl_write_reports(tmp_path, one_thread):
-    from icl_eval.cli import main
+    from evalm.icl_eval.cli import main
 
     out = tmp_path / "icl"
     rc = main(["icl", "--out", str(out), "--shots", "0,2,8", "--seeds", "1,2", "--save-predictions",
@@ -70,7 +70,7 @@ def test_cli_icl_and_ppl_write_reports(tmp_path, one_thread):
 
 
 def test_cli_unknown_key_is_a_clear_error(tmp_path, capsys):
-    from icl_eval.cli import main
+    from evalm.icl_eval.cli import main
 
     assert main(["icl", "--out", str(tmp_path), "--eval.nope=1"]) == 2
     assert "nope" in capsys.readouterr().err

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 import torch
 
-from icl_eval.encdec_methods import demo_segments, split_item
-from icl_eval.methods import METHODS, MethodOptions
-from icl_eval.prompts import PromptBuilder
-from icl_eval.synthetic import SyntheticConfig, episode, synthetic_task
-from icl_eval.t5 import Segments, structured_encode, tiny_t5
+from evalm.icl_eval.encdec_methods import demo_segments, split_item
+from evalm.icl_eval.methods import METHODS, MethodOptions
+from evalm.icl_eval.prompts import PromptBuilder
+from evalm.icl_eval.synthetic import SyntheticConfig, episode, synthetic_task
+from evalm.icl_eval.t5 import Segments, structured_encode, tiny_t5
 from tests.icl_eval.conftest import demos_and_items
 
 pytest.importorskip("transformers")

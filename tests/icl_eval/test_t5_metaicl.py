@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import torch
 
-import train.metaicl as metaicl
-from icl_eval.methods import METHODS, MethodOptions
-from icl_eval.prompts import PromptBuilder
-from icl_eval.synthetic import SyntheticConfig, synthetic_task
-from icl_eval.t5 import tiny_t5
+import evalm.train.metaicl as metaicl
+from evalm.icl_eval.methods import METHODS, MethodOptions
+from evalm.icl_eval.prompts import PromptBuilder
+from evalm.icl_eval.synthetic import SyntheticConfig, synthetic_task
+from evalm.icl_eval.t5 import tiny_t5
 from tests.icl_eval.test_t5 import one_thread  # noqa: F401 (autouse: one torch thread)
 
 pytest.importorskip("transformers")
@@ -59,7 +59,7 @@ def test_meta_training_lowers_the_held_out_loss_for_every_encoder():
 
 
 def test_evalm_eval_icl_runs_the_four_methods_on_a_meta_trained_t5_folder(tmp_path):
-    from icl_eval.cli import main as eval_main
+    from evalm.icl_eval.cli import main as eval_main
 
     folder = tmp_path / "t5"
     assert metaicl.main(["--out", str(folder), "--metaicl.steps=2", "--metaicl.log_every=1",

@@ -15,8 +15,8 @@ import torch
 from evalm import EvalmModel, ModelConfig
 from evalm.data_source import DataSourceError, cache_dir
 from evalm.io import save_model
-from icl_eval.task_data import Rows, task_splits
-from icl_eval.tasks import EVALM_TASKS, get_task
+from evalm.icl_eval.task_data import Rows, task_splits
+from evalm.icl_eval.tasks import EVALM_TASKS, get_task
 from tests.hub_cache import write_hub_cache
 
 HIDDEN = -1  # GLUE / SuperGLUE publish their test splits without labels
@@ -173,7 +173,7 @@ def _tiny_checkpoint(folder):
 
 
 def test_cli_icl_task_from_the_cache_states_the_split_protocol(tmp_path, capsys):
-    from icl_eval.cli import main
+    from evalm.icl_eval.cli import main
 
     write_hub_cache(tmp_path, "nyu-mll/glue", "sst2", TEN_TASKS["sst2"][2] | {
         "validation": {"sentence": ["good", "bad", "fine"], "label": [1, 0, 1], "idx": [0, 1, 2]}})

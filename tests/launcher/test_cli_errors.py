@@ -1,6 +1,6 @@
 """User errors end in one line naming the file, line or flag and what to do; `--debug` shows the traceback.
 
-Each case is a real `evalm` process (`python -m launcher.cli`), as a user meets it (issue 10).
+Each case is a real `evalm` process (`python -m evalm.launcher.cli`), as a user meets it (issue 10).
 
 Run: python -m pytest tests/launcher/test_cli_errors.py -q
 """
@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[2]
 def evalm(*argv: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     env.pop("EVALM_DEBUG", None)
-    return subprocess.run([sys.executable, "-m", "launcher.cli", *argv], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "evalm.launcher.cli", *argv], capture_output=True, text=True,
                           env=env, cwd=cwd or REPO, timeout=300)
 
 
@@ -101,7 +101,7 @@ def test_ctrl_c_in_pretraining_says_how_to_resume_and_that_works(tmp_path):
     run_file = tiny_run_file(tmp_path / "run.toml", tmp_path / "tokens", steps=100_000, save_every=2)
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "launcher.cli", "train", "pretrain", "--config", str(run_file),
+    proc = subprocess.Popen([sys.executable, "-m", "evalm.launcher.cli", "train", "pretrain", "--config", str(run_file),
                              "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     deadline = time.monotonic() + 240
     while not list(out.glob("checkpoints/step-*")) and time.monotonic() < deadline and proc.poll() is None:

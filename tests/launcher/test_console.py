@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from launcher.console import call
+from evalm.launcher.console import call
 
 
 def _corpus(folder: Path) -> Path:
@@ -33,7 +33,7 @@ def test_worker_process_log_lines_go_to_the_stage_log_not_the_console(tmp_path, 
 def test_a_closed_progress_bar_ends_its_console_line():
     import io
 
-    from launcher.console import _ProgressOnly
+    from evalm.launcher.console import _ProgressOnly
 
     console, log = io.StringIO(), io.StringIO()
     err = _ProgressOnly(console, log)

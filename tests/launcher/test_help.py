@@ -18,15 +18,15 @@ from pathlib import Path
 
 import pytest
 
-from launcher import cli as top
+from evalm.launcher import cli as top
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def _subcommands() -> list[list[str]]:
-    from data_pipeline.cli import COMMANDS as DATA
-    from icl_eval.cli import COMMANDS as EVAL
-    from train.cli import COMMANDS as TRAIN
+    from evalm.data_pipeline.cli import COMMANDS as DATA
+    from evalm.icl_eval.cli import COMMANDS as EVAL
+    from evalm.train.cli import COMMANDS as TRAIN
 
     nested = {"data": DATA, "train": TRAIN, "eval": EVAL}
     return [[name, sub] for name in top.COMMANDS for sub in nested.get(name, [None])]
@@ -68,8 +68,8 @@ def _all_help_text(monkeypatch) -> str:
 
 
 def test_help_lists_methods_tasks_protocols_and_names_no_file_outside_the_repo(monkeypatch):
-    from icl_eval.methods import METHODS
-    from icl_eval.tasks import TEMPLATE_SETS
+    from evalm.icl_eval.methods import METHODS
+    from evalm.icl_eval.tasks import TEMPLATE_SETS
 
     icl = _parser(["eval", "icl"], monkeypatch).format_help()
     assert all(name in icl for name in METHODS)
@@ -94,6 +94,6 @@ def test_docs_name_no_spec_file_outside_the_repo():
 
 def test_version_prints_the_package_version():
     expected = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
-    proc = subprocess.run([sys.executable, "-m", "launcher.cli", "--version"], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "evalm.launcher.cli", "--version"], capture_output=True, text=True,
                           cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}, timeout=60)
     assert proc.returncode == 0 and proc.stdout.strip() == f"evalm {expected}", proc

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher.markers import MARKER
-from launcher.run import main
-from launcher.stages import STAGES
+from evalm.launcher.markers import MARKER
+from evalm.launcher.run import main
+from evalm.launcher.stages import STAGES
 from tests.launcher.samples_fixture import write_samples
 
 REPO = Path(__file__).resolve().parents[2]

@@ -15,20 +15,20 @@ from pathlib import Path
 
 import pytest
 
-from data_pipeline.config import PILE_SUBSETS, FilterConfig
-from data_pipeline.filters import normalize_word, ratios, reject_reason
-from data_pipeline.normalize import normalize
-from data_pipeline.samples.build import is_complete
-from data_pipeline.samples.fetch import sha256_of
-from data_pipeline.samples.packages import Package, SampleError
-from data_pipeline.samples.pile import BOOKS, FOLIO_PAIRS, PILE_PLAYS, PILE_SHARDS
-from data_pipeline.samples.planted import jaccard
-from data_pipeline.samples.tasks import TASKS
-from data_pipeline.wordlists import DEFAULT_FLAGGED, DEFAULT_STOPWORDS, load
-from icl_eval.task_data import task_splits
-from icl_eval.tasks import read_task_file
-from launcher import samples as L
-from train.instructions import iter_examples
+from evalm.data_pipeline.config import PILE_SUBSETS, FilterConfig
+from evalm.data_pipeline.filters import normalize_word, ratios, reject_reason
+from evalm.data_pipeline.normalize import normalize
+from evalm.data_pipeline.samples.build import is_complete
+from evalm.data_pipeline.samples.fetch import sha256_of
+from evalm.data_pipeline.samples.packages import Package, SampleError
+from evalm.data_pipeline.samples.pile import BOOKS, FOLIO_PAIRS, PILE_PLAYS, PILE_SHARDS
+from evalm.data_pipeline.samples.planted import jaccard
+from evalm.data_pipeline.samples.tasks import TASKS
+from evalm.data_pipeline.wordlists import DEFAULT_FLAGGED, DEFAULT_STOPWORDS, load
+from evalm.icl_eval.task_data import task_splits
+from evalm.icl_eval.tasks import read_task_file
+from evalm.launcher import samples as L
+from evalm.train.instructions import iter_examples
 from tests.data_pipeline.sample_packages import make_packages, no_network, pile_records
 
 
@@ -210,8 +210,8 @@ def test_cli_help_names_sources_and_licences(capsys):
 
 
 def test_evalm_data_routes_samples_and_lists_it(capsys):
-    from data_pipeline.cli import usage
-    from launcher.cli import main
+    from evalm.data_pipeline.cli import usage
+    from evalm.launcher.cli import main
 
     assert "samples" in usage()
     with pytest.raises(SystemExit):

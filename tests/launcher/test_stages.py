@@ -10,10 +10,10 @@ import json
 from pathlib import Path
 
 from evalm.synthetic import SyntheticConfig, instruction_examples
-from launcher import cli
-from launcher.keys import stage_key
-from launcher.run_file import load_run
-from launcher.stages import STAGES, stage_commands
+from evalm.launcher import cli
+from evalm.launcher.keys import stage_key
+from evalm.launcher.run_file import load_run
+from evalm.launcher.stages import STAGES, stage_commands
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -31,9 +31,9 @@ def _run_file(tmp_path: Path) -> Path:
 
 
 def test_every_stage_is_a_command_of_the_evalm_table(tmp_path):
-    from data_pipeline.cli import COMMANDS as DATA
-    from icl_eval.cli import COMMANDS as EVAL
-    from train.cli import COMMANDS as TRAIN
+    from evalm.data_pipeline.cli import COMMANDS as DATA
+    from evalm.icl_eval.cli import COMMANDS as EVAL
+    from evalm.train.cli import COMMANDS as TRAIN
 
     nested = {"data": DATA, "train": TRAIN, "eval": EVAL}
     r = load_run(_run_file(tmp_path))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from train.shards import ShardWriter
+from evalm.train.shards import ShardWriter
 
 VOCAB = 64
 

@@ -12,9 +12,9 @@ import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 
 from tests.train.test_structure import EOS, _lines, _model
-from train.data import IGNORE
-from train.parallelize import apply_fsdp
-from train.structure import SaiclMask
+from evalm.train.data import IGNORE
+from evalm.train.parallelize import apply_fsdp
+from evalm.train.structure import SaiclMask
 
 
 def main() -> None:

@@ -13,10 +13,10 @@ import pytest
 
 from evalm.tokenizer import load_tokenizer
 from tests.train.helpers import write_shards
-from train.data import LineLoader
-from train.shards import PretrainLines, ShardWriter, TokenShards, token_dtype
-from train.tokenizer import main as tokenizer_main
-from train.tokenizer import read_documents
+from evalm.train.data import LineLoader
+from evalm.train.shards import PretrainLines, ShardWriter, TokenShards, token_dtype
+from evalm.train.tokenizer import main as tokenizer_main
+from evalm.train.tokenizer import read_documents
 
 SAMPLE = Path(__file__).resolve().parents[2] / "train" / "samples" / "documents.jsonl"
 
@@ -103,7 +103,7 @@ def test_pipeline_output_folder_skips_dropped_documents(tmp_path):
     """A data-pipeline output: documents/*.jsonl.zst are read, rejected/ and removed/ are not."""
     import zstandard
 
-    from train.tokenizer import document_files
+    from evalm.train.tokenizer import document_files
 
     def write(path: Path, rows: list[dict]) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -14,10 +14,10 @@ from safetensors.torch import load_file
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from evalm.io import load_model
-from launcher.cli import main as evalm
+from evalm.launcher.cli import main as evalm
 from tests.train.helpers import tiny_run_file, write_shards
-from train import checkpoint
-from train.cli import main as train_cli
+from evalm.train import checkpoint
+from evalm.train.cli import main as train_cli
 
 
 def test_export_equals_torch_reading_of_the_checkpoint(tmp_path):

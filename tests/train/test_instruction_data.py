@@ -18,8 +18,8 @@ import pytest
 from evalm.data_source import DataSourceError
 from evalm.tokenizer import ByteTokenizer
 from tests.hub_cache import write_hub_cache
-from train.config import MsitDataConfig, load_run_config
-from train.packing import build_lines, iter_examples
+from evalm.train.config import MsitDataConfig, load_run_config
+from evalm.train.packing import build_lines, iter_examples
 
 FLAN_COLUMNS = {"task": "task_name", "input": "inputs", "output": "targets"}  # Muennighoff/flan's names
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from train.instructions import MSIT_COLUMNS, ROW_FORMAT, Example, iter_examples, write_examples
+from evalm.train.instructions import MSIT_COLUMNS, ROW_FORMAT, Example, iter_examples, write_examples
 
 
 def test_written_examples_read_back_unchanged(tmp_path):

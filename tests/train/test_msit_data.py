@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def evalm(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "launcher.cli", *argv], capture_output=True, text=True, cwd=REPO)
+    return subprocess.run([sys.executable, "-m", "evalm.launcher.cli", *argv], capture_output=True, text=True, cwd=REPO)
 
 
 def test_rows_are_the_generators_episodes_then_the_instruction_rows(tmp_path):
@@ -46,7 +46,7 @@ def test_rows_are_the_generators_episodes_then_the_instruction_rows(tmp_path):
 
 
 def test_a_bad_flag_or_file_is_one_line_without_a_traceback(tmp_path, capsys):
-    from train.msit_data import main
+    from evalm.train.msit_data import main
 
     bad_row = tmp_path / "bad.jsonl"
     bad_row.write_text('{"task": "a", "input": "x", "output": "y"}\nnot json\n')

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from evalm.tokenizer import ByteTokenizer
-from train.config import MsitDataConfig
-from train.data import IGNORE, LineLoader
-from train.packing import Example, build_lines, encode_example, held_out, iter_examples
+from evalm.train.config import MsitDataConfig
+from evalm.train.data import IGNORE, LineLoader
+from evalm.train.packing import Example, build_lines, encode_example, held_out, iter_examples
 
 TEMPLATES = {"add": ["Q: {input}\nA:", " {output}"], "echo": ["Say {input}:", " {output}"]}
 SAMPLE = str(Path(__file__).resolve().parents[2] / "train" / "samples" / "msit-sample.jsonl")
@@ -149,7 +149,7 @@ class _Lines:
 
 
 def test_mixed_lines_keep_every_tuning_line_and_spread_pretraining_lines_at_the_rate():
-    from train.packing import MixedLines
+    from evalm.train.packing import MixedLines
 
     mixed = MixedLines(_Lines(1, 90), _Lines(2, 7), fraction=0.25)
     lines = [mixed.line(i) for i in range(len(mixed))]

@@ -20,7 +20,7 @@ import torch
 import torch.multiprocessing as mp
 
 from tests.train.helpers import free_port, tiny_run_file, write_shards
-from train import checkpoint
+from evalm.train import checkpoint
 
 N_STEPS = 6
 
@@ -44,7 +44,7 @@ def _worker(rank: int, world: int, port: int, argv: list[str], kill_after_save: 
         finish(tmp, final, config_json)
 
     checkpoint.save, checkpoint._finish = save_then_maybe_die, finish_or_die
-    from train.pretrain import main
+    from evalm.train.pretrain import main
 
     assert main(argv) == 0
 
@@ -122,7 +122,7 @@ def test_save_killed_midway_leaves_previous_checkpoint(setup, tmp_path):
 
 
 def test_torchrun_launch_matches_the_spawned_ranks(setup, tmp_path):
-    """The real launcher: `torchrun --nproc_per_node=2 -m train.pretrain` is the same entry point."""
+    """The real launcher: `torchrun --nproc_per_node=2 -m evalm.train.pretrain` is the same entry point."""
     import subprocess
     import sys
 
@@ -130,7 +130,7 @@ def test_torchrun_launch_matches_the_spawned_ranks(setup, tmp_path):
     out = tmp_path / "torchrun"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
-           "-m", "train.pretrain", "--config", str(run_file), "--out", str(out), "--set", "train.steps=2",
+           "-m", "evalm.train.pretrain", "--config", str(run_file), "--out", str(out), "--set", "train.steps=2",
            "--set", "optim.warmup_steps=2"]
     done = subprocess.run(cmd, env=env, cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -33,7 +33,7 @@ def _worker(rank: int, world: int, port: int, argv: list[str], record: str) -> N
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank), OMP_NUM_THREADS="1")
     torch.set_num_threads(1)
-    from train.shards import PretrainLines
+    from evalm.train.shards import PretrainLines
 
     read = PretrainLines.line
 
@@ -43,7 +43,7 @@ def _worker(rank: int, world: int, port: int, argv: list[str], record: str) -> N
         return read(self, i)
 
     PretrainLines.line = line
-    from train.pretrain import main
+    from evalm.train.pretrain import main
 
     assert main(argv) == 0
 

@@ -10,9 +10,9 @@ import torch
 from evalm.cache import merge
 from evalm.config import ModelConfig
 from evalm.model import EvalmModel
-from train.config import MsitDataConfig
-from train.data import IGNORE
-from train.structure import Packed, SaiclMask
+from evalm.train.config import MsitDataConfig
+from evalm.train.data import IGNORE
+from evalm.train.structure import Packed, SaiclMask
 
 EOS = 30
 
@@ -157,7 +157,7 @@ save_every = 3
 """)
     out = tmp_path / "out"
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--master_port={free_port()}",
-                           "--nproc_per_node=2", "-m", "train.msit", "--config", str(run), "--out", str(out)],
+                           "--nproc_per_node=2", "-m", "evalm.train.msit", "--config", str(run), "--out", str(out)],
                           capture_output=True, text=True, timeout=600, env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     losses = [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]

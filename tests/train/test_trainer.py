@@ -14,12 +14,12 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from config_toolkit import ConfigError
+from evalm.config_toolkit import ConfigError
 from tests.train.helpers import tiny_run_file, write_shards
-from train import checkpoint
-from train.cli import main as cli_main
-from train.config import MsitDataConfig, load_run_config
-from train.schedule import lr_at
+from evalm.train import checkpoint
+from evalm.train.cli import main as cli_main
+from evalm.train.config import MsitDataConfig, load_run_config
+from evalm.train.schedule import lr_at
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 TRAIN_CONFIGS = ["pretrain-tiny", "msit-tiny", "evalm-350m", "evalm-1.3b", "msit", "msit-plus"]
@@ -164,7 +164,7 @@ def test_activation_checkpointing_recomputes_and_bf16_computes_in_bf16(finished_
       move by rounding only (~1e-2, EVA_SPEC O13's bf16 tolerance) but do move.
     """
     from evalm.model import MLP
-    from train import trainer
+    from evalm.train import trainer
 
     run_file, _ = finished_run
     common = ["pretrain", "--config", str(run_file), "--set", "checkpoint.save_every=0", "--set", "train.steps=3"]
