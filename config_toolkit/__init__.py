@@ -7,7 +7,7 @@ whose errors are one line, and the subcommand `Dispatcher` of every `evalm` comm
 """
 
 from evalm.config_toolkit.dispatch import Dispatcher, lazy
-from evalm.config_toolkit.errors import ConfigError, debug
+from evalm.config_toolkit.errors import ConfigError, debug, report
 from evalm.config_toolkit.files import read_toml
 from evalm.config_toolkit.overrides import apply_overrides, split_overrides
 from evalm.config_toolkit.parser import Parser
@@ -15,5 +15,5 @@ from evalm.config_toolkit.schema import FROZEN, build, to_dict
 
 __all__ = [
     "FROZEN", "ConfigError", "Dispatcher", "Parser", "apply_overrides", "build", "debug", "lazy", "read_toml",
-    "split_overrides", "to_dict",
+    "report", "split_overrides", "to_dict",
 ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 
 class ConfigError(ValueError):
@@ -12,3 +13,12 @@ class ConfigError(ValueError):
 def debug() -> bool:
     """`evalm --debug` (EVALM_DEBUG=1): user errors show their traceback instead of one line."""
     return os.environ.get("EVALM_DEBUG", "") not in ("", "0")
+
+
+def report(prog: str, err: BaseException) -> int:
+    """Inside an `except` for a user's mistake: under --debug re-raise it (traceback), else print it as
+    one line `prog: error: ...` on stderr; returns the exit code 2."""
+    if debug():
+        raise err
+    print(f"{prog}: error: {err}", file=sys.stderr)
+    return 2

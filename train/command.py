@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from evalm.config_toolkit import ConfigError, Parser, debug
+from evalm.config_toolkit import ConfigError, Parser, report
 from evalm.train.config import DataConfig, RunConfig, load_run_config
 
 
@@ -47,10 +47,7 @@ def run_command(argv: Sequence[str] | None, *, command: str, doc: str, default_c
     try:
         run(config, out, make_source(config.data, config.model.vocab_size), resume=resume, command=command)
     except (CheckpointError, FileNotFoundError, ValueError) as err:  # what to fix, without a traceback
-        if debug():
-            raise
-        print(f"evalm train {command}: error: {err}", file=sys.stderr)
-        return 2
+        return report(f"evalm train {command}", err)
     except BaseException as err:  # Ctrl-C: the last complete checkpoint stays; say how to continue from it
         if not _interrupted(err):
             raise

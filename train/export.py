@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from evalm.config_toolkit import Parser, build, debug
+from evalm.config_toolkit import Parser, build, report
 from evalm import EvalmModel, ModelConfig
 from evalm.io import save_model
 
@@ -60,10 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         out = export(args.checkpoint, args.out, args.tokenizer)
     except (CheckpointError, FileNotFoundError, KeyError) as err:
-        if debug():
-            raise
-        print(f"evalm export: error: {err}", file=sys.stderr)
-        return 2
+        return report("evalm export", err)
     print(f"exported {out}")
     return 0
 

@@ -33,7 +33,7 @@ from typing import Literal
 import torch
 from pydantic.dataclasses import dataclass
 
-from evalm.config_toolkit import FROZEN, ConfigError, Parser, apply_overrides, build, debug, read_toml, to_dict
+from evalm.config_toolkit import ConfigError, FROZEN, Parser, apply_overrides, build, read_toml, report, to_dict
 from evalm.train.config import OptimConfig
 from evalm.train.schedule import lr_at
 
@@ -212,10 +212,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                       "optim": to_dict(optim), "synthetic": to_dict(syn)}, indent=2))
         train(model_cfg, cfg, optim, syn, out)
     except (ConfigError, FileNotFoundError, ValueError) as err:
-        if debug():
-            raise
-        print(f"evalm train metaicl: error: {err}", file=sys.stderr)
-        return 2
+        return report("evalm train metaicl", err)
     print(f"wrote {args.out} (evaluate: evalm eval icl --hf-model {args.out} --tokenizer bytes --task synthetic)")
     return 0
 

@@ -21,7 +21,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from evalm.config_toolkit import Parser, debug
+from evalm.config_toolkit import Parser, report
 
 DEFAULTS = {"episodes": 1200, "examples": 160, "inputs": (2, 4, 8, 16), "seed": 10**6}
 """The embedded run's tuning data (configs/tiny.toml [msit])."""
@@ -99,10 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  instructions=Path(args.instructions) if args.instructions else None,
                                  instructions_limit=args.instructions_limit)
     except (FileNotFoundError, ValueError) as err:
-        if debug():
-            raise
-        print(f"evalm train msit-data: error: {err}", file=sys.stderr)
-        return 2
+        return report("evalm train msit-data", err)
     print(f"wrote {args.out}: {counts['synthetic']} synthetic rows ({args.episodes} episodes), "
           f"{counts['instructions']} instruction rows")
     return 0

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from evalm.config_toolkit import ConfigError, Dispatcher, Parser, lazy
+from evalm.config_toolkit import ConfigError, Dispatcher, Parser, lazy, report
 
 
 def test_parser_error_is_one_line_naming_the_flag(capsys):
@@ -109,3 +109,17 @@ def test_the_real_command_groups_dispatch_through_it(group):
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.startswith(f"evalm {group}: error: unknown command 'nope'; valid: ")
     assert proc.stderr.count("\n") == 1
+
+
+def test_report_is_one_line_and_exit_code_2_or_the_traceback_under_debug(capsys, monkeypatch):
+    def failing(env: str) -> int:
+        monkeypatch.setenv("EVALM_DEBUG", env)
+        try:
+            raise FileNotFoundError("runs/x: not found; pass the run folder")
+        except FileNotFoundError as err:
+            return report("evalm export", err)
+
+    assert failing("0") == 2
+    assert capsys.readouterr().err == "evalm export: error: runs/x: not found; pass the run folder\n"
+    with pytest.raises(FileNotFoundError, match="runs/x"):
+        failing("1")
