@@ -45,7 +45,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"evalm {version()}")
             return 0
         os.environ["EVALM_DEBUG"] = "1"  # read by every command (and the stages `evalm run` starts)
-    return DISPATCHER.main(argv)
+    try:
+        return DISPATCHER.main(argv)
+    except BrokenPipeError:  # `evalm --help | head`: the reader left; no traceback (Python docs, "SIGPIPE")
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":
