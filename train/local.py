@@ -15,8 +15,8 @@ from typing import Protocol
 import torch
 
 from evalm.train.config import OptimConfig
-from evalm.train.parallelize import Runtime, weight_decay_groups
-from evalm.train.trainer import set_lr, train_step
+from evalm.train.parallelize import Runtime
+from evalm.train.trainer import make_optimizer, set_lr, train_step
 
 
 class Batches(Protocol):
@@ -30,8 +30,7 @@ def train_in_process(model: torch.nn.Module, batches: Batches, optim: OptimConfi
     """`steps` optimizer steps of `model` (logits of `model(inputs)`) on `batches`; returns the losses."""
     device = next(model.parameters()).device
     runtime = Runtime(rank=0, world_size=1, device=device, mesh=None)
-    optimizer = torch.optim.AdamW(weight_decay_groups(model, optim.weight_decay), lr=optim.lr,
-                                  betas=tuple(optim.betas), eps=optim.eps)
+    optimizer = make_optimizer(model, optim)
     model.train()
     losses, t0 = [], time.perf_counter()
     for step in range(steps):

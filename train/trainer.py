@@ -53,8 +53,7 @@ def run(config: RunConfig, out: str | Path, make_source: Callable[[Runtime], Lin
                              "each block; set train.activation_checkpointing=false")
         model = build_model(config.model, runtime, seed=tcfg.seed, bf16=tcfg.mixed_precision == "bf16",
                             activation_checkpointing=tcfg.activation_checkpointing, shard_blocks=not grouped)
-        optimizer = torch.optim.AdamW(weight_decay_groups(model, ocfg.weight_decay), lr=ocfg.lr,
-                                      betas=tuple(ocfg.betas), eps=ocfg.eps)
+        optimizer = make_optimizer(model, ocfg)
         source = make_source(runtime)
         data_cfg = config.data
         loader = LineLoader(source, rank=runtime.rank, world_size=runtime.world_size,
@@ -178,6 +177,12 @@ def _loop(config: RunConfig, out: Path, model, optimizer, loader: LineLoader, ru
                             config_json=config_json, keep_latest_k=ccfg.keep_latest_k)
     bar.close()
     return records
+
+
+def make_optimizer(model: torch.nn.Module, ocfg) -> torch.optim.AdamW:
+    """AdamW of the `[optim]` section over `weight_decay_groups` (biases and norm weights undecayed)."""
+    return torch.optim.AdamW(weight_decay_groups(model, ocfg.weight_decay), lr=ocfg.lr, betas=tuple(ocfg.betas),
+                             eps=ocfg.eps)
 
 
 def set_lr(optimizer, step: int, ocfg, total_steps: int) -> float:
