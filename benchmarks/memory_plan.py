@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 from evalm.config_toolkit import build, read_toml
 from evalm import EvalmModel, ModelConfig
-from evalm.recompute import GROUP_LOGITS, MIN_PIECE
+from evalm.recompute import MIN_PIECE
+from evalm.tiling import GROUP_LOGITS
 
 GIB = 2**30
 RUNTIME_ALLOWANCE = 2 * GIB  # CUDA context, NCCL buffers, allocator fragmentation (an allowance, not a measurement)

@@ -30,7 +30,8 @@ from torch import Tensor, nn
 
 from evalm.cache import Cache, Parts, parts_append, parts_bytes, parts_head, parts_len
 from evalm.heads import HeadProjections, upcast
-from evalm.recompute import GROUP_LOGITS, Tiling, eva_attention
+from evalm.recompute import eva_attention
+from evalm.tiling import GROUP_LOGITS, Tiling
 
 TILE_LOGITS = 1 << 24  # logits per query tile (B·H·tile·keys): bounds memory on long segments
 
@@ -113,6 +114,9 @@ class EvaAttention(HeadProjections):
         # A whole sequence without a cache (training) takes the recomputing path (evalm/recompute.py);
         # False selects the autograd path through _attend, kept as the tests' second oracle.
         self.recompute = True
+        # On it, PyTorch's fused CPU kernel where it applies (evalm/flash.py); False keeps every call
+        # on the plain-PyTorch recomputation, which the tests hold to the same oracles.
+        self.fused = True
         self.group_logits = GROUP_LOGITS
 
     def init_weights(self) -> None:
@@ -197,8 +201,7 @@ class EvaAttention(HeadProjections):
         w, c, s = self.window_size, self.chunk_size, self.head_dim**-0.5
         n = T // c
         if n > 0:  # k̃ and ω here (the adaptive maps are modules); β inside the Function, from k and v
-            mean = lambda x: x[:, : n * c].unflatten(1, (n, c)).mean(2).transpose(1, 2).contiguous()  # noqa: E731
-            rk, omega = self.chunk_keys(mean(q), mean(k))
+            rk, omega = self._summary_keys(q, k)
         else:
             rk = omega = q.new_zeros(B, H, 0, D)
         bias = None
@@ -207,8 +210,14 @@ class EvaAttention(HeadProjections):
             bias = s * self.rel_pos_bias(distance.clamp(min=0)).to(q.dtype)
         dropout = self.attn_dropout if self.training else 0.0
         seed = int(torch.randint(0, 2**62, (1,))) if dropout > 0 else 0
-        tiling = Tiling(w, c, self.ext, self.exclude_window_chunks, s, dropout, seed, self.group_logits)
+        tiling = Tiling(w, c, self.ext, self.exclude_window_chunks, s, dropout, seed, self.group_logits, self.fused)
         return eva_attention(tiling, q, k, v, rk, omega, bias)
+
+    def _summary_keys(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        """k̃ and ω (B, H, ⌊T/c⌋, D) of the whole chunks of q, k (B, T, H, D)."""
+        n, c = q.shape[1] // self.chunk_size, self.chunk_size
+        mean = lambda x: x[:, : n * c].unflatten(1, (n, c)).mean(2).transpose(1, 2).contiguous()  # noqa: E731
+        return self.chunk_keys(mean(q), mean(k))
 
     def _attend(self, q, seq_k, seq_v, remote_k, remote_v, n0: int, p0: int, cache: Cache | None) -> Tensor:
         """Queries at n0 … n0+T−1 over their window, the visible chunks and any merged prefix.

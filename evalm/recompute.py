@@ -16,40 +16,21 @@ exclude_window_chunks, §1.7). Local and remote logits share one softmax: one ma
 Attention dropout acts on the joint probabilities, as in the reference (§1.4 step 8). Its keep
 masks come from a generator seeded per group from one seed drawn at forward time, so the backward
 replays exactly the masks the forward used. Low-precision inputs run in fp32 (§8.8).
+
+The same computation on PyTorch's fused CPU kernel (evalm/flash.py) is faster; `EvaRecompute`
+takes it wherever it applies (no attention dropout, CPU tensors) and this path everywhere else.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
+from evalm import flash
 from evalm.heads import upcast  # softmax work in at least fp32 (EVA_SPEC §8.8)
-
-GROUP_LOGITS = 1 << 18  # logits per group (B·H·rows·keys, 1 MiB in fp32): bounds the working set and backward's temporaries
-
-
-@dataclass(frozen=True)
-class Tiling:
-    """The static shape of one EVA attention call."""
-
-    window: int  # w
-    chunk: int  # c
-    ext: int  # 0, or w with overlap_window
-    exclude_window_chunks: bool
-    scale: float  # s = D^-1/2
-    dropout: float = 0.0  # attention dropout on the joint probabilities (0 outside training)
-    seed: int = 0  # dropout masks of group g come from a generator seeded with seed + g
-    group_logits: int = GROUP_LOGITS
-
-    def limit(self, pos: Tensor | int):
-        """Remote chunks visible to the query at `pos`: r < limit (§1.3, §1.7)."""
-        if self.exclude_window_chunks:
-            start = pos // self.window * self.window - self.ext
-            return (start.clamp(min=0) if isinstance(start, Tensor) else max(0, start)) // self.chunk
-        return pos // self.chunk
+from evalm.tiling import Tiling
 
 
 class Group(NamedTuple):
@@ -229,8 +210,28 @@ def attention_backward(t: Tiling, q, k, v, rk, rv, bias, out, lse, d_out):
     return dq, dk_pad[:, t.ext :], dv_pad[:, t.ext :], drk, drv, (d_bias if bias is not None else None)
 
 
+def local_bias_grad(t: Tiling, q, k, v, bias, out, lse, d_out) -> Tensor:
+    """The T5 bias's gradient alone, Σ over blocks, sequences and heads of the local dS, recomputed
+    from the joint log-sum-exp lse (B, H, N): the fused kernel returns none for its mask."""
+    B, N, H, D = q.shape
+    w = t.window
+    k_pad, v_pad = (_pad_front(x, t.ext) for x in (k, v))
+    local_mask = _local_mask(t, bias, q.device, q.dtype)
+    d_bias = torch.zeros(w, t.ext + w, dtype=q.dtype, device=q.device)
+    for group in groups(t, B * H, N // w, 0):  # local keys only: no chunk is visible
+        b0, b1, r0, r1, _ = group
+        rows = group.rows(w)
+        loc, _ = _logits(t, q, k_pad, None, local_mask, group)
+        p = loc.sub_(lse[..., rows].reshape(*loc.shape[:-1], 1)).exp_()
+        dl = (d_out[:, rows] * out[:, rows]).sum(-1).transpose(1, 2).reshape(*loc.shape[:-1], 1)
+        dp = torch.matmul(_queries(d_out, group, w), _windows(v_pad, t, b0, b1).transpose(-1, -2))
+        d_bias[r0:r1] += p.mul_(dp.sub_(dl)).sum((0, 1, 2))
+    return d_bias
+
+
 class EvaRecompute(torch.autograd.Function):
-    """EVA attention whose backward recomputes the logits instead of storing them.
+    """EVA attention whose backward recomputes the logits instead of storing them, on the fused
+    kernel (evalm/flash.py) where it applies, in the plain PyTorch ops above elsewhere.
 
     The chunk summaries β are computed here too, from k, v and ω (§1.3), so their gradients land
     in place in dk and dv: autograd's graph of the summaries would keep, and in backward allocate,
@@ -238,10 +239,12 @@ class EvaRecompute(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, rk, omega, bias, t: Tiling):
-        work = [upcast(x) for x in (q, k, v, rk, omega)]
+        work = [upcast(x).contiguous() for x in (q, k, v, rk, omega)]
+        ctx.fused = flash.applies(t, work[0])
+        attend = flash.forward if ctx.fused else attention_forward
         with torch.autocast(q.device.type, enabled=False):  # else bf16 autocast recasts every matmul
             beta, weights = summaries_forward(t, work[1], work[2], work[4])
-            out, lse = attention_forward(t, *work[:4], beta, upcast(bias) if bias is not None else None)
+            out, lse = attend(t, *work[:4], beta, upcast(bias) if bias is not None else None)
         out = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, rk, omega, bias, out, lse, beta, weights)
         ctx.tiling = t
@@ -251,10 +254,16 @@ class EvaRecompute(torch.autograd.Function):
     def backward(ctx, d_out):
         q, k, v, rk, omega, bias, out, lse, beta, weights = ctx.saved_tensors
         t = ctx.tiling
-        work = [upcast(x) for x in (q, k, v, rk, omega)]
+        work = [upcast(x).contiguous() for x in (q, k, v, rk, omega)]
+        b, o, do = (upcast(x) if x is not None else None for x in (bias, out, d_out))
         with torch.autocast(q.device.type, enabled=False):
-            dq, dk, dv, drk, d_beta, d_bias = attention_backward(
-                t, *work[:4], beta, upcast(bias) if bias is not None else None, upcast(out), lse, upcast(d_out))
+            if ctx.fused:
+                dq, dk, dv, drk, d_beta = flash.backward(t, *work[:4], beta, b, o, lse, do)
+                d_bias = None
+                if b is not None and ctx.needs_input_grad[5]:
+                    d_bias = local_bias_grad(t, *work[:3], b, o, lse.transpose(1, 2), do)
+            else:
+                dq, dk, dv, drk, d_beta, d_bias = attention_backward(t, *work[:4], beta, b, o, lse, do)
             d_omega = summaries_backward(t, work[1], work[2], work[4], weights, d_beta, dk, dv)
         like = (q, k, v, rk, omega, bias)
         grads = (dq, dk, dv, drk, d_omega, d_bias)

@@ -3,11 +3,12 @@
 Run: python -m pytest tests/evalm/test_oracles_long.py -q
 - O1, n = 2,003 (not a multiple of w or c; ~500 chunks): the vectorised per-token oracle
   (tests/evalm/oracle.py) against every path a long sequence takes: the recomputing training
-  attention (evalm/recompute.py) in many block groups with staircase chunk masks, the tiled
+  attention on the fused kernel (evalm/flash.py) in 768-row remote groups, and in plain PyTorch
+  (evalm/recompute.py) in many block groups with staircase chunk masks, the tiled
   autograd/eval path (`EvaAttention._attend`) in 8 query tiles of 256 rows split over several
   tile groups, and incremental encoding through the cache in three uneven segments.
 - O7, the block-local limit: with no remote entry, each query is exact softmax attention over its
-  own block (plus the previous block with overlap), on both paths, against a dense-mask oracle;
+  own block (plus the previous block with overlap), on every path, against a dense-mask oracle;
   a sliding window gives other numbers, so the oracle can tell blocks from windows.
 float64 throughout; d_model 32 keeps it to a few seconds.
 """
@@ -19,9 +20,11 @@ import pytest
 import torch
 
 import evalm.eva
+import evalm.flash
 import evalm.recompute
 from evalm.cache import Cache
-from evalm.recompute import Tiling, eva_attention
+from evalm.recompute import eva_attention
+from evalm.tiling import Tiling
 from tests.evalm.oracle import eva_per_token, eva_per_token_vectorised, t5_bucket_ref
 from tests.evalm.test_eva import BASE, EXACT, VARIANTS, make_attention
 
@@ -46,10 +49,17 @@ def test_o1_long_sequence_on_the_recompute_tiled_and_cached_paths(name, monkeypa
     x = _x(N_LONG)
     want = eva_per_token_vectorised(attn, x)
 
+    seen_remote, real_remote = [], evalm.flash._remote_groups
+    monkeypatch.setattr(evalm.flash, "_remote_groups", lambda *a: seen_remote.append(real_remote(*a)) or seen_remote[-1])
+    with torch.no_grad():
+        np.testing.assert_allclose(attn(x).numpy(), want, rtol=0, atol=EXACT)  # fused kernel, default groups
+    assert len(seen_remote[0]) == 3 and all(g.prefix > 0 for g in seen_remote[0][1:])
+
     seen_groups, real_groups = [], evalm.recompute.groups
     monkeypatch.setattr(evalm.recompute, "groups", lambda *a: seen_groups.append(real_groups(*a)) or seen_groups[-1])
+    attn.fused = False
     with torch.no_grad():
-        np.testing.assert_allclose(attn(x).numpy(), want, rtol=0, atol=EXACT)  # recompute path, default budget
+        np.testing.assert_allclose(attn(x).numpy(), want, rtol=0, atol=EXACT)  # plain-PyTorch path, default budget
     groups = seen_groups[0]
     assert len(groups) > 4 and any(g.b1 - g.b0 > 1 for g in groups)  # several groups of several blocks
 
@@ -105,8 +115,10 @@ def test_o7_without_remote_entries_each_query_is_softmax_over_its_block(name):
     none = q.new_zeros(1, H, 0, D)
     with torch.no_grad():
         got = eva_attention(Tiling(w, c, ext, False, s), q, k, v, none, none, bias_block)
+        ops = eva_attention(Tiling(w, c, ext, False, s, fused=False), q, k, v, none, none, bias_block)
         tiled = attn._attend(*(t.transpose(1, 2) for t in (q, k, v)), (), (), 0, 0, None).transpose(1, 2)
     np.testing.assert_allclose(got.numpy(), want, rtol=0, atol=EXACT)
+    np.testing.assert_allclose(ops.numpy(), want, rtol=0, atol=EXACT)
     np.testing.assert_allclose(tiled.numpy(), want, rtol=0, atol=EXACT)
     sliding = _block_local_oracle(q, k, v, w, ext, bias_d, sliding=True)
     assert np.abs(sliding - want).max() > 1e-3  # blocks, not a sliding window: the oracle can fail

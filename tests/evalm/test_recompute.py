@@ -1,4 +1,6 @@
-"""EVA's recomputing training attention (evalm/recompute.py) against two gradient oracles.
+"""EVA's recomputing training attention against two gradient oracles, on both of its paths: PyTorch's
+fused CPU kernel (evalm/flash.py, the default) and the plain-PyTorch recomputation
+(evalm/recompute.py, `fused = False`; the path attention dropout always takes).
 
 Oracles, float64, every parameter's gradient and the input's:
 1. the autograd path through `EvaAttention._attend` (the implementation before recomputation,
@@ -16,7 +18,10 @@ import pytest
 import torch
 
 import evalm.eva
-from evalm.recompute import EvaRecompute, Tiling
+import evalm.flash
+import evalm.recompute
+from evalm.recompute import EvaRecompute
+from evalm.tiling import Tiling
 from tests.evalm.oracle import eva_per_token_torch
 from tests.evalm.test_eva import VARIANTS, make_attention, make_model, tokens
 
@@ -50,17 +55,32 @@ def _inputs(n: int, batch: int = 2):
     return x, torch.randn(batch, n, 32, dtype=torch.float64, generator=gen)
 
 
+def _flash_groups(monkeypatch, rows: int = 40) -> list:
+    """Remote groups of `rows` queries on the fused path (several per test sequence, each with a
+    staircase tail); returns the list of each call's groups, so a test can see the path was taken."""
+    monkeypatch.setattr(evalm.flash, "ROWS", rows)
+    seen, real = [], evalm.flash._remote_groups
+    monkeypatch.setattr(evalm.flash, "_remote_groups", lambda *a: seen.append(real(*a)) or seen[-1])
+    return seen
+
+
 # n = 13: one block, no remote chunk for the first queries; 77: several blocks, a padded tail;
-# 300: more than the old path's 256-row tile, with groups forced small on both paths.
+# 300: more than the old path's 256-row tile, with groups forced small on every path.
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "ops"])
 @pytest.mark.parametrize("name", VARIANTS)
 @pytest.mark.parametrize("n", [13, 77, 300])
-def test_gradients_equal_the_autograd_path(name, n, monkeypatch):
+def test_gradients_equal_the_autograd_path(name, n, fused, monkeypatch):
     attn = make_attention(**VARIANTS[name])
+    attn.fused = fused
     x, weight = _inputs(n)
+    seen = _flash_groups(monkeypatch)
     if n == 300:  # several groups on both paths
         monkeypatch.setattr(evalm.eva, "TILE_LOGITS", 2 * 4 * 256 * 400)
         attn.group_logits = 2 * 4 * 3 * attn.window_size * 120
     new = _grads(attn, attn, x, weight)
+    assert bool(seen) == fused  # the path under test is the one taken
+    if fused and n == 300:
+        assert len(seen[0]) > 3 and any(g.end > g.prefix > 0 for g in seen[0])  # prefix and tail calls
     attn.recompute = False
     old = _grads(attn, attn, x, weight)
     _assert_same(new, old)
@@ -82,6 +102,7 @@ def test_blocks_cut_into_row_pieces_keep_the_gradients(name, monkeypatch):
     """A block whose queries see more chunks than the logit budget allows runs in row pieces."""
     monkeypatch.setattr(evalm.recompute, "MIN_PIECE", 3)
     attn = make_attention(**VARIANTS[name])
+    attn.fused = False  # pieces are the plain-PyTorch path's
     attn.group_logits = 8 * 5 * (2 * attn.window_size + 30)  # about 5 rows per piece late in the sequence
     x, weight = _inputs(200)
     assert len(_pieces(attn, 200)) > 4
@@ -90,9 +111,12 @@ def test_blocks_cut_into_row_pieces_keep_the_gradients(name, monkeypatch):
     _assert_same(new, _grads(attn, attn, x, weight))
 
 
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "ops"])
 @pytest.mark.parametrize("name", ["w16c4-t5", "w8c4-overlap-t5", "w16c4-exclude", "w16c16"])
-def test_gradients_equal_the_per_token_oracle(name):
+def test_gradients_equal_the_per_token_oracle(name, fused, monkeypatch):
+    _flash_groups(monkeypatch, rows=24)
     attn = make_attention(**VARIANTS[name])
+    attn.fused = fused
     attn.group_logits = 2 * 4 * 2 * attn.window_size * 40  # a few blocks per group
     x, weight = _inputs(70)
     _assert_same(_grads(attn, attn, x, weight), _grads(attn, lambda x: eva_per_token_torch(attn, x), x, weight))

@@ -1,0 +1,204 @@
+"""EVA's training attention on PyTorch's fused CPU attention kernel: softmax parts merged by
+their log-sum-exp.
+
+A query's joint softmax (EVA_SPEC §1.3) runs over its local block keys and the chunk summaries
+it may see. Cut the keys into parts and each part is plain masked attention, which PyTorch's
+fused kernel (the FlashAttention recipe of Dao et al. 2022, in C++) computes with its own max
+and sum. The parts combine exactly through their log-sum-exps ℓ_p:
+    ℓ = log Σ_p exp ℓ_p,    o = Σ_p exp(ℓ_p − ℓ) · o_p.
+Backward needs no combining: given the *joint* output and ℓ, the kernel's backward recomputes a
+part's probabilities as exp(s − ℓ), which are the joint ones, and its dS = P ∘ (dP − rowsum(dO ∘ O))
+is the joint softmax's gradient restricted to that part (FlashAttention, Algorithm 2).
+
+The parts, none of which copies a key or a value:
+  local   each block's w queries against its ext + w keys, one (w, ext + w) mask for every block
+          (causality, T5 bias); all blocks in one call, laid on the kernel's batch axis;
+  prefix  a group of ROWS queries against the chunks all of them see: no mask at all;
+  tail    the same queries against the chunks that become visible inside the group: a small
+          staircase mask (rows, rows/c).
+So the work runs at the fused kernel's speed on views of q, k, v and the summaries, and the
+forward keeps only the output and ℓ, as the plain-PyTorch path (evalm/recompute.py) does.
+
+That path remains for what the kernel cannot do: attention dropout (the CPU kernel refuses
+dropout_p > 0) and non-CPU tensors (see docs/model.md, "On a GPU"). The kernel returns no
+gradient for its mask, so the T5 bias's gradient comes from recompute.local_bias_grad.
+The two operators are the ones `F.scaled_dot_product_attention` dispatches to on the CPU; they
+are called directly because the public function neither returns ℓ nor takes it in backward.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from evalm.tiling import Tiling
+
+# Rows per remote group. From 768 query rows on, the kernel works in 256-row query blocks, which
+# measured fastest (768 vs 256/512/1024 rows, benchmarks/attention.py shapes); a group computes
+# about rows/(2c) masked tail logits per query, 3% of the logits at 8k tokens.
+ROWS = 768
+
+_FWD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+_BWD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
+
+
+def applies(t: Tiling, q: Tensor) -> bool:
+    """Whether this call can take the fused kernel."""
+    return t.fused and t.dropout == 0 and q.device.type == "cpu" and _FWD is not None
+
+
+class Local(NamedTuple):
+    """One kernel call of the local part: blocks b0 … b1−1 of one sequence, or of all (seq None)."""
+
+    seq: int | None
+    b0: int
+    b1: int
+
+
+def _local_calls(t: Tiling, batch: int, n_blocks: int) -> list[Local]:
+    """All blocks in one call; with overlapping windows (ext = w), block 0 (no previous block) on
+    its own, then the later blocks one sequence at a time (their windows are strided views of one
+    sequence)."""
+    if t.ext == 0:
+        return [Local(None, 0, n_blocks)]
+    return [Local(None, 0, 1)] + ([Local(b, 1, n_blocks) for b in range(batch)] if n_blocks > 1 else [])
+
+
+def _rows(x: Tensor, call: Local, w: int) -> Tensor:
+    """The call's rows of x (B, N, H, ...) as (G, H, w, ...), a view (a copy would be an error)."""
+    part = x[:, call.b0 * w : call.b1 * w] if call.seq is None else x[call.seq, call.b0 * w : call.b1 * w].unsqueeze(0)
+    return part.view(-1, w, *x.shape[2:]).transpose(1, 2)
+
+
+def _keys(x: Tensor, t: Tiling, call: Local) -> Tensor:
+    """Local keys (or values) of the call's blocks, (G, H, ext + w, D): windows overlapping by ext
+    rows, as one strided view of the contiguous x (B, N, H, D)."""
+    if t.ext == 0 or call.b0 == 0:  # block 0 with overlap: its own w keys only
+        return _rows(x, call, t.window)
+    w, (_, _, H, D) = t.window, x.shape
+    seq = x[call.seq]
+    return seq.as_strided((call.b1 - call.b0, H, t.ext + w, D), (w * H * D, D, H * D, 1),
+                          seq.storage_offset() + (call.b0 * w - t.ext) * H * D)
+
+
+def _add_keys(acc: Tensor, grad: Tensor, t: Tiling, call: Local) -> None:
+    """Add a call's local-key gradients (G, H, ext + w, D) into acc (B, N, H, D)."""
+    w = t.window
+    if t.ext == 0 or call.b0 == 0:
+        _rows(acc, call, w).add_(grad)
+        return
+    _rows(acc, call._replace(b0=call.b0 - 1, b1=call.b1 - 1), w).add_(grad[..., : t.ext, :])  # ext = w: the previous block
+    _rows(acc, call, w).add_(grad[..., t.ext :, :])
+
+
+def _local_mask(t: Tiling, bias: Tensor | None, call: Local, like: Tensor) -> Tensor | None:
+    """The (w, ext + w) additive mask of every block: T5 bias where visible, −inf after the query
+    (None: the kernel's own causal mask). Block 0 with overlap keeps its last w columns."""
+    if bias is None and t.ext == 0:
+        return None
+    w = t.window
+    rows, cols = torch.arange(w, device=like.device)[:, None], torch.arange(t.ext + w, device=like.device)
+    base = bias.to(like.dtype) if bias is not None else like.new_zeros(w, t.ext + w)
+    mask = base.masked_fill(cols > rows + t.ext, float("-inf"))
+    return mask[:, t.ext :] if call.b0 == 0 else mask
+
+
+def _local_call(t: Tiling, bias: Tensor | None, call: Local, q: Tensor) -> dict:
+    mask = _local_mask(t, bias, call, q)
+    return {"is_causal": mask is None, "attn_mask": mask, "scale": t.scale}
+
+
+class Remote(NamedTuple):
+    """Queries r0 … r1−1, the chunks [0, prefix) all of them see, and [prefix, end) some of them."""
+
+    r0: int
+    r1: int
+    prefix: int
+    end: int
+
+
+def _remote_groups(t: Tiling, n: int, n_remote: int) -> list[Remote]:
+    out = []
+    for r0 in range(0, n, ROWS):
+        r1 = min(n, r0 + ROWS)
+        end = min(n_remote, t.limit(r1 - 1))  # the group's last query sees most
+        if end > 0:
+            out.append(Remote(r0, r1, min(n_remote, t.limit(r0)), end))
+    return out
+
+
+def _parts(t: Tiling, g: Remote, like: Tensor) -> list[tuple[slice, Tensor | None, Tensor | None]]:
+    """(chunks, mask, rows that see any of them) of the group's prefix and tail calls."""
+    parts = [(slice(0, g.prefix), None, None)] if g.prefix > 0 else []
+    if g.end > g.prefix:
+        pos = torch.arange(g.r0, g.r1, device=like.device)[:, None]
+        visible = g.prefix + torch.arange(g.end - g.prefix, device=like.device) < t.limit(pos)
+        mask = like.new_zeros(visible.shape).masked_fill_(~visible, float("-inf"))
+        parts.append((slice(g.prefix, g.end), mask, visible.any(-1)))
+    return parts
+
+
+def _merge(acc_o: Tensor, acc_l: Tensor, o: Tensor, lse: Tensor) -> None:
+    """Fold one part's output o (B, H, R, D) and ℓ (B, H, R) into acc_o (B, R, H, D), acc_l (B, R, H)."""
+    lse = lse.transpose(1, 2)
+    total = torch.logaddexp(acc_l, lse)
+    acc_o.mul_((acc_l - total).exp_().unsqueeze(-1)).add_(o.transpose(1, 2) * (lse - total).exp_().unsqueeze(-1))
+    acc_l.copy_(total)
+
+
+def forward(t: Tiling, q: Tensor, k: Tensor, v: Tensor, rk: Tensor, rv: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor]:
+    """q, k, v (B, N, H, D) contiguous, N a multiple of w; k̃, β (B, H, C, D) -> out (B, N, H, D), ℓ (B, N, H)."""
+    B, N, H, D = q.shape
+    w = t.window
+    calls = _local_calls(t, B, N // w)
+    if len(calls) == 1:  # the kernel's output is laid out as (B, N, H, D): it becomes `out`, no copy
+        o, lse = _FWD(_rows(q, calls[0], w), _keys(k, t, calls[0]), _keys(v, t, calls[0]), **_local_call(t, bias, calls[0], q))
+        out, lse = o.transpose(1, 2).reshape(B, N, H, D), lse.view(B, -1, H, w).transpose(2, 3).reshape(B, N, H)
+    else:
+        out, lse = torch.empty_like(q), q.new_empty(B, N, H)
+        for call in calls:
+            o, part_lse = _FWD(_rows(q, call, w), _keys(k, t, call), _keys(v, t, call), **_local_call(t, bias, call, q))
+            _rows(out, call, w).copy_(o)
+            _rows(lse, call, w).copy_(part_lse)
+    for g in _remote_groups(t, N, rk.shape[-2]):
+        qg = q[:, g.r0 : g.r1].transpose(1, 2)
+        for chunks, mask, seen in _parts(t, g, q):
+            o, part_lse = _FWD(qg, rk[..., chunks, :], rv[..., chunks, :], attn_mask=mask, scale=t.scale)
+            if seen is not None:  # a row that sees none of the tail: the kernel reports ℓ = 0, not −inf
+                part_lse.masked_fill_(~seen, float("-inf"))
+            _merge(out[:, g.r0 : g.r1], lse[:, g.r0 : g.r1], o, part_lse)
+    return out, lse
+
+
+def backward(t: Tiling, q, k, v, rk, rv, bias, out, lse, d_out) -> tuple[Tensor, ...]:
+    """Gradients of forward's output from the joint out and ℓ: dq, dk, dv (B, N, H, D), d k̃, d β."""
+    B, N, H, D = q.shape
+    w = t.window
+    d_out = d_out.contiguous()
+    calls = _local_calls(t, B, N // w)
+    if len(calls) == 1:  # the kernel's gradients, laid out as (B, N, H, D), become dq, dk, dv: no copies
+        call = calls[0]
+        grads = _BWD(_rows(d_out, call, w), _rows(q, call, w), _keys(k, t, call), _keys(v, t, call),
+                     _rows(out, call, w), _rows(lse, call, w), 0.0, **_local_call(t, bias, call, q))
+        dq, dk, dv = (g.transpose(1, 2).reshape(B, N, H, D) for g in grads)
+    else:
+        dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        for call in calls:
+            gq, gk, gv = _BWD(_rows(d_out, call, w), _rows(q, call, w), _keys(k, t, call), _keys(v, t, call),
+                              _rows(out, call, w), _rows(lse, call, w), 0.0, **_local_call(t, bias, call, q))
+            _rows(dq, call, w).copy_(gq)
+            _add_keys(dk, gk, t, call)
+            _add_keys(dv, gv, t, call)
+    drk, drv = torch.zeros_like(rk), torch.zeros_like(rv)
+    for g in _remote_groups(t, N, rk.shape[-2]):
+        rows = slice(g.r0, g.r1)
+        dog, qg, og, lg = (x[:, rows].transpose(1, 2) for x in (d_out, q, out, lse))
+        for chunks, mask, _ in _parts(t, g, q):
+            gq, gk, gv = _BWD(dog, qg, rk[..., chunks, :], rv[..., chunks, :], og, lg, 0.0, False,
+                              attn_mask=mask, scale=t.scale)
+            dq[:, rows] += gq.transpose(1, 2)
+            drk[..., chunks, :] += gk
+            drv[..., chunks, :] += gv
+    return dq, dk, dv, drk, drv
