@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from evalm.cache import Cache, Parts, parts_append, parts_bytes, parts_head, parts_len
 from evalm.heads import HeadProjections, upcast
@@ -201,7 +202,11 @@ class EvaAttention(HeadProjections):
         w, c, s = self.window_size, self.chunk_size, self.head_dim**-0.5
         n = T // c
         if n > 0:  # k̃ and ω here (the adaptive maps are modules); β inside the Function, from k and v
-            rk, omega = self._summary_keys(q, k)
+            # With a graph, recomputed in backward from q and k, which the Function keeps anyway: the
+            # adaptive maps' own activations (six chunk-sized tensors, 3/4 of one (T, E) tensor at
+            # c = 8) are not kept. preserve_rng_state replays the training noise ε.
+            rk, omega = (checkpoint(self._summary_keys, q, k, use_reentrant=False, preserve_rng_state=True)
+                         if torch.is_grad_enabled() else self._summary_keys(q, k))
         else:
             rk = omega = q.new_zeros(B, H, 0, D)
         bias = None
@@ -341,11 +346,20 @@ def _joint_softmax(q: Tensor, keys: list[Tensor], values: list[Tensor], masks: l
 
     A test input scored over thousands of cached chunk summaries (incremental scoring, §4.2) would
     otherwise copy every summary into one key tensor per layer and call: at the 350M shape and
-    2,000 demonstrations that copy cost as much as the attention itself.
+    2,000 demonstrations that copy cost as much as the attention itself. A key set shared by the
+    batch (a parent cache's entries, expanded over forks) is read once, against the batch's rows
+    folded into one block: a batched matmul would copy it once per sequence.
     """
+    B, H, rows, _ = q.shape
+    fold = lambda x: x.transpose(0, 1).reshape(1, H, B * rows, x.shape[-1])  # noqa: E731 (B,H,rows,·) -> (1,H,B·rows,·)
+    unfold = lambda x: x.view(H, B, rows, x.shape[-1]).transpose(0, 1)  # noqa: E731 the inverse, a view
+    shared = [B > 1 and k.stride(0) == 0 for k in keys]
+    q_folded = fold(q) if any(shared) else None
     masks = torch.cat(masks, -1).split([k.shape[-2] for k in keys], -1)  # one mask may span several parts
-    logits = [torch.matmul(q, k[:, 0].transpose(-1, -2)).add_(m) for k, m in zip(keys, masks)]
+    logits = [(unfold(torch.matmul(q_folded, k[:1, 0].transpose(-1, -2))) if one else torch.matmul(q, k[:, 0].transpose(-1, -2))).add_(m)
+              for k, m, one in zip(keys, masks, shared)]
     top = torch.stack([lg.amax(-1) for lg in logits]).amax(0).unsqueeze(-1)  # (B, H, rows, 1)
     probs = [lg.sub_(top).exp_() for lg in logits]
     total = sum(p.sum(-1, keepdim=True) for p in probs)
-    return sum(torch.matmul(p, v[:, 0]) for p, v in zip(probs, values)).div_(total)
+    return sum(unfold(torch.matmul(fold(p), v[:1, 0])) if one else torch.matmul(p, v[:, 0])
+               for p, v, one in zip(probs, values, shared)).div_(total)

@@ -35,10 +35,14 @@ from torch import Tensor
 
 from evalm.tiling import Tiling
 
-# Rows per remote group. From 768 query rows on, the kernel works in 256-row query blocks, which
-# measured fastest (768 vs 256/512/1024 rows, benchmarks/attention.py shapes); a group computes
-# about rows/(2c) masked tail logits per query, 3% of the logits at 8k tokens.
+# Rows per remote group in forward. From 768 query rows on, the kernel works in 256-row query
+# blocks, which measured fastest (768 vs 256/512/1024 rows, benchmarks/attention.py shapes); a
+# group computes about rows/(2c) masked tail logits per query, 3% of the logits at 8k tokens.
 ROWS = 768
+# Backward merges nothing, so its groups are free to differ: each call returns fresh (rows, D) and
+# (chunks, D) gradients per head, so 256 rows and prefix calls of at most 256 chunks keep those
+# transients small (2.7 MiB less peak at 8k tokens, time within noise).
+BACKWARD_ROWS = 256
 
 _FWD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 _BWD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
@@ -105,9 +109,19 @@ def _local_mask(t: Tiling, bias: Tensor | None, call: Local, like: Tensor) -> Te
     return mask[:, t.ext :] if call.b0 == 0 else mask
 
 
-def _local_call(t: Tiling, bias: Tensor | None, call: Local, q: Tensor) -> dict:
+def _local_forward(t: Tiling, call: Local, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor]:
+    """The kernel on the call's blocks: output (G, H, w, D), laid out as (G, w, H, D), and ℓ (G, H, w)."""
     mask = _local_mask(t, bias, call, q)
-    return {"is_causal": mask is None, "attn_mask": mask, "scale": t.scale}
+    return _FWD(_rows(q, call, t.window), _keys(k, t, call), _keys(v, t, call),
+                is_causal=mask is None, attn_mask=mask, scale=t.scale)
+
+
+def _local_backward(t: Tiling, call: Local, q, k, v, bias, out, lse, d_out) -> tuple[Tensor, Tensor, Tensor]:
+    """The kernel's gradients for the call's blocks: dq (G, H, w, D), d keys and d values (G, H, ext + w, D)."""
+    mask = _local_mask(t, bias, call, q)
+    w = t.window
+    return _BWD(_rows(d_out, call, w), _rows(q, call, w), _keys(k, t, call), _keys(v, t, call), _rows(out, call, w),
+                _rows(lse, call, w), 0.0, mask is None, attn_mask=mask, scale=t.scale)
 
 
 class Remote(NamedTuple):
@@ -119,19 +133,21 @@ class Remote(NamedTuple):
     end: int
 
 
-def _remote_groups(t: Tiling, n: int, n_remote: int) -> list[Remote]:
+def _remote_groups(t: Tiling, n: int, n_remote: int, rows: int) -> list[Remote]:
     out = []
-    for r0 in range(0, n, ROWS):
-        r1 = min(n, r0 + ROWS)
+    for r0 in range(0, n, rows):
+        r1 = min(n, r0 + rows)
         end = min(n_remote, t.limit(r1 - 1))  # the group's last query sees most
         if end > 0:
             out.append(Remote(r0, r1, min(n_remote, t.limit(r0)), end))
     return out
 
 
-def _parts(t: Tiling, g: Remote, like: Tensor) -> list[tuple[slice, Tensor | None, Tensor | None]]:
-    """(chunks, mask, rows that see any of them) of the group's prefix and tail calls."""
-    parts = [(slice(0, g.prefix), None, None)] if g.prefix > 0 else []
+def _parts(t: Tiling, g: Remote, like: Tensor, piece: int | None = None) -> list[tuple[slice, Tensor | None, Tensor | None]]:
+    """(chunks, mask, rows that see any of them) of the group's prefix and tail calls; the prefix in
+    calls of at most `piece` chunks (backward: each call returns gradients as wide as its chunks)."""
+    piece = piece or max(1, g.prefix)
+    parts = [(slice(a, min(g.prefix, a + piece)), None, None) for a in range(0, g.prefix, piece)]
     if g.end > g.prefix:
         pos = torch.arange(g.r0, g.r1, device=like.device)[:, None]
         visible = g.prefix + torch.arange(g.end - g.prefix, device=like.device) < t.limit(pos)
@@ -154,15 +170,15 @@ def forward(t: Tiling, q: Tensor, k: Tensor, v: Tensor, rk: Tensor, rv: Tensor, 
     w = t.window
     calls = _local_calls(t, B, N // w)
     if len(calls) == 1:  # the kernel's output is laid out as (B, N, H, D): it becomes `out`, no copy
-        o, lse = _FWD(_rows(q, calls[0], w), _keys(k, t, calls[0]), _keys(v, t, calls[0]), **_local_call(t, bias, calls[0], q))
+        o, lse = _local_forward(t, calls[0], q, k, v, bias)
         out, lse = o.transpose(1, 2).reshape(B, N, H, D), lse.view(B, -1, H, w).transpose(2, 3).reshape(B, N, H)
     else:
         out, lse = torch.empty_like(q), q.new_empty(B, N, H)
         for call in calls:
-            o, part_lse = _FWD(_rows(q, call, w), _keys(k, t, call), _keys(v, t, call), **_local_call(t, bias, call, q))
+            o, part_lse = _local_forward(t, call, q, k, v, bias)
             _rows(out, call, w).copy_(o)
             _rows(lse, call, w).copy_(part_lse)
-    for g in _remote_groups(t, N, rk.shape[-2]):
+    for g in _remote_groups(t, N, rk.shape[-2], ROWS):
         qg = q[:, g.r0 : g.r1].transpose(1, 2)
         for chunks, mask, seen in _parts(t, g, q):
             o, part_lse = _FWD(qg, rk[..., chunks, :], rv[..., chunks, :], attn_mask=mask, scale=t.scale)
@@ -179,23 +195,20 @@ def backward(t: Tiling, q, k, v, rk, rv, bias, out, lse, d_out) -> tuple[Tensor,
     d_out = d_out.contiguous()
     calls = _local_calls(t, B, N // w)
     if len(calls) == 1:  # the kernel's gradients, laid out as (B, N, H, D), become dq, dk, dv: no copies
-        call = calls[0]
-        grads = _BWD(_rows(d_out, call, w), _rows(q, call, w), _keys(k, t, call), _keys(v, t, call),
-                     _rows(out, call, w), _rows(lse, call, w), 0.0, **_local_call(t, bias, call, q))
+        grads = _local_backward(t, calls[0], q, k, v, bias, out, lse, d_out)
         dq, dk, dv = (g.transpose(1, 2).reshape(B, N, H, D) for g in grads)
     else:
         dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
         for call in calls:
-            gq, gk, gv = _BWD(_rows(d_out, call, w), _rows(q, call, w), _keys(k, t, call), _keys(v, t, call),
-                              _rows(out, call, w), _rows(lse, call, w), 0.0, **_local_call(t, bias, call, q))
+            gq, gk, gv = _local_backward(t, call, q, k, v, bias, out, lse, d_out)
             _rows(dq, call, w).copy_(gq)
             _add_keys(dk, gk, t, call)
             _add_keys(dv, gv, t, call)
     drk, drv = torch.zeros_like(rk), torch.zeros_like(rv)
-    for g in _remote_groups(t, N, rk.shape[-2]):
+    for g in _remote_groups(t, N, rk.shape[-2], BACKWARD_ROWS):
         rows = slice(g.r0, g.r1)
         dog, qg, og, lg = (x[:, rows].transpose(1, 2) for x in (d_out, q, out, lse))
-        for chunks, mask, _ in _parts(t, g, q):
+        for chunks, mask, _ in _parts(t, g, q, piece=BACKWARD_ROWS):
             gq, gk, gv = _BWD(dog, qg, rk[..., chunks, :], rv[..., chunks, :], og, lg, 0.0, False,
                               attn_mask=mask, scale=t.scale)
             dq[:, rows] += gq.transpose(1, 2)

@@ -59,6 +59,7 @@ def _flash_groups(monkeypatch, rows: int = 40) -> list:
     """Remote groups of `rows` queries on the fused path (several per test sequence, each with a
     staircase tail); returns the list of each call's groups, so a test can see the path was taken."""
     monkeypatch.setattr(evalm.flash, "ROWS", rows)
+    monkeypatch.setattr(evalm.flash, "BACKWARD_ROWS", rows // 2 + 1)  # other groups, prefix pieces
     seen, real = [], evalm.flash._remote_groups
     monkeypatch.setattr(evalm.flash, "_remote_groups", lambda *a: seen.append(real(*a)) or seen[-1])
     return seen
