@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from evalm import flash
 from evalm.cache import Cache, Parts, parts_append, parts_bytes, parts_head, parts_len
 from evalm.heads import HeadProjections, upcast
 from evalm.recompute import eva_attention
@@ -346,20 +347,33 @@ def _joint_softmax(q: Tensor, keys: list[Tensor], values: list[Tensor], masks: l
 
     A test input scored over thousands of cached chunk summaries (incremental scoring, §4.2) would
     otherwise copy every summary into one key tensor per layer and call: at the 350M shape and
-    2,000 demonstrations that copy cost as much as the attention itself. A key set shared by the
-    batch (a parent cache's entries, expanded over forks) is read once, against the batch's rows
-    folded into one block: a batched matmul would copy it once per sequence.
+    2,000 demonstrations that copy cost as much as the attention itself. A key set that is one
+    tensor for the whole batch (a parent cache's entries, expanded over forks) is read once, against
+    the batch's rows folded into one block (a batched matmul would copy it once per sequence); when
+    every row sees all of it, PyTorch's fused CPU kernel (evalm/flash.py) attends to it and the
+    result joins the other sets' through the log-sum-exps, as the training path's parts do.
     """
     B, H, rows, _ = q.shape
     fold = lambda x: x.transpose(0, 1).reshape(1, H, B * rows, x.shape[-1])  # noqa: E731 (B,H,rows,·) -> (1,H,B·rows,·)
     unfold = lambda x: x.view(H, B, rows, x.shape[-1]).transpose(0, 1)  # noqa: E731 the inverse, a view
-    shared = [B > 1 and k.stride(0) == 0 for k in keys]
+    shared = [k.shape[0] == 1 or k.stride(0) == 0 for k in keys]
     q_folded = fold(q) if any(shared) else None
     masks = torch.cat(masks, -1).split([k.shape[-2] for k in keys], -1)  # one mask may span several parts
-    logits = [(unfold(torch.matmul(q_folded, k[:1, 0].transpose(-1, -2))) if one else torch.matmul(q, k[:, 0].transpose(-1, -2))).add_(m)
-              for k, m, one in zip(keys, masks, shared)]
-    top = torch.stack([lg.amax(-1) for lg in logits]).amax(0).unsqueeze(-1)  # (B, H, rows, 1)
-    probs = [lg.sub_(top).exp_() for lg in logits]
-    total = sum(p.sum(-1, keepdim=True) for p in probs)
-    return sum(unfold(torch.matmul(fold(p), v[:1, 0])) if one else torch.matmul(p, v[:, 0])
-               for p, v, one in zip(probs, values, shared)).div_(total)
+    kernel = [one and k.shape[-2] > 0 and flash.usable_on(q) and bool(torch.isfinite(m).all()) for k, m, one in zip(keys, masks, shared)]
+    parts = []  # (output, log-sum-exp) of the kernel's sets
+    for k, v, m, use in zip(keys, values, masks, kernel):
+        if use:
+            o, lse = flash.attend(q_folded, k[:1, 0], v[:1, 0], m[0].repeat(B, 1) if m.any() else None)
+            parts.append((unfold(o), unfold(lse.unsqueeze(-1)).squeeze(-1)))
+    rest = [(k, v, m, one) for k, v, m, one, use in zip(keys, values, masks, shared, kernel) if not use]
+    if rest:
+        logits = [(unfold(torch.matmul(q_folded, k[:1, 0].transpose(-1, -2))) if one else torch.matmul(q, k[:, 0].transpose(-1, -2))).add_(m)
+                  for k, _, m, one in rest]
+        top = torch.stack([lg.amax(-1) for lg in logits]).amax(0).unsqueeze(-1)  # (B, H, rows, 1)
+        probs = [lg.sub_(top).exp_() for lg in logits]
+        total = sum(p.sum(-1, keepdim=True) for p in probs)
+        out = sum(unfold(torch.matmul(fold(p), v[:1, 0])) if one else torch.matmul(p, v[:, 0])
+                  for p, (_, v, _, one) in zip(probs, rest)).div_(total)
+        parts.append((out, (top + total.log()).squeeze(-1)))
+    lse = torch.stack([lse for _, lse in parts]).logsumexp(0)
+    return sum(o * (part_lse - lse).exp().unsqueeze(-1) for o, part_lse in parts)

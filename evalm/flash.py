@@ -48,9 +48,20 @@ _FWD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", No
 _BWD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
 
 
+def usable_on(x: Tensor) -> bool:
+    """Whether the kernel exists in this torch and takes x's device."""
+    return x.device.type == "cpu" and _FWD is not None
+
+
 def applies(t: Tiling, q: Tensor) -> bool:
-    """Whether this call can take the fused kernel."""
-    return t.fused and t.dropout == 0 and q.device.type == "cpu" and _FWD is not None
+    """Whether this training call can take the fused kernel (it has no attention dropout)."""
+    return t.fused and t.dropout == 0 and usable_on(q)
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
+    """Softmax attention of q (B, H, L, D), already scaled, over k, v (B, H, S, D) with an additive
+    (L, S) mask or none: output (B, H, L, D) and log-sum-exp (B, H, L). Every row must see a key."""
+    return _FWD(q, k, v, attn_mask=mask, scale=1.0)
 
 
 class Local(NamedTuple):
