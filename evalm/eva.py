@@ -27,7 +27,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
 
 from evalm import flash
 from evalm.cache import Cache, Parts, parts_append, parts_bytes, parts_head, parts_len
@@ -203,11 +202,7 @@ class EvaAttention(HeadProjections):
         w, c, s = self.window_size, self.chunk_size, self.head_dim**-0.5
         n = T // c
         if n > 0:  # k̃ and ω here (the adaptive maps are modules); β inside the Function, from k and v
-            # With a graph, recomputed in backward from q and k, which the Function keeps anyway: the
-            # adaptive maps' own activations (six chunk-sized tensors, 3/4 of one (T, E) tensor at
-            # c = 8) are not kept. preserve_rng_state replays the training noise ε.
-            rk, omega = (checkpoint(self._summary_keys, q, k, use_reentrant=False, preserve_rng_state=True)
-                         if torch.is_grad_enabled() else self._summary_keys(q, k))
+            rk, omega = self._summary_keys(q, k)
         else:
             rk = omega = q.new_zeros(B, H, 0, D)
         bias = None

@@ -28,6 +28,7 @@ are called directly because the public function neither returns ℓ nor takes it
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -48,9 +49,25 @@ _FWD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", No
 _BWD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
 
 
+@functools.cache
+def _kernel_works() -> bool:
+    """Whether this torch has the two operators with the signatures used here (they are private:
+    torch>=2.6,<2.15 has them; a later torch that changed them falls back to evalm/recompute.py)."""
+    if _FWD is None or _BWD is None:
+        return False
+    x = torch.zeros(1, 1, 2, 4)
+    mask = torch.zeros(2, 2)
+    try:
+        o, lse = _FWD(x, x, x, attn_mask=mask, scale=1.0)
+        _BWD(x, x, x, x, o, lse, 0.0, False, attn_mask=mask, scale=1.0)
+    except (RuntimeError, TypeError):
+        return False
+    return True
+
+
 def usable_on(x: Tensor) -> bool:
-    """Whether the kernel exists in this torch and takes x's device."""
-    return x.device.type == "cpu" and _FWD is not None
+    """Whether the kernel works in this torch and takes x's device."""
+    return x.device.type == "cpu" and _kernel_works()
 
 
 def applies(t: Tiling, q: Tensor) -> bool:
