@@ -1,7 +1,7 @@
 """Incremental encoding through the cache: memory vs context length, and scoring time vs shots.
 
 Run: python benchmarks/incremental.py [--config configs/pretrain-tiny.toml] [--max-tokens 262144]
-         [--score-configs configs/pretrain-tiny.toml configs/evalm-350m.toml]
+         [--score-configs configs/pretrain-tiny.toml configs/evalm-350m.toml] [--reencode-items 3]
 
 1. Encodes one random 262,144-token stream with the tiny EVA model in 8,192-token segments and
    prints, at 16k … 256k, the cache's bytes, what a full K/V cache of the same model would hold
@@ -117,13 +117,17 @@ def main() -> None:
     parser.add_argument("--items", type=int, default=30, help="test inputs timed per shot count (default 30)")
     parser.add_argument("--demo-tokens", type=int, nargs=2, default=[8, 14], metavar=("MIN", "MAX"),
                         help="tokens per demonstration, drawn uniformly (default 8-14, a short sentence)")
+    parser.add_argument("--reencode-items", type=int, default=3,
+                        help="test inputs scored by re-encoding the whole prompt, the no-reuse baseline, for the first "
+                             "--score-configs model only (default 3; 0 skips it: at the 350M shape one 2,000-shot "
+                             "re-encoding takes minutes)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads (1 by default: on a shared machine thread wake-ups dominate tiny ops)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     for i, path in enumerate(args.score_configs):
         # re-encoding 2,000 shots per item at the 350M shape costs minutes: only for the first model
-        scoring_time(tiny_model(path), args.shots, args.items, tuple(args.demo_tokens), 3 if i == 0 else 0)
+        scoring_time(tiny_model(path), args.shots, args.items, tuple(args.demo_tokens), args.reencode_items if i == 0 else 0)
     if args.max_tokens:
         memory_vs_length(tiny_model(args.config), args.max_tokens, args.segment)
 
