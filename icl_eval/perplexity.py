@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import sys
 
 import numpy as np
 import torch
@@ -101,9 +102,15 @@ def bucket_report(per_book: list[tuple[np.ndarray, list[int], str, np.ndarray]],
 
 def _rates(total_nll: float, tokens: int, words: int, n_bytes: int) -> dict:
     """Mean NLL (nats), token perplexity, word perplexity and bits per byte of a summed NLL."""
-    return {"mean_nll": total_nll / tokens, "token_ppl": math.exp(total_nll / tokens),
-            "word_ppl": math.exp(total_nll / words) if words else None,
+    return {"mean_nll": total_nll / tokens, "token_ppl": _perplexity(total_nll / tokens),
+            "word_ppl": _perplexity(total_nll / words) if words else None,
             "bits_per_byte": total_nll / math.log(2) / n_bytes if n_bytes else None}
+
+
+def _perplexity(mean_nll: float) -> float:
+    """exp(mean NLL), inf past the float range: a bucket of text without spaces (CJK, code) can hold
+    one "word" of hundreds of tokens, whose NLL (over 709 nats) math.exp cannot raise to."""
+    return math.exp(mean_nll) if mean_nll < math.log(sys.float_info.max) else math.inf
 
 
 def token_spans(tokenizer, tokens: list[int]) -> tuple[list[int], np.ndarray]:

@@ -50,6 +50,15 @@ def test_report_buckets_and_word_perplexity(tmp_path):
     assert set(res["protocols"]) == {"cached", "nonoverlap", "sliding"}
 
 
+def test_a_bucket_of_one_long_word_reports_infinite_word_perplexity():
+    """Text without spaces (CJK, code) can make one "word" of hundreds of tokens: its NLL per word
+    (here 3,000 nats) is past exp's range, so word perplexity is inf, not an OverflowError."""
+    nll = np.full(600, 5.0)
+    rows = bucket_report([(nll, [0], "no-spaces", np.ones(600, dtype=np.int64))], buckets=(600,))
+    assert rows[0]["word_ppl"] == float("inf")
+    assert rows[0]["token_ppl"] == pytest.approx(np.exp(5.0))
+
+
 def _write_shards(folder, ids, vocab_size=257):
     """A token-shard folder in the documented format (one shard), written independently of train/."""
     import json
