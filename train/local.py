@@ -2,7 +2,7 @@
 
 For a model trained in seconds inside a command or a test (the synthetic family's tiny model,
 `icl_eval.synthetic.train_tiny_model`). The step is `train.trainer.train_step` (the token-weighted
-loss, the clip, AdamW over `weight_decay_groups`) and the LR `train.trainer.set_lr` of an
+loss, the clip, AdamW over `weight_decay_groups`) and the LR `train.schedule.set_lr` of an
 `OptimConfig`, exactly as in pretraining and MSIT, so the project has one training loop body; this
 path leaves out only what a short in-memory run has no use for (FSDP, resume, metrics files).
 """
@@ -16,7 +16,8 @@ import torch
 
 from evalm.train.config import OptimConfig
 from evalm.train.parallelize import Runtime
-from evalm.train.trainer import make_optimizer, set_lr, train_step
+from evalm.train.schedule import set_lr
+from evalm.train.trainer import make_optimizer, train_step
 
 
 class Batches(Protocol):

@@ -35,7 +35,7 @@ from pydantic.dataclasses import dataclass
 
 from evalm.config_toolkit import ConfigError, FROZEN, Parser, apply_overrides, build, read_toml, report, to_dict
 from evalm.train.config import OptimConfig
-from evalm.train.schedule import lr_at
+from evalm.train.schedule import set_lr
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "metaicl-tiny.toml"
 
@@ -156,10 +156,7 @@ def _train(model_cfg: T5ModelConfig, cfg: MetaIclConfig, optim: OptimConfig, syn
                             weight_decay=optim.weight_decay)
     records, t0 = [], time.perf_counter()
     for step in range(cfg.steps):
-        lr = lr_at(step, lr=optim.lr, warmup_steps=optim.warmup_steps, total_steps=cfg.steps,
-                   decay_power=optim.decay_power, min_lr_ratio=optim.min_lr_ratio)
-        for group in opt.param_groups:
-            group["lr"] = lr
+        lr = set_lr(opt, step, optim, cfg.steps)
         loss = loss_on(lm, cfg.encoder, cfg.cross, *make_batch(lm, prompt, syn, rng, cfg.train_k, cfg.batch_size))
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -23,3 +23,12 @@ def lr_at(step: int, *, lr: float, warmup_steps: int, total_steps: int, decay_po
     # 3) polynomial decay of the remaining fraction, from lr down to end_lr at total_steps
     remaining = 1.0 - (step - warmup_steps) / decay_steps
     return end_lr + (lr - end_lr) * remaining**decay_power
+
+
+def set_lr(optimizer, step: int, ocfg, total_steps: int) -> float:
+    """Give every parameter group the LR of `step` (`schedule.lr_at` of the `[optim]` section)."""
+    lr = lr_at(step, lr=ocfg.lr, warmup_steps=ocfg.warmup_steps, total_steps=total_steps,
+               decay_power=ocfg.decay_power, min_lr_ratio=ocfg.min_lr_ratio)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    return lr

@@ -35,7 +35,7 @@ from evalm.train.structure import Packed
 from evalm.train.data import IGNORE, LineLoader, LineSource
 from evalm.train.metrics import MetricsLogger, flops_per_token, peak_flops, peak_memory_gib
 from evalm.train.parallelize import Runtime, build_model, init_distributed, weight_decay_groups
-from evalm.train.schedule import lr_at
+from evalm.train.schedule import set_lr
 
 
 def run(config: RunConfig, out: str | Path, make_source: Callable[[Runtime], LineSource], *,
@@ -183,15 +183,6 @@ def make_optimizer(model: torch.nn.Module, ocfg) -> torch.optim.AdamW:
     """AdamW of the `[optim]` section over `weight_decay_groups` (biases and norm weights undecayed)."""
     return torch.optim.AdamW(weight_decay_groups(model, ocfg.weight_decay), lr=ocfg.lr, betas=tuple(ocfg.betas),
                              eps=ocfg.eps)
-
-
-def set_lr(optimizer, step: int, ocfg, total_steps: int) -> float:
-    """Give every parameter group the LR of `step` (`schedule.lr_at` of the `[optim]` section)."""
-    lr = lr_at(step, lr=ocfg.lr, warmup_steps=ocfg.warmup_steps, total_steps=total_steps,
-               decay_power=ocfg.decay_power, min_lr_ratio=ocfg.min_lr_ratio)
-    for group in optimizer.param_groups:
-        group["lr"] = lr
-    return lr
 
 
 def _sum_over_ranks(t: torch.Tensor) -> None:
