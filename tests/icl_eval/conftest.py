@@ -8,26 +8,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from evalm import EvalmModel, ModelConfig
+from evalm import ModelConfig
 from evalm.tokenizer import ByteTokenizer
 from evalm.icl_eval.lm import EvalmLM
 from evalm.icl_eval.prompts import PromptBuilder
 from evalm.icl_eval.synthetic import SyntheticConfig, episode, synthetic_task
+from tests.models import visible_model
 
 
 def tiny_evalm(attention: str, seed: int = 0, dtype=torch.float32) -> EvalmLM:
-    torch.manual_seed(seed)
     cfg = ModelConfig(vocab_size=257, d_model=32, n_layer=2, n_head=4, d_ff=64, window_size=16, chunk_size=4,
                       circular_period=4096, attention=attention, dropout=0.0, attn_dropout=0.0)
-    model = EvalmModel(cfg)
-    model.init_weights()
-    # OPT's 0.006 init makes an untrained model nearly uniform; a larger scale makes attention
-    # patterns (and so any masking or ordering bug) visible in the scores.
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.normal_(0, 0.3)
-    return EvalmLM(model.to(dtype).eval(), ByteTokenizer())
+    return EvalmLM(visible_model(cfg, seed).to(dtype).eval(), ByteTokenizer())
 
 
 @pytest.fixture

@@ -13,21 +13,15 @@ from evalm.model import EvalmModel
 from evalm.train.config import MsitDataConfig
 from evalm.train.data import IGNORE
 from evalm.train.structure import Packed, SaiclMask
+from tests.models import visible_model
 
 EOS = 30
 
 
 def _model() -> EvalmModel:
-    torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=32, d_model=16, n_layer=2, n_head=2, d_ff=32, window_size=4, chunk_size=2,
                       circular_period=64, attention="eva", dropout=0.0, attn_dropout=0.0)
-    model = EvalmModel(cfg)
-    model.init_weights()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.normal_(0, 0.3)
-    return model.double().eval()
+    return visible_model(cfg).double().eval()
 
 
 def _lines(n_lines: int, n_examples: int, width: int, seq_len: int, seed: int = 1):
