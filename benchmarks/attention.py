@@ -1,9 +1,11 @@
 """EVA vs exact attention, forward + backward, on the CPU: time and peak memory as same-run ratios.
 
-Run: python benchmarks/attention.py [--lengths 8192 32768] [--long 131072] [--repeats 2] [--models tiny 350m]
+Run: python benchmarks/attention.py [--lengths 8192 32768] [--long 131072] [--dropout-lengths 8192] [--repeats 2]
+         [--models tiny 350m]
 
 Layer rows: one attention layer at EVA_SPEC §2's shapes (d_model 256, 4 heads, window 128,
-chunk 8), fp32. Model rows: the whole model (embeddings, one block, LM head and loss) at the shape
+chunk 8), fp32, attention dropout 0 ("layer") and the paper's 0.1 ("drop", no target: neither
+method keeps its fused kernel there). Model rows: the whole model (embeddings, one block, LM head and loss) at the shape
 of configs/pretrain-tiny.toml and configs/evalm-350m.toml with n_layer = 1, bf16 autocast where
 the CPU has AVX512-BF16 (fp32 otherwise). Every (variant, method) runs in its own process, so its
 peak RSS (ru_maxrss above the RSS after building the inputs) is its own; full and EVA alternate
@@ -54,8 +56,8 @@ def _build(variant: str, method: str):
     from evalm.model import ATTENTION
 
     torch.manual_seed(0)
-    if variant == "layer":
-        config = ModelConfig(**LAYER, attention=method, dropout=0.0, attn_dropout=0.0)
+    if variant in ("layer", "drop"):  # "drop": the paper's attention dropout 0.1, in training mode
+        config = ModelConfig(**LAYER, attention=method, dropout=0.0, attn_dropout=0.1 if variant == "drop" else 0.0)
         layer = ATTENTION[method](config)
         layer.init_weights()
 
@@ -106,7 +108,7 @@ def measure(variant: str, method: str, length: int, passes: int) -> dict:
     step()
     cpu, wall = time.process_time() - c0, time.perf_counter() - w0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    dtype = "bf16" if variant != "layer" and bf16_supported() else "fp32"
+    dtype = "bf16" if variant in MODELS and bf16_supported() else "fp32"
     return {"cpu_s": cpu, "wall_s": wall, "peak_mib": max(1.0, peak - start), "dtype": dtype}
 
 
@@ -170,6 +172,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", type=int, nargs="*", default=[8192, 32768], help="layer rows, both methods (default 8192 32768)")
     parser.add_argument("--long", type=int, default=131072, help="EVA-only layer row, full attention extrapolated (default 131072; 0 skips)")
+    parser.add_argument("--dropout-lengths", type=int, nargs="*", default=[8192],
+                        help="layer rows at the paper's attention dropout 0.1 (default 8192): EVA takes its plain-PyTorch "
+                             "path (the CPU kernel refuses dropout), exact attention PyTorch's unfused math path; no target")
     parser.add_argument("--models", nargs="*", default=["tiny", "350m"], choices=sorted(MODELS), help="whole-model rows, one layer each (default tiny 350m)")
     parser.add_argument("--model-length", type=int, default=8192, help="tokens per whole-model row (default 8192)")
     parser.add_argument("--repeats", type=int, default=2, help="timed processes per method and layer row, alternating (default 2)")
@@ -196,6 +201,8 @@ def main() -> None:
                 "live_mib": f["live_mib"] * scale}
         long_row = (args.long, {"full": full, "eva": eva})
         print_row("layer", args.long, long_row[1], note=f"(full extrapolated from {base}: time x{scale**2:.0f}, memory x{scale:.0f})")
+    for n in args.dropout_lengths:
+        print_row("drop", n, compare("drop", n, args.repeats))
     for name in args.models:
         print_row(name, args.model_length, compare(name, args.model_length, args.model_repeats))
     print("\n".join(verdicts(rows, long_row)))
