@@ -130,10 +130,7 @@ def _local_mask(t: Tiling, bias: Tensor | None, call: Local, like: Tensor) -> Te
     (None: the kernel's own causal mask). Block 0 with overlap keeps its last w columns."""
     if bias is None and t.ext == 0:
         return None
-    w = t.window
-    rows, cols = torch.arange(w, device=like.device)[:, None], torch.arange(t.ext + w, device=like.device)
-    base = bias.to(like.dtype) if bias is not None else like.new_zeros(w, t.ext + w)
-    mask = base.masked_fill(cols > rows + t.ext, float("-inf"))
+    mask = t.local_mask(bias, like.device, like.dtype)
     return mask[:, t.ext :] if call.b0 == 0 else mask
 
 

@@ -99,15 +99,6 @@ def _add_windows(acc_pad: Tensor, grad: Tensor, t: Tiling, b0: int, b1: int) -> 
         acc_pad[:, b0 * w + at : b1 * w + at] += grad[..., at : at + w, :].permute(0, 2, 3, 1, 4).flatten(1, 2)
 
 
-def _local_mask(t: Tiling, bias: Tensor | None, device, dtype) -> Tensor:
-    """Additive (w, ext + w) mask of one block: T5 bias where visible, −inf elsewhere (causal)."""
-    w = t.window
-    rows, cols = torch.arange(w, device=device)[:, None], torch.arange(t.ext + w, device=device)
-    visible = cols <= rows + t.ext
-    base = bias.to(dtype) if bias is not None else torch.zeros(w, t.ext + w, dtype=dtype, device=device)
-    return base.masked_fill(~visible, float("-inf"))
-
-
 def _logits(t: Tiling, q: Tensor, k_pad: Tensor, rk: Tensor, local_mask: Tensor, g: Group) -> tuple[Tensor, Tensor | None]:
     """Masked local (B, H, G, rows, ext + w) and remote (B, H, G·rows, n_vis) logits of one group."""
     qb = _queries(q, g, t.window) * t.scale  # scale the (rows, D) queries, not the (rows, keys) logits
@@ -144,7 +135,7 @@ def attention_forward(t: Tiling, q, k, v, rk, rv, bias) -> tuple[Tensor, Tensor]
     B, N, H, D = q.shape
     w = t.window
     k_pad, v_pad = (_pad_front(x, t.ext) for x in (k, v))
-    local_mask = _local_mask(t, bias, q.device, q.dtype)
+    local_mask = t.local_mask(bias, q.device, q.dtype)
     out, lse = torch.empty_like(q), q.new_empty(B, H, N)
     for g, group in enumerate(groups(t, B * H, N // w, rk.shape[-2])):
         b0, b1, _, _, n_vis = group
@@ -175,7 +166,7 @@ def attention_backward(t: Tiling, q, k, v, rk, rv, bias, out, lse, d_out):
     B, N, H, D = q.shape
     w = t.window
     k_pad, v_pad = (_pad_front(x, t.ext) for x in (k, v))
-    local_mask = _local_mask(t, bias, q.device, q.dtype)
+    local_mask = t.local_mask(bias, q.device, q.dtype)
     dq, dk_pad, dv_pad = torch.empty_like(q), torch.zeros_like(k_pad), torch.zeros_like(v_pad)
     drk, drv = torch.zeros_like(rk), torch.zeros_like(rv)
     d_bias = torch.zeros(w, t.ext + w, dtype=q.dtype, device=q.device)
@@ -216,7 +207,7 @@ def local_bias_grad(t: Tiling, q, k, v, bias, out, lse, d_out) -> Tensor:
     B, N, H, D = q.shape
     w = t.window
     k_pad, v_pad = (_pad_front(x, t.ext) for x in (k, v))
-    local_mask = _local_mask(t, bias, q.device, q.dtype)
+    local_mask = t.local_mask(bias, q.device, q.dtype)
     d_bias = torch.zeros(w, t.ext + w, dtype=q.dtype, device=q.device)
     for group in groups(t, B * H, N // w, 0):  # local keys only: no chunk is visible
         b0, b1, r0, r1, _ = group

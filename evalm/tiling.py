@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor
 
 GROUP_LOGITS = 1 << 18  # logits per group (B·H·rows·keys, 1 MiB in fp32): bounds the working set and backward's temporaries
@@ -33,3 +34,11 @@ class Tiling:
             start = pos // self.window * self.window - self.ext
             return (start.clamp(min=0) if isinstance(start, Tensor) else max(0, start)) // self.chunk
         return pos // self.chunk
+
+    def local_mask(self, bias: Tensor | None, device, dtype) -> Tensor:
+        """Additive (w, ext + w) mask of one block, the same for every block: the T5 bias where
+        visible, −inf after the query (causal). Column j is the key at block start − ext + j."""
+        w = self.window
+        rows, cols = torch.arange(w, device=device)[:, None], torch.arange(self.ext + w, device=device)
+        base = bias.to(dtype) if bias is not None else torch.zeros(w, self.ext + w, dtype=dtype, device=device)
+        return base.masked_fill(cols > rows + self.ext, float("-inf"))
