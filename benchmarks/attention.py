@@ -47,8 +47,8 @@ def bf16_supported() -> bool:
 
 
 def _build(variant: str, method: str):
-    """(module, make) of one benchmark variant, 'layer' or a model name: make(length) allocates
-    that many tokens of input and returns one forward+backward step over them."""
+    """(module, make, dtype) of one benchmark variant, 'layer', 'drop' or a model name: make(length)
+    allocates that many tokens of input and returns one forward+backward step over them."""
     import torch
 
     from evalm import EvalmModel, ModelConfig
@@ -65,7 +65,7 @@ def _build(variant: str, method: str):
             x = torch.randn(1, length, config.d_model, requires_grad=True)
             return lambda: layer(x).sum().backward()
 
-        return layer, make_layer
+        return layer, make_layer, "fp32"
     fields = {**read_toml(MODELS[variant])["model"], "n_layer": 1, "attention": method, "dropout": 0.0, "attn_dropout": 0.0}
     model = EvalmModel(build(ModelConfig, fields, where=MODELS[variant]))
     model.init_weights()
@@ -81,7 +81,7 @@ def _build(variant: str, method: str):
 
         return step
 
-    return model, make_model
+    return model, make_model, "bf16" if bf16 else "fp32"
 
 
 def measure(variant: str, method: str, length: int, passes: int) -> dict:
@@ -96,7 +96,7 @@ def measure(variant: str, method: str, length: int, passes: int) -> dict:
     import torch
 
     torch.set_num_threads(1)
-    module, make = _build(variant, method)
+    module, make, dtype = _build(variant, method)
     if passes == 1:
         make(512)()
         module.zero_grad(set_to_none=True)
@@ -108,7 +108,6 @@ def measure(variant: str, method: str, length: int, passes: int) -> dict:
     step()
     cpu, wall = time.process_time() - c0, time.perf_counter() - w0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    dtype = "bf16" if variant in MODELS and bf16_supported() else "fp32"
     return {"cpu_s": cpu, "wall_s": wall, "peak_mib": max(1.0, peak - start), "dtype": dtype}
 
 
