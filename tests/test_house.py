@@ -17,10 +17,11 @@ import namespace, `evalm` (pyproject.toml, issue 12)."""
 
 FLOORS = {
     "config_toolkit": set(),
-    "evalm": {"config_toolkit"},
-    "data_pipeline": {"config_toolkit"},
-    "train": {"config_toolkit", "evalm"},
-    "icl_eval": {"config_toolkit", "evalm"},
+    "storage": set(),
+    "evalm": {"config_toolkit", "storage"},
+    "data_pipeline": {"config_toolkit", "storage"},
+    "train": {"config_toolkit", "storage", "evalm"},
+    "icl_eval": {"config_toolkit", "storage", "evalm"},
     "launcher": set(FOLDERS),
 }
 """What each folder may import besides itself (ARCHITECTURE.md, "Packages and their rooms")."""

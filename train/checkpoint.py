@@ -14,7 +14,12 @@ Saved under fixed keys: `model` and `optim` (sharded, via `get_state_dict`), `tr
 seen and `lines`, the global line position all ranks reached: the same on every rank), `scheduler` (the step: the LR is a pure function of it), and
 `rank_<r>` for each rank's data cursor and RNG states. Plain values must sit under rank keys:
 DCP keeps only rank 0's copy of a non-tensor value that every rank saves under the same key.
-Loads unpickle non-tensor values with `weights_only=True` (`SafeLoadPlanner`).
+Loads unpickle non-tensor values with `weights_only=True` (`SafeLoadPlanner`) and the `.metadata`
+with an allow-list (`dcp_metadata`): a checkpoint is data, never code.
+
+A marked folder also holds `digest.json` (every file's size and SHA-256, written before the
+marker). Before a checkpoint is used it is verified; a damaged latest one is skipped for the newest
+intact one, and the caller is told which and why (`newest_intact`).
 """
 
 from __future__ import annotations
@@ -22,9 +27,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import pickle
 import random
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +39,6 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_state_dict,
@@ -41,6 +47,9 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from evalm.config import ModelConfig
+from evalm.storage import read_json, space_error, verify_digest, write_digest
+from evalm.train.identity import identity_differences
+from evalm.train.dcp_metadata import MetadataReader, SafeLoadPlanner, read_metadata_file
 
 MARKER = ".complete"
 STEP_DIR = re.compile(r"^step-(\d{8})$")
@@ -50,19 +59,6 @@ NON_ARCHITECTURE = {"dropout", "attn_dropout", "init_std"}
 
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be used; the message names it and says what to do."""
-
-
-class SafeLoadPlanner(DefaultLoadPlanner):
-    """DefaultLoadPlanner, but non-tensor values are unpickled with `weights_only=True`."""
-
-    def load_bytes(self, read_item, value) -> None:
-        loaded = torch.load(value, weights_only=True)
-        if self.flatten_state_dict:
-            from torch.distributed.checkpoint._nested_dict import set_element
-
-            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
-        else:
-            self.state_dict[read_item.dest_index.fqn] = loaded
 
 
 def step_dir(out: str | Path, step: int) -> Path:
@@ -78,32 +74,64 @@ def complete_checkpoints(out: str | Path) -> list[Path]:
     return sorted(found, key=lambda p: p.name)
 
 
-def resolve_checkpoint(path: str | Path) -> Path:
-    """A complete step folder, given it or a run folder (then its latest); else a clear error."""
+def damage(path: Path) -> str | None:
+    """Why a complete checkpoint cannot be used (a file missing, truncated or changed, its metadata
+    unreadable or refused), or None when it is intact."""
+    problem = verify_digest(path)
+    if problem is None:
+        try:
+            read_metadata_file(path / ".metadata")
+            read_json(path / "config.json")
+        except (OSError, ValueError, pickle.UnpicklingError) as err:
+            problem = str(err)
+    return problem
+
+
+def newest_intact(found: list[Path], note: Callable[[str], None]) -> Path | None:
+    """The newest of `found` (oldest first) that is intact; `note` hears of each one skipped."""
+    for path in reversed(found):
+        problem = damage(path)
+        if problem is None:
+            return path
+        note(f"skipping checkpoint {path}: {problem}")
+    return None
+
+
+def resolve_checkpoint(path: str | Path, note: Callable[[str], None] = print) -> Path:
+    """An intact step folder, given it or a run folder (then its newest intact one); else a clear error."""
     path = Path(path)
     if (path / MARKER).is_file():
+        problem = damage(path)
+        if problem:
+            raise CheckpointError(f"{path} is damaged: {problem}; pass an intact checkpoint, or the run folder to "
+                                  "use its newest intact one")
         return path
-    latest = complete_checkpoints(path)
-    if latest:
-        return latest[-1]
-    raise CheckpointError(
-        f"{path}: neither a complete checkpoint (no {MARKER} marker) nor a run folder with one; "
-        "pass OUT/checkpoints/step-XXXXXXXX or a run folder that holds complete checkpoints")
+    found = complete_checkpoints(path)
+    if not found:
+        raise CheckpointError(
+            f"{path}: neither a complete checkpoint (no {MARKER} marker) nor a run folder with one; "
+            "pass OUT/checkpoints/step-XXXXXXXX or a run folder that holds complete checkpoints")
+    chosen = newest_intact(found, note)
+    if chosen is None:
+        raise CheckpointError(f"{path}: none of its {len(found)} checkpoints is intact (see the lines above); "
+                              "start again without --resume in a new folder")
+    if chosen != found[-1]:
+        note(f"using {chosen}, the newest intact checkpoint")
+    return chosen
 
 
-def find_resume_path(out: str | Path, resume: str) -> Path | None:
-    """`none`: start fresh; `auto`: the latest complete checkpoint of OUT, if any; else that path."""
+def find_resume_path(out: str | Path, resume: str, note: Callable[[str], None] = print) -> Path | None:
+    """`none`: start fresh; `auto`: the newest intact checkpoint of OUT, if any; else that path."""
     if resume in ("", "none"):
         return None
     if resume == "auto":
-        found = complete_checkpoints(out)
-        return found[-1] if found else None
-    return resolve_checkpoint(resume)
+        return resolve_checkpoint(out, note) if complete_checkpoints(out) else None
+    return resolve_checkpoint(resume, note)
 
 
 def check_architecture(path: Path, model_config: dict[str, Any]) -> None:
     """Refuse a checkpoint whose model differs (gpt-neox `check_checkpoint_args`)."""
-    saved = json.loads((path / "config.json").read_text())["model"]
+    saved = read_json(path / "config.json")["model"]
     # a field added to ModelConfig after the checkpoint was written has its default there
     defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
     diffs = [f"{k}: checkpoint {saved.get(k, defaults.get(k))!r}, config {v!r}" for k, v in model_config.items()
@@ -112,6 +140,16 @@ def check_architecture(path: Path, model_config: dict[str, Any]) -> None:
         raise CheckpointError(
             f"{path} was trained with a different architecture ({'; '.join(diffs)}); use the [model] "
             "section it was saved with (its config.json), or start a new run in another --out folder")
+
+
+def check_identity(path: Path, identity: dict[str, str]) -> None:
+    """Refuse to resume a checkpoint whose tokenizer or data differ from this run's (train.identity)."""
+    diffs = identity_differences(read_json(path / "config.json").get("identity"), identity)
+    if diffs:
+        raise CheckpointError(
+            f"{path} was trained with another {' and '.join(d.split(':')[0] for d in diffs)} ({'; '.join(diffs)}); "
+            "resume with the [data] it was trained on, or start a new run (--out elsewhere) with "
+            f"--set checkpoint.init_from={path} to go on training its weights on this data")
 
 
 def rng_state() -> dict[str, Any]:
@@ -151,18 +189,29 @@ def save(out: str | Path, step: int, *, model, optimizer, train_state: dict[str,
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd, "train": dict(train_state),
              "scheduler": {"step": train_state["step"]}, f"rank_{rank}": rank_state}
-    dcp.save(state, checkpoint_id=str(tmp))
-    dist.barrier()  # every rank's files are in tmp before it is marked
-    if rank == 0:
-        _finish(tmp, final, config_json)
-        prune(out, keep_latest_k)
+    try:
+        dcp.save(state, checkpoint_id=str(tmp))
+        dist.barrier()  # every rank's files are in tmp before it is marked
+        if rank == 0:
+            _finish(tmp, final, config_json)
+            prune(out, keep_latest_k)
+    except BaseException as err:
+        previous = complete_checkpoints(out)
+        needed = sum(f.stat().st_size for f in previous[-1].iterdir()) if previous else 0
+        full = space_error(err, tmp, after=f"; the previous complete checkpoint under {final.parent} is intact",
+                           needed=needed)
+        if full is None:
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)  # give back what the failed save took
+        raise full from None
     dist.barrier()
     return final
 
 
 def _finish(tmp: Path, final: Path, config_json: dict[str, Any]) -> None:
-    """config.json, then the marker, then the atomic rename: the last steps of a save."""
+    """config.json, the digest of every file, then the marker, then the atomic rename: the last steps."""
     (tmp / "config.json").write_text(json.dumps(config_json, indent=2))
+    write_digest(tmp)
     (tmp / MARKER).write_text("complete\n")
     shutil.rmtree(final, ignore_errors=True)  # an unmarked folder of the same step, if any
     os.replace(tmp, final)
@@ -183,10 +232,10 @@ def prune(out: str | Path, keep_latest_k: int) -> None:
 def load(path: Path, *, model, optimizer) -> tuple[dict[str, int], dict[str, Any] | None]:
     """Restore model and optimizer in place; return (train state, this rank's state or None). Collective."""
     rank = dist.get_rank()
-    keys = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    keys = read_metadata_file(path / ".metadata").state_dict_metadata
     has_rank = any(k.startswith(f"rank_{rank}.") for k in keys)
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    train = {"step": 0, "tokens_seen": 0} | ({"lines": 0} if "train.lines" in keys else {})
+    train = {"step": 0, "tokens_seen": 0} | {k: 0 for k in ("lines", "nonfinite_skips") if f"train.{k}" in keys}
     state: dict[str, Any] = {"model": model_sd, "optim": optim_sd, "train": train}
     if has_rank:
         state[f"rank_{rank}"] = template = _rank_template()
@@ -194,7 +243,7 @@ def load(path: Path, *, model, optimizer) -> tuple[dict[str, int], dict[str, Any
             template["data"].pop("position")
         if f"rank_{rank}.rng.cuda" not in keys:  # saved on a machine without CUDA
             template["rng"].pop("cuda", None)
-    dcp.load(state, checkpoint_id=str(path), planner=SafeLoadPlanner())
+    dcp.load(state, storage_reader=MetadataReader(str(path)), planner=SafeLoadPlanner())
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     return state["train"], state.get(f"rank_{rank}")
 
@@ -208,5 +257,5 @@ def load_model_only(path: Path, model) -> None:
     """Load just the model weights of a checkpoint (MSIT starting from a pretrained run). Collective."""
     model_sd = get_model_state_dict(model)
     state = {"model": model_sd}
-    dcp.load(state, checkpoint_id=str(path), planner=SafeLoadPlanner())
+    dcp.load(state, storage_reader=MetadataReader(str(path)), planner=SafeLoadPlanner())
     set_model_state_dict(model, state["model"])

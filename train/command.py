@@ -41,17 +41,20 @@ def run_command(argv: Sequence[str] | None, *, command: str, doc: str, default_c
     """The body of `evalm train pretrain|msit`: parse, run the trainer, report errors without a traceback."""
     config, out, resume = parse_run_args(argv, prog=f"evalm train {command}", description=doc.split("\n")[0],
                                          default_config=default_config, data_cls=data_cls)
+    from evalm.storage import FolderBusy, NoSpace
+    from evalm.train import interrupt
     from evalm.train.checkpoint import CheckpointError
-    from evalm.train.trainer import run
+    from evalm.train.trainer import NonFiniteLoss, run
 
+    again = " ".join(["evalm train", command, *_without_resume(argv), "--resume auto"])
+    interrupt.set_hint(f"the last complete checkpoint under {out}/checkpoints is kept; resume with: {again}")
     try:
         run(config, out, make_source(config.data, config.model.vocab_size), resume=resume, command=command)
-    except (CheckpointError, FileNotFoundError, ValueError) as err:  # what to fix, without a traceback
-        return report(f"evalm train {command}", err)
+    except (CheckpointError, FileNotFoundError, ValueError, FolderBusy, NoSpace, NonFiniteLoss) as err:
+        return report(f"evalm train {command}", err)  # what to fix, without a traceback
     except BaseException as err:  # Ctrl-C: the last complete checkpoint stays; say how to continue from it
         if not _interrupted(err):
             raise
-        again = " ".join(["evalm train", command, *_without_resume(argv), "--resume auto"])
         print(f"evalm train {command}: interrupted; the last complete checkpoint under {out}/checkpoints is kept; "
               f"resume with: {again}", file=sys.stderr)
         return 130

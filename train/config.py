@@ -128,6 +128,8 @@ class OptimConfig:
     def __post_init__(self) -> None:
         if self.lr <= 0 or self.warmup_steps < 0 or not 0 <= self.min_lr_ratio <= 1:
             raise ValueError("need lr > 0, warmup_steps >= 0 and 0 <= min_lr_ratio <= 1")
+        if self.clip_norm < 0 or self.eps <= 0 or self.weight_decay < 0:
+            raise ValueError("need clip_norm >= 0 (0 disables), eps > 0 and weight_decay >= 0")
 
 
 @dataclass(config=FROZEN, frozen=True)
@@ -152,11 +154,18 @@ class TrainConfig:
     """Optimizer steps between log lines and metrics.jsonl records."""
     tensorboard: bool = False
     """Also write TensorBoard events under OUT/tensorboard (needs `pip install 'evalm[tensorboard]'`)."""
+    nonfinite: Literal["stop", "skip"] = "stop"
+    """A step whose loss or gradient is non-finite: `stop` the run (nothing of it is applied or saved), or
+    `skip` the batch without an update, at most `max_nonfinite_skips` times (counted in the metrics)."""
+    max_nonfinite_skips: int = 10
+    """With nonfinite=skip: skipped batches allowed in the whole run before it stops all the same."""
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "grad_accum", "log_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_nonfinite_skips < 0:
+            raise ValueError(f"max_nonfinite_skips must be >= 0, got {self.max_nonfinite_skips}")
 
 
 @dataclass(config=FROZEN, frozen=True)

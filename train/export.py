@@ -19,31 +19,25 @@ from pathlib import Path
 from evalm.config_toolkit import Parser, build, report
 from evalm import EvalmModel, ModelConfig
 from evalm.io import save_model
-
-
-def run_tokenizer(run_config: dict) -> Path | None:
-    """The tokenizer file a run trained with, if its config names one that exists."""
-    data = run_config.get("data", {})
-    candidates = [data.get("tokenizer"), Path(data["shards"]) / "tokenizer.json" if data.get("shards") else None]
-    for candidate in candidates:
-        if candidate and str(candidate) != "bytes" and Path(candidate).is_file():
-            return Path(candidate)
-    return None
+from evalm.storage import FolderBusy, folder_lock, read_json
+from evalm.train.identity import run_tokenizer
 
 
 def export(checkpoint: str | Path, out: str | Path, tokenizer: str | Path | None = None) -> Path:
     from evalm.train.checkpoint import load_model_only, resolve_checkpoint
 
-    path = resolve_checkpoint(checkpoint)
-    run_config = json.loads((path / "config.json").read_text())
+    path = resolve_checkpoint(checkpoint, note=lambda text: print(f"evalm export: {text}", file=sys.stderr))
+    run_config = read_json(path / "config.json")
     config = build(ModelConfig, run_config["model"], where=f"{path / 'config.json'} [model]")
     model = EvalmModel(config)
     load_model_only(path, model)
-    out = save_model(model.eval(), out)
-    source = Path(tokenizer) if tokenizer else run_tokenizer(run_config)
-    if source is not None:
-        shutil.copyfile(source, out / "tokenizer.json")
-    (out / "export.json").write_text(json.dumps({"checkpoint": str(path), "tokenizer": str(source) if source else None}, indent=2) + "\n")
+    with folder_lock(out, "evalm export"):
+        out = save_model(model.eval(), out)
+        source = Path(tokenizer) if tokenizer else run_tokenizer(run_config.get("data", {}))
+        if source is not None:
+            shutil.copyfile(source, out / "tokenizer.json")
+        record = {"checkpoint": str(path), "tokenizer": str(source) if source else None}
+        (out / "export.json").write_text(json.dumps(record, indent=2) + "\n")
     return out
 
 
@@ -59,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         out = export(args.checkpoint, args.out, args.tokenizer)
-    except (CheckpointError, FileNotFoundError, KeyError) as err:
+    except (CheckpointError, FileNotFoundError, KeyError, ValueError, FolderBusy, OSError) as err:
         return report("evalm export", err)
     print(f"exported {out}")
     return 0

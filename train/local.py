@@ -36,7 +36,7 @@ def train_in_process(model: torch.nn.Module, batches: Batches, optim: OptimConfi
     losses, t0 = [], time.perf_counter()
     for step in range(steps):
         set_lr(optimizer, step, optim, steps)
-        loss, _ = train_step(model, optimizer, batches, runtime, 1, optim.clip_norm)
+        loss, _, _ = train_step(model, optimizer, batches, runtime, 1, optim.clip_norm)
         losses.append(loss)
         if log_every and (step + 1) % log_every == 0:
             print(f"{name} step {step + 1}/{steps} loss {loss:.4f} {time.perf_counter() - t0:.1f}s")

@@ -15,12 +15,15 @@ one token, so every token but the first is a target exactly once per epoch.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from evalm.storage import read_json
 
 FORMAT = "evalm-token-shards/1"
 MANIFEST = "manifest.json"
@@ -63,9 +66,12 @@ class ShardWriter:
         if not self._index:
             return
         name = f"shard-{len(self.shards):05d}"
-        np.concatenate(self._tokens).tofile(self.out_dir / f"{name}.bin")
+        tokens = np.concatenate(self._tokens)
+        tokens.tofile(self.out_dir / f"{name}.bin")
         np.save(self.out_dir / f"{name}.idx.npy", np.asarray(self._index, dtype=np.int64))
-        self.shards.append({"name": name, "tokens": self._size, "documents": len(self._index)})
+        # the content's hash makes the manifest, and so a run's data identity, change with the tokens
+        self.shards.append({"name": name, "tokens": self._size, "documents": len(self._index),
+                            "sha256": hashlib.sha256(tokens.tobytes()).hexdigest()})
         self._tokens, self._index, self._size = [], [], 0
 
     def close(self) -> dict[str, Any]:
@@ -90,7 +96,7 @@ class TokenShards:
             raise FileNotFoundError(
                 f"{path}: no manifest, so {self.folder} is not a complete token-shard folder; "
                 "write one with `evalm train tokenizer --input DOCS --output DIR`")
-        self.manifest = json.loads(path.read_text())
+        self.manifest = read_json(path)
         if self.manifest.get("format") != FORMAT:
             raise ValueError(f"{path}: format {self.manifest.get('format')!r}, expected {FORMAT!r}")
         dtype = np.dtype(self.manifest["dtype"])

@@ -14,7 +14,9 @@ reduce-scatter averages over ranks, which turns that into the exact mean over th
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 import random
 import sys
 import time
@@ -29,7 +31,9 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from evalm.config_toolkit import to_dict
-from evalm.train import checkpoint
+from evalm.storage import folder_lock, read_json
+from evalm.train import checkpoint, interrupt
+from evalm.train.identity import run_identity
 from evalm.train.config import RunConfig
 from evalm.train.structure import Packed
 from evalm.train.data import IGNORE, LineLoader, LineSource
@@ -41,52 +45,85 @@ from evalm.train.schedule import set_lr
 def run(config: RunConfig, out: str | Path, make_source: Callable[[Runtime], LineSource], *,
         resume: str = "none", command: str = "pretrain") -> list[dict[str, Any]]:
     """Train to `config.train.steps`; returns rank 0's log records (empty on other ranks)."""
-    tcfg, ocfg = config.train, config.optim
-    runtime = init_distributed(tcfg.device)
+    runtime = init_distributed(config.train.device)
     out = Path(out)
-    logger = MetricsLogger(out, enabled=runtime.is_main, tensorboard=tcfg.tensorboard)
+    logger = MetricsLogger(out, enabled=False, tensorboard=False)
     try:
-        resume_path = _resume_path(out, resume, runtime)
-        grouped = getattr(config.data, "structure", "packed") == "saicl"  # train.structure: one FSDP unit
-        if grouped and tcfg.activation_checkpointing:
-            raise ValueError("data.structure='saicl' encodes through caches that the test pass reads inside "
-                             "each block; set train.activation_checkpointing=false")
-        model = build_model(config.model, runtime, seed=tcfg.seed, bf16=tcfg.mixed_precision == "bf16",
-                            activation_checkpointing=tcfg.activation_checkpointing, shard_blocks=not grouped)
-        optimizer = make_optimizer(model, ocfg)
-        source = make_source(runtime)
-        data_cfg = config.data
-        loader = LineLoader(source, rank=runtime.rank, world_size=runtime.world_size,
-                            batch_size=tcfg.batch_size, shuffle=data_cfg.shuffle, seed=data_cfg.seed)
-        config_json = {"command": command, "world_size": runtime.world_size, **config.to_json()}
-        step, tokens_seen = _start(config, out, resume_path, model, optimizer, loader, runtime, logger, config_json)
-        model.train()
-        records = _loop(config, out, model, optimizer, loader, runtime, logger, config_json, step, tokens_seen)
-        dist.barrier()
-        return records
+        with contextlib.ExitStack() as held:  # one owner per run folder, held by rank 0 for the whole run
+            _on_rank0(runtime, lambda: held.enter_context(folder_lock(out, f"evalm train {command}")))
+            logger = MetricsLogger(out, enabled=runtime.is_main, tensorboard=config.train.tensorboard)
+            resume_path = _resume_path(out, resume, runtime, logger)
+            return _train(config, out, make_source, resume_path, command, runtime, logger)
     finally:  # no barrier here: after an error on one rank, the others must not wait for it
         logger.close()
         dist.destroy_process_group()
 
 
-def _resume_path(out: Path, resume: str, runtime: Runtime) -> Path | None:
-    """Where to continue from; a fresh run may not write over a run folder's checkpoints."""
-    path = checkpoint.find_resume_path(out, resume)
-    if path is None and resume in ("", "none") and checkpoint.complete_checkpoints(out):
-        raise checkpoint.CheckpointError(
-            f"{out} already holds checkpoints; pass --resume auto to continue that run, or another --out")
-    if runtime.is_main:
-        out.mkdir(parents=True, exist_ok=True)
+def _train(config: RunConfig, out: Path, make_source: Callable[[Runtime], LineSource], resume_path: Path | None,
+           command: str, runtime: Runtime, logger: MetricsLogger) -> list[dict[str, Any]]:
+    tcfg = config.train
+    grouped = getattr(config.data, "structure", "packed") == "saicl"  # train.structure: one FSDP unit
+    if grouped and tcfg.activation_checkpointing:
+        raise ValueError("data.structure='saicl' encodes through caches that the test pass reads inside "
+                         "each block; set train.activation_checkpointing=false")
+    model = build_model(config.model, runtime, seed=tcfg.seed, bf16=tcfg.mixed_precision == "bf16",
+                        activation_checkpointing=tcfg.activation_checkpointing, shard_blocks=not grouped)
+    optimizer = make_optimizer(model, config.optim)
+    source = make_source(runtime)
+    loader = LineLoader(source, rank=runtime.rank, world_size=runtime.world_size,
+                        batch_size=tcfg.batch_size, shuffle=config.data.shuffle, seed=config.data.seed)
+    config_json = {"command": command, "world_size": runtime.world_size, **config.to_json(),
+                   "identity": run_identity(to_dict(config.data))}
+    start = _start(config, out, resume_path, model, optimizer, loader, runtime, logger, config_json)
+    model.train()
+    records = _loop(config, out, model, optimizer, loader, runtime, logger, config_json, start)
     dist.barrier()
-    return path
+    return records
+
+
+def _on_rank0(runtime: Runtime, action: Callable[[], Any]) -> Any:
+    """Run `action` on rank 0 only and hand its result to every rank; if it raised, every rank raises
+    (rank 0 its own error, the others one that points to it), so no rank waits alone in a collective."""
+    outcome: list[Any] = [None, None]
+    if runtime.is_main:
+        try:
+            outcome[0] = action()
+        except Exception as err:  # noqa: BLE001 - re-raised below, on every rank
+            outcome[1] = err
+    if runtime.world_size > 1:
+        shared = [None if outcome[1] is None else str(outcome[1]), outcome[0]]
+        dist.broadcast_object_list(shared, src=0)  # our own process group's bytes, not a file's
+        if not runtime.is_main:
+            if shared[0] is not None:
+                raise checkpoint.CheckpointError(f"rank 0 stopped the run: {shared[0]}")
+            return shared[1]
+    if outcome[1] is not None:
+        raise outcome[1]
+    return outcome[0]
+
+
+def _resume_path(out: Path, resume: str, runtime: Runtime, logger: MetricsLogger) -> Path | None:
+    """Where to continue from (rank 0 verifies the checkpoints once, for all ranks); a fresh run may
+    not write over a run folder's checkpoints."""
+    def find() -> Path | None:
+        path = checkpoint.find_resume_path(out, resume, note=logger.info)
+        if path is None and resume in ("", "none") and checkpoint.complete_checkpoints(out):
+            raise checkpoint.CheckpointError(
+                f"{out} already holds checkpoints; pass --resume auto to continue that run, or another --out")
+        out.mkdir(parents=True, exist_ok=True)
+        return path
+
+    return _on_rank0(runtime, find)
 
 
 def _start(config: RunConfig, out: Path, resume_path: Path | None, model, optimizer, loader: LineLoader,
-           runtime: Runtime, logger: MetricsLogger, config_json: dict) -> tuple[int, int]:
-    """Resume (model, optimizer, step, cursor, RNG), or start fresh (optionally from init_from)."""
+           runtime: Runtime, logger: MetricsLogger, config_json: dict) -> dict[str, int]:
+    """Resume (model, optimizer, step, cursor, RNG), or start fresh (optionally from init_from);
+    returns the progress counters: step, tokens_seen, nonfinite_skips."""
     model_json = to_dict(config.model)
     if resume_path is not None:
         checkpoint.check_architecture(resume_path, model_json)
+        checkpoint.check_identity(resume_path, config_json["identity"])
         train_state, rank_state = checkpoint.load(resume_path, model=model, optimizer=optimizer)
         step = int(train_state["step"])
         if rank_state is not None:
@@ -99,9 +136,10 @@ def _start(config: RunConfig, out: Path, resume_path: Path | None, model, optimi
             _truncate_metrics(out / "metrics.jsonl", step)
             (out / "config.json").write_text(json.dumps(config_json, indent=2))
         logger.info(f"resumed from {resume_path} at step {step}")
-        return step, int(train_state["tokens_seen"])
+        return {"step": step, "tokens_seen": int(train_state["tokens_seen"]),
+                "nonfinite_skips": int(train_state.get("nonfinite_skips", 0))}
     if config.checkpoint.init_from:
-        source = checkpoint.resolve_checkpoint(config.checkpoint.init_from)
+        source = checkpoint.resolve_checkpoint(config.checkpoint.init_from, note=logger.info)
         checkpoint.check_architecture(source, model_json)
         checkpoint.load_model_only(source, model)
         logger.info(f"initialised the model from {source}")
@@ -109,7 +147,7 @@ def _start(config: RunConfig, out: Path, resume_path: Path | None, model, optimi
         (out / "config.json").write_text(json.dumps(config_json, indent=2))
         (out / "metrics.jsonl").unlink(missing_ok=True)
     _seed_rank(config.train.seed, runtime.rank, 0)
-    return 0, 0
+    return {"step": 0, "tokens_seen": 0, "nonfinite_skips": 0}
 
 
 def _saved_position(path: Path, train_state: dict[str, int], rank_state: dict | None) -> int:
@@ -119,7 +157,7 @@ def _saved_position(path: Path, train_state: dict[str, int], rank_state: dict | 
         return int(train_state["lines"])
     if rank_state is not None:
         return int(rank_state["data"]["cursor"]) * int(rank_state["data"]["world_size"])
-    saved = json.loads((path / "config.json").read_text())
+    saved = read_json(path / "config.json")
     return int(train_state["step"]) * saved["train"]["batch_size"] * saved["train"]["grad_accum"] * saved["world_size"]
 
 
@@ -132,15 +170,27 @@ def _seed_rank(seed: int, rank: int, step: int) -> None:
 
 
 def _truncate_metrics(path: Path, step: int) -> None:
-    """Drop records past the resumed step (a killed run may have logged steps it never saved)."""
+    """Drop records past the resumed step (a killed run may have logged steps it never saved), and a
+    last line cut short by the kill."""
     if path.is_file():
-        kept = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
+        kept = []
+        for line in path.read_text().splitlines():
+            try:
+                if line and json.loads(line)["step"] <= step:
+                    kept.append(line)
+            except (ValueError, KeyError, TypeError):
+                continue
         path.write_text("".join(f"{line}\n" for line in kept))
 
 
+class NonFiniteLoss(RuntimeError):
+    """Training produced a non-finite loss, gradient or weight; the message names the step."""
+
+
 def _loop(config: RunConfig, out: Path, model, optimizer, loader: LineLoader, runtime: Runtime,
-          logger: MetricsLogger, config_json: dict, step: int, tokens_seen: int) -> list[dict]:
-    """Steps from `step` to the end: set the LR, step, log every log_every, save every save_every."""
+          logger: MetricsLogger, config_json: dict, progress: dict[str, int]) -> list[dict]:
+    """Steps to the end: set the LR, step, log every log_every, save every save_every. Ctrl-C ends
+    the run between steps (train.interrupt); a non-finite step stops it before anything is saved."""
     tcfg, ocfg, ccfg = config.train, config.optim, config.checkpoint
     seq_len = loader.source.seq_len
     structure = getattr(loader.source, "structure", None) or Packed()  # train.structure: how lines are fed
@@ -149,34 +199,72 @@ def _loop(config: RunConfig, out: Path, model, optimizer, loader: LineLoader, ru
                             config.model.d_model, seq_len)
     peak = peak_flops(runtime.device)
     records: list[dict] = []
+    step = progress["step"]
     last_time, last_step = time.perf_counter(), step
     bar = tqdm(total=tcfg.steps, initial=step, desc=config_json["command"], unit="step", file=sys.stderr,
                disable=not runtime.is_main, dynamic_ncols=True)
-    while step < tcfg.steps:
-        lr = set_lr(optimizer, step, ocfg, tcfg.steps)
-        loss, grad_norm = train_step(model, optimizer, loader, runtime, tcfg.grad_accum, ocfg.clip_norm, structure)
-        step += 1
-        tokens_seen += tokens_per_step
-        bar.update(1)
-        bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
-        if step % tcfg.log_every == 0 or step == tcfg.steps:
-            now = time.perf_counter()
-            tok_s = tokens_per_step * (step - last_step) / max(now - last_time, 1e-9)
-            record = {"step": step, "total_steps": tcfg.steps, "loss": loss, "lr": lr, "grad_norm": grad_norm,
-                      "tokens_per_s": tok_s, "mfu": None if peak is None else tok_s * flops / (peak * runtime.world_size),
-                      "peak_mem_gib": peak_memory_gib(runtime.device), "tokens_seen": tokens_seen,
-                      "epoch": loader.epoch, "eta_s": (now - last_time) / (step - last_step) * (tcfg.steps - step)}
-            logger.log(record)
-            if runtime.is_main:
-                records.append(record)
-            last_time, last_step = now, step
-        if (ccfg.save_every and step % ccfg.save_every == 0) or step == tcfg.steps:
-            checkpoint.save(out, step, model=model, optimizer=optimizer,
-                            train_state={"step": step, "tokens_seen": tokens_seen, "lines": loader.position},
-                            rank_state={"data": loader.state_dict(), "rng": checkpoint.rng_state()},
-                            config_json=config_json, keep_latest_k=ccfg.keep_latest_k)
-    bar.close()
+    with interrupt.deferred(), bar:  # the bar ends its line before any error is printed
+        while step < tcfg.steps:
+            lr = set_lr(optimizer, step, ocfg, tcfg.steps)
+            loss, grad_norm, applied = train_step(model, optimizer, loader, runtime, tcfg.grad_accum, ocfg.clip_norm,
+                                                  structure)
+            step += 1
+            progress["tokens_seen"] += tokens_per_step
+            if not applied:
+                _nonfinite(step, loss, grad_norm, tcfg, progress, logger)
+            elif not _weights_finite(model, runtime):
+                raise NonFiniteLoss(f"step {step}: the update made the weights non-finite (loss before it {loss:.4g}, "
+                                    f"gradient norm {grad_norm:.4g}; optim.lr={ocfg.lr:g} too high?); nothing of "
+                                    f"this step was saved: the last checkpoint under {out}/checkpoints is finite")
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
+            if step % tcfg.log_every == 0 or step == tcfg.steps:
+                now = time.perf_counter()
+                tok_s = tokens_per_step * (step - last_step) / max(now - last_time, 1e-9)
+                record = {"step": step, "total_steps": tcfg.steps, "loss": loss, "lr": lr, "grad_norm": grad_norm,
+                          "tokens_per_s": tok_s,
+                          "mfu": None if peak is None else tok_s * flops / (peak * runtime.world_size),
+                          "peak_mem_gib": peak_memory_gib(runtime.device), "tokens_seen": progress["tokens_seen"],
+                          "epoch": loader.epoch, "eta_s": (now - last_time) / (step - last_step) * (tcfg.steps - step),
+                          "nonfinite_skips": progress["nonfinite_skips"]}
+                logger.log(record)
+                if runtime.is_main:
+                    records.append(record)
+                last_time, last_step = now, step
+            if (ccfg.save_every and step % ccfg.save_every == 0) or step == tcfg.steps:
+                checkpoint.save(out, step, model=model, optimizer=optimizer,
+                                train_state={"step": step, "tokens_seen": progress["tokens_seen"],
+                                             "lines": loader.position, "nonfinite_skips": progress["nonfinite_skips"]},
+                                rank_state={"data": loader.state_dict(), "rng": checkpoint.rng_state()},
+                                config_json=config_json, keep_latest_k=ccfg.keep_latest_k)
+            if interrupt.stop_requested(runtime.device):
+                raise KeyboardInterrupt
     return records
+
+
+def _nonfinite(step: int, loss: float, grad_norm: float, tcfg, progress: dict[str, int], logger: MetricsLogger) -> None:
+    """A batch whose loss or gradient was non-finite was not applied: skip it (train.nonfinite=skip, at
+    most train.max_nonfinite_skips times in the run, counted in the checkpoint and the metrics) or stop."""
+    what = f"step {step}: the loss is {loss:.4g} and the gradient norm {grad_norm:.4g}"
+    if tcfg.nonfinite == "skip" and progress["nonfinite_skips"] < tcfg.max_nonfinite_skips:
+        progress["nonfinite_skips"] += 1
+        logger.info(f"{what}; batch skipped without an update ({progress['nonfinite_skips']} of at most "
+                    f"{tcfg.max_nonfinite_skips}, train.max_nonfinite_skips)")
+        return
+    why = ("" if tcfg.nonfinite == "stop" else
+           f" after {progress['nonfinite_skips']} skipped batches (train.max_nonfinite_skips)")
+    raise NonFiniteLoss(f"{what}{why}; stopped before updating or saving, so the last checkpoint is finite. "
+                        "Lower optim.lr or check the data; --set train.nonfinite=skip skips such batches a bounded "
+                        "number of times")
+
+
+def _weights_finite(model: torch.nn.Module, runtime: Runtime) -> bool:
+    """Whether every parameter of every rank is finite (each rank checks its shards; one all-reduce)."""
+    local = all(bool(torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all())
+                for p in model.parameters())
+    flag = torch.tensor(float(local), device=runtime.device)
+    _min_over_ranks(flag)
+    return bool(flag.item())
 
 
 def make_optimizer(model: torch.nn.Module, ocfg) -> torch.optim.AdamW:
@@ -191,9 +279,16 @@ def _sum_over_ranks(t: torch.Tensor) -> None:
         dist.all_reduce(t)
 
 
+def _min_over_ranks(t: torch.Tensor) -> None:
+    if dist.is_initialized():
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+
+
 def train_step(model, optimizer, loader: LineLoader, runtime: Runtime, grad_accum: int,
-               clip_norm: float, structure=None) -> tuple[float, float]:
-    """One optimizer step; returns the step's mean loss over all ranks and the pre-clip grad norm."""
+               clip_norm: float, structure=None) -> tuple[float, float, bool]:
+    """One optimizer step; returns the step's mean loss over all ranks, the pre-clip grad norm, and
+    whether the update was applied: not when the loss or the gradient is non-finite (the same global
+    values on every rank, so every rank decides alike)."""
     structure = structure or Packed()
     batches = [structure.prepare(*loader.next_batch()) for _ in range(grad_accum)]
     # collectives need tensors on the backend's device (NCCL: CUDA)
@@ -208,9 +303,12 @@ def train_step(model, optimizer, loader: LineLoader, runtime: Runtime, grad_accu
         (micro * (runtime.world_size / n_targets)).backward()  # [token mean note]
         loss_sum += micro.detach().double()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm if clip_norm > 0 else float("inf"))
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    _sum_over_ranks(loss_sum)
     if hasattr(grad_norm, "full_tensor"):
         grad_norm = grad_norm.full_tensor()
-    return loss_sum.item() / n_targets, float(grad_norm)
+    _sum_over_ranks(loss_sum)
+    loss, norm = loss_sum.item() / n_targets, float(grad_norm)
+    applied = math.isfinite(loss) and math.isfinite(norm)
+    if applied:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss, norm, applied

@@ -1,0 +1,14 @@
+"""How runs keep their files, on the ground floor (it imports nothing of ours).
+
+- `lock`: one owner per output folder, an OS lock released when its holder dies;
+- `digest`: a folder's files with their sizes and SHA-256, written last and verified before use;
+- `files`: JSON and text read so that a damaged or foreign file is named, never half-used, and
+  writes that say "no space left" with the file when the disk is full.
+"""
+
+from evalm.storage.digest import verify_digest, write_digest
+from evalm.storage.files import DamagedFile, NoSpace, read_json, read_text, space_error
+from evalm.storage.lock import FolderBusy, folder_lock
+
+__all__ = ["DamagedFile", "FolderBusy", "NoSpace", "folder_lock", "read_json", "read_text", "space_error",
+           "verify_digest", "write_digest"]

@@ -1,0 +1,84 @@
+"""JSON and text files read so that a broken one is named, and writes that say when the disk is full.
+
+A user who hands us a damaged `config.json`, a binary file as a "book", or a disk that fills up
+during a save must learn which file and what to do, in one line: not a decoder's traceback, and
+never a result computed from U+FFFD replacement characters.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+MAX_UNDECODABLE = 0.001
+"""Share of a text file's bytes that may be invalid UTF-8 (old scans carry a stray byte or two);
+past it the file is not text in any encoding we read."""
+
+
+class DamagedFile(ValueError):
+    """A file that exists but cannot be what it claims to be; the message names it."""
+
+
+class NoSpace(OSError):
+    """A write failed because its filesystem is full; the message names the file."""
+
+
+def read_json(path: str | Path) -> Any:
+    """The JSON value of `path`, or DamagedFile naming the file, line and column."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as err:
+        raise DamagedFile(f"{path}: not JSON (not UTF-8 text at byte {err.start}); restore it or "
+                          "re-create it with the command that wrote it") from None
+    except json.JSONDecodeError as err:
+        raise DamagedFile(f"{path}: not valid JSON (line {err.lineno}, column {err.colno}: {err.msg}); "
+                          "restore it or re-create it with the command that wrote it") from None
+
+
+def read_text(path: str | Path, what: str = "text file") -> str:
+    """UTF-8 text of `path`; refuses a file with NUL bytes or more than MAX_UNDECODABLE invalid bytes."""
+    path = Path(path)
+    data = path.read_bytes()
+    if b"\x00" in data:
+        raise DamagedFile(f"{path}: not a {what} (it holds NUL bytes at offset {data.index(0)}: a binary file?); "
+                          "remove it from the input")
+    text = data.decode("utf-8", errors="replace")
+    bad = text.count("\ufffd") - data.decode("utf-8", errors="ignore").count("\ufffd")
+    if bad > MAX_UNDECODABLE * max(len(data), 1):
+        raise DamagedFile(f"{path}: not a UTF-8 {what} ({bad} of {len(data)} bytes are not UTF-8); convert it "
+                          "to UTF-8 or remove it from the input")
+    return text
+
+
+def space_error(err: BaseException, path: str | Path, after: str = "", needed: int = 0) -> NoSpace | None:
+    """A NoSpace naming the file when `err`, or an error it wraps, is ENOSPC, or when the filesystem
+    of `path` has less than `needed` bytes (at least 1 MiB) free after the failure: writers such as
+    torch.save's zip writer turn a short write into "unexpected pos 704 vs 598" and lose the errno.
+    Else None. `after` is appended to the message (what survived, how to go on)."""
+    pending, seen = [err], set()
+    while pending:
+        e = pending.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+            return NoSpace(errno.ENOSPC, f"no space left on device while writing {e.filename or path}; free "
+                           f"space or write elsewhere{after}")
+        # torch.distributed.checkpoint wraps each rank's error: {rank: (exception, traceback)}
+        failures = getattr(e, "failures", None)
+        if isinstance(failures, dict):
+            pending += [f[0] if isinstance(f, tuple) else f for f in failures.values()]
+        pending += [e.__cause__, e.__context__]
+    path = Path(path)
+    anchor = next((p for p in (path, *path.parents) if p.exists()), Path("/"))
+    free = shutil.disk_usage(anchor).free
+    if free >= max(needed, 1 << 20):
+        return None
+    written = sorted((p for p in path.rglob("*") if p.is_file()), key=lambda p: p.stat().st_mtime) if path.is_dir() else []
+    where = written[-1] if written else path
+    return NoSpace(errno.ENOSPC, f"no space left on device while writing {where} ({free} bytes free there, "
+                   f"{needed} needed); free space or write elsewhere{after}")

@@ -1,0 +1,78 @@
+"""One owner per output folder: a lock that the operating system releases when its holder dies.
+
+Two runs writing into one folder corrupt each other quietly (checkpoints of one run under the
+other's config.json, interleaved metrics), so every command that writes a folder holds
+`FOLDER/.evalm.lock` with `fcntl.flock` while it runs. The kernel drops a flock when the process
+exits in any way, SIGKILL included: a lock file left behind by a dead run is only a file, and the
+next run takes it at once. Its text (pid, host, command, start) exists only so that the refusal
+can name the holder. Linux emulates flock with byte-range locks on NFS, so the lock also holds
+between hosts that share the folder.
+
+Within one process the lock is re-entrant (`evalm run` holds a folder whose stages lock it again),
+because a second flock on a new file description would refuse its own process.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+LOCK_FILE = ".evalm.lock"
+_HELD: dict[Path, int] = {}
+"""Folders this process holds -> how many nested `folder_lock`s hold each."""
+
+
+class FolderBusy(OSError):
+    """Another live process writes this folder; the message names it."""
+
+
+@contextmanager
+def folder_lock(folder: str | Path, command: str) -> Iterator[Path]:
+    """Hold `folder` (created if missing) for the duration; refuse at once if a live process holds it."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    key = folder.resolve()
+    if key in _HELD:
+        _HELD[key] += 1
+        try:
+            yield folder
+        finally:
+            _HELD[key] -= 1
+        return
+    handle = open(folder / LOCK_FILE, "a+", encoding="utf-8")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = _describe(handle.read())
+        handle.close()
+        raise FolderBusy(f"{folder} is in use by {holder}; wait for that run to end, or write to another "
+                         "folder (two runs in one folder would overwrite each other's files)") from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "command": command,
+                             "argv": sys.argv, "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}) + "\n")
+    handle.flush()
+    _HELD[key] = 1
+    try:
+        yield folder
+    finally:
+        del _HELD[key]
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        handle.close()
+
+
+def _describe(text: str) -> str:
+    """`pid 123 on host (evalm train pretrain, since ...)`, or what can be said of an unreadable record."""
+    try:
+        record = json.loads(text)
+        return f"pid {record['pid']} on {record['host']} ({record['command']}, since {record['since']})"
+    except (ValueError, KeyError, TypeError):
+        return "another process (its lock record is unreadable)"
