@@ -7,6 +7,8 @@ the key and the valid keys; pydantic checks the types and each class's `__post_i
 from __future__ import annotations
 
 import dataclasses
+import math
+import typing
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
@@ -30,16 +32,46 @@ def build(cls: type[T], section: Mapping[str, Any] | None, *, where: str) -> T:
     unknown = sorted(set(section) - set(fields))
     if unknown:
         raise ConfigError(f"{where}: unknown key(s) {unknown}; valid keys: {list(fields)}")
+    hints = typing.get_type_hints(cls)
     for name, value in section.items():
         default = fields[name].default
         if isinstance(value, Mapping) and dataclasses.is_dataclass(default):
             section[name] = build(type(default), value, where=f"{where}.{name}")
+        problem = _number_problem(hints.get(name), value)
+        if problem:
+            raise ConfigError(f"{where}: {name}: {problem}")
     try:
         return cls(**section)
     except pydantic.ValidationError as err:
         raise ConfigError(f"{where}: {'; '.join(_problem(e) for e in err.errors())}") from None
     except ValueError as err:
         raise ConfigError(f"{where}: {err}") from None
+
+
+def _number_problem(hint: Any, value: Any) -> str | None:
+    """What pydantic would let through but is never meant: a boolean where a number is expected
+    (`steps=true` is not 1 step) and an infinite or NaN float (`lr=inf` trains to NaN). Checked on
+    the value and, for tuples and lists, on each element."""
+    values = value if isinstance(value, (list, tuple)) else [value]
+    kinds = _scalar_kinds(hint)
+    for v in values:
+        if isinstance(v, bool) and bool not in kinds and kinds & {int, float}:
+            return f"expected a number, got {str(v).lower()} (booleans are not numbers)"
+        if isinstance(v, float) and not math.isfinite(v):
+            return f"expected a finite number, got {v}"
+    return None
+
+
+def _scalar_kinds(hint: Any) -> set[type]:
+    """The scalar types a field's annotation admits, through Optional, unions, tuples and lists."""
+    if hint is None:
+        return set()
+    args = typing.get_args(hint)
+    if not args:
+        return {hint} if isinstance(hint, type) else set()
+    if typing.get_origin(hint) is typing.Literal:
+        return {type(a) for a in args}
+    return set().union(*(_scalar_kinds(a) for a in args if a is not Ellipsis))
 
 
 def _problem(error: Mapping[str, Any]) -> str:

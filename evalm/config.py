@@ -60,6 +60,9 @@ class ModelConfig:
     """Standard deviation of the normal inits (OPT's megatron sigma)."""
 
     def __post_init__(self) -> None:
+        for name in ("vocab_size", "d_model", "n_layer", "n_head", "d_ff", "window_size", "circular_period"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.attention not in ATTENTION:
             raise ValueError(f"attention={self.attention!r} is not known; valid: {sorted(ATTENTION)}")
         if self.d_model % self.n_head:
@@ -69,9 +72,6 @@ class ModelConfig:
                 f"window_size={self.window_size} must be a positive multiple of chunk_size="
                 f"{self.chunk_size}: chunks never cross block boundaries (EVA_SPEC §1.1)"
             )
-        for name in ("vocab_size", "d_model", "n_layer", "n_head", "d_ff", "circular_period"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not (0.0 <= self.dropout < 1.0 and 0.0 <= self.attn_dropout < 1.0):
             raise ValueError("dropout and attn_dropout must lie in [0, 1)")
 

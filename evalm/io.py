@@ -3,6 +3,12 @@
 Training checkpoints are DCP folders (train/checkpoint.py); `evalm export` turns one into this
 form. Loading never unpickles: safetensors holds only tensors, the config is JSON validated into
 `ModelConfig`.
+
+The two files must describe one model. Shapes catch most edits of config.json, but not all:
+`window_size`, `chunk_size` or `circular_period` change the computation and no tensor's shape, so
+an edited value would evaluate a different model without an error. The weights file therefore
+carries the config it was saved with in its safetensors metadata (`evalm.model`), and loading
+compares every architecture field and every tensor's shape, naming what differs.
 """
 
 from __future__ import annotations
@@ -11,22 +17,28 @@ import json
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_model as _load_weights
 from safetensors.torch import save_model as _save_weights
 
 from evalm.config_toolkit import build, to_dict
 from evalm.config import ModelConfig
 from evalm.model import EvalmModel
+from evalm.storage import DamagedFile, read_json
 
 WEIGHTS, CONFIG = "model.safetensors", "config.json"
+META_KEY = "evalm.model"
+NON_ARCHITECTURE = {"dropout", "attn_dropout", "init_std"}
+"""Fields that change no parameter and no computation at evaluation."""
 
 
 def save_model(model: EvalmModel, folder: str | Path) -> Path:
-    """Write weights (tied tensors stored once) and the model config; returns the folder."""
+    """Write weights (tied tensors stored once, the config in their metadata) and config.json."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    _save_weights(model, str(folder / WEIGHTS))
-    (folder / CONFIG).write_text(json.dumps({"model": to_dict(model.config)}, indent=2) + "\n")
+    config = to_dict(model.config)
+    _save_weights(model, str(folder / WEIGHTS), metadata={META_KEY: json.dumps(config, sort_keys=True)})
+    (folder / CONFIG).write_text(json.dumps({"model": config}, indent=2) + "\n")
     return folder
 
 
@@ -34,12 +46,36 @@ def load_config(folder: str | Path) -> ModelConfig:
     path = Path(folder) / CONFIG
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no config.json (is {folder} an exported model? see `evalm export --help`)")
-    data = json.loads(path.read_text())
+    data = read_json(path)
     return build(ModelConfig, data.get("model", data), where=f"{path} [model]")
 
 
+def check_weights(folder: Path, config: ModelConfig, model: EvalmModel) -> None:
+    """Refuse weights that are damaged or that config.json does not describe, naming what differs."""
+    weights = folder / WEIGHTS
+    try:
+        with safe_open(str(weights), framework="pt") as f:
+            saved = json.loads((f.metadata() or {}).get(META_KEY, "null"))
+            shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    except (SafetensorError, OSError, ValueError) as err:
+        raise DamagedFile(f"{weights}: damaged or truncated safetensors file ({err}); export the model again "
+                          "(`evalm export`)") from None
+    if saved is not None:
+        now = to_dict(config)
+        fields = [f"{k}: weights {saved.get(k)!r}, config.json {v!r}" for k, v in now.items()
+                  if k not in NON_ARCHITECTURE and k in saved and saved[k] != v]
+        if fields:
+            raise DamagedFile(f"{folder / CONFIG} does not describe {weights} ({'; '.join(fields)}); restore "
+                              "config.json as exported, or export again")
+    want = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    wrong = [f"{k}: weights {shapes[k]}, config {want[k]}" for k in want if k in shapes and shapes[k] != want[k]]
+    if wrong:
+        raise DamagedFile(f"{folder / CONFIG} does not match the shapes in {weights}: {'; '.join(wrong[:5])}"
+                          f"{f' (+{len(wrong) - 5} more)' if len(wrong) > 5 else ''}; restore config.json as exported")
+
+
 def load_model(folder: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None) -> EvalmModel:
-    """Build the model from config.json and load its safetensors strictly; returns it in eval mode."""
+    """Build the model from config.json, check it against the weights, load them strictly; eval mode."""
     folder = Path(folder)
     config = load_config(folder)
     weights = folder / WEIGHTS
@@ -47,9 +83,14 @@ def load_model(folder: str | Path, device: str | torch.device = "cpu", dtype: to
         raise FileNotFoundError(f"{weights}: weights missing")
     with torch.device("meta"):
         model = EvalmModel(config)
+    check_weights(folder, config, model)
     model.to_empty(device=device)
     model.tie_weights()
-    _load_weights(model, str(weights), strict=True, device=str(device))
+    try:
+        _load_weights(model, str(weights), strict=True, device=str(device))
+    except RuntimeError as err:  # missing or unexpected tensor names
+        raise DamagedFile(f"{weights} does not hold the tensors of the model {folder / CONFIG} describes: "
+                          f"{str(err).splitlines()[0]}") from None
     if dtype is not None:
         model.to(dtype)
     return model.eval()

@@ -6,6 +6,9 @@
 - a `save_to_disk` folder, or a dataset id with a split from the offline `datasets` cache
   (`deepmind/pg19:test`: columns `short_book_title`, `text`, one book per row).
 
+A book must be text: a file with NUL bytes or more than a trace of invalid UTF-8 (an ELF binary,
+random bytes) is refused with its name, never scored through replacement characters.
+
 Books are yielded lazily: files are streamed and Arrow data is memory-mapped, so memory holds one
 book at a time whatever the number of books (PG-19's train split is 28,602 books, 11 GB).
 """
@@ -17,6 +20,7 @@ from itertools import islice
 from pathlib import Path
 
 from evalm.data_source import DataSourceError, is_saved_dataset, iter_rows
+from evalm.storage import read_text
 
 TITLE_COLUMNS = ("short_book_title", "title", "book_title", "id")
 """Columns naming a book, first present wins (PG-19 calls it `short_book_title`)."""
@@ -42,11 +46,11 @@ def _books_of(source: str) -> Iterator[tuple[str, str]]:
                                   "(PG-19's test/ as distributed), a .txt file, a jsonl/parquet file with a `text` "
                                   "column, or a cached id such as deepmind/pg19:test")
         for f in files:
-            yield f.name, f.read_text(encoding="utf-8", errors="replace")
+            yield f.name, read_text(f, "book")
     elif path.suffix == ".txt":
         if not path.is_file():
             raise DataSourceError(f"{path}: no such book")
-        yield path.name, path.read_text(encoding="utf-8", errors="replace")
+        yield path.name, read_text(path, "book")
     else:
         yield from _dataset_books(source)
 

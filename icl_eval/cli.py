@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from evalm.config_toolkit import ConfigError, Dispatcher, Parser, build, split_overrides, to_dict
+from evalm.storage import folder_lock
 from evalm.icl_eval.cli_args import common, csv, icl_parser, ppl_parser
 
 
@@ -79,10 +80,11 @@ def icl(argv: Sequence[str]) -> int:
     config, skipped = icl_supply(config, splits_for_seed(config.seeds[0]), args.allow_skip)
     settings = record(layers, {"eval": config, "eval.method": options, "model": model_cfg, "synthetic": syn},
                       {"skipped": skipped} if skipped else None)
-    print(render("evalm eval icl", settings), flush=True)
-    results = _run_icl(args, config, options, model_cfg, syn, task, splits_for_seed, data_info)
-    results["settings"], results["skipped"] = settings, skipped
-    _write_icl(Path(args.out), results, config)
+    with folder_lock(args.out, "evalm eval icl"):
+        print(render("evalm eval icl", settings), flush=True)
+        results = _run_icl(args, config, options, model_cfg, syn, task, splits_for_seed, data_info)
+        results["settings"], results["skipped"] = settings, skipped
+        _write_icl(Path(args.out), results, config)
     return 0
 
 
@@ -139,10 +141,9 @@ def _print_summary(summary: dict) -> None:
 
 
 def ppl(argv: Sequence[str]) -> int:
-    from evalm.icl_eval.books import iter_books
     from evalm.icl_eval.config import PerplexityConfig
-    from evalm.icl_eval.settings import Layers, record, render
-    from evalm.icl_eval.supply import ppl_lengths, ppl_reach
+    from evalm.icl_eval.settings import Layers, record
+    from evalm.icl_eval.supply import ppl_lengths
 
     overrides, rest = split_overrides(argv)
     args = ppl_parser().parse_args(rest)
@@ -160,9 +161,17 @@ def ppl(argv: Sequence[str]) -> int:
                           "(e.g. train/samples/documents.jsonl), or deepmind/pg19:test from the datasets cache")
     model_cfg, syn = _tiny_sections(layers, args, where, need_synthetic=False)
     settings = record(layers, {"ppl": config, "model": model_cfg, "synthetic": syn})
-    print(render("evalm eval ppl", settings), flush=True)
-    from evalm.icl_eval.loading import load_lm
+    with folder_lock(args.out, "evalm eval ppl"):
+        return _ppl(args, config, settings, model_cfg, syn)
 
+
+def _ppl(args, config, settings: dict, model_cfg, syn) -> int:
+    from evalm.icl_eval.books import iter_books
+    from evalm.icl_eval.loading import load_lm
+    from evalm.icl_eval.settings import render
+    from evalm.icl_eval.supply import ppl_reach
+
+    print(render("evalm eval ppl", settings), flush=True)
     lm = load_lm(args, config.device, config.dtype, model_cfg, syn, None)
     fixed_need = max(config.fixed_contexts) + config.fixed_target_tokens if config.fixed_contexts else 0
     skipped = ppl_reach(iter_books(config.books, config.max_books), lm.tokenizer.encode, config.buckets,
@@ -251,13 +260,14 @@ def harness(argv: Sequence[str]) -> int:
     from evalm.icl_eval.loading import describe, load_lm
     from evalm.icl_eval.report import write_json
 
-    lm = load_lm(args, args.device, args.dtype, None, None, None)
-    limit = None if args.limit is None else (int(args.limit) if args.limit >= 1 else args.limit)
-    results = evaluate(lm, args.tasks, args.num_fewshot, args.seeds, limit, args.include_path,
-                       batch_size=args.batch_size, overflow=args.overflow, add_bos=args.add_bos)
-    results["model"] = describe(lm)
     out = Path(args.out)
-    write_json(out / "results.json", results)
+    with folder_lock(out, "evalm eval harness"):
+        lm = load_lm(args, args.device, args.dtype, None, None, None)
+        limit = None if args.limit is None else (int(args.limit) if args.limit >= 1 else args.limit)
+        results = evaluate(lm, args.tasks, args.num_fewshot, args.seeds, limit, args.include_path,
+                           batch_size=args.batch_size, overflow=args.overflow, add_bos=args.add_bos)
+        results["model"] = describe(lm)
+        write_json(out / "results.json", results)
     for task, metrics in results["summary"].items():
         cells = "  ".join(f"{m}: {v['mean']:.4f}±{v['std']:.4f}" for m, v in metrics.items())
         print(f"{task:>20}  {cells}  ({len(args.seeds)} seed(s))")
@@ -274,4 +284,5 @@ COMMANDS = {
 }
 # What the user can fix is one line (issue 10); KeyError's message without its quotes.
 DISPATCHER = Dispatcher("evalm eval", COMMANDS, user_errors=(ConfigError, ValueError, KeyError, OSError))
+"""OSError includes a folder held by another run (storage.FolderBusy) and a full disk (storage.NoSpace)."""
 usage, main = DISPATCHER.usage, DISPATCHER.main

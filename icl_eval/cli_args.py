@@ -37,8 +37,15 @@ def allow_skip(parser: Parser, what: str) -> None:
 
 
 def csv(kind, valid: Sequence[str] = ()):
+    """A comma-separated list flag: at least one value, no value twice (a repeated seed would be counted as
+    two draws of one), each of `kind` and, when `valid` is given, one of those names."""
     def parse(text: str):
-        values = tuple(kind(x) for x in text.split(",") if x)
+        values = tuple(kind(x.strip()) for x in text.split(",") if x.strip())
+        if not values:
+            raise argparse.ArgumentTypeError("empty list; give at least one value, comma-separated")
+        repeated = sorted({str(v) for v in values if values.count(v) > 1})
+        if repeated:
+            raise argparse.ArgumentTypeError(f"{', '.join(repeated)} given more than once; give each value once")
         bad = [v for v in values if valid and v not in valid]
         if bad:
             raise argparse.ArgumentTypeError(f"unknown name(s) {', '.join(bad)}; valid: {', '.join(valid)}")

@@ -72,10 +72,23 @@ class EvalConfig:
         unknown = [m for m in self.methods if m not in METHODS]
         if unknown:
             raise ValueError(f"unknown method(s) {unknown}; valid: {list(METHODS)}")
-        if any(k < 0 for k in self.shots) or not self.seeds:
-            raise ValueError("shots must be >= 0 and at least one seed is needed")
+        for name in ("methods", "shots", "seeds"):
+            _distinct(name, getattr(self, name))
+        if any(k < 0 for k in self.shots):
+            raise ValueError(f"shots must be >= 0, got {list(self.shots)}")
+        if self.validation_items < 1 or (self.context_window is not None and self.context_window < 1):
+            raise ValueError("validation_items and context_window (when set) must be >= 1")
         if self.test_items is not None and self.test_items < 1:
             raise ValueError(f"test_items must be >= 1 (or unset for the whole split), got {self.test_items}")
+
+
+def _distinct(name: str, values: tuple) -> None:
+    """A list setting holds at least one value and none twice (`seeds=1,1` is one draw, not two)."""
+    if not values:
+        raise ValueError(f"{name} is empty; give at least one value")
+    repeated = sorted({str(v) for v in values if values.count(v) > 1})
+    if repeated:
+        raise ValueError(f"{name} repeats {', '.join(repeated)}; give each value once")
 
 
 @dataclass(config=FROZEN, frozen=True)
@@ -113,3 +126,24 @@ class PerplexityConfig:
     """Torch device of the model."""
     dtype: Literal["float32", "float64", "bfloat16", "float16"] = "float32"
     """Model dtype (NLLs are computed in float32 or wider)."""
+
+    def __post_init__(self) -> None:
+        if self.max_books is not None and self.max_books < 1:
+            raise ValueError(f"max_books must be >= 1 (or unset for every book), got {self.max_books}")
+        for name in ("max_tokens", "window_tokens", "stride_tokens"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1 (or unset), got {getattr(self, name)}")
+        for name in ("segment_tokens", "fixed_target_tokens", "fixed_targets_per_book"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        _distinct("buckets", self.buckets)
+        if self.buckets[0] < 1 or list(self.buckets) != sorted(self.buckets):
+            raise ValueError(f"buckets must be positive and increasing, got {list(self.buckets)}")
+        if self.baselines:
+            _distinct("baselines", self.baselines)
+        if self.fixed_contexts:
+            _distinct("fixed_contexts", self.fixed_contexts)
+            if min(self.fixed_contexts) < 1:
+                raise ValueError(f"fixed_contexts must be >= 1 token each, got {list(self.fixed_contexts)}")
+        if self.books and len(set(self.books)) < len(self.books):
+            raise ValueError("books names a source twice; each book would be scored twice")

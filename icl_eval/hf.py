@@ -184,7 +184,7 @@ def load_hf(folder: str | Path, tokenizer=None, dtype: str = "float32", device: 
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder}: Hugging Face model folder not found")
-    kwargs: dict[str, Any] = {"local_files_only": True}
+    kwargs: dict[str, Any] = {"local_files_only": True, "trust_remote_code": False}  # never code from a folder
     if gguf_file:
         kwargs["gguf_file"] = gguf_file
     model = tf.AutoModelForCausalLM.from_pretrained(

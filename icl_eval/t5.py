@@ -92,7 +92,8 @@ def load_t5(folder: str | Path, tokenizer=None, dtype: str = "float32", device: 
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder}: T5 model folder not found")
     model = tf.T5ForConditionalGeneration.from_pretrained(
-        folder, dtype=getattr(torch, dtype), attn_implementation="eager", local_files_only=True).to(device)
+        folder, dtype=getattr(torch, dtype), attn_implementation="eager", local_files_only=True,
+        trust_remote_code=False).to(device)
     if tokenizer is None:
         tokenizer = HFTokenizerAdapter(tf.AutoTokenizer.from_pretrained(folder, local_files_only=True))
     return T5LM(model, tokenizer, name=str(folder))

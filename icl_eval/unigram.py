@@ -10,10 +10,11 @@ smoothing keeps every id finite.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
+
+from evalm.storage import read_json
 
 
 def fit_unigram(folder: str | Path, vocab_size: int) -> np.ndarray:
@@ -23,7 +24,7 @@ def fit_unigram(folder: str | Path, vocab_size: int) -> np.ndarray:
     if not manifest_path.is_file():
         raise FileNotFoundError(f"{manifest_path}: not a token-shard folder (written by `evalm train tokenizer`); "
                                 "pass the folder the model was pretrained on")
-    manifest = json.loads(manifest_path.read_text())
+    manifest = read_json(manifest_path)
     if manifest["vocab_size"] > vocab_size:
         raise ValueError(f"{folder}: its tokenizer has {manifest['vocab_size']} ids but the model only {vocab_size}; "
                          "pass the shards of the model's own tokenizer")
