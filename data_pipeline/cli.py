@@ -16,7 +16,10 @@ from pathlib import Path
 from evalm.config_toolkit import ConfigError, Dispatcher, Parser
 from evalm.data_pipeline import config as cfg
 from evalm.data_pipeline.lsh import RedisUnavailable
-from evalm.data_pipeline.runner import BLOCKING, StageError, parse_options, record_settings, resolve_inputs, run_steps
+from evalm.data_pipeline.input_digest import content_keys
+from evalm.data_pipeline.runner import (BLOCKING, StageError, clear_stage, parse_options, record_settings,
+                                        resolve_inputs, run_steps)
+from evalm.storage import FolderBusy, folder_lock
 
 DEFAULT_BUDGETS = Path(__file__).with_name("budgets") / "table5.toml"
 
@@ -56,12 +59,16 @@ def _launch(args: argparse.Namespace, stage: str, extra: dict, build_steps: Call
     if args.tasks < 1:
         raise StageError("--tasks must be >= 1")
     output = Path(args.output).resolve()
-    settings = {"stage": stage, "tasks": args.tasks, "input_root": str(root), "inputs": files, **extra(config, output)}
-    fresh = record_settings(output, settings, files, overwrite=args.overwrite)
-    options = parse_options(args.executor_option)
-    if args.executor == "local":
-        options["workers"] = args.workers
-    run_steps(output, build_steps(output, config, args, fresh), args.executor, options)
+    with folder_lock(output, f"evalm data {stage}"):  # Slurm: held while the jobs are submitted
+        if args.overwrite:
+            clear_stage(output)
+        settings = {"stage": stage, "tasks": args.tasks, "input_root": str(root), "inputs": files,
+                    "input_sha256": content_keys(root, files, output), **extra(config, output)}
+        fresh = record_settings(output, settings, files)
+        options = parse_options(args.executor_option)
+        if args.executor == "local":
+            options["workers"] = args.workers
+        run_steps(output, build_steps(output, config, args, fresh), args.executor, options)
     if args.executor in BLOCKING:
         print(f"{stage}: done; see {output / 'manifest.json'}")
     else:
@@ -164,7 +171,7 @@ DISPATCHER = Dispatcher(
     "evalm data", {**{name: (c.summary, _command(name, c)) for name, c in COMMANDS.items()},
                    **{name: (summary, _above(name)) for name, summary in ABOVE.items()}},
     footer="`evalm data COMMAND --help` explains each one.",
-    user_errors=(StageError, RedisUnavailable, ConfigError, FileNotFoundError),
+    user_errors=(StageError, RedisUnavailable, ConfigError, FileNotFoundError, FolderBusy),
 )
 usage, main = DISPATCHER.usage, DISPATCHER.main
 

@@ -59,6 +59,9 @@ def connect(url: str) -> redis.Redis:
             "pass its URL as --redis-url redis://HOST:PORT/DB and relaunch the same command, or leave "
             "--redis-url out to use the in-memory index (single machine)."
         ) from None
+    except redis.ResponseError as err:  # e.g. a database number past the server's `databases`
+        raise RedisUnavailable(f"Redis at {url} refused the connection: {err}; use a database the server has "
+                               "(0-15 by default: redis://HOST:PORT/0)") from None
     return client
 
 

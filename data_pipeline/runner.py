@@ -13,9 +13,11 @@ differing keys (a mixed folder would be silently wrong), and `--overwrite` start
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import sys
 import tomllib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -132,6 +134,7 @@ def write_errors(output: Path, rank: int, errors: list[dict], records: int, max_
 # --redis-url out" in the same folder must work (issue 11).
 RUN_ONLY = ("config.max_error_fraction", "index.kind", "index.redis_url", "index.namespace")
 FLAGS = {"tasks": "--tasks", "input_root": "--input", "inputs": "--input", "config": "--config",
+         "input_sha256": "--input (the same file contents)",
          "wordlists": "--config", "budgets": "--budgets"}
 
 
@@ -158,17 +161,29 @@ def settings_diff(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
     return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k) and k not in RUN_ONLY)
 
 
-def record_settings(output: Path, settings: dict[str, Any], files: Sequence[str], *, overwrite: bool = False) -> bool:
+def clear_stage(output: Path) -> None:
+    """`--overwrite`: delete everything of an earlier launch, but not the lock this launch holds
+    (deleting it would let a second run lock a new file beside ours)."""
+    from evalm.storage.lock import LOCK_FILE
+
+    if (output / "config.json").is_file():
+        for child in output.iterdir():
+            if child.is_dir():
+                shutil.rmtree(child)
+            elif child.name != LOCK_FILE:
+                child.unlink()
+
+
+def record_settings(output: Path, settings: dict[str, Any], files: Sequence[str]) -> bool:
     """Write config.json + inputs.txt on first launch; refuse a relaunch whose settings differ
-    (naming only the differing keys); `overwrite` deletes a stage folder and starts over.
-    Returns True when the folder starts fresh (nothing of an earlier launch is reused)."""
+    (naming only the differing keys). Returns True when the folder starts fresh (nothing of an
+    earlier launch is reused)."""
     path = output / "config.json"
-    if overwrite and path.is_file():
-        shutil.rmtree(output)
     output.mkdir(parents=True, exist_ok=True)
     settings = json.loads(json.dumps(settings))  # tuples -> lists, as they will read back
     if path.is_file():
         before = json.loads(path.read_text())
+        before.setdefault("input_sha256", settings.get("input_sha256"))  # folders made before inputs were hashed
         changed = settings_diff(before, settings)
         if changed:
             a, b = flatten(before), flatten(settings)
@@ -263,7 +278,8 @@ def run_steps(output: Path, steps: Sequence[Step], executor: str, options: dict[
     previous = None
     for s in steps:
         previous = EXECUTORS[executor]([s.step], s.tasks, str(output / "logs" / s.name), previous, dict(options))
-    previous.run()
+    with _console_without_tracebacks(output):
+        previous.run()
     if executor in BLOCKING:
         for s in steps:
             done = len(list((output / "logs" / s.name / "completions").glob("*")))
@@ -272,6 +288,50 @@ def run_steps(output: Path, steps: Sequence[Step], executor: str, options: dict[
                     f"step {s.name!r}: {s.tasks - done} of {s.tasks} tasks did not complete; see "
                     f"{output / 'logs' / s.name / 'logs'}; relaunch the same command to run only those"
                 )
+
+
+@contextlib.contextmanager
+def _console_without_tracebacks(output: Path) -> Iterator[None]:
+    """datatrove logs a failing task's traceback (~120 lines) through loguru to the stderr of the
+    moment and to the task's log file, then re-raises; the command then prints the error in one
+    line. So the console copy of a record that carries a traceback is dropped (the task log under
+    output/logs keeps it), unless `--debug`."""
+    from evalm.config_toolkit import debug
+
+    if debug():
+        yield
+        return
+    console = sys.stderr
+    sys.stderr = _NoTracebacks(console, output / "logs")
+    try:
+        yield
+    finally:
+        sys.stderr = console
+
+
+class _NoTracebacks:
+    """A stderr that passes every write but a log record holding a traceback (loguru writes a
+    record, traceback included, in one call), for which it writes where the traceback is."""
+
+    def __init__(self, console, logs: Path):
+        self.console, self.logs = console, logs
+
+    def write(self, text: str) -> int:
+        if "Traceback (most recent call last)" in text:
+            first = text.splitlines()[0] if text.strip() else ""
+            self.console.write(f"{first}\n  (traceback in the task log under {self.logs}; --debug shows it here)\n")
+        else:
+            self.console.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        self.console.flush()
+
+    def isatty(self) -> bool:
+        return self.console.isatty()
+
+    def fileno(self) -> int:
+        return self.console.fileno()
 
 
 def task_stats(output: Path, step: str) -> list[dict[str, Any]]:
