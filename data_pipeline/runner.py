@@ -16,8 +16,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import sys
+import threading
 import tomllib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -292,46 +294,47 @@ def run_steps(output: Path, steps: Sequence[Step], executor: str, options: dict[
 
 @contextlib.contextmanager
 def _console_without_tracebacks(output: Path) -> Iterator[None]:
-    """datatrove logs a failing task's traceback (~120 lines) through loguru to the stderr of the
-    moment and to the task's log file, then re-raises; the command then prints the error in one
-    line. So the console copy of a record that carries a traceback is dropped (the task log under
-    output/logs keeps it), unless `--debug`."""
+    """datatrove logs a failing task's traceback (~120 lines) through loguru to stderr and to the
+    task's log file, then re-raises; the command then prints the error in one line. So while the
+    steps run, file descriptor 2 (this process's and every worker's it starts) goes through a pipe
+    whose reader drops traceback blocks: the task log under output/logs keeps them. `--debug`
+    leaves stderr alone."""
     from evalm.config_toolkit import debug
 
     if debug():
         yield
         return
-    console = sys.stderr
-    sys.stderr = _NoTracebacks(console, output / "logs")
+    sys.stderr.flush()
+    read_end, write_end = os.pipe()
+    console = os.dup(2)
+    os.dup2(write_end, 2)
+    os.close(write_end)
+    reader = threading.Thread(target=_drop_tracebacks, args=(read_end, console, output / "logs"), daemon=True)
+    reader.start()
     try:
         yield
     finally:
-        sys.stderr = console
+        sys.stderr.flush()
+        os.dup2(console, 2)  # closes the pipe's last write end held here: the reader sees its end
+        reader.join(timeout=10)
+        os.close(console)
 
 
-class _NoTracebacks:
-    """A stderr that passes every write but a log record holding a traceback (loguru writes a
-    record, traceback included, in one call), for which it writes where the traceback is."""
+LOG_RECORD = re.compile(rb"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+ \| ")
+"""The start of a loguru record as datatrove formats it: a traceback block ends at the next one."""
 
-    def __init__(self, console, logs: Path):
-        self.console, self.logs = console, logs
 
-    def write(self, text: str) -> int:
-        if "Traceback (most recent call last)" in text:
-            first = text.splitlines()[0] if text.strip() else ""
-            self.console.write(f"{first}\n  (traceback in the task log under {self.logs}; --debug shows it here)\n")
-        else:
-            self.console.write(text)
-        return len(text)
-
-    def flush(self) -> None:
-        self.console.flush()
-
-    def isatty(self) -> bool:
-        return self.console.isatty()
-
-    def fileno(self) -> int:
-        return self.console.fileno()
+def _drop_tracebacks(read_end: int, console: int, logs: Path) -> None:
+    """Copy lines from the pipe to the console, replacing each traceback block by one line."""
+    skipping = False
+    with os.fdopen(read_end, "rb") as pipe:
+        for line in pipe:
+            if skipping and not LOG_RECORD.match(line) and not line.startswith(b"evalm "):
+                continue
+            skipping = b"Traceback (most recent call last)" in line
+            if skipping:
+                line = f"  (traceback in the task log under {logs}; --debug shows it here)\n".encode()
+            os.write(console, line)
 
 
 def task_stats(output: Path, step: str) -> list[dict[str, Any]]:

@@ -43,16 +43,19 @@ def test_an_input_changed_under_its_name_is_not_reported_done(tmp_path, capsys):
     assert run_cli("filter", "--input", shard.parent, "--output", out, "--overwrite") == 0
 
 
-def test_a_failing_task_is_one_line_and_its_traceback_is_in_the_task_log(tmp_path):
-    shard = tmp_path / "in" / "a.jsonl"
-    shard.parent.mkdir()
-    shard.write_bytes(GOOD % b"hello world" + b"not json\n" * 3)
-    done = _stage("filter", "--input", str(shard.parent), "--output", str(tmp_path / "out"))
+@pytest.mark.parametrize("workers", [1, 2])  # 2: the tasks run in worker processes writing to fd 2 themselves
+def test_a_failing_task_is_one_line_and_its_traceback_is_in_the_task_log(tmp_path, workers):
+    (tmp_path / "in").mkdir()
+    for i in range(2):
+        (tmp_path / "in" / f"{i}.jsonl").write_bytes(GOOD % b"hello world" + b"not json\n" * 3)
+    done = _stage("filter", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"), "--tasks", "2",
+                  "--workers", str(workers))
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
-    assert done.stderr.strip().splitlines()[-1].startswith("evalm data filter: error: task 0: 3 bad records")
+    assert "3 bad records out of 4" in done.stderr.strip().splitlines()[-1]
     logs = list((tmp_path / "out" / "logs").rglob("task_*.log"))
     assert any("Traceback (most recent call last)" in p.read_text() for p in logs)
-    debug = _stage("filter", "--input", str(shard.parent), "--output", str(tmp_path / "out"), debug=True)
+    debug = _stage("filter", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"), "--tasks", "2",
+                   debug=True)
     assert debug.returncode != 0 and "Traceback (most recent call last)" in debug.stderr
 
 
