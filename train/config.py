@@ -37,6 +37,11 @@ class DataConfig:
         if self.seq_len < 1:
             raise ValueError(f"seq_len must be >= 1, got {self.seq_len}")
 
+    @property
+    def structure(self) -> Literal["packed"]:
+        """Pretraining lines are always fed packed (the tuning data's `structure` has a choice)."""
+        return "packed"
+
 
 @dataclass(config=FROZEN, frozen=True)
 class MsitDataConfig:
@@ -189,7 +194,7 @@ class RunConfig:
     """The sections of one run file, each validated on its own."""
 
     model: ModelConfig
-    data: Any
+    data: DataConfig | MsitDataConfig
     optim: OptimConfig
     train: TrainConfig
     checkpoint: CheckpointConfig

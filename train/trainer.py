@@ -21,6 +21,7 @@ import random
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,23 @@ from evalm.train.data import IGNORE, LineLoader, LineSource
 from evalm.train.metrics import MetricsLogger, flops_per_token, peak_flops, peak_memory_gib
 from evalm.train.parallelize import Runtime, build_model, init_distributed, weight_decay_groups
 from evalm.train.schedule import set_lr
+from evalm.train.state import TrainState
+
+
+@dataclass(frozen=True)
+class Session:
+    """What every part of one run shares: its config, folder, process group, logger, and the
+    model, optimizer and loader built for it."""
+
+    config: RunConfig
+    out: Path
+    runtime: Runtime
+    logger: MetricsLogger
+    config_json: dict[str, Any]
+    """The resolved config written beside every checkpoint, with the run's identity."""
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    loader: LineLoader
 
 
 def run(config: RunConfig, out: str | Path, make_source: Callable[[Runtime], LineSource], *,
@@ -62,7 +80,7 @@ def run(config: RunConfig, out: str | Path, make_source: Callable[[Runtime], Lin
 def _train(config: RunConfig, out: Path, make_source: Callable[[Runtime], LineSource], resume_path: Path | None,
            command: str, runtime: Runtime, logger: MetricsLogger) -> list[dict[str, Any]]:
     tcfg = config.train
-    grouped = getattr(config.data, "structure", "packed") == "saicl"  # train.structure: one FSDP unit
+    grouped = config.data.structure == "saicl"  # train.structure: one FSDP unit
     if grouped and tcfg.activation_checkpointing:
         raise ValueError("data.structure='saicl' encodes through caches that the test pass reads inside "
                          "each block; set train.activation_checkpointing=false")
@@ -74,9 +92,10 @@ def _train(config: RunConfig, out: Path, make_source: Callable[[Runtime], LineSo
                         batch_size=tcfg.batch_size, shuffle=config.data.shuffle, seed=config.data.seed)
     config_json = {"command": command, "world_size": runtime.world_size, **config.to_json(),
                    "identity": run_identity(to_dict(config.data))}
-    start = _start(config, out, resume_path, model, optimizer, loader, runtime, logger, config_json)
+    session = Session(config, out, runtime, logger, config_json, model, optimizer, loader)
+    state = _start(session, resume_path)
     model.train()
-    records = _loop(config, out, model, optimizer, loader, runtime, logger, config_json, start)
+    records = _loop(session, state)
     dist.barrier()
     return records
 
@@ -116,38 +135,36 @@ def _resume_path(out: Path, resume: str, runtime: Runtime, logger: MetricsLogger
     return _on_rank0(runtime, find)
 
 
-def _start(config: RunConfig, out: Path, resume_path: Path | None, model, optimizer, loader: LineLoader,
-           runtime: Runtime, logger: MetricsLogger, config_json: dict) -> dict[str, int]:
-    """Resume (model, optimizer, step, cursor, RNG), or start fresh (optionally from init_from);
-    returns the progress counters: step, tokens_seen, nonfinite_skips."""
+def _start(session: Session, resume_path: Path | None) -> TrainState:
+    """Resume (model, optimizer, counters, cursor, RNG), or start fresh (optionally from init_from)."""
+    config, out, runtime, logger = session.config, session.out, session.runtime, session.logger
     model_json = to_dict(config.model)
     if resume_path is not None:
         checkpoint.check_architecture(resume_path, model_json)
-        checkpoint.check_identity(resume_path, config_json["identity"])
-        train_state, rank_state = checkpoint.load(resume_path, model=model, optimizer=optimizer)
-        step = int(train_state["step"])
+        checkpoint.check_identity(resume_path, session.config_json["identity"])
+        entry, rank_state = checkpoint.load(resume_path, model=session.model, optimizer=session.optimizer)
+        state = TrainState.from_checkpoint(entry)
         if rank_state is not None:
             checkpoint.set_rng_state(rank_state["rng"])
         else:  # a new rank (world grew): its own dropout stream
-            _seed_rank(config.train.seed, runtime.rank, step)
+            _seed_rank(config.train.seed, runtime.rank, state.step)
         # the same global position on every rank, whatever the world size or batch was or is now
-        loader.seek(_saved_position(resume_path, train_state, rank_state))
+        session.loader.seek(_saved_position(resume_path, entry, rank_state))
         if runtime.is_main:
-            _truncate_metrics(out / "metrics.jsonl", step)
-            (out / "config.json").write_text(json.dumps(config_json, indent=2))
-        logger.info(f"resumed from {resume_path} at step {step}")
-        return {"step": step, "tokens_seen": int(train_state["tokens_seen"]),
-                "nonfinite_skips": int(train_state.get("nonfinite_skips", 0))}
+            _truncate_metrics(out / "metrics.jsonl", state.step)
+            (out / "config.json").write_text(json.dumps(session.config_json, indent=2))
+        logger.info(f"resumed from {resume_path} at step {state.step}")
+        return state
     if config.checkpoint.init_from:
         source = checkpoint.resolve_checkpoint(config.checkpoint.init_from, note=logger.info)
         checkpoint.check_architecture(source, model_json)
-        checkpoint.load_model_only(source, model)
+        checkpoint.load_model_only(source, session.model)
         logger.info(f"initialised the model from {source}")
     if runtime.is_main:
-        (out / "config.json").write_text(json.dumps(config_json, indent=2))
+        (out / "config.json").write_text(json.dumps(session.config_json, indent=2))
         (out / "metrics.jsonl").unlink(missing_ok=True)
     _seed_rank(config.train.seed, runtime.rank, 0)
-    return {"step": 0, "tokens_seen": 0, "nonfinite_skips": 0}
+    return TrainState()
 
 
 def _saved_position(path: Path, train_state: dict[str, int], rank_state: dict | None) -> int:
@@ -187,72 +204,84 @@ class NonFiniteLoss(RuntimeError):
     """Training produced a non-finite loss, gradient or weight; the message names the step."""
 
 
-def _loop(config: RunConfig, out: Path, model, optimizer, loader: LineLoader, runtime: Runtime,
-          logger: MetricsLogger, config_json: dict, progress: dict[str, int]) -> list[dict]:
+def _loop(session: Session, state: TrainState) -> list[dict]:
     """Steps to the end: set the LR, step, log every log_every, save every save_every. Ctrl-C ends
     the run between steps (train.interrupt); a non-finite step stops it before anything is saved."""
+    config, runtime, loader, model = session.config, session.runtime, session.loader, session.model
     tcfg, ocfg, ccfg = config.train, config.optim, config.checkpoint
     seq_len = loader.source.seq_len
     structure = getattr(loader.source, "structure", None) or Packed()  # train.structure: how lines are fed
     tokens_per_step = tcfg.batch_size * tcfg.grad_accum * seq_len * runtime.world_size
-    flops = flops_per_token(sum(p.numel() for p in model.parameters()), config.model.n_layer,
-                            config.model.d_model, seq_len)
-    peak = peak_flops(runtime.device)
-    records: list[dict] = []
-    step = progress["step"]
-    last_time, last_step = time.perf_counter(), step
-    bar = tqdm(total=tcfg.steps, initial=step, desc=config_json["command"], unit="step", file=sys.stderr,
-               disable=not runtime.is_main, dynamic_ncols=True)
+    meter = _Meter(session, state.step, tokens_per_step)
+    bar = tqdm(total=tcfg.steps, initial=state.step, desc=session.config_json["command"], unit="step",
+               file=sys.stderr, disable=not runtime.is_main, dynamic_ncols=True)
     with interrupt.deferred(), bar:  # the bar ends its line before any error is printed
-        while step < tcfg.steps:
-            lr = set_lr(optimizer, step, ocfg, tcfg.steps)
-            loss, grad_norm, applied = train_step(model, optimizer, loader, runtime, tcfg.grad_accum, ocfg.clip_norm,
-                                                  structure)
-            step += 1
-            progress["tokens_seen"] += tokens_per_step
+        while state.step < tcfg.steps:
+            lr = set_lr(session.optimizer, state.step, ocfg, tcfg.steps)
+            loss, grad_norm, applied = train_step(model, session.optimizer, loader, runtime, tcfg.grad_accum,
+                                                  ocfg.clip_norm, structure)
+            state.step += 1
+            state.tokens_seen += tokens_per_step
             if not applied:
-                _nonfinite(step, loss, grad_norm, tcfg, progress, logger)
+                _nonfinite(state, loss, grad_norm, tcfg, session.logger)
             elif not _weights_finite(model, runtime):
-                raise NonFiniteLoss(f"step {step}: the update made the weights non-finite (loss before it {loss:.4g}, "
-                                    f"gradient norm {grad_norm:.4g}; optim.lr={ocfg.lr:g} too high?); nothing of "
-                                    f"this step was saved: the last checkpoint under {out}/checkpoints is finite")
+                raise NonFiniteLoss(f"step {state.step}: the update made the weights non-finite (loss before it "
+                                    f"{loss:.4g}, gradient norm {grad_norm:.4g}; optim.lr={ocfg.lr:g} too high?); "
+                                    f"nothing of this step was saved: the last checkpoint under "
+                                    f"{session.out}/checkpoints is finite")
             bar.update(1)
             bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
-            if step % tcfg.log_every == 0 or step == tcfg.steps:
-                now = time.perf_counter()
-                tok_s = tokens_per_step * (step - last_step) / max(now - last_time, 1e-9)
-                record = {"step": step, "total_steps": tcfg.steps, "loss": loss, "lr": lr, "grad_norm": grad_norm,
-                          "tokens_per_s": tok_s,
-                          "mfu": None if peak is None else tok_s * flops / (peak * runtime.world_size),
-                          "peak_mem_gib": peak_memory_gib(runtime.device), "tokens_seen": progress["tokens_seen"],
-                          "epoch": loader.epoch, "eta_s": (now - last_time) / (step - last_step) * (tcfg.steps - step),
-                          "nonfinite_skips": progress["nonfinite_skips"]}
-                logger.log(record)
-                if runtime.is_main:
-                    records.append(record)
-                last_time, last_step = now, step
-            if (ccfg.save_every and step % ccfg.save_every == 0) or step == tcfg.steps:
-                checkpoint.save(out, step, model=model, optimizer=optimizer,
-                                train_state={"step": step, "tokens_seen": progress["tokens_seen"],
-                                             "lines": loader.position, "nonfinite_skips": progress["nonfinite_skips"]},
+            if state.step % tcfg.log_every == 0 or state.step == tcfg.steps:
+                meter.log(state, loss=loss, lr=lr, grad_norm=grad_norm)
+            if (ccfg.save_every and state.step % ccfg.save_every == 0) or state.step == tcfg.steps:
+                checkpoint.save(session.out, state.step, model=model, optimizer=session.optimizer,
+                                train_state=state.checkpoint_entry(loader.position),
                                 rank_state={"data": loader.state_dict(), "rng": checkpoint.rng_state()},
-                                config_json=config_json, keep_latest_k=ccfg.keep_latest_k)
+                                config_json=session.config_json, keep_latest_k=ccfg.keep_latest_k)
             if interrupt.stop_requested(runtime.device):
                 raise KeyboardInterrupt
-    return records
+    return meter.records
 
 
-def _nonfinite(step: int, loss: float, grad_norm: float, tcfg, progress: dict[str, int], logger: MetricsLogger) -> None:
+class _Meter:
+    """Throughput, MFU and ETA between log steps; writes each record (rank 0 keeps them)."""
+
+    def __init__(self, session: Session, step: int, tokens_per_step: int):
+        config, seq_len = session.config, session.loader.source.seq_len
+        self.session, self.tokens_per_step = session, tokens_per_step
+        self.flops = flops_per_token(sum(p.numel() for p in session.model.parameters()), config.model.n_layer,
+                                     config.model.d_model, seq_len)
+        self.peak = peak_flops(session.runtime.device)
+        self.last_time, self.last_step = time.perf_counter(), step
+        self.records: list[dict] = []
+
+    def log(self, state: TrainState, **values: float) -> None:
+        runtime, total = self.session.runtime, self.session.config.train.steps
+        now = time.perf_counter()
+        steps = state.step - self.last_step
+        tok_s = self.tokens_per_step * steps / max(now - self.last_time, 1e-9)
+        record = {"step": state.step, "total_steps": total, **values, "tokens_per_s": tok_s,
+                  "mfu": None if self.peak is None else tok_s * self.flops / (self.peak * runtime.world_size),
+                  "peak_mem_gib": peak_memory_gib(runtime.device), "tokens_seen": state.tokens_seen,
+                  "epoch": self.session.loader.epoch, "eta_s": (now - self.last_time) / steps * (total - state.step),
+                  "nonfinite_skips": state.nonfinite_skips}
+        self.session.logger.log(record)
+        if runtime.is_main:
+            self.records.append(record)
+        self.last_time, self.last_step = now, state.step
+
+
+def _nonfinite(state: TrainState, loss: float, grad_norm: float, tcfg, logger: MetricsLogger) -> None:
     """A batch whose loss or gradient was non-finite was not applied: skip it (train.nonfinite=skip, at
     most train.max_nonfinite_skips times in the run, counted in the checkpoint and the metrics) or stop."""
-    what = f"step {step}: the loss is {loss:.4g} and the gradient norm {grad_norm:.4g}"
-    if tcfg.nonfinite == "skip" and progress["nonfinite_skips"] < tcfg.max_nonfinite_skips:
-        progress["nonfinite_skips"] += 1
-        logger.info(f"{what}; batch skipped without an update ({progress['nonfinite_skips']} of at most "
+    what = f"step {state.step}: the loss is {loss:.4g} and the gradient norm {grad_norm:.4g}"
+    if tcfg.nonfinite == "skip" and state.nonfinite_skips < tcfg.max_nonfinite_skips:
+        state.nonfinite_skips += 1
+        logger.info(f"{what}; batch skipped without an update ({state.nonfinite_skips} of at most "
                     f"{tcfg.max_nonfinite_skips}, train.max_nonfinite_skips)")
         return
     why = ("" if tcfg.nonfinite == "stop" else
-           f" after {progress['nonfinite_skips']} skipped batches (train.max_nonfinite_skips)")
+           f" after {state.nonfinite_skips} skipped batches (train.max_nonfinite_skips)")
     raise NonFiniteLoss(f"{what}{why}; stopped before updating or saving, so the last checkpoint is finite. "
                         "Lower optim.lr or check the data; --set train.nonfinite=skip skips such batches a bounded "
                         "number of times")
