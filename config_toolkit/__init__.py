@@ -12,8 +12,9 @@ from evalm.config_toolkit.files import read_toml
 from evalm.config_toolkit.overrides import apply_overrides, split_overrides
 from evalm.config_toolkit.parser import Parser
 from evalm.config_toolkit.schema import FROZEN, build, to_dict
+from evalm.config_toolkit.shipped import shipped
 
 __all__ = [
     "FROZEN", "ConfigError", "Dispatcher", "Parser", "apply_overrides", "build", "debug", "lazy", "read_toml",
-    "report", "split_overrides", "to_dict",
+    "report", "shipped", "split_overrides", "to_dict",
 ]

@@ -15,6 +15,10 @@ from pathlib import Path
 from evalm.launcher.commands import dispatch
 
 
+class StageFailed(RuntimeError):
+    """A stage's command exited with an error, which it printed to the stage's log."""
+
+
 def call(argv: list, log: Path) -> None:
     """Run one command in this process; its printed lines and the data library's log lines go to
     the stage's log file, while progress bars (stderr) stay on the console. An error names the log."""
@@ -27,7 +31,7 @@ def call(argv: list, log: Path) -> None:
     if code == 130:  # Ctrl-C inside the command (a training stage keeps its last complete checkpoint)
         raise KeyboardInterrupt
     if code:
-        raise RuntimeError(f"`evalm {' '.join(argv)}` exited with {code}; its output is in {log}; "
+        raise StageFailed(f"`evalm {' '.join(argv)}` exited with {code}; its output is in {log}; "
                            f"fix the error, then rerun `evalm run`")
 
 

@@ -10,12 +10,13 @@ the section and the valid keys); `load_run` checks what spans sections (unique e
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import field
 from pathlib import Path
 
 from pydantic.dataclasses import dataclass
 
-from evalm.config_toolkit import FROZEN, ConfigError, build, read_toml
+from evalm.config_toolkit import FROZEN, ConfigError, build, read_toml, shipped
 
 
 @dataclass(config=FROZEN, frozen=True)
@@ -149,6 +150,12 @@ def trained_models(r: Run) -> list[str]:
             and not (m.startswith("absolute") and not r.twins.absolute)]
 
 
+def _shipped_config(section: TrainSection) -> TrainSection:
+    """The section with its run file resolved (`configs/NAME` falls back to the shipped one), so the
+    stage commands and keys name a file that exists from any working directory."""
+    return dataclasses.replace(section, config=str(shipped(section.config)))
+
+
 def load_run(path: str | Path) -> Run:
     data = read_toml(path)
     known = {"run", "data", "tokenizer", "pretrain", "msit", "twins", "eval", "ppl"}
@@ -163,13 +170,15 @@ def load_run(path: str | Path) -> Run:
         unknown = sorted(set(models) - set(MODELS))
         if unknown:
             raise ConfigError(f"{path} {where}: unknown model(s) {unknown}; valid: {list(MODELS)}")
+    data_args = {k: [str(shipped(a)) for a in v] for k, v in data.get("data", {}).items()}
     return Run(
         path=Path(path),
         run=build(RunSection, data.get("run"), where=f"{path} [run]"),
-        data=build(DataSection, data.get("data"), where=f"{path} [data]"),
+        data=build(DataSection, data_args, where=f"{path} [data]"),
         tokenizer=build(TokenizerSection, data.get("tokenizer"), where=f"{path} [tokenizer]"),
-        pretrain=build(TrainSection, data.get("pretrain"), where=f"{path} [pretrain]"),
-        msit=build(TrainSection, {"config": "configs/msit-tiny.toml", **data.get("msit", {})}, where=f"{path} [msit]"),
+        pretrain=_shipped_config(build(TrainSection, data.get("pretrain"), where=f"{path} [pretrain]")),
+        msit=_shipped_config(build(TrainSection, {"config": "configs/msit-tiny.toml", **data.get("msit", {})},
+                                   where=f"{path} [msit]")),
         twins=build(TwinsSection, data.get("twins"), where=f"{path} [twins]"),
         evals=evals,
         ppl=build(PplSection, data.get("ppl"), where=f"{path} [ppl]"),

@@ -18,6 +18,7 @@ import namespace, `evalm` (pyproject.toml, issue 12)."""
 FLOORS = {
     "config_toolkit": set(),
     "storage": set(),
+    "configs": set(),
     "evalm": {"config_toolkit", "storage"},
     "data_pipeline": {"config_toolkit", "storage"},
     "train": {"config_toolkit", "storage", "evalm"},

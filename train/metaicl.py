@@ -33,11 +33,11 @@ from typing import Literal
 import torch
 from pydantic.dataclasses import dataclass
 
-from evalm.config_toolkit import ConfigError, FROZEN, Parser, apply_overrides, build, read_toml, report, to_dict
+from evalm.config_toolkit import ConfigError, FROZEN, Parser, apply_overrides, build, read_toml, report, shipped, to_dict
 from evalm.train.config import OptimConfig
 from evalm.train.schedule import set_lr
 
-DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "metaicl-tiny.toml"
+DEFAULT_CONFIG = shipped("configs/metaicl-tiny.toml")
 
 
 @dataclass(config=FROZEN, frozen=True)

@@ -66,3 +66,13 @@ def test_export_eval_and_data_stages_refuse_a_held_folder(tiny, tmp_path, holder
         assert sorted(p.name for p in out.iterdir()) == [".evalm.lock"], name  # nothing written
         held.stop()
         assert command(out) == 0, name  # the holder died: the folder is free
+
+
+def test_the_main_job_holds_its_run_folder(tmp_path, holder, capsys):
+    from evalm.launcher.run import main
+
+    run_file = tmp_path / "run.toml"
+    run_file.write_text(f'[run]\nname = "mine"\nroot = "{tmp_path}"\n')
+    held = holder(tmp_path / "mine")
+    assert main([str(run_file)]) == 2
+    assert f"is in use by pid {held.proc.pid}" in one_line(capsys.readouterr().err)
