@@ -70,7 +70,9 @@ def icl(argv: Sequence[str]) -> int:
     layers = Layers(args.config, overrides)
     _flags(layers, "eval", args, {"task": "task", "data": "data", "methods": "methods", "shots": "shots",
                                   "seeds": "seeds", "test_items": "test_items", "bos": "bos",
-                                  "save_predictions": "save_predictions"})
+                                  "save_predictions": "save_predictions", "budgets": "budgets",
+                                  "label_map": "label_map", "order": "order", "order_seeds": "order_seeds",
+                                  "nearest": "nearest", "nearest_k": "nearest_k"})
     where = _where(args)
     config = build(EvalConfig, layers.section("eval"), where=f"{where} [eval]")
     options = build(MethodOptions, layers.section("eval.method"), where=f"{where} [eval.method]")
@@ -93,7 +95,9 @@ def _run_icl(args, config, options, model_cfg, syn, task, splits_for_seed, data_
     lm = load_lm(args, config.device, config.dtype, model_cfg, syn, config.context_window)
     n_items = len(select_items(len(splits_for_seed(config.seeds[0])["test"]), config))
     parts = 2 if config.choose_shot_on_validation else 1
-    bar = _progress(n_items * len(config.shots) * len(config.methods) * len(config.seeds) * parts, "icl")
+    orders = len(config.order) * max(1, len(config.order_seeds))
+    arms = sum(orders + (len(config.nearest) if k else 0) for k in config.budgets or config.shots)
+    bar = _progress(n_items * len(config.methods) * len(config.seeds) * parts * arms, "icl")
     t0 = time.perf_counter()
     runner = Runner(lm, task, config, options, splits_for_seed, progress=bar.update)
     label_tokens = runner.prompt.label_token_counts()

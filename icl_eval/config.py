@@ -38,7 +38,7 @@ class EvalConfig:
     """Dataset-level seeded sampling, or instance-level Top-k by TF-IDF."""
     balanced: bool = False
     """Label-balanced dataset-level sampling."""
-    separator: Literal["newline", "eos", "space-newline"] = "newline"
+    separator: Literal["newline", "eos", "space-newline", "blank-line"] = "newline"
     """Between demonstrations (ICL_SPEC §2)."""
     bos: str = "auto"
     """Tokens a prompt starts with (prompts.resolve_bos): `auto` the model's own (EVALM `</s>`; HF: the
@@ -65,6 +65,23 @@ class EvalConfig:
     """Model dtype (scores are computed in float32 from the logits)."""
     context_window: int | None = None
     """Override the model's window (EVALM: no limit; HF: max_position_embeddings)."""
+    budgets: tuple[int, ...] = ()
+    """Token budgets (HELMET / ManyICLBench): per cell the largest prefix of the seed's demonstration
+    order whose prompt fits, in the model's tokens (`icl_eval.budget`); 0 is the no-demonstration
+    reference. Non-empty: the grid is by budget instead of `shots`. Empty: by shots."""
+    label_map: Literal["none", "int", "symbols", "flip"] = "none"
+    """Labels spelled as shuffled integers, abstract symbols or another label's word, per draw seed
+    (`icl_eval.label_map`); the mapping is recorded in results.json."""
+    order: tuple[Literal["random", "label-sorted", "interleaved"], ...] = ("random",)
+    """Arrangement of each drawn set (`icl_eval.order`); the first is the main one, any other is scored
+    on the same draws as a paired comparison (`<method>+<order>` in the summary)."""
+    order_seeds: tuple[int, ...] = ()
+    """Order seeds, apart from the draw seeds: every draw is scored in each order, and the summary
+    splits the spread into draws and orders (`order_split`). Empty: one order per draw."""
+    nearest: tuple[Literal["remove", "keep", "corrupt"], ...] = ()
+    """Nearest-demonstration diagnostics (`icl_eval.nearest`), each scored beside the full context."""
+    nearest_k: int = 1
+    """How many of the context's demonstrations most similar to the test item the diagnostics touch."""
 
     def __post_init__(self) -> None:
         from evalm.icl_eval.methods import METHODS
@@ -74,6 +91,17 @@ class EvalConfig:
             raise ValueError(f"unknown method(s) {unknown}; valid: {list(METHODS)}")
         if any(k < 0 for k in self.shots) or not self.seeds:
             raise ValueError("shots must be >= 0 and at least one seed is needed")
+        if any(b < 0 for b in self.budgets) or list(self.budgets) != sorted(set(self.budgets)):
+            raise ValueError(f"budgets must be distinct, increasing and >= 0, got {list(self.budgets)}")
+        if (self.budgets or self.nearest) and self.selection != "random":
+            raise ValueError("budgets and nearest-demonstration diagnostics need selection = random "
+                             "(one dataset-level draw per seed)")
+        if len(set(self.order)) != len(self.order) or not self.order:
+            raise ValueError(f"order: give one or more distinct orders, got {list(self.order)}")
+        if len(set(self.order_seeds)) != len(self.order_seeds):
+            raise ValueError(f"order_seeds must be distinct, got {list(self.order_seeds)}")
+        if self.nearest_k < 1:
+            raise ValueError(f"nearest_k must be >= 1, got {self.nearest_k}")
         if self.test_items is not None and self.test_items < 1:
             raise ValueError(f"test_items must be >= 1 (or unset for the whole split), got {self.test_items}")
 
