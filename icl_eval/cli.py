@@ -97,9 +97,11 @@ def _run_icl(args, config, options, model_cfg, syn, task, splits_for_seed, data_
     parts = 2 if config.choose_shot_on_validation else 1
     orders = len(config.order) * max(1, len(config.order_seeds))
     arms = sum(orders + (len(config.nearest) if k else 0) for k in config.budgets or config.shots)
+    runner = Runner(lm, task, config, options, splits_for_seed)
+    runner.check_budgets()  # a budget below one demonstration is refused before any scoring
     bar = _progress(n_items * len(config.methods) * len(config.seeds) * parts * arms, "icl")
     t0 = time.perf_counter()
-    runner = Runner(lm, task, config, options, splits_for_seed, progress=bar.update)
+    runner.progress = bar.update
     label_tokens = runner.prompt.label_token_counts()
     if len(set(label_tokens.values())) > 1 and options.scoring.endswith("-sum"):
         print(f"warning: the labels tokenize to unequal lengths {label_tokens}: {options.scoring} scores favour the "

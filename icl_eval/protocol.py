@@ -140,15 +140,37 @@ class Runner:
             return
         for value in self.config.budgets or self.config.shots:
             if self.config.budgets:
-                order = dataset_level(len(train), len(train) - len(set(held)), seed, exclude=held, labels=labels)
-                probe = [self.prompt.test_item(i, r, 1) for i, r in zip(indices, rows)]
-                longest = max(len(c.tokens) for it in probe for c in it.candidates)
-                k, used = fit(self.prompt, order, demo, longest, value)
-                ids, cell = order[:k], {"shots": k, "budget": value, "prompt_tokens": used}
+                ids, cell = self._budget_draw(train, seed, held, labels, indices, rows, demo, value)
             else:
                 ids, cell = dataset_level(len(train), value, seed, exclude=held, labels=labels), {"shots": value}
             items = [self.prompt.test_item(i, r, cell["shots"]) for i, r in zip(indices, rows)]
             self._run_cell(split, seed, cell, ids, items, rows, demo, gold, train)
+
+    def _budget_draw(self, train, seed, held, labels, indices, rows, demo, budget: int) -> tuple[list[int], dict]:
+        """The demonstrations of a budget cell: the longest prefix of the seed's order that fits (`budget.fit`)."""
+        order = dataset_level(len(train), len(train) - len(set(held)), seed, exclude=held, labels=labels)
+        probe = [self.prompt.test_item(i, r, 1) for i, r in zip(indices, rows)]
+        longest = max(len(c.tokens) for it in probe for c in it.candidates)
+        k, used = fit(self.prompt, order, demo, longest, budget)
+        return order[:k], {"shots": k, "budget": budget, "prompt_tokens": used}
+
+    def check_budgets(self) -> None:
+        """Raise `budget.BudgetTooSmall` for a budget that fits no demonstration, before any scoring."""
+        for seed in self.config.seeds if self.config.budgets else ():
+            self.prompt = self._prompt_for(seed)
+            raw = self.splits_for_seed(seed)
+            splits, held = hold_out_validation(raw, self.config.validation_items) \
+                if self.config.choose_shot_on_validation else (raw, [])
+            train, indices = splits["train"], select_items(len(splits["test"]), self.config)
+            rows = [splits["test"][i] for i in indices]
+            labels = [self.task.gold(r) for r in train] if self.config.balanced else None
+
+            def demo(i: int) -> Demo:
+                return self.prompt.demo(i, train[i])
+
+            for budget in self.config.budgets:
+                self._budget_draw(train, seed, held, labels, indices, rows, demo, budget)
+        self.prompt = self._prompt_for(self.config.seeds[0])
 
     def _run_cell(self, split, seed, cell: dict, ids: list[int], items: list[TestItem], rows, demo, gold, train):
         """One draw: every order (and order seed), then the nearest-demonstration arms, every method."""
@@ -260,6 +282,7 @@ class Runner:
             "demos_used_min": min(used, default=k), "demos_used_mean": float(np.mean(used)) if used else float(k),
             "demo_ids": [d.item_id for d in demos] if shared else None,
             "tokens_per_demo": float(np.mean([len(d.tokens) for d in demos])) if demos else 0.0,
+            **({"context_ids": [[d.item_id for d in ds] for ds in per_item]} if per_item_ids else {}),
             **info,
         })
         if self.config.save_predictions:
