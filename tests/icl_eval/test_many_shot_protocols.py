@@ -223,3 +223,28 @@ def test_remove_nearest_removes_exactly_the_k_most_similar_per_item():
     assert "sample_learning_ratio" in summary["incremental+remove-nearest"]["8"]
     assert set(summary) == {"incremental", "incremental+remove-nearest", "incremental+keep-nearest",
                             "incremental+corrupt-nearest"}
+
+
+def test_the_tiny_run_reports_the_order_diagnostic():
+    """`evalm run configs/tiny.toml` scores each synthetic draw in two orders and label-sorted beside
+    random; its summary.md states the order spread beside the draw spread and the paired difference."""
+    from pathlib import Path
+
+    from evalm.icl_eval.synthetic import SyntheticConfig, episode, synthetic_task
+    from evalm.launcher.report import headline
+    from evalm.launcher.run_file import load_run
+    from evalm.launcher.summary import _icl_lines
+
+    entry = next(e for e in load_run(Path(__file__).resolve().parents[2] / "configs" / "tiny.toml").evals
+                 if "--order-seeds" in e.args)
+    assert entry.task == "synthetic" and "label-sorted" in entry.args[entry.args.index("--order") + 1]
+    cfg = SyntheticConfig(n_test=8)
+    config = EvalConfig(methods=("incremental",), shots=(0, 8), seeds=(1, 2), order_seeds=(1, 2),
+                        order=("random", "label-sorted"))
+    runner = Runner(tiny_evalm("eva"), synthetic_task(cfg), config, MethodOptions(), lambda seed: episode(seed, cfg))
+    runner.run()
+    res = runner.results({}, {}, 0.0)
+    block = {**res, "headline": {m: headline(res["summary"], m) for m in res["summary"]["test"]}}
+    text = "\n".join(_icl_lines("synthetic-order", {"msit": block}))
+    assert "incremental at 8: spread over 2 orders of the same demonstrations" in text
+    assert "incremental+label-sorted at 8:" in text and "against the main order" in text
