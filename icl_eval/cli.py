@@ -67,6 +67,8 @@ def icl(argv: Sequence[str]) -> int:
 
     overrides, rest = split_overrides(argv)
     args = icl_parser().parse_args(rest)
+    if args.budgets and args.shots:
+        raise ConfigError("--budgets and --shots: the grid is by token budget or by shot count; give one of them")
     layers = Layers(args.config, overrides)
     _flags(layers, "eval", args, {"task": "task", "data": "data", "methods": "methods", "shots": "shots",
                                   "seeds": "seeds", "test_items": "test_items", "bos": "bos",
