@@ -74,7 +74,8 @@ def icl(argv: Sequence[str]) -> int:
                                   "seeds": "seeds", "test_items": "test_items", "bos": "bos",
                                   "save_predictions": "save_predictions", "budgets": "budgets",
                                   "label_map": "label_map", "order": "order", "order_seeds": "order_seeds",
-                                  "nearest": "nearest", "nearest_k": "nearest_k"})
+                                  "nearest": "nearest", "nearest_k": "nearest_k",
+                                  "nearest_embedding": "nearest_embedding"})
     where = _where(args)
     config = build(EvalConfig, layers.section("eval"), where=f"{where} [eval]")
     options = build(MethodOptions, layers.section("eval.method"), where=f"{where} [eval.method]")

@@ -116,6 +116,8 @@ def protocol_options(p: Parser) -> None:
                    "demonstration diagnostics: per test item remove, keep only, or mislabel the --nearest-k "
                    "demonstrations most similar to it (TF-IDF); with 0 shots in the grid, remove gives the sample "
                    "learning ratio (default: none)")
+    p.add_argument("--nearest-embedding", metavar="DIR", help="a local Hugging Face encoder folder: the --nearest "
+                   "similarity is the cosine of its mean-pooled hidden states (default: none, TF-IDF)")
     p.add_argument("--nearest-k", type=int, metavar="K", help="demonstrations the --nearest diagnostics touch; more "
                    f"than a cell's demonstrations is an error (default: {_default(EvalConfig, 'nearest_k')})")
 

@@ -82,6 +82,9 @@ class EvalConfig:
     """Nearest-demonstration diagnostics (`icl_eval.nearest`), each scored beside the full context."""
     nearest_k: int = 1
     """How many of the context's demonstrations most similar to the test item the diagnostics touch."""
+    nearest_embedding: str | None = None
+    """A local Hugging Face encoder folder: the diagnostics' similarity is the cosine of its mean-pooled
+    last hidden states instead of TF-IDF (`icl_eval.nearest.Embedder`). None: TF-IDF."""
 
     def __post_init__(self) -> None:
         from evalm.icl_eval.methods import METHODS

@@ -6,6 +6,8 @@ same vectorizer as instance-level Top-k, `selection.TopK`, fitted on the trainin
 - the only ones `keep`t (in their context order), or
 - `corrupt`ed: shown with a wrong label (seeded per item and demonstration, uniform over the others).
 Ties in similarity go to the demonstration nearer the test input (later in the context).
+With `nearest_embedding` (a local Hugging Face encoder folder) the similarity is instead the cosine
+of mean-pooled last hidden states (`Embedder`), computed only for the demonstrations in the context.
 A task whose gain vanishes when the nearest are removed learns from similar samples; one whose
 gain survives learns from all of them. The sample learning ratio condenses this:
 
@@ -20,7 +22,7 @@ the per-item cost is recorded as `seconds_per_item`.
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -31,8 +33,41 @@ class TooFewDemonstrations(ValueError):
     """k nearest asked of a context with fewer demonstrations."""
 
 
-def nearest(sims: np.ndarray, ids: Sequence[int], k: int) -> list[int]:
-    """The k of `ids` (a context, in order) with the highest similarity `sims[i]`; ties: later first."""
+class Embedder:
+    """Cosine similarity of mean-pooled last hidden states of a local encoder (no hub: local files only)."""
+
+    def __init__(self, folder: str, text_of: Callable[[int], str]):
+        try:
+            import transformers
+        except ImportError:
+            raise ImportError("nearest_embedding needs transformers: pip install 'evalm[hf]'") from None
+        self.tokenizer = transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        self.model = transformers.AutoModel.from_pretrained(folder, local_files_only=True).eval()
+        self.text_of, self.cache = text_of, {}
+
+    def embed(self, text: str) -> np.ndarray:
+        """The unit-length mean of the last hidden states over the text's tokens, shape (D,)."""
+        import torch
+
+        batch = self.tokenizer([text], return_tensors="pt")
+        with torch.no_grad():
+            hidden = self.model(**batch).last_hidden_state[0]  # (T, D)
+        mask = batch["attention_mask"][0].unsqueeze(-1).to(hidden.dtype)
+        vec = ((hidden * mask).sum(0) / mask.sum()).double().numpy()
+        return vec / max(np.linalg.norm(vec), 1e-12)
+
+    def similarities(self, text: str, ids: Sequence[int]) -> dict[int, float]:
+        """Cosine of `text` to each training text in `ids` (those embedded once and cached)."""
+        query = self.embed(text)
+        for i in ids:
+            if i not in self.cache:
+                self.cache[i] = self.embed(self.text_of(i))
+        return {i: float(self.cache[i] @ query) for i in ids}
+
+
+def nearest(sims, ids: Sequence[int], k: int) -> list[int]:
+    """The k of `ids` (a context, in order) with the highest similarity `sims[i]` (an array over the
+    training items, or a dict over `ids`); ties: later first."""
     if k > len(ids):
         raise TooFewDemonstrations(f"--nearest-k {k}: the context has only {len(ids)} demonstrations; "
                                    f"lower --nearest-k or raise the shots/budget")

@@ -29,6 +29,7 @@ from evalm.icl_eval.label_map import remap
 from evalm.icl_eval.config import EvalConfig
 from evalm.icl_eval.lm import CausalLM
 from evalm.icl_eval.methods import METHODS, MethodOptions, MethodResult
+from evalm.icl_eval.nearest import Embedder
 from evalm.icl_eval.nearest import apply as apply_nearest
 from evalm.icl_eval.nearest import nearest
 from evalm.icl_eval.order import arrange
@@ -76,7 +77,7 @@ class Runner:
         """Per (split, seed, shots): each label baseline's per-item correctness on the items scored."""
         self.predictions: list[dict] = []
         self._item_set = 0
-        self._tfidf: tuple[Any, TopK] | None = None
+        self._tfidf: tuple[Any, TopK | Embedder] | None = None
 
     def run(self) -> list[dict]:
         first_test = None
@@ -202,9 +203,7 @@ class Runner:
         if "remove" in self.config.nearest and k >= len(main):
             raise ValueError(f"--nearest-k {k}: removing it leaves no demonstration of the {len(main)} in the context; "
                              f"lower --nearest-k below {len(main)}")
-        if self._tfidf is None or self._tfidf[0] is not train:  # fitted once per training split
-            self._tfidf = (train, TopK([self._text(r) for r in train]))
-        sims = [self._tfidf[1].similarities(self._text(r)) for r in rows]
+        sims = self._similarities(train, rows, main)
         near = [nearest(s, main, k) for s in sims]
         n_labels = self.task.n_candidates()
         for mode in self.config.nearest:
@@ -219,6 +218,19 @@ class Runner:
                 result = self._score(name, contexts, items, rows, cell["shots"], per_item_context=True)
                 self._record(name, split, seed, cell, items, contexts, result, arm=arm, order_seed=order_seed,
                              per_item_ids=True)
+
+    def _similarities(self, train, rows, ids: list[int]) -> list:
+        """Per test row, its similarity to the training items: TF-IDF over the whole split, or the
+        `nearest_embedding` encoder's cosine over the context's `ids`; built once per training split."""
+        if self._tfidf is None or self._tfidf[0] is not train:
+            folder = self.config.nearest_embedding
+            measure = Embedder(folder, lambda i: self._text(train[i])) if folder else \
+                TopK([self._text(r) for r in train])
+            self._tfidf = (train, measure)
+        measure = self._tfidf[1]
+        if isinstance(measure, TopK):
+            return [measure.similarities(self._text(r)) for r in rows]
+        return [measure.similarities(self._text(r), ids) for r in rows]
 
     def _run_topk(self, split, seed, held, train, indices, rows, demo) -> None:
         """Instance-level Top-k: a different context per item (no reuse across items)."""

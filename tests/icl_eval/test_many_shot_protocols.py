@@ -248,3 +248,36 @@ def test_the_tiny_run_reports_the_order_diagnostic():
     text = "\n".join(_icl_lines("synthetic-order", {"msit": block}))
     assert "incremental at 8: spread over 2 orders of the same demonstrations" in text
     assert "incremental+label-sorted at 8:" in text and "against the main order" in text
+
+
+def test_nearest_by_a_local_encoder_removes_the_k_highest_cosines(tmp_path):
+    """`nearest_embedding`: a tiny random BERT saved to a folder; the oracle embeds each text itself."""
+    import torch
+    import transformers
+
+    words = ["zebra", "lion", "tiger", "cow", "cat", "dog", "fish", "bird", "owl", "hen", "pig", "ant"]
+    (tmp_path / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]) + "\n")
+    transformers.BertTokenizer(str(tmp_path / "vocab.txt")).save_pretrained(tmp_path / "enc")
+    torch.manual_seed(0)
+    model = transformers.BertModel(transformers.BertConfig(vocab_size=17, hidden_size=16, num_hidden_layers=1,
+                                                           num_attention_heads=2, intermediate_size=32)).eval()
+    model.save_pretrained(tmp_path / "enc")
+    train = ["zebra lion", "tiger cow", "cat dog", "fish bird", "owl hen", "cow pig", "ant zebra", "lion cat"]
+    splits = _splits(train, [0, 1, 2, 0, 1, 2, 0, 1], ["hen pig"], [0])
+    runner = _runner(splits, shots=(8,), seeds=(3,), nearest=("remove",), nearest_k=3,
+                     nearest_embedding=str(tmp_path / "enc"))  # seed 3 puts item 3 first: TF-IDF ties pick another
+    runner.run()
+    tok = transformers.BertTokenizer.from_pretrained(tmp_path / "enc")
+
+    def embed(text):
+        with torch.no_grad():
+            h = model(**tok([text], return_tensors="pt")).last_hidden_state[0].mean(0)  # one text: no padding
+        return (h / h.norm()).double().numpy()
+
+    cos = {i: float(embed(t) @ embed("hen pig")) for i, t in enumerate(train)}
+    top3 = set(sorted(cos, key=lambda i: -cos[i])[:3])
+    from evalm.icl_eval.selection import TopK
+
+    assert 3 in top3 and TopK(train).similarities("hen pig")[3] == 0  # an item TF-IDF finds unrelated: they differ
+    removed = next(r for r in runner.records if r["arm"] == "remove-nearest")["context_ids"][0]
+    assert set(range(8)) - set(removed) == top3
