@@ -23,8 +23,8 @@ class EvalConfig:
 
     task: str = "synthetic"
     """A built-in task name (see `tasks.TEMPLATE_SETS`), `synthetic`, or a task file (.toml/.yaml)."""
-    template_set: Literal["evalm", "structured"] = "evalm"
-    """EVALM Table 8 templates, or Structured Prompting Appendix A."""
+    template_set: Literal["evalm", "structured", "helmet"] = "evalm"
+    """EVALM Table 8 templates, Structured Prompting Appendix A, or HELMET's ICL tasks."""
     data: str | None = None
     """Folder of train/validation/test files, a save_to_disk folder, or a cached dataset id (`task_data`);
     None: the task file's own files, or the built-in task's dataset from the offline cache."""
