@@ -77,7 +77,7 @@ class Runner:
         """Per (split, seed, shots): each label baseline's per-item correctness on the items scored."""
         self.predictions: list[dict] = []
         self._item_set = 0
-        self._tfidf: tuple[Any, TopK | Embedder] | None = None
+        self._measure: tuple[Any, TopK | Embedder] | None = None
 
     def run(self) -> list[dict]:
         first_test = None
@@ -170,7 +170,9 @@ class Runner:
                 return self.prompt.demo(i, train[i])
 
             for budget in self.config.budgets:
-                self._budget_draw(train, seed, held, labels, indices, rows, demo, budget)
+                ids, _ = self._budget_draw(train, seed, held, labels, indices, rows, demo, budget)
+                if budget and self.config.nearest:
+                    self._check_nearest(len(ids), f"--budgets {budget} (seed {seed})")
         self.prompt = self._prompt_for(self.config.seeds[0])
 
     def _run_cell(self, split, seed, cell: dict, ids: list[int], items: list[TestItem], rows, demo, gold, train):
@@ -200,9 +202,7 @@ class Runner:
     def _run_nearest(self, split, seed, cell, main: list[int], items, rows, demo, labels, train, order_seed) -> None:
         """Per item, the k demonstrations of `main` most similar to it removed, kept alone or mislabelled."""
         k = self.config.nearest_k
-        if "remove" in self.config.nearest and k >= len(main):
-            raise ValueError(f"--nearest-k {k}: removing it leaves no demonstration of the {len(main)} in the context; "
-                             f"lower --nearest-k below {len(main)}")
+        self._check_nearest(len(main), f"{len(main)} shots")
         sims = self._similarities(train, rows, main)
         near = [nearest(s, main, k) for s in sims]
         n_labels = self.task.n_candidates()
@@ -219,15 +219,23 @@ class Runner:
                 self._record(name, split, seed, cell, items, contexts, result, arm=arm, order_seed=order_seed,
                              per_item_ids=True)
 
+    def _check_nearest(self, n_demos: int, where: str) -> None:
+        """--nearest-k must leave something to compare: at most the context, and below it for `remove`."""
+        k, remove = self.config.nearest_k, "remove" in self.config.nearest
+        if k > n_demos or (remove and k == n_demos):
+            raise ValueError(f"--nearest-k {k}: {where} gives {n_demos} demonstrations, "
+                             + ("and removing them all leaves none" if k == n_demos else "fewer than that")
+                             + f"; lower --nearest-k below {n_demos} or raise the shots/budget")
+
     def _similarities(self, train, rows, ids: list[int]) -> list:
         """Per test row, its similarity to the training items: TF-IDF over the whole split, or the
         `nearest_embedding` encoder's cosine over the context's `ids`; built once per training split."""
-        if self._tfidf is None or self._tfidf[0] is not train:
+        if self._measure is None or self._measure[0] is not train:
             folder = self.config.nearest_embedding
             measure = Embedder(folder, lambda i: self._text(train[i])) if folder else \
                 TopK([self._text(r) for r in train])
-            self._tfidf = (train, measure)
-        measure = self._tfidf[1]
+            self._measure = (train, measure)
+        measure = self._measure[1]
         if isinstance(measure, TopK):
             return [measure.similarities(self._text(r)) for r in rows]
         return [measure.similarities(self._text(r), ids) for r in rows]

@@ -132,6 +132,7 @@ def test_the_new_options_reach_results_json(tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["--budgets", "0,5"], "--budgets 5: below one demonstration"),
+    (["--budgets", "0,60", "--nearest", "keep", "--nearest-k", "9"], "--nearest-k 9: --budgets 60 (seed 1) gives"),
     (["--budgets", "0,60", "--shots", "0,1"], "--budgets and --shots: the grid is by token budget or by shot count"),
     (["--shots", "0,2", "--nearest", "remove", "--nearest-k", "3"], "--nearest-k 3: more than the 2 demonstrations"),
     (["--shots", "0,2", "--label-map", "int", "--choice"], "--label-map int: task 'toy' is multiple choice"),
