@@ -5,6 +5,9 @@
     python benchmarks/smollm.py                     # the issue-16 size: 200 random items x 3 seeds, 0-256 shots
     python benchmarks/smollm.py --tasks rotten_tomatoes --shots 0,16 --items 20 --seeds 1,2
 
+    python benchmarks/smollm.py --remap-commands     # the remapped-label runs (`evalm eval icl` with --label-map)
+    python benchmarks/smollm.py --tables runs/smollm22/*/results.json   # their markdown tables
+
 Not in CI. `incremental`, `structured` and `saicl` on random test items (a seeded sample, recorded
 by index) as the shots grow past the model's 8,192 positions. Methods that compute the same thing
 run once and the table says so (`same_as` in the JSON):
@@ -219,8 +222,59 @@ def save(path: Path, lm, task, lead, bench: Bench, args, shots, methods) -> str:
     return text
 
 
+REMAP_RUNS = """\
+G=$(python -c "import benchmarks.smollm as b; f, n = b.gguf_location(); print(f / n)")
+COMMON="--hf-model $(dirname $G) --gguf-file $(basename $G) --task data/samples/tasks/rotten_tomatoes/task.toml \\
+  --methods incremental --seeds 1,2,3 --eval.method.scoring=answer-sum --eval.method.on_overflow=drop_left"
+OMP_NUM_THREADS=1 evalm eval icl $COMMON --test-items 200 --shots 0,16 --order-seeds 1,2 --label-map int \\
+  --out runs/smollm22/rt-int-shots
+OMP_NUM_THREADS=1 evalm eval icl $COMMON --test-items 200 --shots 0,16 --order-seeds 1,2 --label-map symbols \\
+  --out runs/smollm22/rt-symbols-shots
+OMP_NUM_THREADS=1 evalm eval icl $COMMON --test-items 100 --budgets 0,512 --label-map int --order random,label-sorted \\
+  --nearest remove,keep,corrupt --nearest-k 4 --out runs/smollm22/rt-int-diagnostics
+python benchmarks/smollm.py --tables runs/smollm22/*/results.json"""
+"""The remapped-label runs: `evalm eval icl` itself, then `--tables` renders their results.json."""
+
+
+def _ci(pair, signed: bool = False) -> str:
+    f = "{:+.3f}" if signed else "{:.3f}"
+    return "[" + ", ".join(f.format(x) for x in pair) + "]"
+
+
+def remap_table(res: dict) -> str:
+    """Markdown of one `evalm eval icl` results.json: per arm and cell, accuracy [CI] ± draw std, the
+    best label baseline, Δ vs 0 shots, the draw/order spread, and each arm's paired Δ to the main arm."""
+    summary, ev = res["summary"], res["protocol"]["eval"]
+    axis = summary.get("axis", "shots")
+    lines = [f"| {res['protocol']['task']} `--label-map {ev['label_map']}` | {axis} | accuracy [95% CI] ± draw std | "
+             "best label baseline | Δ vs 0 [CI] | spread: draws / orders | arm Δ vs main [CI] |",
+             "|---|---|---|---|---|---|---|"]
+    for name, cells in summary["test"].items():
+        for k, c in sorted(cells.items(), key=lambda kv: int(kv[0])):
+            base = c["baselines"][c["gain"]["over"]]
+            where = k + (f" ({'/'.join(map(str, c['shots_per_seed']))} shots, "
+                         f"{'/'.join(map(str, c['prompt_tokens_per_seed']))} tokens)" if "shots_per_seed" in c else "")
+            d0 = c.get("vs_0_shots")
+            spread = c.get("order_split")
+            arm = c.get("vs_base")
+            slr = c.get("sample_learning_ratio")
+            lines.append(
+                f"| {name} | {where} | {c['accuracy_mean']:.3f} {_ci(c['accuracy_ci95'])} ±{c['accuracy_std']:.3f} | "
+                f"{c['gain']['over']} {base['mean']:.3f} {_ci(base['ci95'])} | "
+                + (f"{d0['mean']:+.3f} {_ci(d0['ci95'], True)}" if d0 else "-") + " | "
+                + (f"{spread['draw_std']:.3f} {_ci(spread['draw_std_ci95'])} / {spread['order_std']:.3f} "
+                   f"{_ci(spread['order_std_ci95'])}" if spread else "-") + " | "
+                + (f"{arm['mean']:+.3f} {_ci(arm['ci95'], True)}" if arm else "-")
+                + (f"; SLR {slr:.2f}" if slr is not None else "") + " |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tables", nargs="+", metavar="RESULTS_JSON", help="print the markdown table of each "
+                   "`evalm eval icl` results.json (the remapped-label runs, `--remap-commands`) and stop (default: none)")
+    p.add_argument("--remap-commands", action="store_true", help="print the commands of the remapped-label runs "
+                   "and stop (default: off)")
     p.add_argument("--samples", default="data/samples", help="output of `evalm data samples` (default: data/samples)")
     p.add_argument("--tasks", default="rotten_tomatoes,bbc_news", help="default: rotten_tomatoes,bbc_news")
     p.add_argument("--methods", default="incremental,structured,saicl", help="default: incremental,structured,saicl")
@@ -238,6 +292,13 @@ def main(argv=None) -> int:
                    "ran one forward 10x slower than 1 (default: 1)")
     p.add_argument("--out", default="runs/smollm", help="output folder (default: runs/smollm)")
     args = p.parse_args(argv)
+    if args.remap_commands:
+        print(REMAP_RUNS)
+        return 0
+    if args.tables:
+        for path in args.tables:
+            print(f"\n{path}\n\n" + remap_table(json.loads(Path(path).read_text())))
+        return 0
 
     import torch
 

@@ -68,10 +68,15 @@ def icl(argv: Sequence[str]) -> int:
 
     overrides, rest = split_overrides(argv)
     args = icl_parser().parse_args(rest)
+    if args.budgets and args.shots:
+        raise ConfigError("--budgets and --shots: the grid is by token budget or by shot count; give one of them")
     layers = Layers(args.config, overrides)
     _flags(layers, "eval", args, {"task": "task", "data": "data", "methods": "methods", "shots": "shots",
                                   "seeds": "seeds", "test_items": "test_items", "bos": "bos",
-                                  "save_predictions": "save_predictions"})
+                                  "save_predictions": "save_predictions", "budgets": "budgets",
+                                  "label_map": "label_map", "order": "order", "order_seeds": "order_seeds",
+                                  "nearest": "nearest", "nearest_k": "nearest_k",
+                                  "nearest_embedding": "nearest_embedding"})
     where = _where(args)
     config = build(EvalConfig, layers.section("eval"), where=f"{where} [eval]")
     options = build(MethodOptions, layers.section("eval.method"), where=f"{where} [eval.method]")
@@ -95,9 +100,13 @@ def _run_icl(args, config, options, model_cfg, syn, task, splits_for_seed, data_
     lm = load_lm(args, config.device, config.dtype, model_cfg, syn, config.context_window)
     n_items = len(select_items(len(splits_for_seed(config.seeds[0])["test"]), config))
     parts = 2 if config.choose_shot_on_validation else 1
-    bar = _progress(n_items * len(config.shots) * len(config.methods) * len(config.seeds) * parts, "icl")
+    orders = len(config.order) * max(1, len(config.order_seeds))
+    arms = sum(orders + (len(config.nearest) if k else 0) for k in config.budgets or config.shots)
+    runner = Runner(lm, task, config, options, splits_for_seed)
+    runner.check_budgets()  # a budget below one demonstration is refused before any scoring
+    bar = _progress(n_items * len(config.methods) * len(config.seeds) * parts * arms, "icl")
     t0 = time.perf_counter()
-    runner = Runner(lm, task, config, options, splits_for_seed, progress=bar.update)
+    runner.progress = bar.update
     label_tokens = runner.prompt.label_token_counts()
     if len(set(label_tokens.values())) > 1 and options.scoring.endswith("-sum"):
         print(f"warning: the labels tokenize to unequal lengths {label_tokens}: {options.scoring} scores favour the "

@@ -97,8 +97,36 @@ def icl_parser() -> Parser:
                    f"eos, or one token such as '<|endoftext|>' (default: {_default(EvalConfig, 'bos')})")
     p.add_argument("--save-predictions", action="store_true", help="write predictions.jsonl: every candidate's "
                    "score per item, method, shot and seed (default: off)")
+    protocol_options(p)
     allow_skip(p, "shot counts above the training pool and a --test-items above the split (scoring all)")
     return p
+
+
+def protocol_options(p: Parser) -> None:
+    """The field's many-shot protocols: token budgets, label remapping, order, nearest-demonstration arms."""
+    from evalm.icl_eval.config import EvalConfig
+
+    p.add_argument("--budgets", type=csv(int), metavar="B1,B2", help="token budgets instead of --shots: per seed the "
+                   "largest prefix of its demonstration order whose prompt (context + longest test item, in the model's "
+                   "tokens) fits B; 0 is the no-demonstration reference; a B below one demonstration is an error "
+                   "(default: none, the grid is by --shots)")
+    p.add_argument("--label-map", choices=("none", "int", "symbols", "flip"), help="spell the labels as shuffled "
+                   "integers, abstract symbols or another label's word, drawn per seed and recorded "
+                   f"(default: {_default(EvalConfig, 'label_map')})")
+    p.add_argument("--order", type=csv(str, ("random", "label-sorted", "interleaved")), metavar="O1,O2",
+                   help="arrangement of each draw: random, label-sorted or interleaved; further orders are scored on "
+                   f"the same draws as paired arms (default: {_default(EvalConfig, 'order')})")
+    p.add_argument("--order-seeds", type=csv(int), metavar="S1,S2", help="order seeds apart from the draw seeds: "
+                   "every draw in each order; the summary splits the spread into draws and orders "
+                   "(default: none, one order per draw)")
+    p.add_argument("--nearest", type=csv(str, ("remove", "keep", "corrupt")), metavar="M1,M2", help="nearest-"
+                   "demonstration diagnostics: per test item remove, keep only, or mislabel the --nearest-k "
+                   "demonstrations most similar to it (TF-IDF); with 0 shots in the grid, remove gives the sample "
+                   "learning ratio (default: none)")
+    p.add_argument("--nearest-embedding", metavar="DIR", help="a local Hugging Face encoder folder: the --nearest "
+                   "similarity is the cosine of its mean-pooled hidden states (default: none, TF-IDF)")
+    p.add_argument("--nearest-k", type=int, metavar="K", help="demonstrations the --nearest diagnostics touch; more "
+                   f"than a cell's demonstrations is an error (default: {_default(EvalConfig, 'nearest_k')})")
 
 
 def ppl_parser() -> Parser:

@@ -23,8 +23,8 @@ class EvalConfig:
 
     task: str = "synthetic"
     """A built-in task name (see `tasks.TEMPLATE_SETS`), `synthetic`, or a task file (.toml/.yaml)."""
-    template_set: Literal["evalm", "structured"] = "evalm"
-    """EVALM Table 8 templates, or Structured Prompting Appendix A."""
+    template_set: Literal["evalm", "structured", "helmet"] = "evalm"
+    """EVALM Table 8 templates, Structured Prompting Appendix A, or HELMET's ICL tasks."""
     data: str | None = None
     """Folder of train/validation/test files, a save_to_disk folder, or a cached dataset id (`task_data`);
     None: the task file's own files, or the built-in task's dataset from the offline cache."""
@@ -38,7 +38,7 @@ class EvalConfig:
     """Dataset-level seeded sampling, or instance-level Top-k by TF-IDF."""
     balanced: bool = False
     """Label-balanced dataset-level sampling."""
-    separator: Literal["newline", "eos", "space-newline"] = "newline"
+    separator: Literal["newline", "eos", "space-newline", "blank-line"] = "newline"
     """Between demonstrations (ICL_SPEC §2)."""
     bos: str = "auto"
     """Tokens a prompt starts with (prompts.resolve_bos): `auto` the model's own (EVALM `</s>`; HF: the
@@ -65,6 +65,26 @@ class EvalConfig:
     """Model dtype (scores are computed in float32 from the logits)."""
     context_window: int | None = None
     """Override the model's window (EVALM: no limit; HF: max_position_embeddings)."""
+    budgets: tuple[int, ...] = ()
+    """Token budgets (HELMET / ManyICLBench): per cell the largest prefix of the seed's demonstration
+    order whose prompt fits, in the model's tokens (`icl_eval.budget`); 0 is the no-demonstration
+    reference. Non-empty: the grid is by budget instead of `shots`. Empty: by shots."""
+    label_map: Literal["none", "int", "symbols", "flip"] = "none"
+    """Labels spelled as shuffled integers, abstract symbols or another label's word, per draw seed
+    (`icl_eval.label_map`); the mapping is recorded in results.json."""
+    order: tuple[Literal["random", "label-sorted", "interleaved"], ...] = ("random",)
+    """Arrangement of each drawn set (`icl_eval.order`); the first is the main one, any other is scored
+    on the same draws as a paired comparison (`<method>+<order>` in the summary)."""
+    order_seeds: tuple[int, ...] = ()
+    """Order seeds, apart from the draw seeds: every draw is scored in each order, and the summary
+    splits the spread into draws and orders (`order_split`). Empty: one order per draw."""
+    nearest: tuple[Literal["remove", "keep", "corrupt"], ...] = ()
+    """Nearest-demonstration diagnostics (`icl_eval.nearest`), each scored beside the full context."""
+    nearest_k: int = 1
+    """How many of the context's demonstrations most similar to the test item the diagnostics touch."""
+    nearest_embedding: str | None = None
+    """A local Hugging Face encoder folder: the diagnostics' similarity is the cosine of its mean-pooled
+    last hidden states instead of TF-IDF (`icl_eval.nearest.Embedder`). None: TF-IDF."""
 
     def __post_init__(self) -> None:
         from evalm.icl_eval.methods import METHODS
@@ -72,12 +92,19 @@ class EvalConfig:
         unknown = [m for m in self.methods if m not in METHODS]
         if unknown:
             raise ValueError(f"unknown method(s) {unknown}; valid: {list(METHODS)}")
-        for name in ("methods", "shots", "seeds"):
+        for name in ("methods", "shots", "seeds", "order", "order_seeds"):
             _distinct(name, getattr(self, name))
         if any(k < 0 for k in self.shots):
             raise ValueError(f"shots must be >= 0, got {list(self.shots)}")
         if self.validation_items < 1 or (self.context_window is not None and self.context_window < 1):
             raise ValueError("validation_items and context_window (when set) must be >= 1")
+        if any(b < 0 for b in self.budgets) or list(self.budgets) != sorted(set(self.budgets)):
+            raise ValueError(f"budgets must be distinct, increasing and >= 0, got {list(self.budgets)}")
+        if (self.budgets or self.nearest) and self.selection != "random":
+            raise ValueError("budgets and nearest-demonstration diagnostics need selection = random "
+                             "(one dataset-level draw per seed)")
+        if self.nearest_k < 1:
+            raise ValueError(f"nearest_k must be >= 1, got {self.nearest_k}")
         if self.test_items is not None and self.test_items < 1:
             raise ValueError(f"test_items must be >= 1 (or unset for the whole split), got {self.test_items}")
 

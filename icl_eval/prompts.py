@@ -30,6 +30,7 @@ SEPARATORS: dict[str, str | None] = {
     "newline": "\n",
     "eos": None,  # the end-of-document token (fairseq LMOps variant)
     "space-newline": " \n ",  # LMOps' BLOOM variant
+    "blank-line": "\n\n",  # HELMET's ICL prompts: demonstrations separated by an empty line
 }
 
 CONTENT_FREE = ("N/A", "", "[MASK]")  # Zhao et al. 2021's content-free inputs
@@ -111,9 +112,10 @@ class PromptBuilder:
         pre, ans, post = self.segments(fields, answer)
         return pre + ans + post, len(pre), len(pre) + len(ans)
 
-    def demo(self, item_id: int, item: dict[str, Any]) -> Demo:
-        gold = self.task.gold(item)
-        tokens, _, _ = self.instance(self.task.fields(item), self.task.candidates(item)[gold])
+    def demo(self, item_id: int, item: dict[str, Any], label: int | None = None) -> Demo:
+        """I(x_i, y_i) with the item's gold label, or with `label` instead (a corrupted demonstration)."""
+        shown = self.task.gold(item) if label is None else label
+        tokens, _, _ = self.instance(self.task.fields(item), self.task.candidates(item)[shown])
         return Demo(item_id, tuple(tokens))
 
     def test_item(self, item_id: int, item: dict[str, Any], n_shots: int, gold: int | None = None) -> TestItem:
@@ -148,7 +150,7 @@ class PromptBuilder:
         Summed scores (instance-sum, answer-sum) of labels with unequal token counts are biased
         towards the shorter ones: a small BPE can make " A" one token and " B" two."""
         fields = {name: "x" for name in self.task.input_fields}
-        return {label: len(self.segments(fields, label)[1]) for label in self.task.labels}
+        return {label: len(self.segments(fields, label)[1]) for label in (self.task.spelled or self.task.labels)}
 
     def lead(self, n_shots: int) -> tuple[int, ...]:
         return self.sep if n_shots > 0 else self.bos

@@ -7,6 +7,11 @@ test item, and the record keeps what was used: demonstrations per item, context 
 seconds per item and cache bytes, plus each item's correctness and, once per cell, the label
 baselines on the same items and demonstrations (`baselines.py`); `summary.py` turns them into
 means, intervals and gains. The synthetic task draws a fresh episode (rule) per seed.
+
+Beside the shot grid: a token-budget grid (`budget.py`: per seed the largest demonstration prefix
+that fits), labels spelled per draw seed (`label_map.py`), each draw arranged by order seeds and
+in further orders (`order.py`), and per-item nearest-demonstration arms (`nearest.py`). Each record
+names its draw `seed`, its `order_seed` and its `arm` ("" for the main order and full context).
 """
 
 from __future__ import annotations
@@ -19,9 +24,15 @@ import numpy as np
 
 from evalm.config_toolkit import to_dict
 from evalm.icl_eval.baselines import label_baselines
+from evalm.icl_eval.budget import fit
+from evalm.icl_eval.label_map import remap
 from evalm.icl_eval.config import EvalConfig
 from evalm.icl_eval.lm import CausalLM
 from evalm.icl_eval.methods import METHODS, MethodOptions, MethodResult
+from evalm.icl_eval.nearest import Embedder
+from evalm.icl_eval.nearest import apply as apply_nearest
+from evalm.icl_eval.nearest import nearest
+from evalm.icl_eval.order import arrange
 from evalm.icl_eval.prompts import Demo, PromptBuilder, TestItem
 from evalm.icl_eval.scoring import calibrate, metrics
 from evalm.icl_eval.selection import TopK, dataset_level
@@ -58,12 +69,15 @@ class Runner:
                  splits_for_seed: Callable[[int], Splits], progress=None):
         self.lm, self.task, self.config, self.options = lm, task, config, options
         self.splits_for_seed, self.progress = splits_for_seed, progress
-        self.prompt = PromptBuilder(task, lm.tokenizer, config.separator, config.bos)
+        self.label_maps: dict[int, dict[str, str]] = {}
+        """Per draw seed: the original label -> the label as the prompts spell it (label_map)."""
+        self.prompt = self._prompt_for(config.seeds[0])
         self.records: list[dict] = []
         self.baselines: list[dict] = []
         """Per (split, seed, shots): each label baseline's per-item correctness on the items scored."""
         self.predictions: list[dict] = []
         self._item_set = 0
+        self._measure: tuple[Any, TopK | Embedder] | None = None
 
     def run(self) -> list[dict]:
         first_test = None
@@ -73,12 +87,20 @@ class Runner:
             # seeds share the items of one split (crossed design), or each has its own (the synthetic
             # family's fresh episode per seed: nested); recorded so the bootstrap resamples correctly
             self._item_set = 0 if raw["test"] is first_test else seed
+            self.prompt = self._prompt_for(seed)
             splits, held = hold_out_validation(raw, self.config.validation_items) \
                 if self.config.choose_shot_on_validation else (raw, [])
             parts = ["test"] + (["validation"] if self.config.choose_shot_on_validation else [])
             for split in parts:
                 self._run_split(splits, split, seed, held)
         return self.records
+
+    def _prompt_for(self, seed: int) -> PromptBuilder:
+        """The prompt builder of one draw seed: the task's labels spelled under its label map."""
+        task = remap(self.task, self.config.label_map, seed)
+        if task.spelled:
+            self.label_maps[seed] = dict(zip(self.task.labels, task.spelled))
+        return PromptBuilder(task, self.lm.tokenizer, self.config.separator, self.config.bos)
 
     def results(self, model: dict, data_info: dict, seconds: float) -> dict[str, Any]:
         """results.json of a finished run: what was run (`protocol`), the summary, every record.
@@ -89,7 +111,8 @@ class Runner:
                          "template_source": self.task.source, "labels": list(self.task.labels), "data": data_info,
                          "label_tokens": self.prompt.label_token_counts(), "bos": self.prompt.describe_bos(),
                          "eval": to_dict(self.config), "method_options": to_dict(self.options),
-                         "scoring": self.options.scoring, "seconds": seconds},
+                         "scoring": self.options.scoring, "seconds": seconds,
+                         "label_map": self.config.label_map, "label_maps": self.label_maps},
             "summary": summarize(self.records, self.baselines),
             "records": self.records,
             "baseline_records": self.baselines,
@@ -99,37 +122,148 @@ class Runner:
         train = splits["train"]
         indices = select_items(len(splits[split]), self.config)
         rows = [splits[split][i] for i in indices]
-        demo_cache: dict[int, Demo] = {}
+        demo_cache: dict[tuple[int, int | None], Demo] = {}
+        gold_cache: dict[int, int] = {}
 
-        def demo(i: int) -> Demo:
-            if i not in demo_cache:
-                demo_cache[i] = self.prompt.demo(i, train[i])
-            return demo_cache[i]
+        def demo(i: int, label: int | None = None) -> Demo:
+            if (i, label) not in demo_cache:
+                demo_cache[(i, label)] = self.prompt.demo(i, train[i], label)
+            return demo_cache[(i, label)]
 
-        labels = [self.task.gold(r) for r in train] if self.config.balanced else None
-        topk = TopK([self._text(r) for r in train]) if self.config.selection == "topk" else None
+        def gold(i: int) -> int:
+            if i not in gold_cache:
+                gold_cache[i] = self.task.gold(train[i])
+            return gold_cache[i]
+
+        labels = [gold(i) for i in range(len(train))] if self.config.balanced else None
+        if self.config.selection == "topk":
+            self._run_topk(split, seed, held, train, indices, rows, demo)
+            return
+        for value in self.config.budgets or self.config.shots:
+            if self.config.budgets:
+                ids, cell = self._budget_draw(train, seed, held, labels, indices, rows, demo, value)
+            else:
+                ids, cell = dataset_level(len(train), value, seed, exclude=held, labels=labels), {"shots": value}
+            items = [self.prompt.test_item(i, r, cell["shots"]) for i, r in zip(indices, rows)]
+            self._run_cell(split, seed, cell, ids, items, rows, demo, gold, train)
+
+    def _budget_draw(self, train, seed, held, labels, indices, rows, demo, budget: int) -> tuple[list[int], dict]:
+        """The demonstrations of a budget cell: the longest prefix of the seed's order that fits (`budget.fit`)."""
+        order = dataset_level(len(train), len(train) - len(set(held)), seed, exclude=held, labels=labels)
+        probe = [self.prompt.test_item(i, r, 1) for i, r in zip(indices, rows)]
+        longest = max(len(c.tokens) for it in probe for c in it.candidates)
+        k, used = fit(self.prompt, order, demo, longest, budget)
+        return order[:k], {"shots": k, "budget": budget, "prompt_tokens": used}
+
+    def check_budgets(self) -> None:
+        """Raise `budget.BudgetTooSmall` for a budget that fits no demonstration, before any scoring."""
+        for seed in self.config.seeds if self.config.budgets else ():
+            self.prompt = self._prompt_for(seed)
+            raw = self.splits_for_seed(seed)
+            splits, held = hold_out_validation(raw, self.config.validation_items) \
+                if self.config.choose_shot_on_validation else (raw, [])
+            train, indices = splits["train"], select_items(len(splits["test"]), self.config)
+            rows = [splits["test"][i] for i in indices]
+            labels = [self.task.gold(r) for r in train] if self.config.balanced else None
+
+            def demo(i: int) -> Demo:
+                return self.prompt.demo(i, train[i])
+
+            for budget in self.config.budgets:
+                ids, _ = self._budget_draw(train, seed, held, labels, indices, rows, demo, budget)
+                if budget and self.config.nearest:
+                    self._check_nearest(len(ids), f"--budgets {budget} (seed {seed})")
+        self.prompt = self._prompt_for(self.config.seeds[0])
+
+    def _run_cell(self, split, seed, cell: dict, ids: list[int], items: list[TestItem], rows, demo, gold, train):
+        """One draw: every order (and order seed), then the nearest-demonstration arms, every method."""
+        labels = {i: gold(i) for i in ids}
+        order_seeds = self.config.order_seeds or (None,)
+        zero_shot: dict[str, MethodResult] = {}  # 0 shots: every order is the same empty context
+        for o, mode in enumerate(self.config.order):
+            arm = "" if o == 0 else mode
+            for n, order_seed in enumerate(order_seeds):
+                arranged = arrange(ids, labels, mode, order_seed, seed)
+                per_item = [[demo(j) for j in arranged]] * len(items)
+                if n == 0:
+                    self._record_baselines(split, seed, cell, arm, items, [[labels[j] for j in arranged]] * len(items))
+                for name in self.config.methods:
+                    if not ids and name in zero_shot:
+                        result = zero_shot[name]
+                        self._tick(len(items))
+                    else:
+                        result = self._score(name, per_item, items, rows, cell["shots"])
+                        zero_shot.setdefault(name, result)
+                    self._record(name, split, seed, cell, items, per_item, result, arm=arm, order_seed=order_seed)
+        if ids and self.config.nearest:
+            main = arrange(ids, labels, self.config.order[0], order_seeds[0], seed)
+            self._run_nearest(split, seed, cell, main, items, rows, demo, labels, train, order_seeds[0])
+
+    def _run_nearest(self, split, seed, cell, main: list[int], items, rows, demo, labels, train, order_seed) -> None:
+        """Per item, the k demonstrations of `main` most similar to it removed, kept alone or mislabelled."""
+        k = self.config.nearest_k
+        self._check_nearest(len(main), f"{len(main)} shots")
+        sims = self._similarities(train, rows, main)
+        near = [nearest(s, main, k) for s in sims]
+        n_labels = self.task.n_candidates()
+        for mode in self.config.nearest:
+            arm = f"{mode}-nearest"
+            contexts, shown = [], []
+            for it, close in zip(items, near):
+                ctx, over = apply_nearest(mode, main, close, labels, n_labels, random.Random(f"{seed}-{it.item_id}"))
+                contexts.append([demo(j, over.get(j)) for j in ctx])
+                shown.append([over.get(j, labels[j]) for j in ctx])
+            self._record_baselines(split, seed, cell, arm, items, shown)
+            for name in self.config.methods:
+                result = self._score(name, contexts, items, rows, cell["shots"], per_item_context=True)
+                self._record(name, split, seed, cell, items, contexts, result, arm=arm, order_seed=order_seed,
+                             per_item_ids=True)
+
+    def _check_nearest(self, n_demos: int, where: str) -> None:
+        """--nearest-k must leave something to compare: at most the context, and below it for `remove`."""
+        k, remove = self.config.nearest_k, "remove" in self.config.nearest
+        if k > n_demos or (remove and k == n_demos):
+            raise ValueError(f"--nearest-k {k}: {where} gives {n_demos} demonstrations, "
+                             + ("and removing them all leaves none" if k == n_demos else "fewer than that")
+                             + f"; lower --nearest-k below {n_demos} or raise the shots/budget")
+
+    def _similarities(self, train, rows, ids: list[int]) -> list:
+        """Per test row, its similarity to the training items: TF-IDF over the whole split, or the
+        `nearest_embedding` encoder's cosine over the context's `ids`; built once per training split."""
+        if self._measure is None or self._measure[0] is not train:
+            folder = self.config.nearest_embedding
+            measure = Embedder(folder, lambda i: self._text(train[i])) if folder else \
+                TopK([self._text(r) for r in train])
+            self._measure = (train, measure)
+        measure = self._measure[1]
+        if isinstance(measure, TopK):
+            return [measure.similarities(self._text(r)) for r in rows]
+        return [measure.similarities(self._text(r), ids) for r in rows]
+
+    def _run_topk(self, split, seed, held, train, indices, rows, demo) -> None:
+        """Instance-level Top-k: a different context per item (no reuse across items)."""
+        topk = TopK([self._text(r) for r in train])
         for k in self.config.shots:
             items = [self.prompt.test_item(i, r, k) for i, r in zip(indices, rows)]
-            if topk is not None:
-                per_item = [[demo(j) for j in topk.select(self._text(r), k, exclude=held)] for r in rows]
-            else:
-                ids = dataset_level(len(train), k, seed, exclude=held, labels=labels)
-                per_item = [[demo(j) for j in ids]] * len(items)
-            self._record_baselines(split, seed, k, items, per_item, train)
+            per_item = [[demo(j) for j in topk.select(self._text(r), k, exclude=held)] for r in rows]
+            demo_labels = [[self.task.gold(train[d.item_id]) for d in demos] for demos in per_item]
+            self._record_baselines(split, seed, {"shots": k}, "", items, demo_labels)
             for name in self.config.methods:
-                result = self._score(name, per_item, items, rows, k)
-                self._record(name, split, seed, k, items, per_item, result)
+                result = self._score(name, per_item, items, rows, k, per_item_context=True)
+                self._record(name, split, seed, {"shots": k}, items, per_item, result)
 
-    def _record_baselines(self, split, seed, k, items: list[TestItem], per_item: list[list[Demo]], train) -> None:
-        demo_labels = [[self.task.gold(train[d.item_id]) for d in demos] for demos in per_item]
+    def _record_baselines(self, split, seed, cell: dict, arm: str, items: list[TestItem],
+                          demo_labels: list[list[int]]) -> None:
+        """The label baselines of one cell and arm, on the labels its demonstrations showed."""
         vectors = label_baselines([it.gold for it in items], demo_labels, [len(it.candidates) for it in items], seed)
-        self.baselines.append({"split": split, "seed": seed, "shots": k, "item_set": self._item_set,
+        self.baselines.append({"split": split, "seed": seed, **cell, "arm": arm, "item_set": self._item_set,
                                "item_ids": [it.item_id for it in items],
                                **{name: v.tolist() for name, v in vectors.items()}})
 
-    def _score(self, name: str, per_item: list[list[Demo]], items: list[TestItem], rows, k: int) -> MethodResult:
+    def _score(self, name: str, per_item: list[list[Demo]], items: list[TestItem], rows, k: int,
+               per_item_context: bool = False) -> MethodResult:
         method = METHODS[name]
-        if self.config.selection == "topk":  # a different context per item: no reuse across items
+        if per_item_context:  # a different context per item: no reuse across items
             parts = [method(self.lm, self.prompt, d, [it], self.options, self._tick) for d, it in zip(per_item, items)]
             info = dict(parts[0].info)
             info["demos_used"] = [p.info["demos_used"][0] for p in parts]
@@ -152,21 +286,27 @@ class Runner:
     def _text(self, row: dict) -> str:
         return " ".join(self.task.fields(row).values())
 
-    def _record(self, name, split, seed, k, items, per_item, result: MethodResult) -> None:
+    def _record(self, name, split, seed, cell: dict, items, per_item, result: MethodResult, arm: str = "",
+                order_seed: int | None = None, per_item_ids: bool = False) -> None:
+        k = cell["shots"]
         preds = [int(np.argmax(s)) for s in result.scores]
         gold = [it.gold for it in items]
         demos = per_item[0]
         info = {key: v for key, v in result.info.items() if key != "demos_used"}
         used = result.info.get("demos_used", [k] * len(items))
+        shared = self.config.selection == "random" and not per_item_ids
         self.records.append({
-            "method": name, "split": split, "seed": seed, "shots": k, **metrics(preds, gold),
+            "method": name, "split": split, "seed": seed, **cell, "arm": arm, "order_seed": order_seed,
+            **metrics(preds, gold),
             "item_set": self._item_set, "item_ids": [it.item_id for it in items], "correct": [int(p == g) for p, g in zip(preds, gold)],
             "demos_used_min": min(used, default=k), "demos_used_mean": float(np.mean(used)) if used else float(k),
-            "demo_ids": [d.item_id for d in demos] if self.config.selection == "random" else None,
+            "demo_ids": [d.item_id for d in demos] if shared else None,
             "tokens_per_demo": float(np.mean([len(d.tokens) for d in demos])) if demos else 0.0,
+            **({"context_ids": [[d.item_id for d in ds] for ds in per_item]} if per_item_ids else {}),
             **info,
         })
         if self.config.save_predictions:
             for it, s, p in zip(items, result.scores, preds):
-                self.predictions.append({"method": name, "split": split, "seed": seed, "shots": k, "item": it.item_id,
+                self.predictions.append({"method": name, "split": split, "seed": seed, **cell, "arm": arm,
+                                         "order_seed": order_seed, "item": it.item_id,
                                          "gold": it.gold, "prediction": p, "scores": [float(x) for x in s]})

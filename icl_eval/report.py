@@ -62,7 +62,7 @@ BASELINE_LABELS = {"chance": "chance", "test_majority": "test-set majority label
 
 
 def plot_accuracy(summaries: dict[str, dict], path: Path, title: str, methods: tuple[str, ...] | None = None) -> Path:
-    """Accuracy vs shots: per model (key, "" for one) and method, the mean over seeds with its 95%
+    """Accuracy vs shots (or vs token budget, `summary["axis"]`): per model (key, "" for one) and method, the mean over seeds with its 95%
     hierarchical bootstrap band; the label baselines of the first model as dashed lines."""
     first = next(iter(summaries.values()))["test"]
     with _figure(path, title) as (ax,):
@@ -81,7 +81,9 @@ def plot_accuracy(summaries: dict[str, dict], path: Path, title: str, methods: t
             ax.plot([int(k) for k in ks], [cells[k]["baselines"][name]["mean"] for k in ks], style, color="grey",
                     label=BASELINE_LABELS[name])
         _shot_axis(ax, [int(k) for k in ks])
-        ax.set(xlabel="shots (demonstrations)", ylabel="accuracy (mean over seeds, 95% bootstrap band)", ylim=(0, 1.02))
+        by_budget = next(iter(summaries.values())).get("axis") == "budget"
+        xlabel = "token budget (prompt tokens; 0 = no demonstrations)" if by_budget else "shots (demonstrations)"
+        ax.set(xlabel=xlabel, ylabel="accuracy (mean over seeds, 95% bootstrap band)", ylim=(0, 1.02))
     return path
 
 

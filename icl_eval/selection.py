@@ -58,14 +58,22 @@ class TopK:
 
         self.n_train = len(train_texts)
         self.vectorizer = TfidfVectorizer()
-        self.matrix = self.vectorizer.fit_transform(train_texts)  # (N, vocab), L2-normalised rows
+        try:
+            self.matrix = self.vectorizer.fit_transform(train_texts)  # (N, vocab), L2-normalised rows
+        except ValueError:  # every word a single character (the synthetic family): count those as words too
+            self.vectorizer = TfidfVectorizer(token_pattern=r"(?u)\b\w+\b")
+            self.matrix = self.vectorizer.fit_transform(train_texts)
+
+    def similarities(self, text: str):
+        """Cosine similarity of `text` to every training text, shape (N,)."""
+        return (self.matrix @ self.vectorizer.transform([text]).T).toarray().ravel()
 
     def select(self, text: str, k: int, exclude: Sequence[int] = ()) -> list[int]:
         """k training indices, least similar first and most similar last (next to the test input)."""
         available = self.n_train - len(set(exclude))
         if k > available:
             raise NotEnoughItems(f"{k} demonstrations requested but only {available} training items are available")
-        sims = (self.matrix @ self.vectorizer.transform([text]).T).toarray().ravel()
+        sims = self.similarities(text)
         for i in exclude:
             sims[i] = -1.0
         # stable: ties broken by index, so the choice is deterministic

@@ -36,7 +36,15 @@ def icl_grid(config, n_train: int, held_out: int, n_test: int, allow_skip: bool,
     which the same --test-items sample is drawn from."""
     skipped: list[dict] = []
     pool = n_train - held_out
-    too_many = [k for k in config.shots if k > pool]
+    shots = [] if config.budgets else config.shots  # a budget grid takes what fits; `fit` says when nothing does
+    demonstrated = [k for k in shots if k]
+    if config.nearest and demonstrated:
+        fewest, k = min(demonstrated), config.nearest_k
+        if k > fewest or ("remove" in config.nearest and k == fewest):
+            raise ConfigError(f"--nearest-k {k}: " + (f"more than the {fewest} demonstrations of --shots {fewest}"
+                              if k > fewest else f"removing all {fewest} demonstrations of --shots {fewest} leaves none")
+                              + "; lower --nearest-k or drop the smaller shot counts")
+    too_many = [k for k in shots if k > pool]
     if too_many:
         why = (f"--shots {','.join(map(str, too_many))}: the train split has {n_train} items"
                + (f" ({held_out} held out for validation)" if held_out else "") + f", so at most {pool} demonstrations")

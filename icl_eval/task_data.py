@@ -105,7 +105,23 @@ def resolve_task(config, synthetic, tiny_model: bool) -> tuple[Task, Callable[[i
                           "(the built-in tiny model knows only `synthetic`)")
     task = get_task(config.task, config.template_set)
     splits, data_info = task_splits(task, config.task, config.data)
-    return task, (lambda seed: splits), data_info
+    return with_data_labels(task, splits, data_info), (lambda seed: splits), data_info
+
+
+def with_data_labels(task: Task, splits: Splits, info: dict[str, Any]) -> Task:
+    """A `labels_from_data` task with its verbalizer: the label column's class names, in index order."""
+    if not task.labels_from_data or task.labels:
+        return task
+    import dataclasses
+
+    column = task._column(task.label_field)
+    feature = splits["train"].dataset.features.get(column)
+    names = getattr(feature, "names", None)
+    if not names:
+        raise DataSourceError(f"{info['source']}: column {column!r} carries no label names (not a datasets "
+                              f"ClassLabel), and task {task.name!r} reads its labels from them; give the dataset "
+                              "as published (its ClassLabel column) or a task file with `labels`")
+    return dataclasses.replace(task, labels=tuple(str(n) for n in names))
 
 
 def task_splits(task: Task, task_arg: str, data: str | None) -> tuple[Splits, dict[str, Any]]:
@@ -165,6 +181,8 @@ def _from_hub(task: Task, spec: str, fallbacks: Sequence[str] = ()) -> tuple[Spl
         spec = f"{spec}/{ref.config}"
     try:
         data = open_source(spec)
+        if own and ref.test_fraction and is_dataset_dict(data) and "test" not in data:
+            data = data["train"].train_test_split(test_size=ref.test_fraction, seed=ref.split_seed)
     except DataSourceError:
         if not fallbacks:
             raise

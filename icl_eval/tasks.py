@@ -33,6 +33,11 @@ class HubData:
     test labels are hidden (ICL_SPEC §5, EVALM §4.1); `validation` then comes from train."""
     note: str = ""
     """What the split mapping means for the reported numbers; copied into results.json."""
+    test_fraction: float | None = None
+    """Datasets with one split: the test split is this fraction of it, cut by `train_test_split`
+    with `split_seed` (HELMET's NLU protocol); None: the dataset's own splits."""
+    split_seed: int = 42
+    """Seed of that cut (HELMET's default seed)."""
 
 
 _HIDDEN_TEST = ("the dataset's test labels are hidden: its labelled validation split is scored as the test split, "
@@ -71,12 +76,18 @@ class Task:
     """Where the template comes from (paper and table), recorded in results."""
     dataset: HubData | None = None
     """The built-in data location, read from the offline cache when no `--data` is given."""
+    labels_from_data: bool = False
+    """Read the verbalizer from the data: the label column's class names (a `datasets` ClassLabel), in
+    label-index order (`task_data.with_data_labels`), for label sets too long to write out (banking77)."""
+    spelled: tuple[str, ...] = ()
+    """How each label is written in prompts when it differs from `labels` (label remapping,
+    `icl_eval.label_map`); `labels` still reads the data's gold values. Empty: `labels` as written."""
 
     def __post_init__(self) -> None:
         slots = template_fields(self.template)
         if slots.count("label") != 1:
             raise ValueError(f"task {self.name!r}: the template needs exactly one {{label}} slot: {self.template!r}")
-        if not self.labels and not self.choice_fields:
+        if not self.labels and not self.choice_fields and not self.labels_from_data:
             raise ValueError(f"task {self.name!r}: give `labels` (a verbalizer) or `choice_fields` (multiple choice)")
 
     @property
@@ -90,7 +101,7 @@ class Task:
         """The answer strings that fill `{label}` for this item, in label-index order."""
         if self.choice_fields:
             return [str(item[self._column(f)]) for f in self.choice_fields]
-        return list(self.labels)
+        return list(self.spelled or self.labels)
 
     def gold(self, item: dict[str, Any]) -> int:
         """The gold label index of an item; an unknown value is an error naming it."""
@@ -210,7 +221,34 @@ STRUCTURED_TASKS: dict[str, Task] = {
                 source="Structured Prompting App. A"),
 }
 
-TEMPLATE_SETS: dict[str, dict[str, Task]] = {"evalm": EVALM_TASKS, "structured": STRUCTURED_TASKS}
+# The ICL tasks of HELMET (Yen et al. 2025) and Bertsch et al. 2025: many labels, where many-shot
+# gains are largest. HELMET's item template `{text}\nlabel: {label}` (demonstrations separated by an
+# empty line: `--eval.separator=blank-line`), its datasets and splits (clinc150: the validation split
+# is scored; nlu: one split, 10% cut off as test with seed 42), and the label names of each
+# dataset's ClassLabel column. HELMET spells the labels as shuffled integers: `--label-map int`.
+_HELMET = "HELMET ICL (Yen et al. 2025; Bertsch et al. 2025)"
+_ITEM = "{text}\nlabel: {label}"
+_TREC = HubData(("CogComp/trec", "trec"), None, {"train": "train", "test": "test"}, _LABELLED_TEST)
+HELMET_TASKS: dict[str, Task] = {
+    "banking77": Task("banking77", _ITEM, labels_from_data=True, source=_HELMET,
+                      dataset=HubData(("PolyAI/banking77", "banking77"), None, {"train": "train", "test": "test"},
+                                      _LABELLED_TEST)),
+    "clinc150": Task("clinc150", _ITEM, label_field="intent", labels_from_data=True, source=_HELMET,
+                     dataset=HubData(("clinc_oos",), "plus", {"train": "train", "test": "validation"},
+                                     "clinc_oos/plus: its validation split is scored as the test split, as HELMET does")),
+    "nlu": Task("nlu", _ITEM, labels_from_data=True, source=_HELMET,
+                dataset=HubData(("xingkunliuxtracta/nlu_evaluation_data", "nlu_evaluation_data"), None,
+                                {"train": "train", "test": "test"},
+                                "one split: 10% cut off as the test split (train_test_split, seed 42), as HELMET does",
+                                test_fraction=0.1)),
+    "trec_coarse": Task("trec_coarse", _ITEM, label_field="coarse_label", labels_from_data=True, source=_HELMET,
+                        dataset=_TREC),
+    "trec_fine": Task("trec_fine", _ITEM, label_field="fine_label", labels_from_data=True, source=_HELMET,
+                      dataset=_TREC),
+}
+
+TEMPLATE_SETS: dict[str, dict[str, Task]] = {"evalm": EVALM_TASKS, "structured": STRUCTURED_TASKS,
+                                             "helmet": HELMET_TASKS}
 
 
 def get_task(name: str, template_set: str = "evalm") -> Task:
@@ -220,6 +258,8 @@ def get_task(name: str, template_set: str = "evalm") -> Task:
     if template_set not in TEMPLATE_SETS:
         raise ValueError(f"template set {template_set!r} is not known; valid: {sorted(TEMPLATE_SETS)}")
     tasks = TEMPLATE_SETS[template_set]
+    if name not in tasks and name in HELMET_TASKS:  # the field's ICL tasks have one template set: their own
+        return HELMET_TASKS[name]
     if name not in tasks:
         raise ValueError(f"task {name!r} has no {template_set!r} template; valid: {sorted(tasks)} or a .toml/.yaml file")
     return tasks[name]

@@ -51,7 +51,26 @@ def _icl_lines(name: str, models: dict[str, Any]) -> list[str]:
         lines.append(f"- **{model}**, {h['method']} at {h['shots']} shots: {h['accuracy']:.2f} "
                      f"{_ci(h['accuracy_ci95'])}, {h['gain']:+.2f} {_ci(h['gain_ci95'])} over the best label baseline "
                      f"({h['over']}, {h['baselines'][h['over']]:.2f}): {verdict} every label baseline.")
-    return lines + ["", f"![accuracy vs shots](icl_{name}_accuracy_vs_shots.png)"]
+    return lines + _diagnostic_lines(models) + ["", f"![accuracy vs shots](icl_{name}_accuracy_vs_shots.png)"]
+
+
+def _diagnostic_lines(models: dict[str, Any]) -> list[str]:
+    """Order and nearest-demonstration diagnostics: the spread over orders beside the spread over
+    draws, and each arm's paired difference to the main order / full context on the same draws."""
+    lines = []
+    for model, block in models.items():
+        for method, cells in block["summary"]["test"].items():
+            for k, c in sorted(cells.items(), key=lambda kv: int(kv[0])):
+                if "order_split" in c:
+                    o = c["order_split"]
+                    lines.append(f"- **{model}** {method} at {k}: spread over {o['n_orders']} orders of the same "
+                                 f"demonstrations {o['order_std']:.3f} {_ci(o['order_std_ci95'])} vs over "
+                                 f"{o['n_draws']} draws {o['draw_std']:.3f} {_ci(o['draw_std_ci95'])} (std of accuracy).")
+                if "vs_base" in c:
+                    d = c["vs_base"]
+                    lines.append(f"- **{model}** {method} at {k}: {d['mean']:+.3f} {_ci(d['ci95'])} against the main "
+                                 "order with the full context, paired on the same draws and items.")
+    return ["", *lines] if lines else []
 
 
 def _ppl_lines(ppl: dict[str, Any], train_length) -> list[str]:

@@ -19,11 +19,12 @@ from evalm.data_source import cache_dir, datasets_module
 
 def write_hub_cache(tmp: Path, repo: str, config: str | None, splits: dict[str, dict[str, list]],
                     commit: str = "0123456789abcdef0123456789abcdef01234567", version: str = "0.0.0",
-                    max_shard_size: int | None = None) -> Path:
+                    max_shard_size: int | None = None, features=None) -> Path:
     """Cache `repo` (`namespace/name` or a legacy `name`) with one config and its splits; the folder.
 
     version "0.1.0" and a max_shard_size give what `datasets<4` leaves after running a loading
-    script such as deepmind/pg19's (`pg19-train-00000-of-00003.arrow`, ...)."""
+    script such as deepmind/pg19's (`pg19-train-00000-of-00003.arrow`, ...). `features` (a
+    `datasets.Features`) types the columns as the hub's do, e.g. a ClassLabel with its label names."""
     ds = datasets_module()
     from datasets.data_files import DataFilesDict
     from datasets.packaged_modules.parquet.parquet import Parquet, ParquetConfig
@@ -33,7 +34,7 @@ def write_hub_cache(tmp: Path, repo: str, config: str | None, splits: dict[str, 
     source.mkdir(parents=True)
     files = {}
     for split, columns in splits.items():
-        ds.Dataset.from_dict(columns).to_parquet(str(source / f"{split}.parquet"), batch_size=16)  # row groups
+        ds.Dataset.from_dict(columns, features=features).to_parquet(str(source / f"{split}.parquet"), batch_size=16)  # row groups
         files[split] = [str(source / f"{split}.parquet")]
 
     class HubParquet(Parquet):  # the hub repo's README config: a name with its data files
