@@ -92,8 +92,10 @@ class EvalConfig:
         unknown = [m for m in self.methods if m not in METHODS]
         if unknown:
             raise ValueError(f"unknown method(s) {unknown}; valid: {list(METHODS)}")
-        for name in ("methods", "shots", "seeds", "order", "order_seeds"):
+        for name in ("methods", "shots", "seeds", "order"):
             _distinct(name, getattr(self, name))
+        if self.order_seeds:  # empty: the draw's own order
+            _distinct("order_seeds", self.order_seeds)
         if any(k < 0 for k in self.shots):
             raise ValueError(f"shots must be >= 0, got {list(self.shots)}")
         if self.validation_items < 1 or (self.context_window is not None and self.context_window < 1):
