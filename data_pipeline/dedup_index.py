@@ -146,11 +146,14 @@ def _cluster(url: str, bands: int) -> Servers:
         owners = [cluster.get_node_from_key(b"{" + band_tag(b, bands) + b"}") for b in range(bands)]
     except (redis.RedisError, redis.exceptions.RedisClusterException, OSError) as err:
         raise _unreachable(url, f"no cluster answered ({type(err).__name__}: {err})") from None
-    for node in cluster.get_primaries():
+    primaries = cluster.get_primaries()
+    for node in primaries:  # a dead node named first: the others only say cluster_state:fail
         try:
-            state = _cluster_state(cluster.get_redis_connection(node))
+            cluster.get_redis_connection(node).ping()
         except (redis.RedisError, OSError) as err:
             raise _unreachable(url, f"cluster node {node.name} does not answer ({type(err).__name__}: {err})") from None
+    for node in primaries:
+        state = _cluster_state(cluster.get_redis_connection(node))
         if state != "ok":
             raise _unreachable(url, f"cluster node {node.name} says cluster_state:{state} (a node is down or slots "
                                     f"are unassigned; `redis-cli -h {node.host} -p {node.port} cluster info` shows why)")
