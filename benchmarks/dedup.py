@@ -1,4 +1,4 @@
-"""Dedup benchmark, all ratios from one run (issue 3).
+"""Dedup benchmark, all ratios from one run.
 
 1. Fingerprint throughput on one core (process pinned to one CPU, BLAS/OpenMP pools at 1 thread):
    the project's MinHash path vs datasketch.MinHash.bulk on the same token sets, signatures

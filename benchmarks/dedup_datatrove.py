@@ -5,7 +5,7 @@ datatrove runs its four stages (MinhashDedupSignature, MinhashDedupBuckets, Minh
 MinhashDedupFilter) with its own word tokenizer slot given a whitespace split (its English one
 needs spaCy; this corpus is lower-case words separated by spaces, so both see the same token
 sets). Each contender runs in a fresh process; the figures are its wall time and the peak RSS of
-that process and its children (ru_maxrss), and the index's memory: Redis' MEMORY USAGE of the
+that process (VmHWM) and of its children (ru_maxrss), and the index's memory: Redis' MEMORY USAGE of the
 run's keys (the manifest's `redis.index_bytes`) for ours, the bytes of datatrove's signature and
 bucket files on disk for datatrove (its index is files, not memory), inside the RSS for ours in
 memory.
@@ -146,7 +146,10 @@ def child(args: argparse.Namespace) -> None:
     else:
         out = run_ours(args.work, args.tasks, args.redis_url)
     seconds = time.perf_counter() - start
-    rss_kib = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+    # VmHWM, not RUSAGE_SELF: Linux carries the forking parent's RSS high-water mark across exec
+    # into ru_maxrss, so every contender would read at least the parent's size
+    hwm_kib = int(next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith("VmHWM")).split()[1])
+    rss_kib = max(hwm_kib, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
     print(json.dumps(out | {"seconds": seconds, "peak_rss_mib": rss_kib / 1024}))
 
 

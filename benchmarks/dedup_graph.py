@@ -1,4 +1,4 @@
-"""The dedup graph at scale: verification, components, survivors on >= 1M documents (issue 11).
+"""The dedup graph at scale: verification, components, survivors on >= 1M documents.
 
 1. Verification, the per-pair cost of the `verify` step (dedup_verify.py): Jaccard of two sorted
    uint64 hash arrays (np.intersect1d) vs the previous single graph task's Python string sets, on

@@ -191,11 +191,11 @@ class BandIndex:
 
     def digests(self, signatures: np.ndarray) -> list[list[int]]:
         """Per document, the 64-bit digest of each band's rows."""
-        rows = np.ascontiguousarray(signatures[:, : self.bands * self.rows], dtype="<u8")
+        rows = np.ascontiguousarray(signatures[:, : self.bands * self.rows], dtype="<u4")  # affine32: < 2^32
         out = []
         for sig in rows:
             raw = sig.tobytes()
-            step = 8 * self.rows
+            step = 4 * self.rows
             out.append([int.from_bytes(hashlib.blake2b(raw[b * step:(b + 1) * step], digest_size=8).digest(), "big")
                         for b in range(self.bands)])
         return out

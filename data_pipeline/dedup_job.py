@@ -1,4 +1,4 @@
-"""`evalm data dedup`: fuzzy dedup as restartable steps (DATA_SPEC.md §4, EVALM Appendix A.1).
+"""`evalm data dedup`: fuzzy dedup as restartable steps (EVALM Appendix A.1).
 
   fingerprints  N tasks  MinHash of each document's token set -> fingerprints/<rank>.npz (the
                          durable fingerprint store: no Redis copy, see docs/data_pipeline.md)
@@ -57,19 +57,28 @@ class DedupStep(PipelineStep):
         self.output, self.config, self.tasks, self.redis_url = output, config, tasks, redis_url
 
 
+FINGERPRINT_BATCH = 1000
+"""Documents whose token sets a fingerprint task holds at once (the signatures are the same at any size)."""
+
+
 class FingerprintStep(DedupStep):
     name = "fingerprints"
 
     def run(self, data=None, rank: int = 0, world_size: int = 1):
         output, c = Path(self.output), self.config
         source = reader(output)
-        ids, subsets, lengths, sets = [], [], [], []
+        ids, subsets, lengths, sets, parts = [], [], [], [], []
+        fingerprinter = Fingerprinter(c.num_perm, c.seed)
         for doc in source.run(None, rank, world_size):
             ids.append(doc.id)
             subsets.append(doc.subset)
             lengths.append(len(doc.text))
             sets.append(token_set(doc.text))
-        signatures = Fingerprinter(c.num_perm, c.seed).signatures(sets)
+            if len(sets) == FINGERPRINT_BATCH:  # token sets are ~50 B a token: never hold a task's
+                parts.append(fingerprinter.signatures(sets))
+                sets = []
+        parts.append(fingerprinter.signatures(sets))
+        signatures = np.concatenate(parts)
         path = fingerprint_path(output, rank)
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "wb") as f:  # np.savez on a handle: no ".npz" appended, same bytes each run
@@ -194,7 +203,7 @@ class GraphStep(DedupStep):
 
 
 def graph_stats(candidates: int, n_edges: int, labels, subsets, removed, lengths) -> dict[str, Any]:
-    """DATA_SPEC §4 metrics over the grouped documents, DM Mathematics' component sizes on their own."""
+    """Dedup metrics over the grouped documents, DM Mathematics' component sizes on their own."""
     big = Counter(labels)
     dm_labels = {labels[k] for k, s in enumerate(subsets) if s == "DM Mathematics"}
     dm = sorted((size for label, size in big.items() if label in dm_labels), reverse=True)

@@ -1,7 +1,7 @@
 """The LSH index over MinHash signatures: datasketch's `MinHashLSH` in memory; in Redis, dedup_index.py.
 
-Why 8 bands x 16 rows (DATA_SPEC.md §4). A pair with Jaccard J agrees on one band of r rows with
-probability J^r, so it becomes a candidate with P(J) = 1 - (1 - J^r)^b.
+Why 8 bands x 16 rows. A pair with Jaccard J agrees on one band of r rows with probability J^r,
+so it becomes a candidate with P(J) = 1 - (1 - J^r)^b.
   b=8, r=16:  P(0.95) = 1 - (1 - 0.95^16)^8 = 0.990,  P(0.90) = 0.81,  P(0.80) = 0.20
   datasketch's optimiser for threshold 0.95 (b=3, r=42): P(0.95) = 0.31, most true pairs lost.
 So the index is built with explicit `params=(8, 16)`; the false positives it lets through are
