@@ -39,8 +39,10 @@ from urllib.parse import urlsplit
 
 import numpy as np
 import redis
+from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
+from redis.retry import Retry
 
 from evalm.data_pipeline.lsh import RedisUnavailable, guarded
 
@@ -142,7 +144,7 @@ def _cluster_state(client: redis.Redis) -> str:
 def _cluster(url: str, bands: int) -> Servers:
     try:
         cluster = RedisCluster(startup_nodes=_cluster_nodes(url), socket_connect_timeout=3, socket_timeout=30,
-                               cluster_error_retry_attempts=1)
+                               retry=Retry(NoBackoff(), 1))  # discovery only: fail fast, the relaunch retries
         owners = [cluster.get_node_from_key(b"{" + band_tag(b, bands) + b"}") for b in range(bands)]
     except (redis.RedisError, redis.exceptions.RedisClusterException, OSError) as err:
         raise _unreachable(url, f"no cluster answered ({type(err).__name__}: {err})") from None
