@@ -110,6 +110,8 @@ def _unreachable(url: str, why: str) -> RedisUnavailable:
 
 def _standalone(url: str, bands: int) -> Servers:
     urls = [u.strip() for u in url.split(",") if u.strip()]
+    if not urls:
+        raise _unreachable(url, "no server address given")
     clients, names = [], []
     for u in urls:
         try:
