@@ -8,7 +8,8 @@ persistence), one encoding at a time on an emptied server:
           a set per band value, and per document a key entry and a list of its 8 band values
   after   data_pipeline/dedup_index.py: per band 2^k hashes of (digest rest + 4-byte id) fields
 Figures per document: `INFO memory` used_memory after minus before (what the server really
-spends, its key dictionary included), and the sum of `MEMORY USAGE key SAMPLES 0` over the keys.
+spends, its key dictionary included), and the sum of `MEMORY USAGE key SAMPLES 0` over the keys;
+with them, one client's documents/s inserted (all) and queried (the first 5,000), same run.
 Then the same compact index on a 3-node Redis Cluster (data_pipeline/dedup_cluster.py): each
 node's used_memory growth, to show the band split; and the projection to the Pile's 210M
 documents per node for 1, 3 and 8 nodes (a band is one slot, so one node holds
@@ -26,6 +27,7 @@ import argparse
 import json
 import math
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +41,7 @@ from evalm.data_pipeline.minhash import Fingerprinter, lean, token_set
 
 PILE_DOCS = 210_000_000
 BANDS, ROWS = 8, 16
+QUERIED = 5000
 
 
 def signatures(n: int) -> np.ndarray:
@@ -67,7 +70,8 @@ def key_bytes(client: redis.Redis) -> tuple[int, int]:
     return keys, total
 
 
-def build_before(url: str, sigs: np.ndarray) -> None:
+def build_before(url: str, sigs: np.ndarray):
+    """Insert with datasketch's Redis storage; returns a function querying one signature."""
     params = redis.connection.parse_url(url)
     index = MinHashLSH(num_perm=128, params=(BANDS, ROWS), prepickle=False,
                        storage_config={"type": "redis", "basename": b"evalm:before", "redis": params})
@@ -75,23 +79,38 @@ def build_before(url: str, sigs: np.ndarray) -> None:
         for i, sig in enumerate(sigs):
             session.insert(str(i).encode(), lean(sig, 1), check_duplication=False)
 
+    def query(part: np.ndarray) -> int:
+        return sum(len(index.query(lean(sig, 1))) for sig in part)
+    return query
 
-def build_after(url: str, sigs: np.ndarray) -> None:
+
+def build_after(url: str, sigs: np.ndarray):
+    """Insert with the compact encoding; returns a function querying signatures."""
     index = dedup_index.BandIndex(dedup_index.open_servers(url, BANDS), b"evalm:after", BANDS, ROWS, len(sigs))
     index.insert(0, 0, sigs)
 
+    def query(part: np.ndarray) -> int:
+        return sum(1 for _ in index.query(0, part))
+    return query
+
 
 def measure_one(url: str, sigs: np.ndarray, build) -> dict:
+    """Memory per document, and documents/s inserted (all) and queried (the first QUERIED)."""
     client = redis.Redis.from_url(url)
     client.flushall()
     start = used(client)
-    build(url, sigs)
+    t0 = time.perf_counter()
+    query = build(url, sigs)
+    t1 = time.perf_counter()
+    query(sigs[:QUERIED])
+    t2 = time.perf_counter()
     grown = used(client) - start
     keys, usage = key_bytes(client)
     client.flushall()
     n = len(sigs)
     return {"documents": n, "keys": keys, "keys_per_document": keys / n, "used_memory_bytes": grown,
-            "used_memory_bytes_per_document": grown / n, "memory_usage_bytes_per_document": usage / n}
+            "used_memory_bytes_per_document": grown / n, "memory_usage_bytes_per_document": usage / n,
+            "insert_docs_per_s": n / (t1 - t0), "query_docs_per_s": min(QUERIED, n) / (t2 - t1)}
 
 
 def on_cluster(sigs: np.ndarray) -> dict:
@@ -134,7 +153,9 @@ def main() -> None:
             sigs = signatures(n)
             before, after = measure_one(url, sigs, build_before), measure_one(url, sigs, build_after)
             ratio = before["used_memory_bytes_per_document"] / after["used_memory_bytes_per_document"]
-            report["standalone"].append({"before": before, "after": after, "before_over_after": ratio})
+            speed = {k: after[k] / before[k] for k in ("insert_docs_per_s", "query_docs_per_s")}
+            report["standalone"].append({"before": before, "after": after, "before_over_after": ratio,
+                                         "after_speed_over_before": speed})
     finally:
         server.terminate()
         server.wait(timeout=10)
