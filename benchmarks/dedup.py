@@ -1,4 +1,4 @@
-"""Dedup benchmark, all ratios from one run (issue 3).
+"""Dedup benchmark, all ratios from one run.
 
 1. Fingerprint throughput on one core (process pinned to one CPU, BLAS/OpenMP pools at 1 thread):
    the project's MinHash path vs datasketch.MinHash.bulk on the same token sets, signatures
@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 import orjson
+import redis
 import zstandard
 from datasketch import MinHash
 from threadpoolctl import threadpool_limits
@@ -135,11 +136,12 @@ def _redis_server() -> tuple[str, subprocess.Popen]:
     proc = subprocess.Popen([shutil.which("redis-server"), "--port", str(port), "--bind", "127.0.0.1",
                              "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL)
     url = f"redis://127.0.0.1:{port}/0"
+    client = redis.Redis(port=port)
     for _ in range(100):
         try:
-            lsh.connect(url)
+            client.ping()
             break
-        except lsh.RedisUnavailable:
+        except redis.ConnectionError:
             time.sleep(0.05)
     return url, proc
 

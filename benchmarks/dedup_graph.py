@@ -1,4 +1,4 @@
-"""The dedup graph at scale: verification, components, survivors on >= 1M documents (issue 11).
+"""The dedup graph at scale: verification, components, survivors on >= 1M documents.
 
 1. Verification, the per-pair cost of the `verify` step (dedup_verify.py): Jaccard of two sorted
    uint64 hash arrays (np.intersect1d) vs the previous single graph task's Python string sets, on
@@ -8,7 +8,7 @@
    components of the verified edges (scipy), the grouped documents, survivors by priority; time
    and peak traced memory (tracemalloc sees numpy's and scipy's buffers), against the previous
    step's per-document Python lists of ids, subsets and lengths (built here, measured the same way).
-3. Redis: `redis-benchmark` SADD/HSET ops/s and our own loop (datasketch insertion_session and
+3. Redis: `redis-benchmark` SADD/HSET ops/s and our own loop (dedup_index.BandIndex insert and
    query on the LSH of 8 x 16) in documents/s, on a private redis-server started on a free port.
 Then the projection to the Pile (210M documents), linear in documents and pairs.
 
@@ -117,11 +117,11 @@ def graph_step(n: int, edges: np.ndarray, rng: np.random.Generator) -> dict:
 
 
 def bench_redis(docs: int) -> dict:
-    """redis-benchmark SADD/HSET, then LSH insert and query documents/s through datasketch."""
+    """redis-benchmark SADD/HSET, then LSH insert and query documents/s through the index (dedup_index.py)."""
     import redis
 
-    from evalm.data_pipeline import lsh
-    from evalm.data_pipeline.minhash import Fingerprinter, lean
+    from evalm.data_pipeline import dedup_index
+    from evalm.data_pipeline.minhash import Fingerprinter
 
     url, server = _redis_server()  # benchmarks/dedup.py's: a private server on a free port
     port = redis.connection.parse_url(url)["port"]
@@ -134,14 +134,11 @@ def bench_redis(docs: int) -> dict:
             ops |= {f"{row[0]}_pipeline{pipeline}": float(row[1]) for row in rows}
         rng = np.random.default_rng(0)
         sigs = Fingerprinter(128, 1).signatures([{f"w{x}" for x in rng.integers(0, 10**6, 300)} for _ in range(docs)])
-        index = lsh.make_index(128, 8, 16, url, b"bench")
+        index = dedup_index.BandIndex(dedup_index.open_servers(url, 8), b"bench", 8, 16, docs)
         t0 = time.perf_counter()
-        with index.insertion_session() as session:
-            for k, sig in enumerate(sigs):
-                session.insert(lsh.key(k, True), lean(sig, 1), check_duplication=False)
+        index.insert(0, 0, sigs)
         t1 = time.perf_counter()
-        for sig in sigs:
-            index.query(lean(sig, 1))
+        sum(1 for _ in index.query(0, sigs))
         t2 = time.perf_counter()
         return {"redis_benchmark_ops_per_s": ops, "lsh_insert_docs_per_s": docs / (t1 - t0),
                 "lsh_query_docs_per_s": docs / (t2 - t1), "docs": docs}
@@ -164,11 +161,11 @@ def projection(small: dict, big: dict, verify: dict, redis_stats: dict | None, t
            "old_metadata_lists_gib": big["old_metadata_lists_mib"] * scale / 1024,
            f"verify_hours_on_{tasks}_tasks": pairs / verify["hashed_pairs_per_s"] / tasks / 3600,
            "verify_hours_one_task_string_sets": pairs / verify["string_sets_pairs_per_s"] / 3600}
-    if redis_stats:  # a document is 8 bucket SADDs + 1 key entry: 9 writes; a query reads 8 buckets
+    if redis_stats:  # a document is 8 bucket HSETs; a query reads 8 buckets
         out["lsh_insert_hours_one_client"] = PILE_DOCS / redis_stats["lsh_insert_docs_per_s"] / 3600
         out["lsh_query_hours_one_client"] = PILE_DOCS / redis_stats["lsh_query_docs_per_s"] / 3600
-        sadd = redis_stats["redis_benchmark_ops_per_s"]["SADD_pipeline16"]
-        out["lsh_insert_hours_one_redis_saturated"] = PILE_DOCS * 9 / sadd / 3600
+        hset = redis_stats["redis_benchmark_ops_per_s"]["HSET_pipeline16"]
+        out["lsh_insert_hours_one_redis_saturated"] = PILE_DOCS * 8 / hset / 3600
         out[f"lsh_insert_hours_{tasks}_clients"] = max(out["lsh_insert_hours_one_client"] / tasks,
                                                        out["lsh_insert_hours_one_redis_saturated"])
     return out

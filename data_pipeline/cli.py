@@ -44,7 +44,9 @@ def _filter_args(p: argparse.ArgumentParser) -> None:
 
 def _dedup_args(p: argparse.ArgumentParser) -> None:
     _common(p, multi_input=False)
-    p.add_argument("--redis-url", metavar="URL", help="redis://HOST:PORT/DB for the LSH buckets, under a namespace per --output; default: none, an in-memory index (one machine)")
+    p.add_argument("--redis-url", metavar="URL", help="where the LSH band buckets live, under a namespace per --output: redis://HOST:PORT/DB (one server), "
+                   "several such URLs joined by commas (band b on server b mod n), or redis+cluster://HOST:PORT[,HOST:PORT...] "
+                   "(a Redis Cluster: each band on one node); default: none, an in-memory index (one machine)")
     p.add_argument("--keep-index", action="store_true", help="keep the run's Redis keys when it completes (default: off, they are deleted)")
 
 

@@ -1,6 +1,6 @@
 """Near-duplicate graph: verified edges, connected components, one survivor per component.
 
-DATA_SPEC.md §4: every LSH candidate is checked with the exact Jaccard of the two token sets
+Every LSH candidate is checked with the exact Jaccard of the two token sets
 and kept as an edge only if J > threshold (dedup_verify.py, sharded over tasks). Components come
 from `scipy.sparse.csgraph`; the survivor is chosen by subset priority, then longer text, then
 smaller id (deterministic, §1). Only documents in components of two or more are ever looked at

@@ -1,10 +1,11 @@
-"""`evalm data dedup`: fuzzy dedup as restartable steps (DATA_SPEC.md §4, EVALM Appendix A.1).
+"""`evalm data dedup`: fuzzy dedup as restartable steps (EVALM Appendix A.1).
 
   fingerprints  N tasks  MinHash of each document's token set -> fingerprints/<rank>.npz (the
                          durable fingerprint store: no Redis copy, see docs/data_pipeline.md)
   lsh           memory: 1 task, query-then-insert over all fingerprints
-  lsh_insert    Redis: N tasks insert their fingerprints (insertion_session, idempotent sets)
-                under the run's namespace, and record themselves with the server's run_id
+  lsh_insert    Redis (one server, several, or a cluster: dedup_index.py): N tasks add their
+                documents to the band hashes (idempotent HSETs) under the run's namespace, and
+                record themselves on each band's node with that node's run_id
   lsh_query     Redis: N tasks query their documents; a pair is kept from its larger id's side
                 -> candidates/<rank>.npy, each unordered pair exactly once; refuses an index
                 that lost insert tasks in a Redis restart
@@ -13,7 +14,8 @@
   graph         1 task: scipy components of the edges, survivor by priority (no document read)
                 -> graph/removals.jsonl, graph/stats.json
   write         N tasks: documents/<rank> (survivors), removed/<rank> (with component, survivor)
-  manifest      1 task; with Redis, deletes the run's keys (unless --keep-index)
+  manifest      1 task; with Redis, records the index's bytes per node and per document, then
+                deletes the run's keys (unless --keep-index)
 
 Dense ids number the documents in task order (runner.read_all), the same in every step.
 """
@@ -30,7 +32,7 @@ import orjson
 from datatrove.pipeline.base import PipelineStep
 
 from evalm.config_toolkit import to_dict
-from evalm.data_pipeline import dedup_graph, dedup_verify, lsh
+from evalm.data_pipeline import dedup_graph, dedup_index, dedup_verify, lsh
 from evalm.data_pipeline.config import DedupConfig
 from evalm.data_pipeline.fingerprint_store import fingerprint_path, load_fingerprints, offsets
 from evalm.data_pipeline.minhash import SCHEME, Fingerprinter, lean, token_set
@@ -55,19 +57,28 @@ class DedupStep(PipelineStep):
         self.output, self.config, self.tasks, self.redis_url = output, config, tasks, redis_url
 
 
+FINGERPRINT_BATCH = 1000
+"""Documents whose token sets a fingerprint task holds at once (the signatures are the same at any size)."""
+
+
 class FingerprintStep(DedupStep):
     name = "fingerprints"
 
     def run(self, data=None, rank: int = 0, world_size: int = 1):
         output, c = Path(self.output), self.config
         source = reader(output)
-        ids, subsets, lengths, sets = [], [], [], []
+        ids, subsets, lengths, sets, parts = [], [], [], [], []
+        fingerprinter = Fingerprinter(c.num_perm, c.seed)
         for doc in source.run(None, rank, world_size):
             ids.append(doc.id)
             subsets.append(doc.subset)
             lengths.append(len(doc.text))
             sets.append(token_set(doc.text))
-        signatures = Fingerprinter(c.num_perm, c.seed).signatures(sets)
+            if len(sets) == FINGERPRINT_BATCH:  # token sets are ~50 B a token: never hold a task's
+                parts.append(fingerprinter.signatures(sets))
+                sets = []
+        parts.append(fingerprinter.signatures(sets))
+        signatures = np.concatenate(parts)
         path = fingerprint_path(output, rank)
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "wb") as f:  # np.savez on a handle: no ".npz" appended, same bytes each run
@@ -110,54 +121,45 @@ class MemoryLshStep(DedupStep):
 
 
 class RedisStep(DedupStep):
-    """An LSH step over the Redis index: the run's key prefix, the index, a client, the task's first dense id."""
+    """An LSH step over the Redis index (dedup_index.py): the index, the task's first dense id, its signatures."""
 
-    def redis(self, rank: int):
+    def redis(self, rank: int) -> tuple[dedup_index.BandIndex, int, np.ndarray]:
         output, c = Path(self.output), self.config
-        basename = lsh.basename_for(output)
-        index = lsh.make_index(c.num_perm, c.bands, c.rows, self.redis_url, basename)
-        return output, c, basename, index, lsh.connect(self.redis_url), int(offsets(output, self.tasks)[rank])
+        bounds = offsets(output, self.tasks)
+        servers = dedup_index.open_servers(self.redis_url, c.bands)
+        index = dedup_index.BandIndex(servers, lsh.basename_for(output), c.bands, c.rows, int(bounds[-1]))
+        return index, int(bounds[rank]), load_fingerprints(output, rank, c)["signatures"]
 
 
 class RedisInsertStep(RedisStep):
     name = "lsh_insert"
 
     def run(self, data=None, rank: int = 0, world_size: int = 1):
-        output, c, basename, index, client, first = self.redis(rank)
-        with lsh.guarded(self.redis_url, f"lsh_insert task {rank}"):
-            server = lsh.server_run(client)
-            # re-inserting after a restart only re-adds members to bucket sets: idempotent
-            with index.insertion_session() as session:
-                for i, sig in enumerate(load_fingerprints(output, rank, c)["signatures"]):
-                    session.insert(lsh.key(first + i, True), lean(sig, c.seed), check_duplication=False)
-            if lsh.server_run(client) == server:  # else a restart lost part of it: left unrecorded
-                lsh.mark_inserted(client, basename, rank, server)
+        index, first, signatures = self.redis(rank)
+        index.insert(rank, first, signatures)  # HSET of a present field is a no-op: a rerun is idempotent
 
 
 class RedisQueryStep(RedisStep):
     name = "lsh_query"
 
     def run(self, data=None, rank: int = 0, world_size: int = 1):
-        output, c, basename, index, client, first = self.redis(rank)
-        pairs = []
+        index, first, signatures = self.redis(rank)
         with lsh.guarded(self.redis_url, f"lsh_query task {rank}"):
-            self.check_index(client, basename)
-            for i, sig in enumerate(load_fingerprints(output, rank, c)["signatures"]):
-                me = first + i
-                # both ends of a pair find each other; keep it from the larger id's side only
-                pairs.extend((other, me) for other in map(lsh.dense, index.query(lean(sig, c.seed))) if other < me)
-            self.check_index(client, basename)  # a restart while querying emptied the index
-        _write_candidates(output, rank, pairs)
+            self.check_index(index)
+            # both ends of a pair find each other; keep it from the larger id's side only
+            pairs = [(other, me) for other, me in index.query(first, signatures) if other < me]
+            self.check_index(index)  # a restart while querying emptied a node
+        _write_candidates(Path(self.output), rank, pairs)
 
-    def check_index(self, client, basename: bytes) -> None:
+    def check_index(self, index: dedup_index.BandIndex) -> None:
         """Refuse an index that lost insert tasks; unmark them so the relaunch redoes them."""
-        missing = lsh.missing_inserts(client, basename, self.tasks)
+        missing = index.missing_inserts(self.tasks)
         if not missing:
             return
-        unmark_lost_inserts(Path(self.output), self.tasks, self.redis_url)
+        unmark(Path(self.output), missing)
         raise lsh.RedisUnavailable(
             f"Redis at {self.redis_url} no longer holds the buckets of lsh_insert task(s) {missing} of this "
-            f"run (the server restarted without persistence, or its keys were removed). {lsh.ADVICE}.")
+            f"run (a node restarted without persistence, or its keys were removed). {lsh.ADVICE}.")
 
 
 class GraphStep(DedupStep):
@@ -201,7 +203,7 @@ class GraphStep(DedupStep):
 
 
 def graph_stats(candidates: int, n_edges: int, labels, subsets, removed, lengths) -> dict[str, Any]:
-    """DATA_SPEC §4 metrics over the grouped documents, DM Mathematics' component sizes on their own."""
+    """Dedup metrics over the grouped documents, DM Mathematics' component sizes on their own."""
     big = Counter(labels)
     dm_labels = {labels[k] for k, s in enumerate(subsets) if s == "DM Mathematics"}
     dm = sorted((size for label, size in big.items() if label in dm_labels), reverse=True)
@@ -242,7 +244,8 @@ class WriteStep(DedupStep):
         write_json(output / "stats" / "write" / f"{rank:05d}.json", {k: dict(v) for k, v in counts.items()})
 
 
-def summarize(output: Path, redis_url: str | None = None, keep_index: bool = False) -> dict[str, Any]:
+def summarize(output: Path, redis_url: str | None = None, tasks: int = 1, bands: int = 8,
+              keep_index: bool = False) -> dict[str, Any]:
     """The manifest's stats; with Redis, the run's keys are deleted here, at completion."""
     import json
 
@@ -251,10 +254,19 @@ def summarize(output: Path, redis_url: str | None = None, keep_index: bool = Fal
         "graph": json.loads((output / "graph" / "stats.json").read_text()),
     }
     if redis_url:
-        kept = keep_index
-        removed = 0 if kept else lsh.drop_index(redis_url, lsh.basename_for(output))
-        summary["redis"] = {"namespace": lsh.basename_for(output).decode(), "index_kept": kept, "keys_removed": removed}
+        summary["redis"] = index_summary(output, redis_url, tasks, bands, keep_index)
     return summary
+
+
+def index_summary(output: Path, redis_url: str, tasks: int, bands: int, keep_index: bool) -> dict[str, Any]:
+    """The index's keys and bytes per node (Redis' MEMORY USAGE) and per document, then its deletion."""
+    namespace = lsh.basename_for(output)
+    nodes = dedup_index.measure(redis_url, namespace, bands)
+    total = sum(n["bytes"] for n in nodes.values())
+    documents = int(offsets(output, tasks)[-1])
+    removed = 0 if keep_index else dedup_index.drop(redis_url, namespace, bands)
+    return {"namespace": namespace.decode(), "nodes": nodes, "index_bytes": total,
+            "index_bytes_per_document": total / max(documents, 1), "index_kept": keep_index, "keys_removed": removed}
 
 
 def steps(output: Path, config: DedupConfig, tasks: int, redis_url: str | None, *, fresh: bool = True,
@@ -262,11 +274,11 @@ def steps(output: Path, config: DedupConfig, tasks: int, redis_url: str | None, 
     """The stage's steps; a fresh folder with Redis first clears what a dead run left in its namespace."""
     out = str(output)
     if redis_url:
-        lsh.connect(redis_url)  # fail fast, before any task starts
+        dedup_index.open_servers(redis_url, config.bands)  # fail fast, before any task starts
         if fresh:
-            lsh.drop_index(redis_url, lsh.basename_for(output))
+            dedup_index.drop(redis_url, lsh.basename_for(output), config.bands)
         else:
-            unmark_lost_inserts(output, tasks, redis_url)
+            unmark_lost_inserts(output, tasks, redis_url, config)
         index = [Step("lsh_insert", tasks, RedisInsertStep(out, config, tasks, redis_url)),
                  Step("lsh_query", tasks, RedisQueryStep(out, config, tasks, redis_url))]
     else:
@@ -278,20 +290,30 @@ def steps(output: Path, config: DedupConfig, tasks: int, redis_url: str | None, 
         Step("verify", tasks, dedup_verify.VerifyStep(out, config, tasks)),
         Step("graph", 1, GraphStep(out, config, tasks)),
         Step("write", tasks, WriteStep(out, config, tasks)),
-        Step("manifest", 1, Manifest(out, partial(summarize, redis_url=redis_url, keep_index=keep_index))),
+        Step("manifest", 1, Manifest(out, partial(summarize, redis_url=redis_url, tasks=tasks, bands=config.bands,
+                                                          keep_index=keep_index))),
     ]
 
 
-def unmark_lost_inserts(output: Path, tasks: int, redis_url: str) -> None:
-    """On a relaunch, insert tasks marked complete whose buckets this server lacks (a restart) are
+def unmark_lost_inserts(output: Path, tasks: int, redis_url: str, config: DedupConfig) -> None:
+    """On a relaunch, insert tasks marked complete whose buckets a node lacks (it restarted) are
     unmarked so that this launch redoes them, unless every query task is already done."""
     logs = output / "logs"
     if len(list((logs / "lsh_query" / "completions").glob("*"))) == tasks:
         return
+    if len(list((logs / "fingerprints" / "completions").glob("*"))) < tasks:
+        return  # no insert task has run yet
+    servers = dedup_index.open_servers(redis_url, config.bands)
+    index = dedup_index.BandIndex(servers, lsh.basename_for(output), config.bands, config.rows,
+                                  int(offsets(output, tasks)[-1]))
     with lsh.guarded(redis_url, "checking the index"):
-        missing = lsh.missing_inserts(lsh.connect(redis_url), lsh.basename_for(output), tasks)
-    for r in missing:
-        (logs / "lsh_insert" / "completions" / f"{r:05d}").unlink(missing_ok=True)
+        unmark(output, index.missing_inserts(tasks))
+
+
+def unmark(output: Path, ranks: list[int]) -> None:
+    """Remove the completion markers of these insert tasks: the next launch runs them again."""
+    for r in ranks:
+        (output / "logs" / "lsh_insert" / "completions" / f"{r:05d}").unlink(missing_ok=True)
 
 
 def settings(config: DedupConfig, redis_url: str | None, output: Path) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Candidate verification sharded over tasks (DATA_SPEC.md §4: exact Jaccard > threshold per candidate).
+"""Candidate verification sharded over tasks (exact Jaccard > threshold per candidate).
 
   tokens  N tasks  task r reads only its own documents, once, and keeps those that appear in a
                    candidate pair: the sorted 64-bit hashes of each one's token set

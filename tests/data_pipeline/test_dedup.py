@@ -107,7 +107,7 @@ def test_unreachable_redis_fails_fast_with_url_and_advice(tmp_path, run_cli, cap
 
 def test_verification_is_sharded_over_tasks(tmp_path, run_cli):
     """tokens/verify run as 3 tasks: each hashes only its own documents that are in a pair, each
-    verifies a third of the pairs, and together they give the graph its edges (issue 11)."""
+    verifies a third of the pairs, and together they give the graph its edges."""
     import json
 
     import numpy as np
