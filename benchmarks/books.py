@@ -1,4 +1,4 @@
-"""Reading PG-19 from the `datasets` cache: peak memory vs the number of books (issue 15).
+"""Reading PG-19 from the `datasets` cache: peak memory vs the number of books.
 
 Run: python benchmarks/books.py [--books 20,80,320] [--kib 400]
 

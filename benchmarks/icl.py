@@ -6,10 +6,10 @@ On a tiny EVA model (untrained; timing does not depend on the weights) and the s
 - `incremental` (cache reuse): the context is encoded once, each item forks the cache; the time per
   item is reported with and without the one-off context encoding amortised over the items.
 - `concat` (no reuse): the context is re-encoded with every item (EVALM Figure 5's baseline).
-Goal (issue 5): with reuse, time at 2000 shots <= 1.5x time at 16 (the fork-and-score cost only).
+Goal: with reuse, time at 2000 shots <= 1.5x time at 16 (the fork-and-score cost only).
 Memory: the EVA demonstration cache (window K/V + one summary per chunk) vs a full K/V cache of
 the same context (the same model with attention = "full").
-Labels (issue 16): time per test item after the cache vs the number of labels (2, 5, 6), the old
+Labels: time per test item after the cache vs the number of labels (2, 5, 6), the old
 per-candidate re-encoding (`test_prefix="reencode"`, the test input fed once per label) against the
 shared test prefix (`"shared"`: once per item), both measured here, on review-sized test inputs,
 for single-token labels (letters: the prefix's one forward scores them all) and word labels.

@@ -5,10 +5,10 @@ Run: python benchmarks/incremental.py [--config configs/pretrain-tiny.toml] [--m
 
 1. Encodes one random 262,144-token stream with the tiny EVA model in 8,192-token segments and
    prints, at 16k … 256k, the cache's bytes, what a full K/V cache of the same model would hold
-   (2 · n_layer · n · d_model values), their ratio, and the process's peak RSS. Goal (issue 2):
+   (2 · n_layer · n · d_model values), their ratio, and the process's peak RSS. Goal:
    linear growth, cache ≤ full / chunk_size + the window.
 2. For each model of --score-configs (random weights: the tiny one and the EVALM-350M shape,
-   all 24 layers, issue 13), encodes 16 and 2,000 demonstrations once, then scores test inputs by
+   all 24 layers), encodes 16 and 2,000 demonstrations once, then scores test inputs by
    forking the cache, and prints the time per test input at each and their ratio (goal ≤ 1.5),
    with the re-encoding baseline (no cache reuse) beside it.
 """

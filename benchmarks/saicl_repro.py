@@ -42,7 +42,7 @@ def _sec(summary: dict, label: str, k: int) -> float:
 
 
 def check_claims(summary: dict, shots: Sequence[int], close: float = 0.03, margin: float = 0.05) -> list[dict]:
-    """The paper's claims (issue #14), each decided in direction from the mean over seeds. "Close" means a
+    """The paper's claims, each decided in direction from the mean over seeds. "Close" means a
     mean |gap| <= `close`; "gains where others saturate" needs saicl's gain to exceed theirs by > `margin`
     (about twice the typical seed std of the reproduction), so that a tie is not read as a win."""
     ks, big = list(shots), max(shots)

@@ -150,7 +150,7 @@ TOPICS = ("business", "entertainment", "politics", "sports", "tech", "science")
 
 def prefix_speed(lm, samples: Path, args) -> list[dict]:
     """Marginal seconds per item after a 16-shot cache, per candidate re-encoding vs the shared test
-    prefix (issue 16), with 2, 5 and 6 labels on bbc_news leads; both measured here, same items."""
+    prefix, with 2, 5 and 6 labels on bbc_news leads; both measured here, same items."""
     from evalm.icl_eval.prompts import PromptBuilder
     from evalm.icl_eval.tasks import Task
 

@@ -7,7 +7,7 @@ Measures, in one process (a world of one, the same FSDP2 + AdamW step as `evalm 
 1. training tokens/s of the tiny model (configs/pretrain-tiny.toml's shape) with `attention = "eva"`
    and with `"full"` (exact causal softmax via SDPA), each after a warm-up step, and their ratio;
 2. the line loader's tokens/s reading 8k+1 windows from memory-mapped token shards, against the
-   trainer's consumption (issue 4 goal: loader >= 10x trainer).
+   trainer's consumption (goal: loader >= 10x trainer).
 """
 
 from __future__ import annotations

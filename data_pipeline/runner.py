@@ -133,7 +133,7 @@ def write_errors(output: Path, rank: int, errors: list[dict], records: int, max_
 
 # Settings a relaunch may change: they alter no output byte, only when a task gives up or which
 # index finds the (identical) candidate pairs. Following "raise max_error_fraction" or "leave
-# --redis-url out" in the same folder must work (issue 11).
+# --redis-url out" in the same folder must work.
 RUN_ONLY = ("config.max_error_fraction", "index.kind", "index.redis_url", "index.namespace")
 FLAGS = {"tasks": "--tasks", "input_root": "--input", "inputs": "--input", "config": "--config",
          "input_sha256": "--input (the same file contents)",

@@ -1,4 +1,4 @@
-"""The argument parsers of `evalm eval icl|ppl|harness`: every option with its help and default (issue 10).
+"""The argument parsers of `evalm eval icl|ppl|harness`: every option with its help and default.
 
 Parsing only: `icl_eval.cli` turns the parsed flags into settings (`icl_eval.settings`).
 """

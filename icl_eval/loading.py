@@ -1,6 +1,6 @@
 """The model an `evalm eval` command scores: an exported EVALM, a local HF folder, or the built-in tiny one.
 
-A folder that cannot be loaded is one error naming `--checkpoint` and what to do (issue 10): a
+A folder that cannot be loaded is one error naming `--checkpoint` and what to do: a
 missing folder, and a training run folder (DCP checkpoints) that has not been exported yet.
 """
 

@@ -1,6 +1,6 @@
 """Effective settings of `evalm eval icl|ppl`: built-in defaults < the `--config` file < flags.
 
-A config file is read only when `--config` names one (issue 10: an implicit tiny config silently
+A config file is read only when `--config` names one (an implicit tiny config once silently
 capped paper-scale runs). Each value remembers where it came from, the command prints every
 section in one block before it starts, and `results.json` keeps the same block under `settings`.
 """

@@ -1,4 +1,4 @@
-"""Can the data supply what was asked? Checked before any scoring, never capped silently (issue 10).
+"""Can the data supply what was asked? Checked before any scoring, never capped silently.
 
 A shot count above the training pool, more test items than the test split, a `--max-tokens` that
 disagrees with the largest `--lengths` bucket, or a bucket no book reaches is an error that names

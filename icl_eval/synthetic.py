@@ -81,7 +81,7 @@ def train_tiny_model(model: torch.nn.Module, config: SyntheticConfig = Synthetic
     by `train.local`. Returns the list of losses. Deterministic for a given seed on one thread count.
 
     [floor note] The one import of `train/` from `icl_eval/`, made here when a tiny model is trained,
-    so the project has one training step (issue 12). Nothing `train.local` reaches imports
+    so the project has one training step. Nothing `train.local` reaches imports
     `icl_eval`, and `train/` reads the family from `evalm.synthetic`, so no module imports itself back.
     """
     from evalm.train.config import OptimConfig

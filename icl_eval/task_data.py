@@ -1,4 +1,4 @@
-"""A task's train/validation/test rows, read through `datasets` offline (ICL_SPEC §1 and §5; issue 15).
+"""A task's train/validation/test rows, read through `datasets` offline (ICL_SPEC §1 and §5).
 
 `--data` (or `[eval] data`) is one of:
 - a folder of split files (`train.jsonl`, `dev.csv`, `test.parquet`, or `train/` saved folders);

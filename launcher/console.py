@@ -2,7 +2,7 @@
 
 datatrove logs through loguru to whatever stderr object is current when a task starts, and every
 command prints its own lines; the launcher shows `stage k/N`, progress bars and one result line per
-stage (issue 9, "quiet by default"), so the rest of a stage's output is written to its log.
+stage, so the rest of a stage's output is written to its log.
 """
 
 from __future__ import annotations

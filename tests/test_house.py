@@ -1,4 +1,4 @@
-"""The house rules, measured on the source (issue 12): no import loop, floors respected, small files
+"""The house rules, measured on the source: no import loop, floors respected, small files
 and functions. An independent walk of the source's syntax trees, every import counted (also the
 ones made inside a function, which Python resolves late but which tie modules together all the
 same)."""
@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]
 FOLDERS = {folder: name for name, folder in PYPROJECT["package-dir"].items()}
 """Source folder -> its import name: the repository's top-level folders are the parts of one
-import namespace, `evalm` (pyproject.toml, issue 12)."""
+import namespace, `evalm` (pyproject.toml)."""
 
 FLOORS = {
     "config_toolkit": set(),

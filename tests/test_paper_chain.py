@@ -1,4 +1,4 @@
-"""The README's "Paper scale on a cluster" block, run as written (issue 11, bullet 3).
+"""The README's "Paper scale on a cluster" block, run as written.
 
     python -m pytest tests/test_paper_chain.py -m slow -q
 

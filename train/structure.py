@@ -7,7 +7,7 @@ icl_eval/methods.py): each demonstration `[eos] I(x, y)` is encoded in a cache o
 position 0, the last `queries` examples of the line are test examples, each encoded after the
 merged entries of every demonstration (`evalm.cache`), at position `ℓ`, right-aligned as at
 evaluation. The loss is on the test examples' answers only: a demonstration alone cannot predict its
-answer. No paper tunes a decoder this way (issue 14); it is the fair test of `saicl` in a decoder.
+answer. No paper tunes a decoder this way; it is the fair test of `saicl` in a decoder.
 
 A line under `saicl` must consist of examples of one token length ℓ (the synthetic family with a
 one-token-per-letter template), since right-aligned groups of unequal length would need padding

@@ -1,4 +1,4 @@
-"""An error's own advice works when followed, in the same --output folder (issue 11, bullet 8).
+"""An error's own advice works when followed, in the same --output folder.
 
 Run: python -m pytest tests/data_pipeline/test_advice.py -q
 """

@@ -1,4 +1,4 @@
-"""The data stages on a real Ray cluster: a head started here on loopback (issue 11, bullet 1).
+"""The data stages on a real Ray cluster: a head started here on loopback.
 
     python -m pytest tests/data_pipeline/test_ray.py -m slow -q      (needs `pip install 'evalm[ray]'`)
 

@@ -1,4 +1,4 @@
-"""Redis hygiene of the dedup index on a real redis-server (issue 11, bullet 6).
+"""Redis hygiene of the dedup index on a real redis-server.
 
 Each test starts its own server (by pid, on a free loopback port, no persistence): one is killed
 and restarted in the middle of a run, which empties it, as a crashed production server without

@@ -1,4 +1,4 @@
-"""The data stages on a real single-node Slurm (Debian's slurm-wlm + munge) on loopback (issue 11, bullet 2).
+"""The data stages on a real single-node Slurm (Debian's slurm-wlm + munge) on loopback.
 
     apt-get install slurm-wlm munge
     python -m pytest tests/data_pipeline/test_slurm.py -m slow -q

@@ -149,7 +149,7 @@ def test_shared_test_prefix_equals_reencoding_on_hf(gpt2_folder, task):
 
 
 def test_hf_float64_models_score_exactly(gpt2_folder):
-    """Logits in the model's own dtype (issue 10): a float64 model's scores equal a float64
+    """Logits in the model's own dtype: a float64 model's scores equal a float64
     computation straight from `transformers` to rounding; float32 logits would be ~1e-6 off."""
     from evalm.icl_eval.hf import load_hf
 

@@ -1,6 +1,6 @@
 """The README's PG-19 command, run as written on a 300,000-token book, scores it to 262,144 tokens.
 
-Issue 10: an implicit tiny config used to cap that command at 4,096 tokens and 8,192-token buckets.
+An implicit tiny config used to cap that command at 4,096 tokens and 8,192-token buckets.
 Here the command line is read from README.md itself; only the model and output folders are swapped
 for a tiny byte-level EVALM (1 token per byte) and a temporary folder.
 

@@ -1,7 +1,7 @@
 """SAICL on T5 (icl_eval/t5.py, icl_eval/encdec_methods.py) against independent oracles, float64.
 
 Run: python -m pytest tests/icl_eval/test_t5.py -q
-Tolerance 1e-10 (SAICL issue #14); the differences are rounding, ~1e-14 in practice. The tiny T5 gets
+Tolerance 1e-10; the differences are rounding, ~1e-14 in practice. The tiny T5 gets
 wide random weights (std 0.3) so that a wrong mask or position moves the scores far above that.
 """
 

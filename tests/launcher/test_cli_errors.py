@@ -1,6 +1,6 @@
 """User errors end in one line naming the file, line or flag and what to do; `--debug` shows the traceback.
 
-Each case is a real `evalm` process (`python -m evalm.launcher.cli`), as a user meets it (issue 10).
+Each case is a real `evalm` process (`python -m evalm.launcher.cli`), as a user meets it.
 
 Run: python -m pytest tests/launcher/test_cli_errors.py -q
 """

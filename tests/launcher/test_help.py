@@ -2,7 +2,7 @@
 the help lists methods, tasks and protocols, names no file outside the repository; `--version` works.
 
 The parsers are the real ones: each command's `--help` is run through its entry point and the
-parser that prints it is captured (issue 10).
+parser that prints it is captured.
 
 Run: python -m pytest tests/launcher/test_help.py -q
 """

@@ -131,7 +131,7 @@ def _consume(loaders: list[LineLoader], steps: int, per_step: int) -> list[int]:
 @pytest.mark.parametrize(("old", "new"), [((2, 2), (1, 2)), ((1, 2), (2, 2)), ((2, 2), (1, 3)), ((1, 3), (2, 1))])
 def test_any_world_size_and_batch_continues_the_exact_prefix(tmp_path, old, new):
     """(world, batch) before and after a checkpoint: the lines read are the uninterrupted prefix,
-    none twice (issue 11: 1 -> 2 ranks used to skip lines 21-39)."""
+    none twice (1 -> 2 ranks once skipped lines 21-39)."""
     write_shards(tmp_path)
     lines = PretrainLines(TokenShards(tmp_path), 16)
     lines.index_of = {tuple(lines.line(i)[0][:-1].tolist()): i for i in range(len(lines))}

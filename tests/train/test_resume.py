@@ -1,4 +1,4 @@
-"""Exact resume on real process groups: 2 gloo ranks, SIGKILL, `--resume auto` (issue 4, "Tests").
+"""Exact resume on real process groups: 2 gloo ranks, SIGKILL, `--resume auto`.
 
     python -m pytest tests/train/test_resume.py -q
 

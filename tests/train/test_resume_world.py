@@ -1,4 +1,4 @@
-"""Resume on another world size and another global batch, on real gloo process groups (issue 11).
+"""Resume on another world size and another global batch, on real gloo process groups.
 
     python -m pytest tests/train/test_resume_world.py -q
 
