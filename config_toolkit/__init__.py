@@ -1,6 +1,6 @@
 """The configuration toolkit every package uses, on the ground floor (it imports nothing of ours).
 
-Configs are data (STYLE.md, "Configuration and launch"): TOML files read by `read_toml`, each
+Configs are data: TOML files read by `read_toml`, each
 section validated into a frozen pydantic dataclass by `build` (unknown keys named with the valid
 ones, before pydantic), `section.key=value` overrides, one `ConfigError`, an argparse `Parser`
 whose errors are one line, and the subcommand `Dispatcher` of every `evalm` command group.

@@ -1,6 +1,6 @@
 """Blending: per-subset token budgets -> which documents (and how many copies) go where.
 
-EVALM Appendix A.1 / Table 5 and DATA_SPEC.md §5. For each subset with budget T and available
+EVALM Appendix A.1 / Table 5 and docs/data_pipeline.md. For each subset with budget T and available
 tokens A, epochs e = T / A. Every document is taken floor(e) times, then a seeded shuffle of the
 subset's documents is taken in order until the fractional part's tokens are reached; with
 overflow = "cap", e is at most 1. All copies are shuffled together with the seed and cut into

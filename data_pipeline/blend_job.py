@@ -1,4 +1,4 @@
-"""`evalm data blend`: token budgets per subset -> shuffled heterogeneous shards (DATA_SPEC §5).
+"""`evalm data blend`: token budgets per subset -> shuffled heterogeneous shards (docs/data_pipeline.md).
 
   plan      1 task: token estimate and subset of every document, blend.plan with the seed
             -> plan/copies.npy (dense ids in output order), blend_report.json

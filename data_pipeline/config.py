@@ -17,7 +17,7 @@ from pydantic.dataclasses import dataclass
 
 from evalm.config_toolkit import FROZEN, ConfigError, build, read_toml
 
-# DATA_SPEC.md §1: the ten Pile subsets EVALM keeps (Appendix A.1), in survivor priority order.
+# docs/data_pipeline.md: the ten Pile subsets EVALM keeps (Appendix A.1), in survivor priority order.
 PILE_SUBSETS = (
     "Wikipedia (en)",
     "Gutenberg (PG-19)",
@@ -35,7 +35,7 @@ Compression = Literal["zstd", "gzip", "none"]
 
 @dataclass(config=FROZEN, frozen=True)
 class FilterProfile:
-    """Thresholds of the six quality filters (DATA_SPEC.md §3, BLOOM's `en` parameters); each is the
+    """Thresholds of the six quality filters (docs/data_pipeline.md, BLOOM's `en` parameters); each is the
     `low` or `high` bound named by an entry of data_pipeline.filters.FILTERS."""
 
     min_words: int = 20
@@ -55,7 +55,7 @@ class FilterProfile:
 
 
 # DM Mathematics: question/answer lines score ~0.6 special characters and few stop words
-# (DATA_SPEC.md §3). Provisional cutoffs: tune from the histograms in stats/ on real shards.
+# (docs/data_pipeline.md). Provisional cutoffs: tune from the histograms in stats/ on real shards.
 _DM_MATHEMATICS = {"max_special_ratio": 1.0, "min_stopword_ratio": 0.05, "max_word_repetition": 0.5}
 
 
@@ -99,7 +99,7 @@ class FilterConfig:
 
 @dataclass(config=FROZEN, frozen=True)
 class DedupConfig:
-    """Fuzzy dedup parameters (DATA_SPEC.md §4; derivation of bands x rows in lsh.py)."""
+    """Fuzzy dedup parameters (docs/data_pipeline.md; derivation of bands x rows in lsh.py)."""
 
     num_perm: int = 128
     """MinHash permutations."""

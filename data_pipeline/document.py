@@ -1,6 +1,6 @@
 """A document as every stage sees it: id, normalised-or-raw text, Pile subset, free metadata.
 
-Slotted like datatrove's `Document` (STYLE.md, "Data pipeline") and duck-compatible with its
+Slotted like datatrove's `Document` and duck-compatible with its
 readers and writers (`text`, `id`, `metadata`), so datatrove's I/O carries it unchanged.
 """
 

@@ -1,4 +1,4 @@
-"""`evalm data filter`: catalogue filter, normalisation, six quality filters (DATA_SPEC.md §1-3).
+"""`evalm data filter`: catalogue filter, normalisation, six quality filters (docs/data_pipeline.md).
 
 Steps: `filter` (N tasks, one per group of input files) then `manifest`. Outputs per task:
 documents/<rank>.jsonl.zst (kept, normalised), rejected/<rank>.jsonl.zst (with `filter_reason`

@@ -1,11 +1,11 @@
-"""The six quality filters of EVALM Appendix A.1 / BLOOM, as pure functions (DATA_SPEC.md §3).
+"""The six quality filters of EVALM Appendix A.1 / BLOOM, as pure functions (docs/data_pipeline.md).
 
 Each ratio is a pure function of the (normalised) text. One table, FILTERS, declares the filters
 (reason, measure, FilterProfile bound); the reasons, the ratios record and the checks are derived
 from it. `reject_reason` applies them in the table's order and returns the first failing
 filter's name, or None to keep. Every ratio is
 computed for every document so the runner can histogram them: thresholds are to be chosen by
-looking at data (DATA_SPEC.md §3, "measure drop rates per subset").
+looking at data (docs/data_pipeline.md, "measure drop rates per subset").
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from functools import cache, cached_property
 
 from evalm.data_pipeline.config import FilterProfile
 
-# DATA_SPEC.md §3: after ASCII normalisation the special characters are punctuation, digits
+# docs/data_pipeline.md: after ASCII normalisation the special characters are punctuation, digits
 # and whitespace (BLOOM's `special_characters_default` restricted to ASCII).
 SPECIAL = frozenset(string.punctuation + string.digits + string.whitespace)
 _STRIP = string.punctuation + string.digits + string.whitespace
@@ -113,7 +113,7 @@ class Filter:
             not self.high or value <= getattr(profile, self.high))
 
 
-# The order of DATA_SPEC.md §3's table: the first failure is the recorded reason. A new filter is
+# The order of the quality-filter table of docs/data_pipeline.md: the first failure is the recorded reason. A new filter is
 # one entry here plus its threshold field(s) in FilterProfile.
 FILTERS: tuple[Filter, ...] = (
     Filter("word_count", lambda t: len(t.words), low="min_words", high="max_words", kind=int),

@@ -1,4 +1,4 @@
-"""1-gram MinHash fingerprints, bit-identical to datasketch 2.x `MinHash` (DATA_SPEC.md §4).
+"""1-gram MinHash fingerprints, bit-identical to datasketch 2.x `MinHash` (docs/data_pipeline.md).
 
 A document's fingerprint set is its set of whitespace tokens (EVALM Appendix A.1: "whitespace-
 tokenized ... vectorized with the 1-gram language model"). datasketch's default scheme since 2.0,

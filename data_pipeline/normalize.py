@@ -1,4 +1,4 @@
-"""Normalisation: edits, not filters (DATA_SPEC.md §2; EVALM Appendix A.1 "standardizing the
+"""Normalisation: edits, not filters (docs/data_pipeline.md; EVALM Appendix A.1 "standardizing the
 whitespace and removing the non-ASCII characters").
 
 Unicode space variants become a plain space, carriage returns become newlines, runs of spaces and

@@ -1,6 +1,6 @@
 """Everything a stage needs around its pure steps: folders, tasks, executors, markers, manifest.
 
-A stage is a chain of datatrove executors (STYLE.md, "Data pipeline"; datatrove's
+A stage is a chain of datatrove executors (datatrove's
 `_run_for_rank`): each step runs as N tasks and each task writes its outputs, then its stats
 (ours in `stats/`, datatrove's in `logs/<step>/stats/`), then datatrove's completion marker
 `logs/<step>/completions/<rank>`. A relaunch skips completed tasks and reruns the others from

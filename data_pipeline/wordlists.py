@@ -1,4 +1,4 @@
-"""Word lists shipped as text files with a provenance header (DATA_SPEC.md §3).
+"""Word lists shipped as text files with a provenance header (docs/data_pipeline.md).
 
 One entry per line; lines starting with '#' are the header (source, licence) and comments.
 Entries are normalised the way the filters normalise words (lower case, special characters

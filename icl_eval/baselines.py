@@ -1,4 +1,4 @@
-"""Label baselines beside every accuracy (ICL_SPEC §5): what a model scores without reading inputs.
+"""Label baselines beside every accuracy (docs/evaluation.md): what a model scores without reading inputs.
 
 For the exact test items and demonstrations of one (split, seed, shots) cell, each baseline is a
 per-item correctness vector, so it can be bootstrapped and compared item by item with a method:

@@ -1,4 +1,4 @@
-"""Books for perplexity vs length (ICL_SPEC §6; EVALM §4.4, PG-19), one at a time.
+"""Books for perplexity vs length (docs/evaluation.md; EVALM §4.4, PG-19), one at a time.
 
 `--books` names any mix of:
 - a folder of `.txt` books (PG-19's `train/`, `validation/`, `test/` as distributed), or one `.txt`;

@@ -2,7 +2,7 @@
 
 Every seed draws its own demonstrations, and all of a seed's test items share that one draw, so
 items are not independent observations: the spread between seeds can dwarf a binomial interval
-over items x seeds (ICL_SPEC §5). One replicate therefore resamples the seeds with replacement,
+over items x seeds (docs/evaluation.md). One replicate therefore resamples the seeds with replacement,
 then the test items:
 
 - crossed design (every seed scores the same items, a real task's test split): one item draw per

@@ -19,7 +19,7 @@ PAPER_SHOTS = (0, 1, 3, 4, 8, 16, 32, 64, 80, 128, 192, 256, 372, 512, 640, 768,
 
 @dataclass(config=FROZEN, frozen=True)
 class EvalConfig:
-    """Many-shot ICL protocol (ICL_SPEC §4-§5)."""
+    """Many-shot ICL protocol (docs/evaluation.md)."""
 
     task: str = "synthetic"
     """A built-in task name (see `tasks.TEMPLATE_SETS`), `synthetic`, or a task file (.toml/.yaml)."""
@@ -39,14 +39,14 @@ class EvalConfig:
     balanced: bool = False
     """Label-balanced dataset-level sampling."""
     separator: Literal["newline", "eos", "space-newline", "blank-line"] = "newline"
-    """Between demonstrations (ICL_SPEC §2)."""
+    """Between demonstrations (docs/evaluation.md)."""
     bos: str = "auto"
     """Tokens a prompt starts with (prompts.resolve_bos): `auto` the model's own (EVALM `</s>`; HF: the
     tokenizer's BOS, none for GPT-2 style), `none`, `eos`, or one token spelled out; recorded in results.json."""
     calibration: Literal["none", "contextual", "pmi"] = "none"
     """Zhao et al.'s contextual calibration, or PMI against an "N/A" input."""
     test_items: int | None = None
-    """Score a sample of this many test items (ICL_SPEC §5), recorded by index in results.json;
+    """Score a sample of this many test items (docs/evaluation.md), recorded by index in results.json;
     None scores the whole split."""
     test_items_order: Literal["random", "first"] = "random"
     """How `test_items` are chosen: a seeded random sample (default), or the first N in file order,
@@ -122,7 +122,7 @@ def _distinct(name: str, values: tuple) -> None:
 
 @dataclass(config=FROZEN, frozen=True)
 class PerplexityConfig:
-    """Perplexity vs context length (ICL_SPEC §6, EVALM §4.4)."""
+    """Perplexity vs context length (docs/evaluation.md, EVALM §4.4)."""
 
     books: tuple[str, ...] = ()
     """Folders of .txt books (PG-19's split folders), .txt or jsonl/parquet files, saved folders, or a
@@ -144,7 +144,7 @@ class PerplexityConfig:
     stride_tokens: int | None = None
     """Stride of the sliding baseline (default: window / 2)."""
     unigram_shards: str | None = None
-    """Token-shard folder the model was pretrained on: fits the unigram reference (ICL_SPEC §6)."""
+    """Token-shard folder the model was pretrained on: fits the unigram reference (docs/evaluation.md)."""
     fixed_contexts: tuple[int, ...] = ()
     """Context lengths of the fixed-position protocol (the same targets after each); empty: off."""
     fixed_target_tokens: int = 128

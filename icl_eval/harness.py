@@ -1,6 +1,6 @@
 """lm-evaluation-harness backend: any `CausalLM` (EVALM, or a Hugging Face model) as a `TemplateLM`.
 
-ICL_SPEC §7: standard harness tasks run on EVALM checkpoints, launched through
+docs/evaluation.md: standard harness tasks run on EVALM checkpoints, launched through
 `lm_eval.simple_evaluate` (the harness has no plugin entry point), with
 
 - cache reuse across requests that share a token prefix. The harness has none: its HF backend

@@ -1,5 +1,5 @@
 """What every ICL method takes and returns: `MethodOptions`, `MethodResult`, the progress hook and
-`PromptTooLong` (ICL_SPEC §3). A module of its own so that the decoder methods (methods.py) and
+`PromptTooLong` (docs/evaluation.md). A module of its own so that the decoder methods (methods.py) and
 their encoder-decoder forms (encdec_methods.py) both build on it, and neither on the other.
 """
 

@@ -1,4 +1,4 @@
-"""The five ICL methods behind one signature, listed in one dict (`METHODS`; ICL_SPEC §3).
+"""The five ICL methods behind one signature, listed in one dict (`METHODS`; docs/evaluation.md).
 
     method(lm, prompt, demos, items, options) -> MethodResult
 

@@ -1,4 +1,4 @@
-"""Prompts as token lists (ICL_SPEC §1): demonstrations, the context they form, and test candidates.
+"""Prompts as token lists (docs/evaluation.md): demonstrations, the context they form, and test candidates.
 
 The layout, the same for every method so that they can be compared exactly:
 
@@ -10,7 +10,7 @@ test(y) after a fork; `structured` splits the context into groups, each its own 
 and feeds test(y) after their merge. With one group the token stream is identical to `concat`'s.
 
 [bos] is the model's own (`resolve_bos`): for EVALM the end-of-document `</s>` (documents are
-separated by it in pretraining, EVA_SPEC §5); for a Hugging Face model what its tokenizer says
+separated by it in pretraining, docs/training.md); for a Hugging Face model what its tokenizer says
 (`icl_eval.hf.HFTokenizerAdapter.default_bos`: Llama's `<s>`, SmolLM2-Instruct's `<|im_start|>`,
 nothing for GPT-2); `none` or a token spelled out overrides it (`--bos`). With no bos, a 0-shot
 test's first token has no prediction and is not scored.
@@ -74,7 +74,7 @@ def resolve_bos(tokenizer, spec: str = "auto") -> tuple[tuple[int, ...], str]:
     if spec == "auto":
         own = getattr(tokenizer, "default_bos", None)
         if own is None:
-            return (tokenizer.eos_id,), "the end-of-document token (EVALM's </s>, EVA_SPEC §5)"
+            return (tokenizer.eos_id,), "the end-of-document token (EVALM's </s>, docs/training.md)"
         return own()
     lookup = getattr(tokenizer, "token_id", None)
     found = lookup(spec) if lookup else None

@@ -1,7 +1,7 @@
 """Reports: `results.json`, `predictions.jsonl`, and PNG plots (matplotlib, Agg backend).
 
 Plots: accuracy vs shots per method with its 95% bootstrap band and the label baselines as dashed
-lines (ICL_SPEC §5); time per test item vs shots (with cache reuse: incremental/structured/saicl;
+lines (docs/evaluation.md); time per test item vs shots (with cache reuse: incremental/structured/saicl;
 without: concat; EVALM Figure 5); perplexity vs context length, one line per model and protocol,
 beside the fixed-position curve and the uniform and unigram references (EVALM Figure 4).
 Each plot takes several models' results at once, so a run's report can set EVA beside its twins.

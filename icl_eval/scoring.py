@@ -1,4 +1,4 @@
-"""Candidate scoring, written once for every method (ICL_SPEC §2), calibration and metrics.
+"""Candidate scoring, written once for every method (docs/evaluation.md), calibration and metrics.
 
 A method hands over the logits of the test tokens `lead I(x, y)` for every candidate; the logit at
 index t predicts token t + 1. The rules (one dict, `RULES`):

@@ -1,4 +1,4 @@
-"""Demonstration selection (ICL_SPEC §4): an ordered list, never a set, never the test item.
+"""Demonstration selection (docs/evaluation.md): an ordered list, never a set, never the test item.
 
 - `dataset_level`: a seeded `random.Random` draws k training items, in draw order, the same for every
   test item (so the context cache is reused); optionally label-balanced (round-robin over labels).

@@ -1,4 +1,4 @@
-"""The protocol's records summarised: every accuracy beside its baselines and intervals (ICL_SPEC §5).
+"""The protocol's records summarised: every accuracy beside its baselines and intervals (docs/evaluation.md).
 
 Per split, method and shot count (a cell): mean ± std over seeds of accuracy, macro-F1, seconds
 per item and demonstrations used (as before), plus

@@ -1,4 +1,4 @@
-"""A task's train/validation/test rows, read through `datasets` offline (ICL_SPEC §1 and §5).
+"""A task's train/validation/test rows, read through `datasets` offline (docs/evaluation.md).
 
 `--data` (or `[eval] data`) is one of:
 - a folder of split files (`train.jsonl`, `dev.csv`, `test.parquet`, or `train/` saved folders);
@@ -6,7 +6,7 @@
 - a dataset id `id[/config]` from the local `datasets` cache (`glue/sst2`, `SetFit/sst5`).
 Without `--data`, a task file's own split files are read, and a built-in task reads the dataset
 its table entry names (`tasks.EVALM_TASKS[...].dataset`), with that entry's split mapping: where
-the hub's test labels are hidden, the labelled validation split is scored as test (ICL_SPEC §5).
+the hub's test labels are hidden, the labelled validation split is scored as test (docs/evaluation.md).
 
 Rows stay in Arrow (memory-mapped) behind a small sequence, so MNLI's 393k training rows are not
 turned into Python dicts until a demonstration is drawn.

@@ -1,4 +1,4 @@
-"""Tasks: a template I(x, y), a label space with its verbalizer, and where its data lives (ICL_SPEC §1).
+"""Tasks: a template I(x, y), a label space with its verbalizer, and where its data lives (docs/evaluation.md).
 
 Two built-in template sets: EVALM's Table 8 (`evalm`, the paper's ten tasks, each with the
 Hugging Face dataset it is usually read from) and Structured Prompting's Appendix A
@@ -30,7 +30,7 @@ class HubData:
     """The dataset config (GLUE/SuperGLUE subset), None for a dataset with one config."""
     splits: dict[str, str]
     """Protocol split -> dataset split. `test` is the labelled `validation` split where the hub's
-    test labels are hidden (ICL_SPEC §5, EVALM §4.1); `validation` then comes from train."""
+    test labels are hidden (docs/evaluation.md, EVALM §4.1); `validation` then comes from train."""
     note: str = ""
     """What the split mapping means for the reported numbers; copied into results.json."""
     test_fraction: float | None = None

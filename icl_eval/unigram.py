@@ -1,9 +1,9 @@
-"""The unigram reference of perplexity (ICL_SPEC §6): token frequencies of the training tokens.
+"""The unigram reference of perplexity (docs/evaluation.md): token frequencies of the training tokens.
 
 A model that has learned anything about language must beat the unigram model fitted on its own
 training tokens; a perplexity above it means the model is damaged, whatever its trend with
 context. The counts come from the token-shard folder that pretraining read (the format of
-ARCHITECTURE.md "Data formats": `manifest.json` naming the dtype and shards, flat `.bin` arrays),
+docs/training.md, "Tokenizer and token shards": `manifest.json` naming the dtype and shards, flat `.bin` arrays),
 read here directly with numpy so evaluation does not import the training package. Add-one
 smoothing keeps every id finite.
 """

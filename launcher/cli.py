@@ -2,7 +2,7 @@
 
 The dict is `evalm run` plus the package commands of `launcher.commands`, the table the stages of
 `evalm run` are built from. Each function imports its package only when called, so `evalm --help`
-is fast and no package below the launcher ever imports upward (ARCHITECTURE.md, "Floors").
+is fast and no package below the launcher ever imports upward.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 (`launcher.stages`) writes its argv with `argv()` against the same table and runs it through
 `dispatch()`, so each stage is exactly a command a user can run alone. Each entry imports its
 package only when called, so `evalm --help` is fast and no package below the launcher ever imports
-upward (ARCHITECTURE.md, "Floors").
+upward.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Everything is read back from the stages' own outputs (their results.json, manifests, metrics and
 markers), so the report can be rebuilt from disk and says exactly what ran, with its protocol.
 Every accuracy stands beside its label baselines with a 95% hierarchical bootstrap interval and
-the headline is the gain over the best baseline (ICL_SPEC §5); every perplexity beside the uniform
+the headline is the gain over the best baseline (docs/evaluation.md); every perplexity beside the uniform
 and unigram references (§6). The run's time and memory come from the stage markers, so a rerun
 that skips stages keeps the first invocation's figures and records its own beside them.
 """

@@ -1,7 +1,7 @@
 """`evalm data samples`: the sample build of data_pipeline.samples, writing each format with the
 writer of the package that reads it: ICL task folders with icl_eval's, instruction rows with train's.
 
-It sits on the top floor because it composes three packages (ARCHITECTURE.md, "Floors"); the
+It sits on the top floor because it composes three packages; the
 ground floor yields the records and knows neither format.
 """
 

@@ -3,7 +3,7 @@
 Accuracies are printed with their 95% hierarchical bootstrap interval and the label baselines of
 the same items; the headline is the gain over the best baseline. Perplexities stand beside the
 uniform and unigram references, and the context effect is read from the fixed-position protocol,
-not from position buckets (ICL_SPEC §5-§6). Numbers are rounded to what their intervals support.
+not from position buckets (docs/evaluation.md). Numbers are rounded to what their intervals support.
 """
 
 from __future__ import annotations

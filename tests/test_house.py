@@ -25,7 +25,7 @@ FLOORS = {
     "icl_eval": {"config_toolkit", "storage", "evalm"},
     "launcher": set(FOLDERS),
 }
-"""What each folder may import besides itself (ARCHITECTURE.md, "Packages and their rooms")."""
+"""What each folder may import besides itself."""
 
 SIDEWAYS = {("evalm.train.metaicl", "icl_eval"), ("evalm.icl_eval.synthetic", "train")}
 """Known exceptions to the floors, each with its reason (both inside functions, so neither package

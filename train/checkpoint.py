@@ -1,4 +1,4 @@
-"""DCP checkpoints that count only once complete (STYLE.md "Checkpoints and resume").
+"""DCP checkpoints that count only once complete.
 
 Layout under a run folder OUT:
     OUT/checkpoints/step-00001000/   a `torch.distributed.checkpoint` folder plus

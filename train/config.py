@@ -1,9 +1,9 @@
-"""Training configs: one frozen dataclass per TOML section (STYLE.md, "Configuration and launch").
+"""Training configs: one frozen dataclass per TOML section.
 
 A run's TOML file holds `[model]`, `[data]`, `[optim]`, `[train]` and `[checkpoint]`; each
 component receives only its own section, validated by `config_toolkit.build` (unknown keys name the
 file, the key and the valid keys). Defaults are the paper's Table 6 where it speaks, else the
-metaseq/OPT recipe it started from (EVA_SPEC.md §5), marked as such.
+metaseq/OPT recipe it started from (docs/training.md), marked as such.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from evalm.train.instructions import MSIT_COLUMNS
 
 @dataclass(config=FROZEN, frozen=True)
 class DataConfig:
-    """Pretraining data: token shards written by `evalm train tokenizer` (ARCHITECTURE "Data formats")."""
+    """Pretraining data: token shards written by `evalm train tokenizer`."""
 
     shards: str = "out/tokens"
     """Folder holding `manifest.json` and the token shards."""
@@ -45,7 +45,7 @@ class DataConfig:
 
 @dataclass(config=FROZEN, frozen=True)
 class MsitDataConfig:
-    """Many-shot instruction tuning data (EVALM §3.2, Appendix B; EVA_SPEC.md §6)."""
+    """Many-shot instruction tuning data (EVALM §3.2, Appendix B; docs/training.md)."""
 
     train_file: str = "train/samples/msit-sample.jsonl"
     """Instruction examples, read through `datasets` offline and streamed: a jsonl/json/csv/parquet file,
@@ -65,7 +65,7 @@ class MsitDataConfig:
     oversize: Literal["drop", "truncate"] = "drop"
     """An example longer than a line: dropped (counted in the log) or right-truncated (metaseq)."""
     group_by_task: bool = True
-    """Fill each line with examples of one task, which is what makes a line many-shot (EVA_SPEC §6)."""
+    """Fill each line with examples of one task, which is what makes a line many-shot (docs/training.md)."""
     loss_on: Literal["answer", "all"] = "answer"
     """Loss on answer tokens and their end-of-example token only (metaseq src/tgt), or on every token."""
     clusters: dict[str, list[str]] = field(default_factory=dict)
@@ -175,7 +175,7 @@ class TrainConfig:
 
 @dataclass(config=FROZEN, frozen=True)
 class CheckpointConfig:
-    """DCP checkpoints under OUT/checkpoints/step-XXXXXXXX/ (ARCHITECTURE "Data formats")."""
+    """DCP checkpoints under OUT/checkpoints/step-XXXXXXXX/."""
 
     save_every: int = 1000
     """Optimizer steps between checkpoints; one is also written at the last step. 0: only at the end."""

@@ -5,8 +5,7 @@ optional loss mask (T + 1,). The loader turns a global line counter into lines: 
 the lines in a permutation that is a pure function of (seed, e), and rank r of W takes global
 positions start + r, start + r + W, start + r + 2W, ... Ranks step in lockstep, so at every
 optimizer-step boundary the lines consumed by all ranks together are exactly the global prefix
-[0, start + cursor x W): one integer, `position`, saved in every checkpoint (STYLE.md "Checkpoints
-and resume"). A resume on any world size and any global batch sets `start` to that position, so no
+[0, start + cursor x W): one integer, `position`, saved in every checkpoint. A resume on any world size and any global batch sets `start` to that position, so no
 line is repeated or skipped.
 """
 

@@ -3,7 +3,7 @@
 EVALM §3.2 concatenates templated instruction examples "until their total length reaches the
 limitation of 8192" (MSIT) or 2 x 8192 (MSIT+), with no attention reset, so later examples in a
 line see earlier ones as demonstrations. The recipe's details are unknown; this module follows
-EVA_SPEC.md §6 [recommend]:
+docs/training.md [recommend]:
 - example = tokens(prompt) + tokens(answer) + [eos]; the loss mask covers the answer and its eos
   (metaseq src/tgt: the prompt positions are pad in the target copy), or every token;
 - whole examples are packed greedily into lines of exactly seq_len + 1 tokens (metaseq `complete`),

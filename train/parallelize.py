@@ -1,6 +1,6 @@
 """Distribution applied from outside the model: process group, device mesh, AC, FSDP2.
 
-The model knows nothing of distribution (ARCHITECTURE.md). `build_model` wraps each `Block` for
+The model knows nothing of distribution. `build_model` wraps each `Block` for
 activation checkpointing if asked, shards each `Block` with `fully_shard` and then the root
 (torchtitan v0.2.0 `apply_fsdp`). On GPU it builds on the meta device and initialises only the
 local shards, so no rank holds the full model (EVALM §3.2 uses FSDP for 8k lines at 1.3B).

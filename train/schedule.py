@@ -2,7 +2,7 @@
 
 Table 6 names "polynomial decay" without its parameters; fairseq/metaseq's `polynomial_decay`
 warms up linearly, then decays as a power of the remaining fraction to an end LR. OPT decays
-linearly (power 1) to 0.1 x LR (EVA_SPEC.md §5), which are the defaults in `OptimConfig`.
+linearly (power 1) to 0.1 x LR (docs/training.md), which are the defaults in `OptimConfig`.
 Because the LR depends on nothing but the step, resume needs no scheduler state beyond the step.
 """
 

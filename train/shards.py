@@ -1,8 +1,8 @@
-"""Token shards: flat arrays of token ids with a document index (ARCHITECTURE.md "Data formats").
+"""Token shards: flat arrays of token ids with a document index.
 
 A shard folder holds, per shard `shard-00000`:
     shard-00000.bin      the token ids of many documents back to back, each followed by the
-                         end-of-document id (EVA_SPEC.md §5: `</s>` after each document);
+                         end-of-document id (docs/training.md: `</s>` after each document);
                          uint16 when the vocabulary fits in 65536 ids, else uint32
     shard-00000.idx.npy  int64 (D, 3): start offset, length (end-of-document included), subset tag
 and one `manifest.json`, written last, so a folder without it is incomplete (nanochat's "manifest

@@ -1,9 +1,9 @@
 """`evalm train tokenizer`: train a byte-level BPE (or load one), then encode documents to shards.
 
-Documents are the data pipeline's output (ARCHITECTURE.md "Data formats"; `evalm data blend` writes
+Documents are the data pipeline's output (`evalm data blend` writes
 OUT/documents/<rank>.jsonl.zst): jsonl, jsonl.gz, jsonl.zst or parquet with `text` and
 `metadata.pile_set_name` (or raw Pile's `meta.pile_set_name`) as the subset tag. The tokenizer is
-GPT-2 style byte-level BPE trained with `tokenizers` (EVA_SPEC.md §5: OPT uses GPT-2's byte-level
+GPT-2 style byte-level BPE trained with `tokenizers` (docs/training.md: OPT uses GPT-2's byte-level
 BPE), with `</s>` as the end-of-document token written after every document, or an existing
 `tokenizer.json` / SentencePiece `.model` given with `--tokenizer`.
 """
@@ -22,7 +22,7 @@ from evalm.config_toolkit import Parser
 from evalm.tokenizer import load_tokenizer
 from evalm.train.shards import ShardWriter
 
-SPECIAL_TOKENS = ["</s>", "<pad>"]  # eos first: id 0 (EVA_SPEC §5 `</s>` after each document)
+SPECIAL_TOKENS = ["</s>", "<pad>"]  # eos first: id 0 (docs/training.md `</s>` after each document)
 SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".parquet")
 # Folders of a data-pipeline output that hold dropped documents, never training text.
 SKIPPED_FOLDERS = {"rejected", "rejects", "removed", "duplicates", "errors", "stats", "done"}

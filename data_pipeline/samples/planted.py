@@ -9,7 +9,7 @@ from evalm.data_pipeline.samples.records import Doc
 
 
 def jaccard(a: str, b: str) -> float:
-    """Exact Jaccard of whitespace-token sets: what dedup verifies (DATA_SPEC.md §4)."""
+    """Exact Jaccard of whitespace-token sets: what dedup verifies (docs/data_pipeline.md)."""
     x, y = set(a.split()), set(b.split())
     return len(x & y) / len(x | y) if x | y else 1.0
 

@@ -67,10 +67,10 @@ def test_first_failing_filter_is_the_reason_and_profiles_apply():
         ("flagged_words", 0.011, "flagged_words"),
     ]:
         assert filters.reject_reason(filters.Ratios(**{**base, field: value}), p) == reason
-    # two failures: the earlier one in DATA_SPEC's table is recorded
+    # two failures: the earlier one in the quality-filter table of docs/data_pipeline.md is recorded
     both = filters.Ratios(**{**base, "special_characters": 0.9, "stop_words": 0.0})
     assert filters.reject_reason(both, p) == "special_characters"
-    # DM Mathematics is exempt from the special-character filter (DATA_SPEC §3)
+    # DM Mathematics is exempt from the special-character filter (docs/data_pipeline.md)
     dm = FilterConfig().profile("DM Mathematics")
     assert filters.reject_reason(filters.Ratios(**{**base, "special_characters": 0.6}), dm) is None
 
@@ -141,7 +141,7 @@ def test_a_filter_added_by_one_table_entry_drops_with_its_reason():
     stop = frozenset({"the", "and", "in", "a", "of", "for", "by", "his", "was", "they", "where"})
     verdicts = {v.doc.id: v for v in filter_documents(docs, config, stop, frozenset(), table)}
     assert verdicts["prose"].reason is None
-    assert verdicts["numbers"].reason == "digits"  # passes the six of DATA_SPEC §3, fails the new one
+    assert verdicts["numbers"].reason == "digits"  # passes the six of docs/data_pipeline.md, fails the new one
     assert dataclasses.asdict(verdicts["numbers"].ratios)["digits"] == pytest.approx(16 / len(numbers))
     assert list(dataclasses.asdict(verdicts["prose"].ratios)) == [*filters.REASONS, "digits"]
     # the six-filter table keeps the same document: the new entry alone drops it

@@ -51,7 +51,7 @@ def test_lean_bytes_are_datasketch_format():
 
 
 def test_band_choice_finds_095_pairs():
-    # DATA_SPEC §4 numbers for b=8, r=16
+    # docs/data_pipeline.md numbers for b=8, r=16
     assert lsh.candidate_probability(0.95, 8, 16) == pytest.approx(0.990, abs=1e-3)
     assert lsh.candidate_probability(0.90, 8, 16) == pytest.approx(0.81, abs=0.01)
     assert lsh.candidate_probability(0.95, 3, 42) == pytest.approx(0.31, abs=0.01)

@@ -1,4 +1,4 @@
-"""The lm-evaluation-harness backend (icl_eval/harness.py, ICL_SPEC §7).
+"""The lm-evaluation-harness backend (icl_eval/harness.py, docs/evaluation.md).
 
 The core runs without lm_eval: prefix-shared scoring == one forward per request (the oracle is
 `lm.forward`, no cache), rolling == one full forward, greedy generation == argmax over full

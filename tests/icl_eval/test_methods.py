@@ -1,4 +1,4 @@
-"""Exactness oracles of the ICL methods (ICL_SPEC §3) on tiny EVA and full-attention EvalmModels.
+"""Exactness oracles of the ICL methods (docs/evaluation.md) on tiny EVA and full-attention EvalmModels.
 
 Run: python -m pytest tests/icl_eval/test_methods.py -q
 Tolerance 1e-6 on float64 models (the paths differ only in the order of the arithmetic: one forward

@@ -1,4 +1,4 @@
-"""Tokenizer, token shards and the line loader (ARCHITECTURE.md "Data formats").
+"""Tokenizer, token shards and the line loader.
 
     python -m pytest tests/train/test_data.py -q
 """

@@ -1,4 +1,4 @@
-"""MSIT packing invariants (EVA_SPEC.md §6): whole examples, exact line lengths, answer-only masks.
+"""MSIT packing invariants (docs/training.md): whole examples, exact line lengths, answer-only masks.
 
     python -m pytest tests/train/test_packing.py -q
 

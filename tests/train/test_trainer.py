@@ -161,7 +161,7 @@ def test_activation_checkpointing_recomputes_and_bf16_computes_in_bf16(finished_
     - AC recomputes every block in backward: each MLP runs twice per micro-batch (once without AC),
       and with dropout's RNG replayed the losses still match the plain run bit for bit;
     - bf16 computes in bf16: the MLPs see bfloat16 activations (float32 without it), and the losses
-      move by rounding only (~1e-2, EVA_SPEC O13's bf16 tolerance) but do move.
+      move by rounding only (~1e-2, docs/model.mdO13's bf16 tolerance) but do move.
     """
     from evalm.model import MLP
     from evalm.train import trainer
