@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from evalm import EvalmModel, ModelConfig
-from evalm.tokenizer import ByteTokenizer
+from evalm.text.tokenizer import ByteTokenizer
 from evalm.icl_eval.lm import EvalmLM
 from evalm.icl_eval.methods import METHODS, MethodOptions, encode
 from evalm.icl_eval.prompts import PromptBuilder

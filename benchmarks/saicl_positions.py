@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from evalm.io import load_model  # noqa: E402
-from evalm.tokenizer import load_tokenizer  # noqa: E402
+from evalm.text.tokenizer import load_tokenizer  # noqa: E402
 from evalm.icl_eval.lm import EvalmLM  # noqa: E402
 from evalm.icl_eval.methods import METHODS, MethodOptions, _score_after, encode, make_groups  # noqa: E402
 from evalm.icl_eval.prompts import PromptBuilder  # noqa: E402

@@ -116,7 +116,7 @@ def train_models(out: Path, config: str | None, overrides: Sequence[str]) -> tup
         model_cfg, cfg, optim, syn = metaicl.load_configs(config, [*overrides, f"metaicl.encoder={enc!r}"])
         folder = out / "models" / enc
         if (folder / "config.json").is_file():
-            from evalm.tokenizer import ByteTokenizer
+            from evalm.text.tokenizer import ByteTokenizer
 
             models[enc] = load_t5(folder, tokenizer=ByteTokenizer())
         else:

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Iterator
 from itertools import islice
 from pathlib import Path
 
-from evalm.data_source import DataSourceError, is_saved_dataset, iter_rows
+from evalm.text.data_source import DataSourceError, is_saved_dataset, iter_rows
 from evalm.storage import read_text
 
 TITLE_COLUMNS = ("short_book_title", "title", "book_title", "id")

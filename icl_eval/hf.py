@@ -54,7 +54,7 @@ class HFState:
 
 
 class HFTokenizerAdapter:
-    """evalm.tokenizer's interface over a `transformers` tokenizer."""
+    """evalm.text.tokenizer's interface over a `transformers` tokenizer."""
 
     def __init__(self, tok):
         self._tok = tok

@@ -21,7 +21,7 @@ class CausalLM(Protocol):
     name: str
     """What the results record as the model (a folder, or a description)."""
     tokenizer: Any
-    """`.encode`, `.decode`, `.eos_id`, `.vocab_size` (evalm.tokenizer's interface)."""
+    """`.encode`, `.decode`, `.eos_id`, `.vocab_size` (evalm.text.tokenizer's interface)."""
     max_positions: int | None
     """The window: positions the model can take in one sequence; None means no limit (EVALM)."""
     device: torch.device

@@ -31,7 +31,7 @@ def load_lm(args, device: str, dtype: str, model_section: dict | None, synthetic
     """The LM of --hf-model, --checkpoint, or (neither) the built-in tiny model trained on `synthetic`."""
     import torch
 
-    from evalm.tokenizer import load_tokenizer
+    from evalm.text.tokenizer import load_tokenizer
     from evalm.icl_eval.lm import EvalmLM
 
     if args.hf_model:
@@ -62,7 +62,7 @@ def tiny_default(model_cfg, syn, context_window: int | None):
     import torch
 
     from evalm import EvalmModel
-    from evalm.tokenizer import ByteTokenizer
+    from evalm.text.tokenizer import ByteTokenizer
     from evalm.icl_eval.lm import EvalmLM
     from evalm.icl_eval.synthetic import train_tiny_model
 

@@ -1,7 +1,7 @@
 """A synthetic in-context task family that only the context can solve: its task, byte batches, tiny model.
 
 The family itself (rules, episodes, instruction rows, `SyntheticConfig`) is plain data in
-`evalm.synthetic`, where `train/` reads it too; it is re-exported here. Each episode draws a fresh rule: a random map from `n_inputs` one-letter inputs to `n_labels`
+`evalm.text.synthetic`, where `train/` reads it too; it is re-exported here. Each episode draws a fresh rule: a random map from `n_inputs` one-letter inputs to `n_labels`
 one-letter labels, each input's label uniform and independent (no dominant label by design; the
 label baselines of the evaluator measure what the chance unevenness of an episode is worth). An instance is `"{x}{label}"` (the
 label right after its input), demonstrations are joined by newlines. Since the rule is new in every
@@ -24,7 +24,7 @@ import random
 
 import torch
 
-from evalm.synthetic import LABEL_LETTERS, LETTERS, SyntheticConfig, draw_rule, episode, instruction_examples
+from evalm.text.synthetic import LABEL_LETTERS, LETTERS, SyntheticConfig, draw_rule, episode, instruction_examples
 from evalm.icl_eval.tasks import Task
 
 __all__ = ["LABEL_LETTERS", "LETTERS", "SyntheticConfig", "SyntheticBatches", "draw_rule", "episode",
@@ -82,7 +82,7 @@ def train_tiny_model(model: torch.nn.Module, config: SyntheticConfig = Synthetic
 
     [floor note] The one import of `train/` from `icl_eval/`, made here when a tiny model is trained,
     so the project has one training step. Nothing `train.local` reaches imports
-    `icl_eval`, and `train/` reads the family from `evalm.synthetic`, so no module imports itself back.
+    `icl_eval`, and `train/` reads the family from `evalm.text.synthetic`, so no module imports itself back.
     """
     from evalm.train.config import OptimConfig
     from evalm.train.local import train_in_process

@@ -70,7 +70,7 @@ def tiny_t5_config(vocab_size: int = 257, eos_id: int = 256, d_model: int = 64, 
 def tiny_t5(seed: int = 0, dtype=torch.float32, init_std: float | None = None, **kwargs) -> T5LM:
     """A randomly initialised tiny T5 with byte tokens (no download). `init_std` widens the weights so
     that attention patterns, and so any masking bug, show in the scores of an untrained model."""
-    from evalm.tokenizer import ByteTokenizer
+    from evalm.text.tokenizer import ByteTokenizer
 
     tf = _transformers()
     torch.manual_seed(seed)

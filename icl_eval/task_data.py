@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from evalm.config_toolkit import ConfigError
-from evalm.data_source import FILE_BUILDERS, DataSourceError, is_dataset_dict, is_saved_dataset, open_source
+from evalm.text.data_source import FILE_BUILDERS, DataSourceError, is_dataset_dict, is_saved_dataset, open_source
 from evalm.icl_eval.tasks import SPLITS, Task, _task_table, get_task
 
 Splits = dict[str, "Rows"]

@@ -14,7 +14,7 @@ import contextlib
 import shutil
 from pathlib import Path
 
-from evalm.data_source import cache_dir, datasets_module
+from evalm.text.data_source import cache_dir, datasets_module
 
 
 def write_hub_cache(tmp: Path, repo: str, config: str | None, splits: dict[str, dict[str, list]],

@@ -19,10 +19,11 @@ FLOORS = {
     "config_toolkit": set(),
     "storage": set(),
     "configs": set(),
+    "text": {"config_toolkit", "storage"},
     "evalm": {"config_toolkit", "storage"},
     "data_pipeline": {"config_toolkit", "storage"},
-    "train": {"config_toolkit", "storage", "evalm"},
-    "icl_eval": {"config_toolkit", "storage", "evalm"},
+    "train": {"config_toolkit", "storage", "text", "evalm"},
+    "icl_eval": {"config_toolkit", "storage", "text", "evalm"},
     "launcher": set(FOLDERS),
 }
 """What each folder may import besides itself."""

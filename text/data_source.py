@@ -1,4 +1,4 @@
-"""Data where researchers keep it, read with Hugging Face `datasets`, offline (issue 15).
+"""Data where researchers keep it, read with Hugging Face `datasets`, offline.
 
 A *source* is one of:
 - a folder written by `save_to_disk` (a `Dataset` or a `DatasetDict`), memory-mapped;
@@ -9,8 +9,8 @@ A *source* is one of:
 
 Hub access is switched off before `datasets` is imported (`HF_DATASETS_OFFLINE=1`,
 `HF_HUB_OFFLINE=1`): nothing is ever downloaded. A dataset missing from the cache is one error
-naming the id and the command that fetches it. This module sits on the ground floor (ARCHITECTURE
-"Packages and their rooms") because `train/` (instruction data) and `icl_eval/` (tasks, books)
+naming the id and the command that fetches it. This module sits on the ground floor
+(`text/`, beside the model) because `train/` (instruction data) and `icl_eval/` (tasks, books)
 both read through it.
 """
 

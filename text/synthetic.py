@@ -10,7 +10,7 @@ synthetic family"). `dominant_prob` restores the old skewed family as an ablatio
 [floor note] The family lives here, on the ground floor, because three floors use it: `train/`
 writes tuning rows from it (`evalm train msit-data`, `evalm train metaicl`), `icl_eval/` evaluates
 on its episodes (`icl_eval.synthetic` adds the task, byte batches and the tiny model), and neither
-may import the other (ARCHITECTURE.md, "Floors"). It is pure Python: rows, not tensors.
+may import the other (the floors of tests/test_house.py). It is pure Python: rows, not tensors.
 """
 
 from __future__ import annotations

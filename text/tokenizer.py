@@ -2,8 +2,8 @@
 
 Wraps a `tokenizers` JSON file (byte-level BPE trained by `evalm train tokenizer`, or GPT-2's), a
 SentencePiece `.model`, or raw bytes (`ByteTokenizer`, no file, for tests and synthetic tasks).
-Every tokenizer has an end-of-document id (`eos_id`), written between documents (EVA_SPEC §5:
-`</s>` after each document) and usable as the ICL separator.
+Every tokenizer has an end-of-document id (`eos_id`), written between documents (OPT's
+`</s>` after each document, docs/training.md) and usable as the ICL separator.
 """
 
 from __future__ import annotations

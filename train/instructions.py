@@ -1,6 +1,6 @@
 """Instruction examples: the `{"task", "input", "output"}` rows `evalm train msit` reads, read and written here.
 
-`iter_examples` streams them from any source `evalm.data_source` opens (columns mapped for FLAN
+`iter_examples` streams them from any source `evalm.text.data_source` opens (columns mapped for FLAN
 collections); `write_examples` writes them as jsonl with the default columns (`evalm data
 samples` writes instructions/train.jsonl through it).
 """
@@ -31,7 +31,7 @@ def iter_examples(source: str | Path, columns: dict[str, str] = MSIT_COLUMNS) ->
 
     `columns` maps `task`/`input`/`output` to the data's columns (FLAN: task_name, inputs, targets);
     a row that lacks one is an error naming the source, the row and the columns it has."""
-    from evalm.data_source import iter_rows  # imports torch (evalm's package); the writer needs neither
+    from evalm.text.data_source import iter_rows  # imports torch (evalm's package); the writer needs neither
 
     for number, row in enumerate(iter_rows(source), 1):
         values = {field: row.get(column) for field, column in columns.items()}

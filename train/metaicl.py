@@ -8,7 +8,7 @@ test item of one task, laid out exactly as `icl_eval.encdec_methods` lays out an
 cross-entropy on the answer and its end token (MetaICL's objective, SAICL §3.3):
 max E log p(y_test | x_1, y_1, ..., x_k, y_k, x_test). The same recipe trains every encoder.
 
-Source and target tasks (`[metaicl]`): the synthetic family's rules (evalm/synthetic.py) drawn
+Source and target tasks (`[metaicl]`): the synthetic family's rules (text/synthetic.py) drawn
 from the seed stream `source_seed`; evaluation episodes are `episode(seed)` for the small seeds
 of `evalm eval icl`, fresh rules never seen in training (held-out target tasks).
 
@@ -89,7 +89,7 @@ class MetaIclConfig:
 
 def episodes(rng: random.Random, syn, n: int) -> list[dict]:
     """n items of one fresh source rule (the synthetic family's own `draw_rule`)."""
-    from evalm.synthetic import draw_rule
+    from evalm.text.synthetic import draw_rule
 
     rule = draw_rule(rng, syn)
     inputs = list(rule)
@@ -183,7 +183,7 @@ def _split(argv: Sequence[str]) -> tuple[list[str], list[str]]:
 
 def load_configs(path: str | Path | None, overrides: Sequence[str]):
     """([model], [metaicl], [optim], [synthetic]) of a TOML file with `section.key=value` overrides."""
-    from evalm.synthetic import SyntheticConfig
+    from evalm.text.synthetic import SyntheticConfig
 
     where = str(path or "defaults")
     data = apply_overrides(read_toml(path) if path else {}, overrides)

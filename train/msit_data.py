@@ -6,7 +6,7 @@
 
 Writes `{"task", "input", "output"}` rows, the columns `evalm train msit` reads by default
 (`data.train_file`): first `--episodes` synthetic episodes of `--examples` rows, each a fresh rule
-named `synthetic-NNNNN` (`evalm.synthetic.instruction_examples`, seeded by `--seed`, far from the
+named `synthetic-NNNNN` (`evalm.text.synthetic.instruction_examples`, seeded by `--seed`, far from the
 small seeds of the evaluation episodes), then rows of an instruction jsonl file as they are.
 MSIT packs a task's examples into one line (EVALM §3.2), so each synthetic episode becomes a
 many-shot line whose answer-only loss is the in-context objective. `--inputs` cycles the episodes
@@ -76,7 +76,7 @@ def read_instructions(path: Path, limit: int) -> list[dict]:
 def write_msit_data(out: Path, *, episodes: int, examples: int, inputs: Sequence[int], seed: int,
                     instructions: Path | None = None, instructions_limit: int = 0) -> dict[str, int]:
     """Write the rows; returns how many came from each source."""
-    from evalm.synthetic import SyntheticConfig, instruction_examples
+    from evalm.text.synthetic import SyntheticConfig, instruction_examples
 
     if episodes < 0 or examples < 1 or instructions_limit < 0:
         raise ValueError("--episodes and --instructions-limit must be >= 0 and --examples >= 1")

@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from evalm.config_toolkit import Parser
-from evalm.tokenizer import load_tokenizer
+from evalm.text.tokenizer import load_tokenizer
 from evalm.train.shards import ShardWriter
 
 SPECIAL_TOKENS = ["</s>", "<pad>"]  # eos first: id 0 (docs/training.md `</s>` after each document)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from evalm import ModelConfig
-from evalm.tokenizer import ByteTokenizer
+from evalm.text.tokenizer import ByteTokenizer
 from evalm.icl_eval.lm import EvalmLM
 from evalm.icl_eval.prompts import PromptBuilder
 from evalm.icl_eval.synthetic import SyntheticConfig, episode, synthetic_task

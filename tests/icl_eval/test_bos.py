@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from evalm.tokenizer import ByteTokenizer
+from evalm.text.tokenizer import ByteTokenizer
 from evalm.icl_eval.prompts import PromptBuilder, resolve_bos
 from evalm.icl_eval.tasks import Task
 

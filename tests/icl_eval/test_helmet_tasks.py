@@ -11,7 +11,7 @@ import json
 import datasets
 import pytest
 
-from evalm.data_source import DataSourceError
+from evalm.text.data_source import DataSourceError
 from evalm.icl_eval.task_data import task_splits, with_data_labels
 from evalm.icl_eval.tasks import get_task
 from tests.hub_cache import write_hub_cache

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from evalm.tokenizer import ByteTokenizer
+from evalm.text.tokenizer import ByteTokenizer
 from evalm.icl_eval.methods import METHODS, MethodOptions, make_groups
 from tests.icl_eval.conftest import demos_and_items, save_tiny_gpt2
 

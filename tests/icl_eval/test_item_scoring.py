@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from evalm.tokenizer import ByteTokenizer
+from evalm.text.tokenizer import ByteTokenizer
 from evalm.icl_eval.lm import EvalmLM
 from evalm.icl_eval.methods import METHODS, MethodOptions
 from evalm.icl_eval.prompts import PromptBuilder

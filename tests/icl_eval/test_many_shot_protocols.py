@@ -23,7 +23,7 @@ from evalm.icl_eval.prompts import PromptBuilder
 from evalm.icl_eval.protocol import Runner
 from evalm.icl_eval.spread import order_split
 from evalm.icl_eval.tasks import Task
-from evalm.tokenizer import ByteTokenizer
+from evalm.text.tokenizer import ByteTokenizer
 from tests.icl_eval.conftest import tiny_evalm
 
 pytestmark = pytest.mark.usefixtures("one_thread")

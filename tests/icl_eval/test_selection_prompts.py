@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from evalm.tokenizer import ByteTokenizer
+from evalm.text.tokenizer import ByteTokenizer
 from evalm.icl_eval.prompts import PromptBuilder
 from evalm.icl_eval.selection import NotEnoughItems, TopK, dataset_level
 from evalm.icl_eval.task_data import read_split, task_data_files

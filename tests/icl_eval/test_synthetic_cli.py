@@ -10,7 +10,7 @@ import json
 import torch
 
 from evalm import EvalmModel, ModelConfig
-from evalm.tokenizer import ByteTokenizer
+from evalm.text.tokenizer import ByteTokenizer
 from evalm.icl_eval.config import EvalConfig
 from evalm.icl_eval.lm import EvalmLM
 from evalm.icl_eval.methods import MethodOptions

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from evalm import EvalmModel, ModelConfig
-from evalm.data_source import DataSourceError, cache_dir
+from evalm.text.data_source import DataSourceError, cache_dir
 from evalm.io import save_model
 from evalm.icl_eval.task_data import Rows, task_splits
 from evalm.icl_eval.tasks import EVALM_TASKS, get_task

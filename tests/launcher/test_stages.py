@@ -9,7 +9,7 @@ import ast
 import json
 from pathlib import Path
 
-from evalm.synthetic import SyntheticConfig, instruction_examples
+from evalm.text.synthetic import SyntheticConfig, instruction_examples
 from evalm.launcher import cli
 from evalm.launcher.keys import stage_key
 from evalm.launcher.run_file import load_run

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from evalm.tokenizer import load_tokenizer
+from evalm.text.tokenizer import load_tokenizer
 from tests.train.helpers import write_shards
 from evalm.train.data import LineLoader
 from evalm.train.shards import PretrainLines, ShardWriter, TokenShards, token_dtype

@@ -15,8 +15,8 @@ import datasets
 import numpy as np
 import pytest
 
-from evalm.data_source import DataSourceError
-from evalm.tokenizer import ByteTokenizer
+from evalm.text.data_source import DataSourceError
+from evalm.text.tokenizer import ByteTokenizer
 from tests.hub_cache import write_hub_cache
 from evalm.train.config import MsitDataConfig, load_run_config
 from evalm.train.packing import build_lines, iter_examples

@@ -11,7 +11,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from evalm.synthetic import LABEL_LETTERS, LETTERS, SyntheticConfig, instruction_examples
+from evalm.text.synthetic import LABEL_LETTERS, LETTERS, SyntheticConfig, instruction_examples
 
 REPO = Path(__file__).resolve().parents[2]
 

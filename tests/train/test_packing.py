@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from evalm.tokenizer import ByteTokenizer
+from evalm.text.tokenizer import ByteTokenizer
 from evalm.train.config import MsitDataConfig
 from evalm.train.data import IGNORE, LineLoader
 from evalm.train.packing import Example, build_lines, encode_example, held_out, iter_examples
