@@ -9,6 +9,7 @@ whose errors are one line, and the subcommand `Dispatcher` of every `evalm` comm
 from evalm.config_toolkit.dispatch import Dispatcher, lazy
 from evalm.config_toolkit.errors import ConfigError, debug, report
 from evalm.config_toolkit.files import read_toml
+from evalm.config_toolkit.keys import settable_keys
 from evalm.config_toolkit.overrides import apply_overrides, split_overrides
 from evalm.config_toolkit.parser import Parser
 from evalm.config_toolkit.schema import FROZEN, build, to_dict
@@ -16,5 +17,5 @@ from evalm.config_toolkit.shipped import shipped
 
 __all__ = [
     "FROZEN", "ConfigError", "Dispatcher", "Parser", "apply_overrides", "build", "debug", "lazy", "read_toml",
-    "report", "shipped", "split_overrides", "to_dict",
+    "report", "settable_keys", "shipped", "split_overrides", "to_dict",
 ]

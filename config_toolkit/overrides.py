@@ -1,4 +1,5 @@
-"""`section.key=value` overrides on top of a config file (`--set` in train, `--section.key=value` in eval)."""
+"""`section.key=value` overrides on top of a config file: `--set section.key=value` in every command,
+`--section.key=value` its alias."""
 
 from __future__ import annotations
 
@@ -30,10 +31,19 @@ def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict[s
 
 
 def split_overrides(argv: Sequence[str]) -> tuple[list[str], list[str]]:
-    """`--section.key=value` arguments (returned without the dashes) vs every other argument."""
+    """Overrides (returned as `section.key=value`) vs every other argument. One syntax everywhere:
+    `--set section.key=value` (or `--set=section.key=value`); `--section.key=value` is its alias."""
     overrides, rest = [], []
-    for arg in argv:
-        if arg.startswith("--") and "=" in arg and "." in arg.split("=", 1)[0]:
+    args = list(argv)
+    while args:
+        arg = args.pop(0)
+        if arg == "--set":
+            if not args:
+                raise ConfigError("--set needs SECTION.KEY=VALUE, e.g. --set train.steps=10")
+            overrides.append(args.pop(0))
+        elif arg.startswith("--set="):
+            overrides.append(arg[len("--set="):])
+        elif arg.startswith("--") and "=" in arg and "." in arg.split("=", 1)[0]:
             overrides.append(arg[2:])
         else:
             rest.append(arg)

@@ -9,7 +9,7 @@ import argparse
 import textwrap
 from collections.abc import Sequence
 
-from evalm.config_toolkit import Parser
+from evalm.config_toolkit import Parser, settable_keys
 
 SECTIONS_HELP = "see docs/evaluation.md for every key and its built-in default"
 
@@ -29,6 +29,10 @@ def common(parser: Parser, out: str, sections: str | None) -> None:
     parser.add_argument("--tokenizer", metavar="PATH", help="tokenizer.json, a SentencePiece .model, or `bytes` "
                         "(default: the checkpoint's tokenizer.json, else bytes)")
     parser.add_argument("--out", default=out, metavar="DIR", help=f"output folder (default: {out})")
+    if sections:
+        parser.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="override one setting, "
+                            "e.g. --set eval.calibration=pmi; repeatable; `--eval.calibration=pmi` is the same "
+                            "(default: none; every key below)")
 
 
 def allow_skip(parser: Parser, what: str) -> None:
@@ -64,13 +68,25 @@ def _describe(*paragraphs: str) -> str:
     return "\n".join(textwrap.fill(p, 100, subsequent_indent="  ") for p in paragraphs)
 
 
+def _keys(*own: str) -> str:
+    """Every settable key of the command's sections with its built-in default (`--help`'s epilog)."""
+    from evalm.config import ModelConfig
+    from evalm.icl_eval.config import EvalConfig, PerplexityConfig
+    from evalm.icl_eval.method_options import MethodOptions
+    from evalm.text.synthetic import SyntheticConfig
+
+    classes = {"eval": EvalConfig, "eval.method": MethodOptions, "ppl": PerplexityConfig}
+    return settable_keys({**{name: classes[name] for name in own}, "model": ModelConfig,
+                          "synthetic": SyntheticConfig})
+
+
 def icl_parser() -> Parser:
     from evalm.icl_eval.config import EvalConfig
     from evalm.icl_eval.methods import METHODS
     from evalm.icl_eval.tasks import TEMPLATE_SETS
 
     tasks = "; ".join(f"{name}: {' '.join(sorted(t))}" for name, t in TEMPLATE_SETS.items())
-    p = Parser(prog="evalm eval icl", description=_describe(
+    p = Parser(prog="evalm eval icl", epilog=_keys("eval", "eval.method"), description=_describe(
         "Many-shot ICL evaluation: every method x shot count x seed on the test items (docs/evaluation.md).", "",
         "methods: incremental (context encoded once into the cache), concat (re-encoded per item), structured "
         "(Structured Prompting groups), saicl (SAICL), ensemble (one group per forward, scores averaged), "
@@ -132,7 +148,7 @@ def protocol_options(p: Parser) -> None:
 def ppl_parser() -> Parser:
     from evalm.icl_eval.config import PerplexityConfig
 
-    p = Parser(prog="evalm eval ppl", description=_describe(
+    p = Parser(prog="evalm eval ppl", epilog=_keys("ppl"), description=_describe(
         "Perplexity vs context length (PG-19 protocol, docs/evaluation.md): every book scored to the largest "
         "--lengths bucket.", "", "protocols: cached (incremental encoding through the cache, every token sees its whole "
         "prefix), nonoverlap and sliding (re-encoded windows, --ppl.baselines), fixed-position (--fixed-contexts: "

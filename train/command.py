@@ -11,14 +11,19 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from evalm.config_toolkit import ConfigError, Parser, report
+from evalm.config_toolkit import ConfigError, Parser, report, settable_keys, split_overrides
 from evalm.train.config import DataConfig, RunConfig, load_run_config
 
 
 def parse_run_args(argv: Sequence[str] | None, *, prog: str, description: str, default_config: str,
                    data_cls: type = DataConfig) -> tuple[RunConfig, Path, str]:
-    """`--config FILE --out DIR [--set section.key=value ...] [--resume none|auto|PATH]`."""
-    parser = Parser(prog=prog, description=description)
+    """`--config FILE --out DIR [--set section.key=value ...] [--resume none|auto|PATH]`; the dotted
+    `--section.key=value` is an alias of `--set` (the one override syntax of every `evalm` command)."""
+    from evalm.train.config import CheckpointConfig, ModelConfig, OptimConfig, TrainConfig
+
+    sections = {"model": ModelConfig, "data": data_cls, "optim": OptimConfig, "train": TrainConfig,
+                "checkpoint": CheckpointConfig}
+    parser = Parser(prog=prog, description=description, epilog=settable_keys(sections))
     parser.add_argument("--config", default=default_config, metavar="FILE",
                         help=f"run file with [model], [data], [optim], [train], [checkpoint] (default: {default_config})")
     parser.add_argument("--out", default=None, metavar="DIR", help="run folder (default: runs/<config name>)")
@@ -27,9 +32,13 @@ def parse_run_args(argv: Sequence[str] | None, *, prog: str, description: str, d
     parser.add_argument("--resume", default="none", metavar="none|auto|PATH",
                         help="none (refuses a folder with checkpoints), auto (latest complete checkpoint of --out, "
                              "else fresh), or a checkpoint path (default: none)")
-    args = parser.parse_args(argv)
     try:
-        config = load_run_config(args.config, args.overrides, data_cls)
+        dotted, rest = split_overrides(list(argv if argv is not None else sys.argv[1:]))
+    except ConfigError as err:
+        parser.exit(2, f"{prog}: error: {err}\n")
+    args = parser.parse_args(rest)
+    try:
+        config = load_run_config(args.config, [*dotted, *args.overrides], data_cls)
     except ConfigError as err:
         parser.exit(2, f"{prog}: error: {err}\n")
     out = Path(args.out) if args.out else Path("runs") / Path(args.config).stem
