@@ -1,7 +1,7 @@
 """EVA's training attention on PyTorch's fused CPU attention kernel: softmax parts merged by
 their log-sum-exp.
 
-A query's joint softmax (EVA_SPEC §1.3) runs over its local block keys and the chunk summaries
+A query's joint softmax (docs/eva.md, "The closed form") runs over its local block keys and the chunk summaries
 it may see. Cut the keys into parts and each part is plain masked attention, which PyTorch's
 fused kernel (the FlashAttention recipe of Dao et al. 2022, in C++) computes with its own max
 and sum. The parts combine exactly through their log-sum-exps ℓ_p:
@@ -24,6 +24,16 @@ dropout_p > 0) and non-CPU tensors (see docs/model.md, "On a GPU"). The kernel r
 gradient for its mask, so the T5 bias's gradient comes from recompute.local_bias_grad.
 The two operators are the ones `F.scaled_dot_product_attention` dispatches to on the CPU; they
 are called directly because the public function neither returns ℓ nor takes it in backward.
+
+Legend:
+  B sequences, N tokens (a multiple of w), H heads, D head dimension, C chunks, s = D^-1/2
+  q, k, v, out, dO, dq, dk, dv   (B, N, H, D), the projections' own layout; the kernel takes
+                                 (batch, H, rows, D), so calls read head-major views of them
+  k̃ (rk), β (rv)                 (B, H, C, D) remote keys and values
+  ℓ (lse)                        (B, N, H) log-sum-exp of each query's joint logits
+  Local(seq, b0, b1)             one kernel call of the local part: blocks b0 … b1−1 (G = b1 − b0)
+  Remote(r0, r1, prefix, end)    queries r0 … r1−1 (R rows) against chunks [0, prefix) (all
+                                 visible) and [prefix, end) (a staircase)
 """
 
 from __future__ import annotations
@@ -44,6 +54,7 @@ ROWS = 768
 # (chunks, D) gradients per head, so 256 rows and prefix calls of at most 256 chunks keep those
 # transients small (2.7 MiB less peak at 8k tokens, time within noise).
 BACKWARD_ROWS = 256
+BACKWARD_CHUNKS = 256
 
 _FWD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 _BWD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
@@ -68,11 +79,6 @@ def _kernel_works() -> bool:
 def usable_on(x: Tensor) -> bool:
     """Whether the kernel works in this torch and takes x's device."""
     return x.device.type == "cpu" and _kernel_works()
-
-
-def applies(t: Tiling, q: Tensor) -> bool:
-    """Whether this training call can take the fused kernel (it has no attention dropout)."""
-    return t.fused and t.dropout == 0 and usable_on(q)
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
@@ -182,10 +188,12 @@ def _parts(t: Tiling, g: Remote, like: Tensor, piece: int | None = None) -> list
 
 
 def _merge(acc_o: Tensor, acc_l: Tensor, o: Tensor, lse: Tensor) -> None:
-    """Fold one part's output o (B, H, R, D) and ℓ (B, H, R) into acc_o (B, R, H, D), acc_l (B, R, H)."""
+    """Fold one part's output o (B, H, R, D) and ℓ (B, H, R) into acc_o (B, R, H, D), acc_l (B, R, H):
+    ℓ' = log(e^ℓ_acc + e^ℓ_p), o' = e^(ℓ_acc − ℓ')·o_acc + e^(ℓ_p − ℓ')·o_p."""
     lse = lse.transpose(1, 2)
     total = torch.logaddexp(acc_l, lse)
-    acc_o.mul_((acc_l - total).exp_().unsqueeze(-1)).add_(o.transpose(1, 2) * (lse - total).exp_().unsqueeze(-1))
+    acc_o.mul_((acc_l - total).exp_().unsqueeze(-1))
+    acc_o.add_(o.transpose(1, 2) * (lse - total).exp_().unsqueeze(-1))
     acc_l.copy_(total)
 
 
@@ -204,9 +212,9 @@ def forward(t: Tiling, q: Tensor, k: Tensor, v: Tensor, rk: Tensor, rv: Tensor, 
             _rows(out, call, w).copy_(o)
             _rows(lse, call, w).copy_(part_lse)
     for g in _remote_groups(t, N, rk.shape[-2], ROWS):
-        qg = q[:, g.r0 : g.r1].transpose(1, 2)
+        q_g = q[:, g.r0 : g.r1].transpose(1, 2)  # the group's queries, head-major (B, H, R, D)
         for chunks, mask, seen in _parts(t, g, q):
-            o, part_lse = _FWD(qg, rk[..., chunks, :], rv[..., chunks, :], attn_mask=mask, scale=t.scale)
+            o, part_lse = _FWD(q_g, rk[..., chunks, :], rv[..., chunks, :], attn_mask=mask, scale=t.scale)
             if seen is not None:  # a row that sees none of the tail: the kernel reports ℓ = 0, not −inf
                 part_lse.masked_fill_(~seen, float("-inf"))
             _merge(out[:, g.r0 : g.r1], lse[:, g.r0 : g.r1], o, part_lse)
@@ -225,18 +233,19 @@ def backward(t: Tiling, q, k, v, rk, rv, bias, out, lse, d_out) -> tuple[Tensor,
     else:
         dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
         for call in calls:
-            gq, gk, gv = _local_backward(t, call, q, k, v, bias, out, lse, d_out)
-            _rows(dq, call, w).copy_(gq)
-            _add_keys(dk, gk, t, call)
-            _add_keys(dv, gv, t, call)
+            d_q, d_k, d_v = _local_backward(t, call, q, k, v, bias, out, lse, d_out)
+            _rows(dq, call, w).copy_(d_q)
+            _add_keys(dk, d_k, t, call)
+            _add_keys(dv, d_v, t, call)
     drk, drv = torch.zeros_like(rk), torch.zeros_like(rv)
     for g in _remote_groups(t, N, rk.shape[-2], BACKWARD_ROWS):
         rows = slice(g.r0, g.r1)
-        dog, qg, og, lg = (x[:, rows].transpose(1, 2) for x in (d_out, q, out, lse))
-        for chunks, mask, _ in _parts(t, g, q, piece=BACKWARD_ROWS):
-            gq, gk, gv = _BWD(dog, qg, rk[..., chunks, :], rv[..., chunks, :], og, lg, 0.0, False,
-                              attn_mask=mask, scale=t.scale)
-            dq[:, rows] += gq.transpose(1, 2)
-            drk[..., chunks, :] += gk
-            drv[..., chunks, :] += gv
+        # the group's rows, head-major for the kernel: dO, q, O (B, H, R, D) and ℓ (B, H, R)
+        d_out_g, q_g, out_g, lse_g = (x[:, rows].transpose(1, 2) for x in (d_out, q, out, lse))
+        for chunks, mask, _ in _parts(t, g, q, piece=BACKWARD_CHUNKS):
+            d_q, d_k_tilde, d_beta = _BWD(d_out_g, q_g, rk[..., chunks, :], rv[..., chunks, :], out_g, lse_g, 0.0,
+                                          False, attn_mask=mask, scale=t.scale)
+            dq[:, rows] += d_q.transpose(1, 2)
+            drk[..., chunks, :] += d_k_tilde
+            drv[..., chunks, :] += d_beta
     return dq, dk, dv, drk, drv
