@@ -36,7 +36,7 @@ from evalm.cache import Cache, Parts, parts_append, parts_bytes, parts_head, par
 from evalm.eva_paths import EvaCall, EvaPath
 from evalm.heads import HeadProjections
 from evalm.joint_softmax import joint_softmax
-from evalm.recompute import eva_attention
+from evalm.whole_sequence import eva_attention
 from evalm.summaries import AdaptiveMaps
 from evalm.tiling import Tiling
 
@@ -220,7 +220,7 @@ class EvaAttention(HeadProjections):
         seed = int(torch.randint(0, 2**62, (1,))) if dropout > 0 else 0
         t = dataclasses.replace(self.layout, dropout=dropout, seed=seed, group_logits=tiling.GROUP_LOGITS,
                                 fused=fused, noise_seed=self._noise_seed())
-        return eva_attention(t, q, k, v, self.maps, bias)
+        return eva_attention(t, q, k, v, self.maps, bias, consume=True)  # q, k, v: this call's own projections
 
     def _encode(self, q: Tensor, k: Tensor, v: Tensor, cache: Cache | None, plan: TilePlan, path: EvaPath) -> Tensor:
         """New queries q, k, v (B, H, T, D) after the cache's n_seen tokens (paths tiles and forks):

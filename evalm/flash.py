@@ -55,6 +55,9 @@ ROWS = 768
 # transients small (2.7 MiB less peak at 8k tokens, time within noise).
 BACKWARD_ROWS = 256
 BACKWARD_CHUNKS = 256
+# Backward writes each range's gradients over its rows of q, k, v once the range is complete; a
+# range's buffers (dq, dk, dv rows and the kernel's fresh gradients) are its transient memory.
+RANGE_ROWS = 1024
 
 _FWD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 _BWD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
@@ -95,13 +98,15 @@ class Local(NamedTuple):
     b1: int
 
 
-def _local_calls(t: Tiling, batch: int, n_blocks: int) -> list[Local]:
-    """All blocks in one call; with overlapping windows (ext = w), block 0 (no previous block) on
-    its own, then the later blocks one sequence at a time (their windows are strided views of one
-    sequence)."""
+def _local_calls(t: Tiling, batch: int, b0: int, b1: int) -> list[Local]:
+    """Blocks b0 … b1−1 in one call; with overlapping windows (ext = w), block 0 (no previous
+    block) on its own, then the later blocks one sequence at a time (their windows are strided
+    views of one sequence)."""
     if t.ext == 0:
-        return [Local(None, 0, n_blocks)]
-    return [Local(None, 0, 1)] + ([Local(b, 1, n_blocks) for b in range(batch)] if n_blocks > 1 else [])
+        return [Local(None, b0, b1)]
+    first = [Local(None, 0, 1)] if b0 == 0 else []
+    start = max(b0, 1)
+    return first + ([Local(b, start, b1) for b in range(batch)] if start < b1 else [])
 
 
 def _rows(x: Tensor, call: Local, w: int) -> Tensor:
@@ -164,10 +169,11 @@ class Remote(NamedTuple):
     end: int
 
 
-def _remote_groups(t: Tiling, n: int, n_remote: int, rows: int) -> list[Remote]:
+def _remote_groups(t: Tiling, start: int, stop: int, n_remote: int, rows: int) -> list[Remote]:
+    """Groups of at most `rows` queries from start to stop that see some chunk."""
     out = []
-    for r0 in range(0, n, rows):
-        r1 = min(n, r0 + rows)
+    for r0 in range(start, stop, rows):
+        r1 = min(stop, r0 + rows)
         end = min(n_remote, t.limit(r1 - 1))  # the group's last query sees most
         if end > 0:
             out.append(Remote(r0, r1, min(n_remote, t.limit(r0)), end))
@@ -201,7 +207,7 @@ def forward(t: Tiling, q: Tensor, k: Tensor, v: Tensor, rk: Tensor, rv: Tensor, 
     """q, k, v (B, N, H, D) contiguous, N a multiple of w; k̃, β (B, H, C, D) -> out (B, N, H, D), ℓ (B, N, H)."""
     B, N, H, D = q.shape
     w = t.window
-    calls = _local_calls(t, B, N // w)
+    calls = _local_calls(t, B, 0, N // w)
     if len(calls) == 1:  # the kernel's output is laid out as (B, N, H, D): it becomes `out`, no copy
         o, lse = _local_forward(t, calls[0], q, k, v, bias)
         out, lse = o.transpose(1, 2).reshape(B, N, H, D), lse.view(B, -1, H, w).transpose(2, 3).reshape(B, N, H)
@@ -211,7 +217,7 @@ def forward(t: Tiling, q: Tensor, k: Tensor, v: Tensor, rk: Tensor, rv: Tensor, 
             o, part_lse = _local_forward(t, call, q, k, v, bias)
             _rows(out, call, w).copy_(o)
             _rows(lse, call, w).copy_(part_lse)
-    for g in _remote_groups(t, N, rk.shape[-2], ROWS):
+    for g in _remote_groups(t, 0, N, rk.shape[-2], ROWS):
         q_g = q[:, g.r0 : g.r1].transpose(1, 2)  # the group's queries, head-major (B, H, R, D)
         for chunks, mask, seen in _parts(t, g, q):
             o, part_lse = _FWD(q_g, rk[..., chunks, :], rv[..., chunks, :], attn_mask=mask, scale=t.scale)
@@ -221,31 +227,82 @@ def forward(t: Tiling, q: Tensor, k: Tensor, v: Tensor, rk: Tensor, rv: Tensor, 
     return out, lse
 
 
-def backward(t: Tiling, q, k, v, rk, rv, bias, out, lse, d_out) -> tuple[Tensor, ...]:
-    """Gradients of forward's output from the joint out and ℓ: dq, dk, dv (B, N, H, D), d k̃, d β."""
-    B, N, H, D = q.shape
-    w = t.window
-    d_out = d_out.contiguous()
-    calls = _local_calls(t, B, N // w)
-    if len(calls) == 1:  # the kernel's gradients, laid out as (B, N, H, D), become dq, dk, dv: no copies
-        grads = _local_backward(t, calls[0], q, k, v, bias, out, lse, d_out)
-        dq, dk, dv = (g.transpose(1, 2).reshape(B, N, H, D) for g in grads)
-    else:
-        dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        for call in calls:
-            d_q, d_k, d_v = _local_backward(t, call, q, k, v, bias, out, lse, d_out)
-            _rows(dq, call, w).copy_(d_q)
-            _add_keys(dk, d_k, t, call)
-            _add_keys(dv, d_v, t, call)
-    drk, drv = torch.zeros_like(rk), torch.zeros_like(rv)
-    for g in _remote_groups(t, N, rk.shape[-2], BACKWARD_ROWS):
+class Range(NamedTuple):
+    """Blocks b0 … b1−1 of a backward pass: rows b0·w … b1·w − 1, written back when complete."""
+
+    b0: int
+    b1: int
+
+
+def _ranges(t: Tiling, n_blocks: int) -> list[Range]:
+    """Block ranges of about RANGE_ROWS rows, last first."""
+    step = max(1, RANGE_ROWS // t.window)
+    return [Range(b0, min(n_blocks, b0 + step)) for b0 in range(0, n_blocks, step)][::-1]
+
+
+def _relative(call: Local, origin: int) -> Local:
+    """The call with its blocks counted from block `origin` (a range buffer's first block)."""
+    return call._replace(b0=call.b0 - origin, b1=call.b1 - origin)
+
+
+def _local_range_backward(t: Tiling, r: Range, q, k, v, bias, out, lse, d_out, dq_r: Tensor, dk_r: Tensor, dv_r: Tensor) -> None:
+    """The local part's gradients of the range's queries, added into range buffers: dq_r (B, R, H, D)
+    for rows b0·w …, dk_r and dv_r (B, ext + R, H, D) for rows b0·w − ext … (the previous block's
+    keys, with overlap)."""
+    w, shift = t.window, t.ext // t.window
+    for call in _local_calls(t, q.shape[0], r.b0, r.b1):
+        d_q, d_k, d_v = _local_backward(t, call, q, k, v, bias, out, lse, d_out)
+        _rows(dq_r, _relative(call, r.b0), w).add_(d_q)
+        own = _relative(call, r.b0 - shift)  # key rows of the call's own blocks in dk_r
+        for acc, grad in ((dk_r, d_k), (dv_r, d_v)):
+            if t.ext == 0 or call.b0 == 0:  # the keys are the blocks' own rows
+                _rows(acc, own, w).add_(grad)
+                continue
+            _rows(acc, own._replace(b0=own.b0 - 1, b1=own.b1 - 1), w).add_(grad[..., : t.ext, :])
+            _rows(acc, own, w).add_(grad[..., t.ext :, :])
+
+
+def _remote_range_backward(t: Tiling, r: Range, q, rk, rv, out, lse, d_out, dq_r: Tensor, drk: Tensor, drv: Tensor) -> None:
+    """The remote parts' gradients of the range's queries: into dq_r, and d k̃, d β (B, H, C, D)."""
+    start = r.b0 * t.window
+    for g in _remote_groups(t, start, r.b1 * t.window, rk.shape[-2], BACKWARD_ROWS):
         rows = slice(g.r0, g.r1)
         # the group's rows, head-major for the kernel: dO, q, O (B, H, R, D) and ℓ (B, H, R)
         d_out_g, q_g, out_g, lse_g = (x[:, rows].transpose(1, 2) for x in (d_out, q, out, lse))
         for chunks, mask, _ in _parts(t, g, q, piece=BACKWARD_CHUNKS):
             d_q, d_k_tilde, d_beta = _BWD(d_out_g, q_g, rk[..., chunks, :], rv[..., chunks, :], out_g, lse_g, 0.0,
                                           False, attn_mask=mask, scale=t.scale)
-            dq[:, rows] += d_q.transpose(1, 2)
+            dq_r[:, g.r0 - start : g.r1 - start] += d_q.transpose(1, 2)
             drk[..., chunks, :] += d_k_tilde
             drv[..., chunks, :] += d_beta
-    return dq, dk, dv, drk, drv
+
+
+def backward(t: Tiling, q, k, v, rk, rv, bias, out, lse, d_out, drk: Tensor, drv: Tensor, finish) -> None:
+    """Gradients of forward's output from the joint out and ℓ, written over q, k, v (B, N, H, D):
+    afterwards they hold dq, dk, dv; d k̃ and d β are added into drk, drv (B, H, C, D).
+
+    Ranges of blocks run last first. When a range is done, its rows' gradients are complete: no
+    later (earlier-placed) query reads its keys, every query that sees its chunks has run, and
+    `finish(r0, r1, dk_r, dv_r)` adds what the caller owes those rows (the chunk summaries'
+    gradients, which need the chunks' final d β) while the original rows are still there. Then
+    the range's gradients replace its rows of q, k, v, so backward holds three sequence-sized
+    tensors fewer than a kernel call over the whole sequence would (its fresh dq, dk, dv).
+    """
+    B, N, H, D = q.shape
+    w, ext = t.window, t.ext
+    d_out = d_out.contiguous()
+    carry = None  # with overlap: key gradients of the rows before the last range, (B, w, H, D)
+    for r in _ranges(t, N // w):
+        r0, r1 = r.b0 * w, r.b1 * w
+        dq_r = torch.zeros(B, r1 - r0, H, D, dtype=torch.float32 if q.dtype != torch.float64 else q.dtype)
+        dk_r, dv_r = (torch.zeros(B, ext + r1 - r0, H, D, dtype=dq_r.dtype) for _ in range(2))
+        if carry is not None:
+            dk_r[:, -w:] += carry[0]
+            dv_r[:, -w:] += carry[1]
+        _local_range_backward(t, r, q, k, v, bias, out, lse, d_out, dq_r, dk_r, dv_r)
+        _remote_range_backward(t, r, q, rk, rv, out, lse, d_out, dq_r, drk, drv)
+        carry = (dk_r[:, :ext], dv_r[:, :ext]) if ext else None
+        finish(r0, r1, dk_r[:, ext:], dv_r[:, ext:])
+        q[:, r0:r1] = dq_r
+        k[:, r0:r1] = dk_r[:, ext:]
+        v[:, r0:r1] = dv_r[:, ext:]

@@ -39,9 +39,6 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from evalm import flash, summaries
-from evalm.heads import upcast  # softmax work in at least fp32: exp of bf16 logits loses the small weights
-from evalm.summaries import AdaptiveMaps
 from evalm.tiling import Tiling
 
 
@@ -121,11 +118,13 @@ def _add_windows(acc_pad: Tensor, grad: Tensor, t: Tiling, b0: int, b1: int) -> 
         acc_pad[:, b0 * w + at : b1 * w + at] += grad[..., at : at + w, :].permute(0, 2, 3, 1, 4).flatten(1, 2)
 
 
-def _logits(t: Tiling, q: Tensor, k_pad: Tensor, rk: Tensor, local_mask: Tensor, g: Group) -> tuple[Tensor, Tensor | None]:
-    """Masked local (B, H, G, rows, ext + w) and remote (B, H, G·rows, n_vis) logits of one group."""
+def _logits(t: Tiling, q: Tensor, k_pad: Tensor, rk: Tensor, local_mask: Tensor, g: Group,
+            starts_sequence: bool = True) -> tuple[Tensor, Tensor | None]:
+    """Masked local (B, H, G, rows, ext + w) and remote (B, H, G·rows, n_vis) logits of one group
+    (`starts_sequence`: block 0 of q is the sequence's first, its previous-block keys padding)."""
     qb = _queries(q, g, t.window) * t.scale  # scale the (rows, D) queries, not the (rows, keys) logits
     loc = torch.matmul(qb, _windows(k_pad, t, g.b0, g.b1).transpose(-1, -2)).add_(local_mask[g.r0 : g.r1])
-    if g.b0 == 0 and t.ext:  # block 0's previous-block keys are padding
+    if g.b0 == 0 and t.ext and starts_sequence:  # block 0's previous-block keys are padding
         loc[:, :, 0, :, : t.ext] = float("-inf")
     if g.n_vis == 0:
         return loc, None
@@ -247,128 +246,24 @@ def attention_backward(t: Tiling, q, k, v, rk, rv, bias, out, lse, d_out):
     return dq, dk_pad[:, t.ext :], dv_pad[:, t.ext :], drk, drv, (d_bias if bias is not None else None)
 
 
-def local_bias_grad(t: Tiling, q, k, v, bias, out, lse, d_out) -> Tensor:
-    """The T5 bias's gradient alone, Σ over blocks, sequences and heads of the local dS, recomputed
-    from the joint log-sum-exp lse (B, H, N): the fused kernel returns none for its mask."""
+def local_bias_grad(t: Tiling, q, k, v, bias, out, lse, d_out, b0: int, b1: int) -> Tensor:
+    """The T5 bias's gradient from blocks b0 … b1−1 alone, Σ over their blocks, sequences and heads
+    of the local dS, recomputed from the joint log-sum-exp lse (B, N, H): the fused kernel returns
+    none for its mask. Reads q, out, dO rows of the blocks and k, v rows from ext before them."""
     B, N, H, D = q.shape
-    w = t.window
-    pro = Prologue.of(t, k, v, bias)
+    w, r0, r1 = t.window, b0 * t.window, b1 * t.window
+    if b0 == 0:  # block 0's previous-block keys are padding
+        pro = Prologue.of(t, k[:, :r1], v[:, :r1], bias)
+    else:  # the rows before the blocks are their real previous keys
+        pro = Prologue(k[:, r0 - t.ext : r1], v[:, r0 - t.ext : r1], t.local_mask(bias, k.device, k.dtype))
+    q, out, d_out, lse = q[:, r0:r1], out[:, r0:r1], d_out[:, r0:r1], lse[:, r0:r1].transpose(1, 2)
     d_bias = torch.zeros(w, t.ext + w, dtype=q.dtype, device=q.device)
-    for group in groups(t, B * H, N // w, 0):  # local keys only: no chunk is visible
+    for group in groups(t, B * H, b1 - b0, 0):  # local keys only: no chunk is visible
         rows = group.rows(w)
-        loc, _ = _logits(t, q, pro.k_pad, None, pro.local_mask, group)
+        loc, _ = _logits(t, q, pro.k_pad, None, pro.local_mask, group, starts_sequence=b0 == 0)
         loc = loc.sub_(lse[..., rows].reshape(*loc.shape[:-1], 1))
         p = loc.exp_()
         row_dot = (d_out[:, rows] * out[:, rows]).sum(-1).transpose(1, 2).reshape(*loc.shape[:-1], 1)
         dp = torch.matmul(_queries(d_out, group, w), _windows(pro.v_pad, t, group.b0, group.b1).transpose(-1, -2))
         d_bias[group.r0 : group.r1] += _softmax_grad(p, dp, None, row_dot).sum((0, 1, 2))
     return d_bias
-
-
-def _upcast_all(*xs: Tensor | None) -> list[Tensor | None]:
-    """Inputs in at least fp32, contiguous (None stays None)."""
-    return [upcast(x).contiguous() if x is not None else None for x in xs]
-
-
-class ChunkKeys(NamedTuple):
-    """k̃ and ω (B, H, n, D) with, in backward, the leaves autograd differentiates them by."""
-
-    k_tilde: Tensor
-    omega: Tensor
-    leaves: tuple[Tensor, ...]  # the chunk means q̄, k̄ and the maps' parameters that need a gradient
-
-    @classmethod
-    def of(cls, t: Tiling, maps: AdaptiveMaps | None, n: int, q: Tensor, k: Tensor,
-           params: list[Tensor] | None = None) -> ChunkKeys:
-        """Computed from q, k (B, N, H, D), returned in their dtype; differentiable by the chunk
-        means and `params` when these are given (backward, under `torch.enable_grad`)."""
-        B, _, H, D = q.shape
-        if maps is None or n == 0:
-            empty = q.new_zeros(B, H, 0, D)
-            return cls(empty, empty, ())
-        dtype = maps.parameters()[0].dtype
-        means = [summaries.chunk_means(x, n, t.chunk).to(dtype) for x in (q, k)]
-        if params is not None:
-            means = [m.detach().requires_grad_() for m in means]
-        q_mean, k_mean = means
-        k_tilde, omega = summaries.keys(maps, q_mean, k_mean, t.noise_seed)
-        return cls(k_tilde.to(q.dtype), omega.to(q.dtype), (q_mean, k_mean, *params) if params is not None else ())
-
-
-class EvaRecompute(torch.autograd.Function):
-    """EVA attention that keeps neither its logits nor its chunk state: the backward recomputes
-    k̃, ω and β from q and k (O(n·D) work), then the logits group by group, on the fused kernel
-    (evalm/flash.py) when the path is "fused", in the plain PyTorch ops above otherwise.
-
-    β's gradient is added in place into dk and dv, and k̃ and ω are differentiated through the
-    adaptive maps by a small autograd graph built in backward, so no sequence-sized product
-    (k·ω, ‖k‖², weights·v or their gradients) and no chunk state outlives its use."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, bias, t: Tiling, maps: AdaptiveMaps | None, n_chunks: int, *map_params):
-        q_w, k_w, v_w, bias_w = _upcast_all(q, k, v, bias)
-        with torch.autocast(q.device.type, enabled=False):  # else bf16 autocast recasts every matmul
-            chunk = ChunkKeys.of(t, maps, n_chunks, q_w, k_w)
-            beta, _ = summaries.sequence_values(k_w, v_w, chunk.omega, t.chunk, t.scale)
-            attend = flash.forward if t.fused else attention_forward
-            out, lse = attend(t, q_w, k_w, v_w, chunk.k_tilde, beta, bias_w)
-        out = out.to(q.dtype)
-        ctx.save_for_backward(q, k, v, bias, out, lse)
-        ctx.tiling, ctx.maps, ctx.n_chunks = t, maps, n_chunks
-        return out
-
-    @staticmethod
-    def backward(ctx, d_out):
-        q, k, v, bias, out, lse = ctx.saved_tensors
-        t, maps, n = ctx.tiling, ctx.maps, ctx.n_chunks
-        q_w, k_w, v_w, bias_w, out_w, do_w = _upcast_all(q, k, v, bias, out, d_out)
-        params = [p for p, needed in zip(maps.parameters() if maps else (), ctx.needs_input_grad[7:]) if needed]
-        with torch.autocast(q.device.type, enabled=False):
-            with torch.enable_grad():
-                chunk = ChunkKeys.of(t, maps, n, q_w, k_w, params)
-            rk, omega = chunk.k_tilde.detach(), chunk.omega.detach()
-            beta, weights = summaries.sequence_values(k_w, v_w, omega, t.chunk, t.scale)
-            if t.fused:
-                dq, dk, dv, drk, d_beta = flash.backward(t, q_w, k_w, v_w, rk, beta, bias_w, out_w, lse, do_w)
-                d_bias = None
-                if bias is not None and ctx.needs_input_grad[3]:
-                    d_bias = local_bias_grad(t, q_w, k_w, v_w, bias_w, out_w, lse.transpose(1, 2), do_w)
-            else:
-                dq, dk, dv, drk, d_beta, d_bias = attention_backward(t, q_w, k_w, v_w, rk, beta, bias_w, out_w, lse, do_w)
-            d_omega = summaries.sequence_values_backward(k_w, v_w, omega, weights, d_beta, t.chunk, t.scale, dk, dv)
-            param_grads = _chunk_keys_backward(chunk, drk, d_omega, t.chunk, dq, dk)
-        grads = iter(param_grads)  # empty when no chunk is complete: the maps had no part in the output
-        d_params = [next(grads, None) if needed else None for needed in ctx.needs_input_grad[7:]]
-        like = (q, k, v, bias)
-        return (*(g.to(x.dtype) if g is not None else None for g, x in zip((dq, dk, dv, d_bias), like)),
-                None, None, None, *d_params)
-
-
-def _chunk_keys_backward(chunk: ChunkKeys, d_k_tilde: Tensor, d_omega: Tensor, c: int, dq: Tensor, dk: Tensor) -> tuple:
-    """Backpropagates d k̃, d ω through the adaptive maps: adds the chunk means' gradients into dq
-    and dk (B, N, H, D) in place (each row of chunk r gets 1/c of d q̄_r), returns the maps' gradients."""
-    if not chunk.leaves:
-        return ()
-    grads = torch.autograd.grad((chunk.k_tilde, chunk.omega), chunk.leaves, (d_k_tilde, d_omega))
-    n = d_omega.shape[-2]
-    for acc, mean_grad in zip((dq, dk), grads[:2]):
-        acc[:, : n * c].unflatten(1, (n, c)).add_(mean_grad.to(acc.dtype).transpose(1, 2).unsqueeze(2), alpha=1 / c)
-    return grads[2:]
-
-
-def eva_attention(t: Tiling, q: Tensor, k: Tensor, v: Tensor, maps: AdaptiveMaps | None, bias: Tensor | None) -> Tensor:
-    """Causal EVA over a whole sequence: q, k, v (B, T, H, D) -> (B, T, H, D); the ⌊T/c⌋ chunk
-    summaries come from `maps` (None: no remote entry at all, the block-local limit).
-
-    The (B, T, H, D) layout is the projections' own, so neither the inputs nor the output are
-    copied into a head-major layout (out_proj reads the output as a view). `bias` is the
-    (w, ext + w) T5 bias of one block (query row, key column), already scaled by s.
-    """
-    T = q.shape[1]
-    n_chunks = T // t.chunk if maps is not None else 0
-    params = maps.parameters() if maps is not None else []
-    pad = -T % t.window  # right padding: a padded row is never a key of a real query
-    if not pad:  # no slice: its backward would copy the output's gradient into a fresh tensor
-        return EvaRecompute.apply(q, k, v, bias, t, maps, n_chunks, *params)
-    q, k, v = (torch.nn.functional.pad(x, (0, 0, 0, 0, 0, pad)) for x in (q, k, v))
-    return EvaRecompute.apply(q, k, v, bias, t, maps, n_chunks, *params)[:, :T]

@@ -25,7 +25,7 @@ import evalm.recompute
 from evalm.cache import Cache
 from evalm.eva import Entries
 from evalm.eva_paths import EvaPath
-from evalm.recompute import eva_attention
+from evalm.whole_sequence import eva_attention
 from evalm.tiling import Tiling
 from tests.evalm.oracle import eva_per_token, eva_per_token_vectorised, t5_bucket_ref
 from tests.evalm.paths import PLAIN, TILES, forced

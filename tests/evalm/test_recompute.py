@@ -21,7 +21,7 @@ import evalm.eva
 import evalm.flash
 import evalm.recompute
 import evalm.tiling
-from evalm.recompute import eva_attention
+from evalm.whole_sequence import eva_attention
 from evalm.summaries import AdaptiveMaps
 from evalm.tiling import Tiling
 from tests.evalm.oracle import eva_per_token_torch
