@@ -79,6 +79,11 @@ def _kernel_works() -> bool:
     return True
 
 
+def accumulation_dtype(x: Tensor) -> torch.dtype:
+    """fp32 for bf16/fp16 tensors (log-sum-exps, masks, merges and gradient sums), else x's dtype."""
+    return torch.float32 if x.dtype in (torch.bfloat16, torch.float16) else x.dtype
+
+
 def usable_on(x: Tensor) -> bool:
     """Whether the kernel works in this torch and takes x's device."""
     return x.device.type == "cpu" and _kernel_works()
@@ -141,7 +146,7 @@ def _local_mask(t: Tiling, bias: Tensor | None, call: Local, like: Tensor) -> Te
     (None: the kernel's own causal mask). Block 0 with overlap keeps its last w columns."""
     if bias is None and t.ext == 0:
         return None
-    mask = t.local_mask(bias, like.device, like.dtype)
+    mask = t.local_mask(bias, like.device, accumulation_dtype(like))
     return mask[:, t.ext :] if call.b0 == 0 else mask
 
 
@@ -188,7 +193,7 @@ def _parts(t: Tiling, g: Remote, like: Tensor, piece: int | None = None) -> list
     if g.end > g.prefix:
         pos = torch.arange(g.r0, g.r1, device=like.device)[:, None]
         visible = g.prefix + torch.arange(g.end - g.prefix, device=like.device) < t.limit(pos)
-        mask = like.new_zeros(visible.shape).masked_fill_(~visible, float("-inf"))
+        mask = like.new_zeros(visible.shape, dtype=accumulation_dtype(like)).masked_fill_(~visible, float("-inf"))
         parts.append((slice(g.prefix, g.end), mask, visible.any(-1)))
     return parts
 
@@ -212,18 +217,22 @@ def forward(t: Tiling, q: Tensor, k: Tensor, v: Tensor, rk: Tensor, rv: Tensor, 
         o, lse = _local_forward(t, calls[0], q, k, v, bias)
         out, lse = o.transpose(1, 2).reshape(B, N, H, D), lse.view(B, -1, H, w).transpose(2, 3).reshape(B, N, H)
     else:
-        out, lse = torch.empty_like(q), q.new_empty(B, N, H)
+        out, lse = torch.empty_like(q), q.new_empty(B, N, H, dtype=accumulation_dtype(q))
         for call in calls:
             o, part_lse = _local_forward(t, call, q, k, v, bias)
             _rows(out, call, w).copy_(o)
             _rows(lse, call, w).copy_(part_lse)
+    rk, rv = rk.to(q.dtype), rv.to(q.dtype)  # the kernel takes one dtype; the summaries are small
     for g in _remote_groups(t, 0, N, rk.shape[-2], ROWS):
         q_g = q[:, g.r0 : g.r1].transpose(1, 2)  # the group's queries, head-major (B, H, R, D)
+        acc_o = out[:, g.r0 : g.r1].to(accumulation_dtype(q))  # bf16: the merges in fp32, then one rounding
         for chunks, mask, seen in _parts(t, g, q):
             o, part_lse = _FWD(q_g, rk[..., chunks, :], rv[..., chunks, :], attn_mask=mask, scale=t.scale)
             if seen is not None:  # a row that sees none of the tail: the kernel reports ℓ = 0, not −inf
                 part_lse.masked_fill_(~seen, float("-inf"))
-            _merge(out[:, g.r0 : g.r1], lse[:, g.r0 : g.r1], o, part_lse)
+            _merge(acc_o, lse[:, g.r0 : g.r1], o, part_lse)
+        if acc_o.dtype != out.dtype:
+            out[:, g.r0 : g.r1] = acc_o
     return out, lse
 
 
@@ -263,7 +272,8 @@ def _local_range_backward(t: Tiling, r: Range, q, k, v, bias, out, lse, d_out, d
 
 
 def _remote_range_backward(t: Tiling, r: Range, q, rk, rv, out, lse, d_out, dq_r: Tensor, drk: Tensor, drv: Tensor) -> None:
-    """The remote parts' gradients of the range's queries: into dq_r, and d k̃, d β (B, H, C, D)."""
+    """The remote parts' gradients of the range's queries: into dq_r, and d k̃, d β (B, H, C, D);
+    rk, rv in q's dtype (the kernel's), the accumulators in fp32 or fp64."""
     start = r.b0 * t.window
     for g in _remote_groups(t, start, r.b1 * t.window, rk.shape[-2], BACKWARD_ROWS):
         rows = slice(g.r0, g.r1)
@@ -291,16 +301,17 @@ def backward(t: Tiling, q, k, v, rk, rv, bias, out, lse, d_out, drk: Tensor, drv
     B, N, H, D = q.shape
     w, ext = t.window, t.ext
     d_out = d_out.contiguous()
+    rk_q, rv_q = rk.to(q.dtype), rv.to(q.dtype)  # the kernel takes one dtype; the summaries are small
     carry = None  # with overlap: key gradients of the rows before the last range, (B, w, H, D)
     for r in _ranges(t, N // w):
         r0, r1 = r.b0 * w, r.b1 * w
-        dq_r = torch.zeros(B, r1 - r0, H, D, dtype=torch.float32 if q.dtype != torch.float64 else q.dtype)
+        dq_r = torch.zeros(B, r1 - r0, H, D, dtype=accumulation_dtype(q))  # fp32 sums for bf16 gradients
         dk_r, dv_r = (torch.zeros(B, ext + r1 - r0, H, D, dtype=dq_r.dtype) for _ in range(2))
         if carry is not None:
             dk_r[:, -w:] += carry[0]
             dv_r[:, -w:] += carry[1]
         _local_range_backward(t, r, q, k, v, bias, out, lse, d_out, dq_r, dk_r, dv_r)
-        _remote_range_backward(t, r, q, rk, rv, out, lse, d_out, dq_r, drk, drv)
+        _remote_range_backward(t, r, q, rk_q, rv_q, out, lse, d_out, dq_r, drk, drv)
         carry = (dk_r[:, :ext], dv_r[:, :ext]) if ext else None
         finish(r0, r1, dk_r[:, ext:], dv_r[:, ext:])
         q[:, r0:r1] = dq_r

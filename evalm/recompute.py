@@ -39,6 +39,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from evalm.heads import upcast  # softmax work in at least fp32: exp of bf16 logits loses the small weights
 from evalm.tiling import Tiling
 
 
@@ -253,10 +254,11 @@ def local_bias_grad(t: Tiling, q, k, v, bias, out, lse, d_out, b0: int, b1: int)
     B, N, H, D = q.shape
     w, r0, r1 = t.window, b0 * t.window, b1 * t.window
     if b0 == 0:  # block 0's previous-block keys are padding
-        pro = Prologue.of(t, k[:, :r1], v[:, :r1], bias)
+        pro = Prologue.of(t, upcast(k[:, :r1]), upcast(v[:, :r1]), bias)
     else:  # the rows before the blocks are their real previous keys
-        pro = Prologue(k[:, r0 - t.ext : r1], v[:, r0 - t.ext : r1], t.local_mask(bias, k.device, k.dtype))
-    q, out, d_out, lse = q[:, r0:r1], out[:, r0:r1], d_out[:, r0:r1], lse[:, r0:r1].transpose(1, 2)
+        pro = Prologue(upcast(k[:, r0 - t.ext : r1]), upcast(v[:, r0 - t.ext : r1]), t.local_mask(bias, k.device, bias.dtype))
+    q, out, d_out = (upcast(x[:, r0:r1]) for x in (q, out, d_out))  # bf16 rows: this pass in fp32
+    lse = lse[:, r0:r1].transpose(1, 2)
     d_bias = torch.zeros(w, t.ext + w, dtype=q.dtype, device=q.device)
     for group in groups(t, B * H, b1 - b0, 0):  # local keys only: no chunk is visible
         rows = group.rows(w)

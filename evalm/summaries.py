@@ -31,9 +31,9 @@ class AdaptiveMaps(NamedTuple):
         return [*self.mu_q.parameters(), *self.mu_k.parameters()]
 
 
-def chunk_means(x: Tensor, n: int, c: int) -> Tensor:
-    """Means of the first n chunks of c rows of x (B, N, H, D) -> (B, H, n, D)."""
-    return x[:, : n * c].unflatten(1, (n, c)).mean(2).transpose(1, 2)
+def chunk_means(x: Tensor, n: int, c: int, dtype: torch.dtype | None = None) -> Tensor:
+    """Means of the first n chunks of c rows of x (B, N, H, D) -> (B, H, n, D), summed in `dtype`."""
+    return x[:, : n * c].unflatten(1, (n, c)).mean(2, dtype=dtype).transpose(1, 2)
 
 
 def noise(seed: int, like: Tensor) -> Tensor:
@@ -88,10 +88,10 @@ def sequence_values(k: Tensor, v: Tensor, omega: Tensor, c: int, scale: float) -
     sequence-sized product (k·ω, ‖k‖², weights·v) exists at once: β (B, H, n, D), weights (B, H, n, c)."""
     B, _, H, D = k.shape
     n = omega.shape[-2]
-    beta, weights = k.new_empty(B, H, n, D), k.new_empty(B, H, n, c)
+    beta, weights = omega.new_empty(B, H, n, D), omega.new_empty(B, H, n, c)  # in ω's dtype: bf16 k, v upcast per head
     for b in range(B):
         for h in range(H):
-            kc, vc = _chunk_rows(k, b, h, n, c), _chunk_rows(v, b, h, n, c)
+            kc, vc = (_chunk_rows(x, b, h, n, c).to(omega.dtype) for x in (k, v))
             beta[b, h], weights[b, h] = values(kc, vc, omega[b, h], scale)
     return beta, weights
 
@@ -104,7 +104,7 @@ def sequence_values_backward(k: Tensor, v: Tensor, omega: Tensor, weights: Tenso
     d_omega = torch.empty_like(omega)
     for b in range(B):
         for h in range(H):
-            kc, vc = _chunk_rows(k, b, h, n, c), _chunk_rows(v, b, h, n, c)
+            kc, vc = (_chunk_rows(x, b, h, n, c).to(omega.dtype) for x in (k, v))
             dkc, dvc = _chunk_rows(dk, b, h, n, c), _chunk_rows(dv, b, h, n, c)
             d_omega[b, h] = values_backward(kc, vc, omega[b, h], weights[b, h], d_beta[b, h], scale, dkc, dvc)
     return d_omega

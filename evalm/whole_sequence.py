@@ -25,9 +25,16 @@ from evalm.summaries import AdaptiveMaps
 from evalm.tiling import Tiling
 
 
-def _upcast_all(*xs: Tensor | None) -> list[Tensor | None]:
-    """Inputs in at least fp32, contiguous (None stays None)."""
-    return [upcast(x).contiguous() if x is not None else None for x in xs]
+def _work(t: Tiling, q: Tensor, *rest: Tensor | None) -> list[Tensor | None]:
+    """The tensors the kernels get, contiguous: bf16 as given on the fused path (the CPU kernel
+    takes bf16 and accumulates in fp32; merges and gradient sums are fp32 in evalm/flash.py),
+    else in at least fp32 (the plain path's own softmax arithmetic). The T5 bias (the first of
+    `rest` after k and v) is always at least fp32: it is a mask, added in fp32."""
+    native = t.fused and q.dtype == torch.bfloat16
+    k, v, bias, *more = rest
+    tensors = [q, k, v, *more]
+    work = [(x if native else upcast(x)).contiguous() if x is not None else None for x in tensors]
+    return [*work[:3], upcast(bias) if bias is not None else None, *work[3:]]
 
 
 class ChunkKeys(NamedTuple):
@@ -47,12 +54,13 @@ class ChunkKeys(NamedTuple):
             empty = q.new_zeros(B, H, 0, D)
             return cls(empty, empty, ())
         dtype = maps.parameters()[0].dtype
-        means = [summaries.chunk_means(x, n, t.chunk).to(dtype) for x in (q, k)]
+        means = [summaries.chunk_means(x, n, t.chunk, dtype) for x in (q, k)]
         if params is not None:
             means = [m.detach().requires_grad_() for m in means]
         q_mean, k_mean = means
         k_tilde, omega = summaries.keys(maps, q_mean, k_mean, t.noise_seed)
-        return cls(k_tilde.to(q.dtype), omega.to(q.dtype), (q_mean, k_mean, *params) if params is not None else ())
+        work = flash.accumulation_dtype(q)  # bf16 q: the chunk state in fp32
+        return cls(k_tilde.to(work), omega.to(work), (q_mean, k_mean, *params) if params is not None else ())
 
 
 class EvaRecompute(torch.autograd.Function):
@@ -68,7 +76,7 @@ class EvaRecompute(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, bias, t: Tiling, maps: AdaptiveMaps | None, n_chunks: int, consume: bool, *map_params):
-        q_w, k_w, v_w, bias_w = _upcast_all(q, k, v, bias)
+        q_w, k_w, v_w, bias_w = _work(t, q, k, v, bias)
         with torch.autocast(q.device.type, enabled=False):  # else bf16 autocast recasts every matmul
             chunk = ChunkKeys.of(t, maps, n_chunks, q_w, k_w)
             beta, _ = summaries.sequence_values(k_w, v_w, chunk.omega, t.chunk, t.scale)
@@ -83,7 +91,7 @@ class EvaRecompute(torch.autograd.Function):
     def backward(ctx, d_out):
         q, k, v, bias, out, lse = ctx.saved_tensors
         t, maps, n = ctx.tiling, ctx.maps, ctx.n_chunks
-        q_w, k_w, v_w, bias_w, out_w, do_w = _upcast_all(q, k, v, bias, out, d_out)
+        q_w, k_w, v_w, bias_w, out_w, do_w = _work(t, q, k, v, bias, out, d_out)
         params = [p for p, needed in zip(maps.parameters() if maps else (), ctx.needs_input_grad[8:]) if needed]
         with torch.autocast(q.device.type, enabled=False):
             with torch.enable_grad():
@@ -113,7 +121,7 @@ def _fused_backward(t: Tiling, q, k, v, rk, beta, omega, weights, bias_for_grad,
     c = t.chunk
     n = omega.shape[-2]
     drk, d_beta, d_omega = torch.zeros_like(rk), torch.zeros_like(beta), torch.zeros_like(omega)
-    d_bias = torch.zeros(t.window, t.ext + t.window, dtype=q.dtype) if bias_for_grad is not None else None
+    d_bias = torch.zeros(t.window, t.ext + t.window, dtype=bias.dtype) if bias_for_grad is not None else None
 
     def finish(r0: int, r1: int, dk_rows: Tensor, dv_rows: Tensor) -> None:
         """Rows r0 … r1−1 are complete: their chunks' d β is final, k and v still unchanged."""

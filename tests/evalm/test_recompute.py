@@ -280,3 +280,36 @@ def test_training_on_the_fused_and_plain_paths_follows_one_trajectory():
     fused, plain = losses(True), losses(False)
     assert fused[-1] < fused[0] - 0.05  # it trains
     torch.testing.assert_close(torch.tensor(fused), torch.tensor(plain), rtol=0, atol=1e-12)
+
+
+def _relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got.double() - want).norm() / want.norm())
+
+
+@pytest.mark.parametrize("name", ["w16c4-t5", "w8c4-overlap-t5"])
+def test_bf16_runs_natively_on_the_fused_path_within_bf16_of_the_float64_path(name, monkeypatch):
+    """Under bf16 autocast the fused kernel gets bf16 q, k, v (no fp32 copies) and the output and
+    every gradient stay within bf16's reach of the float64 path (merges and gradient sums in fp32)."""
+    attn = make_attention(**VARIANTS[name])
+    x, weight = _inputs(300)
+    want = _grads(attn, attn, x, weight)
+    low = make_attention(**VARIANTS[name]).float()
+    kernel_dtypes, real = [], evalm.flash._FWD
+
+    def recording(q, *args, **kwargs):
+        kernel_dtypes.append(q.dtype)
+        return real(q, *args, **kwargs)
+
+    monkeypatch.setattr(evalm.flash, "_FWD", recording)
+
+    def under_autocast(x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return low(x).float()
+
+    got = _grads(low, under_autocast, x.float(), weight.float())
+    assert kernel_dtypes and set(kernel_dtypes) == {torch.bfloat16}  # fails if the Function upcasts
+    for key in want:
+        if want[key] is None:
+            continue
+        error = _relative_error(got[key], want[key])
+        assert error < 3e-2, (key, error)
