@@ -103,15 +103,18 @@ class Local(NamedTuple):
     b1: int
 
 
-def _local_calls(t: Tiling, batch: int, b0: int, b1: int) -> list[Local]:
-    """Blocks b0 … b1−1 in one call; with overlapping windows (ext = w), block 0 (no previous
-    block) on its own, then the later blocks one sequence at a time (their windows are strided
-    views of one sequence)."""
+def _local_calls(t: Tiling, batch: int, b0: int, b1: int, n_blocks: int) -> list[Local]:
+    """Blocks b0 … b1−1 of sequences of n_blocks blocks in one call where their rows are one view
+    (all blocks, or one sequence); with overlapping windows (ext = w), block 0 (no previous block)
+    on its own, then the later blocks one sequence at a time (their windows are strided views of
+    one sequence)."""
     if t.ext == 0:
-        return [Local(None, b0, b1)]
+        if batch == 1 or (b0 == 0 and b1 == n_blocks):
+            return [Local(None, b0, b1)]
+        return [Local(s, b0, b1) for s in range(batch)]
     first = [Local(None, 0, 1)] if b0 == 0 else []
     start = max(b0, 1)
-    return first + ([Local(b, start, b1) for b in range(batch)] if start < b1 else [])
+    return first + ([Local(s, start, b1) for s in range(batch)] if start < b1 else [])
 
 
 def _rows(x: Tensor, call: Local, w: int) -> Tensor:
@@ -151,18 +154,22 @@ def _local_mask(t: Tiling, bias: Tensor | None, call: Local, like: Tensor) -> Te
 
 
 def _local_forward(t: Tiling, call: Local, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor]:
-    """The kernel on the call's blocks: output (G, H, w, D), laid out as (G, w, H, D), and ℓ (G, H, w)."""
+    """The kernel on the call's blocks: output (G, H, w, D), laid out as (G, w, H, D), and ℓ (G, H, w).
+    bf16 blocks run in fp32: the kernel's bf16 path is slower on w-row causal blocks (2x at w = 128)."""
     mask = _local_mask(t, bias, call, q)
-    return _FWD(_rows(q, call, t.window), _keys(k, t, call), _keys(v, t, call),
+    work = accumulation_dtype(q)
+    return _FWD(_rows(q, call, t.window).to(work), _keys(k, t, call).to(work), _keys(v, t, call).to(work),
                 is_causal=mask is None, attn_mask=mask, scale=t.scale)
 
 
 def _local_backward(t: Tiling, call: Local, q, k, v, bias, out, lse, d_out) -> tuple[Tensor, Tensor, Tensor]:
-    """The kernel's gradients for the call's blocks: dq (G, H, w, D), d keys and d values (G, H, ext + w, D)."""
+    """The kernel's gradients for the call's blocks: dq (G, H, w, D), d keys and d values (G, H, ext + w, D),
+    in fp32 for bf16 inputs (as `_local_forward`)."""
     mask = _local_mask(t, bias, call, q)
-    w = t.window
-    return _BWD(_rows(d_out, call, w), _rows(q, call, w), _keys(k, t, call), _keys(v, t, call), _rows(out, call, w),
-                _rows(lse, call, w), 0.0, mask is None, attn_mask=mask, scale=t.scale)
+    w, work = t.window, accumulation_dtype(q)
+    return _BWD(_rows(d_out, call, w).to(work), _rows(q, call, w).to(work), _keys(k, t, call).to(work),
+                _keys(v, t, call).to(work), _rows(out, call, w).to(work), _rows(lse, call, w), 0.0, mask is None,
+                attn_mask=mask, scale=t.scale)
 
 
 class Remote(NamedTuple):
@@ -212,12 +219,17 @@ def forward(t: Tiling, q: Tensor, k: Tensor, v: Tensor, rk: Tensor, rv: Tensor, 
     """q, k, v (B, N, H, D) contiguous, N a multiple of w; k̃, β (B, H, C, D) -> out (B, N, H, D), ℓ (B, N, H)."""
     B, N, H, D = q.shape
     w = t.window
-    calls = _local_calls(t, B, 0, N // w)
+    work = accumulation_dtype(q)  # out: fp32 for bf16 q, so the merges accumulate in fp32
+    low = work != q.dtype
+    if low:  # in ranges, so the blocks' fp32 copies stay range-sized (`_local_forward`)
+        calls = [call for r in _ranges(t, N // w)[::-1] for call in _local_calls(t, B, r.b0, r.b1, N // w)]
+    else:
+        calls = _local_calls(t, B, 0, N // w, N // w)
     if len(calls) == 1:  # the kernel's output is laid out as (B, N, H, D): it becomes `out`, no copy
         o, lse = _local_forward(t, calls[0], q, k, v, bias)
         out, lse = o.transpose(1, 2).reshape(B, N, H, D), lse.view(B, -1, H, w).transpose(2, 3).reshape(B, N, H)
     else:
-        out, lse = torch.empty_like(q), q.new_empty(B, N, H, dtype=accumulation_dtype(q))
+        out, lse = q.new_empty(B, N, H, D, dtype=work), q.new_empty(B, N, H, dtype=work)
         for call in calls:
             o, part_lse = _local_forward(t, call, q, k, v, bias)
             _rows(out, call, w).copy_(o)
@@ -225,15 +237,12 @@ def forward(t: Tiling, q: Tensor, k: Tensor, v: Tensor, rk: Tensor, rv: Tensor, 
     rk, rv = rk.to(q.dtype), rv.to(q.dtype)  # the kernel takes one dtype; the summaries are small
     for g in _remote_groups(t, 0, N, rk.shape[-2], ROWS):
         q_g = q[:, g.r0 : g.r1].transpose(1, 2)  # the group's queries, head-major (B, H, R, D)
-        acc_o = out[:, g.r0 : g.r1].to(accumulation_dtype(q))  # bf16: the merges in fp32, then one rounding
         for chunks, mask, seen in _parts(t, g, q):
             o, part_lse = _FWD(q_g, rk[..., chunks, :], rv[..., chunks, :], attn_mask=mask, scale=t.scale)
             if seen is not None:  # a row that sees none of the tail: the kernel reports ℓ = 0, not −inf
                 part_lse.masked_fill_(~seen, float("-inf"))
-            _merge(acc_o, lse[:, g.r0 : g.r1], o, part_lse)
-        if acc_o.dtype != out.dtype:
-            out[:, g.r0 : g.r1] = acc_o
-    return out, lse
+            _merge(out[:, g.r0 : g.r1], lse[:, g.r0 : g.r1], o, part_lse)
+    return out.to(q.dtype), lse  # bf16: one rounding of the fp32 merge
 
 
 class Range(NamedTuple):
@@ -259,7 +268,7 @@ def _local_range_backward(t: Tiling, r: Range, q, k, v, bias, out, lse, d_out, d
     for rows b0·w …, dk_r and dv_r (B, ext + R, H, D) for rows b0·w − ext … (the previous block's
     keys, with overlap)."""
     w, shift = t.window, t.ext // t.window
-    for call in _local_calls(t, q.shape[0], r.b0, r.b1):
+    for call in _local_calls(t, q.shape[0], r.b0, r.b1, q.shape[1] // w):
         d_q, d_k, d_v = _local_backward(t, call, q, k, v, bias, out, lse, d_out)
         _rows(dq_r, _relative(call, r.b0), w).add_(d_q)
         own = _relative(call, r.b0 - shift)  # key rows of the call's own blocks in dk_r
@@ -273,12 +282,13 @@ def _local_range_backward(t: Tiling, r: Range, q, k, v, bias, out, lse, d_out, d
 
 def _remote_range_backward(t: Tiling, r: Range, q, rk, rv, out, lse, d_out, dq_r: Tensor, drk: Tensor, drv: Tensor) -> None:
     """The remote parts' gradients of the range's queries: into dq_r, and d k̃, d β (B, H, C, D);
-    rk, rv in q's dtype (the kernel's), the accumulators in fp32 or fp64."""
+    rk, rv and the accumulators in fp32 (or fp64)."""
     start = r.b0 * t.window
     for g in _remote_groups(t, start, r.b1 * t.window, rk.shape[-2], BACKWARD_ROWS):
         rows = slice(g.r0, g.r1)
-        # the group's rows, head-major for the kernel: dO, q, O (B, H, R, D) and ℓ (B, H, R)
-        d_out_g, q_g, out_g, lse_g = (x[:, rows].transpose(1, 2) for x in (d_out, q, out, lse))
+        # the group's rows, head-major for the kernel: dO, q, O (B, H, R, D) and ℓ (B, H, R); in fp32
+        # for bf16 inputs: the kernel's bf16 backward measured several times slower than its fp32 one
+        d_out_g, q_g, out_g, lse_g = (x[:, rows].transpose(1, 2).to(accumulation_dtype(x)) for x in (d_out, q, out, lse))
         for chunks, mask, _ in _parts(t, g, q, piece=BACKWARD_CHUNKS):
             d_q, d_k_tilde, d_beta = _BWD(d_out_g, q_g, rk[..., chunks, :], rv[..., chunks, :], out_g, lse_g, 0.0,
                                           False, attn_mask=mask, scale=t.scale)
@@ -301,7 +311,6 @@ def backward(t: Tiling, q, k, v, rk, rv, bias, out, lse, d_out, drk: Tensor, drv
     B, N, H, D = q.shape
     w, ext = t.window, t.ext
     d_out = d_out.contiguous()
-    rk_q, rv_q = rk.to(q.dtype), rv.to(q.dtype)  # the kernel takes one dtype; the summaries are small
     carry = None  # with overlap: key gradients of the rows before the last range, (B, w, H, D)
     for r in _ranges(t, N // w):
         r0, r1 = r.b0 * w, r.b1 * w
@@ -311,7 +320,7 @@ def backward(t: Tiling, q, k, v, rk, rv, bias, out, lse, d_out, drk: Tensor, drv
             dk_r[:, -w:] += carry[0]
             dv_r[:, -w:] += carry[1]
         _local_range_backward(t, r, q, k, v, bias, out, lse, d_out, dq_r, dk_r, dv_r)
-        _remote_range_backward(t, r, q, rk_q, rv_q, out, lse, d_out, dq_r, drk, drv)
+        _remote_range_backward(t, r, q, rk, rv, out, lse, d_out, dq_r, drk, drv)
         carry = (dk_r[:, :ext], dv_r[:, :ext]) if ext else None
         finish(r0, r1, dk_r[:, ext:], dv_r[:, ext:])
         q[:, r0:r1] = dq_r

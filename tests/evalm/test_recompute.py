@@ -62,6 +62,7 @@ def _flash_groups(monkeypatch, rows: int = 40) -> list:
     """Remote groups of `rows` queries on the fused path (several per test sequence, each with a
     staircase tail); returns the list of each call's groups, so a test can see the path was taken."""
     monkeypatch.setattr(evalm.flash, "ROWS", rows)
+    monkeypatch.setattr(evalm.flash, "RANGE_ROWS", 32)  # backward in many ranges, partial over a batch of 2
     monkeypatch.setattr(evalm.flash, "BACKWARD_ROWS", rows // 2 + 1)  # other groups, prefix pieces
     seen, real = [], evalm.flash._remote_groups
     monkeypatch.setattr(evalm.flash, "_remote_groups", lambda *a: seen.append(real(*a)) or seen[-1])
@@ -288,8 +289,9 @@ def _relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
 
 @pytest.mark.parametrize("name", ["w16c4-t5", "w8c4-overlap-t5"])
 def test_bf16_runs_natively_on_the_fused_path_within_bf16_of_the_float64_path(name, monkeypatch):
-    """Under bf16 autocast the fused kernel gets bf16 q, k, v (no fp32 copies) and the output and
-    every gradient stay within bf16's reach of the float64 path (merges and gradient sums in fp32)."""
+    """Under bf16 autocast the fused kernel gets bf16 q, k, v (no sequence-sized fp32 copies; the
+    local blocks go to it in fp32 one range at a time) and the output and every gradient stay
+    within bf16's reach of the float64 path (merges and gradient sums in fp32)."""
     attn = make_attention(**VARIANTS[name])
     x, weight = _inputs(300)
     want = _grads(attn, attn, x, weight)
@@ -307,7 +309,7 @@ def test_bf16_runs_natively_on_the_fused_path_within_bf16_of_the_float64_path(na
             return low(x).float()
 
     got = _grads(low, under_autocast, x.float(), weight.float())
-    assert kernel_dtypes and set(kernel_dtypes) == {torch.bfloat16}  # fails if the Function upcasts
+    assert torch.bfloat16 in kernel_dtypes  # the remote parts run in bf16: fails if the Function upcasts
     for key in want:
         if want[key] is None:
             continue
