@@ -1,24 +1,42 @@
-"""EVA vs exact attention, forward + backward, on the CPU: time and peak memory as same-run ratios.
+"""EVA vs exact attention through the model API, forward + backward on the CPU: time, peak live
+memory and the FLOP limit, as same-run ratios with a verdict per target.
 
-Run: python benchmarks/attention.py [--lengths 8192 32768] [--long 131072] [--dropout-lengths 8192] [--repeats 2]
-         [--models tiny 350m]
+Run: python benchmarks/attention.py [--rows attn block] [--lengths 8192 32768] [--dropout-lengths 8192]
+         [--bf16-lengths 8192] [--models tiny 350m] [--model-length 8192] [--repeats 2]
 
-Layer rows: one attention layer at EVA_SPEC §2's shapes (d_model 256, 4 heads, window 128,
-chunk 8), fp32, attention dropout 0 ("layer") and the paper's 0.1 ("drop", no target: neither
-method keeps its fused kernel there). Model rows: the whole model (embeddings, one block, LM head and loss) at the shape
-of configs/pretrain-tiny.toml and configs/evalm-350m.toml with n_layer = 1, bf16 autocast where
-the CPU has AVX512-BF16 (fp32 otherwise). Every (variant, method) runs in its own process, so its
-peak RSS (ru_maxrss above the RSS after building the inputs) is its own; full and EVA alternate
-process by process over the repeats, and the best time of each is kept. Time is the process's CPU
-seconds at one torch thread: another engineer's load on this shared machine stretches wall time
-but hardly CPU time. Memory is measured twice: "RSS" is the timed process's peak resident set
-with glibc's defaults (what a user sees; it includes the allocator's fragmentation), "live" is
-the peak of a separate process with glibc's mmap threshold fixed at 64 KiB, so freed tensors
-leave the resident set and the peak is the tensors alive at once (the allocator's page faults
-then cost time, which is why it is not the timed process); its warm-up is a 512-token pass, so
-code and lazily imported modules are loaded before the measured pass and do not count. Targets (issue 13): EVA memory <= full at 8k and 32k; speed-up >= 3.5x at 8k
-and >= 5.5x at 32k; at the --long length EVA beats full attention, whose time there is extrapolated
-from its longest measured length as n^2 (its memory as n: the fused kernel keeps O(n)).
+Rows (each one module as a user builds it, `ModelConfig` then the module, fwd + bwd of its sum or loss):
+  attn    one attention layer (q/k/v/out projections included) at d_model 256, 4 heads, window
+          128, chunk 8 (the EVA LM recipe), fp32, attention dropout 0;
+  block   one pre-LN `Block` at that shape with its MLP (d_ff = 4·d_model): the layer a model is
+          made of, projections and MLP included; the speed targets are read here;
+  drop    `attn` at the paper's attention dropout 0.1, training mode;
+  bf16    `block` under bf16 autocast (EVA's fused path takes bf16 inputs);
+  tiny, 350m  the whole model (embeddings, one block, LM head, loss) at the shape of
+          configs/pretrain-tiny.toml or configs/evalm-350m.toml with n_layer = 1, bf16 autocast
+          where the CPU has AVX512-BF16 (fp32 otherwise).
+
+Time: every (row, method) runs in its own process; full and EVA alternate process by process over
+the repeats and the best of each is kept. A timed process makes one full-size warm-up pass and
+then times one pass in CPU seconds at one torch thread (another engineer's load on this shared
+2-core machine stretches wall time much more than CPU time; both are printed).
+
+Memory: live bytes at the peak, measured in a separate process with torch's profiler
+(`profile_memory=True`): every CPU tensor allocation and free inside the measured pass is an
+event carrying the allocator's running total of bytes allocated since profiling started, and the
+peak is the largest such total. It counts exactly the tensors the pass allocates and holds at
+once (activations, saved tensors, gradients, parameter gradients), not tensors that existed
+before the pass (parameters, inputs) and not the allocator's fragmentation; tracemalloc cannot
+see torch's allocations and RSS mixes in glibc's caching. A 512-token warm-up pass runs before
+profiling so lazily initialised state is not counted.
+
+FLOP limit: the ratio of the two methods' forward multiply-adds, the speed-up the EVA row could
+reach if both ran at the same FLOP rate. Exact attention: 2·E·n(n+1)/2 for QKᵀ and PV (causal);
+EVA: 2·E·Σ_i (|L(i)| + |R(i)|), its local block and visible chunks; both plus 4·n·E² projections,
+2·n·E·d_ff MLP and n·E·V LM head where present (all times 2 FLOPs per multiply-add). Backward
+costs about twice the forward in both, so the ratio stands for forward + backward. A target above
+the FLOP limit cannot be met by any kernel; the verdict says so.
+
+No GPU figures: this benchmark runs on the CPU only.
 """
 
 from __future__ import annotations
@@ -26,19 +44,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
+import tempfile
 import time
 
-LAYER = dict(d_model=256, n_head=4, window_size=128, chunk_size=8, n_layer=1, vocab_size=8, d_ff=8)
+LAYER = dict(d_model=256, n_head=4, window_size=128, chunk_size=8, n_layer=1, vocab_size=8, d_ff=1024)
 MODELS = {"tiny": "configs/pretrain-tiny.toml", "350m": "configs/evalm-350m.toml"}
-TARGET_SPEEDUP = {8192: 3.5, 32768: 5.5}
-
-
-def _rss_mib() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * resource.getpagesize() / 2**20
+TARGET_SPEEDUP = {8192: 3.5, 32768: 5.5}  # attn and block rows: one layer through the model API
+MEMORY_TARGET_LENGTHS = (8192, 32768)  # EVA's peak live bytes <= exact attention's
 
 
 def bf16_supported() -> bool:
@@ -46,165 +60,222 @@ def bf16_supported() -> bool:
         return "avx512_bf16" in f.read()
 
 
+def _config(variant: str, method: str):
+    """The ModelConfig of a row ("proj": the projections alone, built from exact attention's)."""
+    from evalm import ModelConfig
+    from evalm.config_toolkit import build, read_toml
+
+    method = "full" if method == "proj" else method
+    if variant in MODELS:
+        fields = {**read_toml(MODELS[variant])["model"], "n_layer": 1}
+        return build(ModelConfig, {**fields, "attention": method, "dropout": 0.0, "attn_dropout": 0.0}, where=MODELS[variant])
+    return ModelConfig(**LAYER, attention=method, dropout=0.0, attn_dropout=0.1 if variant == "drop" else 0.0)
+
+
 def _build(variant: str, method: str):
-    """(module, make, dtype) of one benchmark variant, 'layer', 'drop' or a model name: make(length)
-    allocates that many tokens of input and returns one forward+backward step over them."""
+    """(module, make, dtype): make(length) allocates that many tokens of input and returns one
+    forward + backward step over them."""
     import torch
 
-    from evalm import EvalmModel, ModelConfig
-    from evalm.config_toolkit import build, read_toml
-    from evalm.model import ATTENTION
+    from evalm import EvalmModel
+    from evalm.model import ATTENTION, Block
 
     torch.manual_seed(0)
-    if variant in ("layer", "drop"):  # "drop": the paper's attention dropout 0.1, in training mode
-        config = ModelConfig(**LAYER, attention=method, dropout=0.0, attn_dropout=0.1 if variant == "drop" else 0.0)
-        layer = ATTENTION[method](config)
-        layer.init_weights()
+    config = _config(variant, method)
+    low = variant in ("bf16", *MODELS) and bf16_supported()
+    if variant in MODELS:
+        module = EvalmModel(config)
+        module.init_weights()
+    elif variant in ("block", "bf16"):
+        module = Block(config, 0)
+        module.attn.init_weights()
+    elif method == "proj":  # the layer's four projections alone: what EVA and exact attention share
+        module = ATTENTION["full"](config)
+        module.init_weights()
 
-        def make_layer(length: int):
+        def projections(x):
+            return module.out_proj(module.q_proj(x) + module.k_proj(x) + module.v_proj(x))
+
+        module.forward = projections
+    else:
+        module = ATTENTION[method](config)
+        module.init_weights()
+    module.train(variant == "drop")
+
+    def make(length: int):
+        if variant in MODELS:
+            tokens = torch.randint(0, config.vocab_size, (1, length + 1))
+
+            def loss():
+                return module(tokens[:, :-1], targets=tokens[:, 1:])
+        else:
             x = torch.randn(1, length, config.d_model, requires_grad=True)
-            return lambda: layer(x).sum().backward()
 
-        return layer, make_layer, "fp32"
-    fields = {**read_toml(MODELS[variant])["model"], "n_layer": 1, "attention": method, "dropout": 0.0, "attn_dropout": 0.0}
-    model = EvalmModel(build(ModelConfig, fields, where=MODELS[variant]))
-    model.init_weights()
-    bf16 = bf16_supported()
-
-    def make_model(length: int):
-        tokens = torch.randint(0, model.config.vocab_size, (1, length + 1))
+            def loss():
+                return module(x).float().sum()
 
         def step():
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-                loss = model(tokens[:, :-1], targets=tokens[:, 1:])
-            loss.backward()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=low):
+                out = loss()
+            out.backward()
 
         return step
 
-    return model, make_model, "bf16" if bf16 else "fp32"
+    return module, make, "bf16" if low else "fp32"
 
 
-def measure(variant: str, method: str, length: int, passes: int) -> dict:
-    """One child process: a warm-up, then one timed forward+backward; CPU seconds and peak MiB.
+def _peak_live_bytes(step) -> int:
+    """Peak of the allocator's running total during step() (module docstring, "Memory")."""
+    from torch.profiler import ProfilerActivity, profile
 
-    passes = 2, the timed process: the warm-up is a full-size pass on the measured inputs, after
-    the RSS baseline, so the peak is that of a first pass as a user meets it. passes = 1, the
-    live-memory process: the warm-up is a 512-token pass before the baseline, whose parameter
-    gradients are dropped; it loads code and lazily initialised state without touching the
-    measured pass's tensors.
-    """
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = json.load(f)["traceEvents"]
+    totals = [e["args"]["Total Allocated"] for e in events if e.get("name") == "[memory]"]
+    return max(totals, default=0)
+
+
+def measure(variant: str, method: str, length: int, mode: str) -> dict:
+    """One child process: 'time' (a full-size warm-up, then one timed pass) or 'memory'."""
     import torch
 
     torch.set_num_threads(1)
     module, make, dtype = _build(variant, method)
-    if passes == 1:
+    if mode == "memory":
         make(512)()
         module.zero_grad(set_to_none=True)
+        return {"live_mib": _peak_live_bytes(make(length)) / 2**20, "dtype": dtype}
     step = make(length)
-    start = _rss_mib()
-    if passes > 1:
-        step()
+    step()
+    module.zero_grad(set_to_none=True)
     c0, w0 = time.process_time(), time.perf_counter()
     step()
-    cpu, wall = time.process_time() - c0, time.perf_counter() - w0
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"cpu_s": cpu, "wall_s": wall, "peak_mib": max(1.0, peak - start), "dtype": dtype}
+    return {"cpu_s": time.process_time() - c0, "wall_s": time.perf_counter() - w0, "dtype": dtype}
 
 
-def run_child(variant: str, method: str, length: int, live: bool = False) -> dict:
-    """A timed process (warm-up + one pass), or with `live` a one-pass process measuring live memory."""
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(64 * 1024)} if live else None
-    out = subprocess.run([sys.executable, __file__, "--child", variant, method, str(length), "1" if live else "2"],
-                         capture_output=True, text=True, check=True, env=env)
+def run_child(variant: str, method: str, length: int, mode: str) -> dict:
+    out = subprocess.run([sys.executable, __file__, "--child", variant, method, str(length), mode],
+                         capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def compare(variant: str, length: int, repeats: int, methods=("full", "eva")) -> dict:
-    """Best CPU time and median peak of each method, the methods alternating process by process."""
-    runs = {m: [] for m in methods}
+def compare(variant: str, length: int, repeats: int) -> dict:
+    """Best CPU time and peak live MiB of each method, the methods alternating process by process;
+    an attn row also times the projections alone (its `proj_s`), so the attention's own share is known."""
+    runs = {"full": [], "eva": []}
+    shared = []
     for _ in range(repeats):
-        for m in methods:
-            runs[m].append(run_child(variant, m, length))
-    live = {m: run_child(variant, m, length, live=True)["peak_mib"] for m in methods}
-    return {m: {"cpu_s": min(r["cpu_s"] for r in rs), "wall_s": min(r["wall_s"] for r in rs),
-                "peak_mib": sorted(r["peak_mib"] for r in rs)[len(rs) // 2], "live_mib": live[m], "dtype": rs[0]["dtype"]}
-            for m, rs in runs.items()}
+        for method in runs:
+            runs[method].append(run_child(variant, method, length, "time"))
+        if variant == "attn":
+            shared.append(run_child(variant, "proj", length, "time")["cpu_s"])
+    row = {"proj_s": min(shared)} if shared else {}
+    for method, rs in runs.items():
+        live = run_child(variant, method, length, "memory")["live_mib"]
+        row[method] = {"cpu_s": min(r["cpu_s"] for r in rs), "wall_s": min(r["wall_s"] for r in rs),
+                       "live_mib": live, "dtype": rs[0]["dtype"]}
+    row["flop_limit"] = flop_limit(variant, length)
+    return row
 
 
-def print_row(variant: str, length: int, row: dict, note: str = "") -> None:
+def forward_flops(variant: str, method: str, n: int) -> float:
+    """Forward FLOPs of one row (module docstring, "FLOP limit")."""
+    from evalm.tiling import Tiling
+
+    config = _config(variant, method)
+    E = config.d_model
+    flops = 4 * n * E * E  # q, k, v, out projections
+    if variant != "attn" and variant != "drop":
+        flops += 2 * n * E * config.d_ff
+    if variant in MODELS:
+        flops += n * E * config.vocab_size
+    if method == "full":
+        keys = n * (n + 1) // 2
+    else:
+        ext = config.window_size if config.overlap_window else 0
+        t = Tiling(config.window_size, config.chunk_size, ext, config.exclude_window_chunks, 1.0)
+        keys = sum(i - t.window_start(i) + 1 + t.limit(i) for i in range(n))
+    return 2 * (flops + 2 * E * keys)
+
+
+def flop_limit(variant: str, n: int) -> float:
+    return forward_flops(variant, "full", n) / forward_flops(variant, "eva", n)
+
+
+def attention_flop_limit(n: int) -> float:
+    """The FLOP limit of the attention alone (projections excluded), at the layer rows' shape."""
+    projections = 2 * 4 * n * LAYER["d_model"] ** 2
+    return (forward_flops("attn", "full", n) - projections) / (forward_flops("attn", "eva", n) - projections)
+
+
+def print_row(variant: str, length: int, row: dict) -> None:
     f, e = row["full"], row["eva"]
-    print(f"{variant:>6} {e['dtype']:>5} {length:>7} {f['cpu_s']:>8.2f} {e['cpu_s']:>8.2f} {f['cpu_s'] / e['cpu_s']:>8.2f}x "
-          f"{f['peak_mib']:>9.0f} {e['peak_mib']:>8.0f} {e['peak_mib'] / f['peak_mib']:>8.2f}x "
-          f"{f['live_mib']:>9.0f} {e['live_mib']:>8.0f} {e['live_mib'] / f['live_mib']:>8.2f}x {note}", flush=True)
+    print(f"{variant:>5} {e['dtype']:>5} {length:>6} {f['cpu_s']:>8.2f} {e['cpu_s']:>8.2f} {f['cpu_s'] / e['cpu_s']:>8.2f}x "
+          f"{row['flop_limit']:>8.2f}x {f['wall_s']:>7.2f} {e['wall_s']:>7.2f} "
+          f"{f['live_mib']:>9.1f} {e['live_mib']:>9.1f} {e['live_mib'] / f['live_mib']:>8.2f}x", flush=True)
 
 
-def chunk_state_mib(n: int) -> float:
-    """MiB of EVA's chunk state at the peak of a layer row's backward: nine (n/c, E) fp32 tensors."""
-    return 9 * (n // LAYER["chunk_size"]) * LAYER["d_model"] * 4 / 2**20
-
-
-def verdicts(rows: dict[int, dict], long_row: tuple[int, dict] | None) -> list[str]:
-    """One line per target of issue 13: met, or the exact gap."""
+def verdicts(rows: dict[tuple[str, int], dict]) -> list[str]:
+    """One line per target: met, or missed with the measured reason."""
     out = []
-    for n, target in TARGET_SPEEDUP.items():
-        if n not in rows:
-            continue
-        f, e = rows[n]["full"], rows[n]["eva"]
-        speed = f["cpu_s"] / e["cpu_s"]
-        out.append(f"{n}: speed-up {speed:.2f}x vs target {target}x: " + ("met" if speed >= target else f"NOT met, gap {target - speed:.2f}x"))
-        for key, what in (("peak_mib", "RSS"), ("live_mib", "live")):
-            mem = e[key] / f[key]
-            out.append(f"{n}: EVA {what} memory / full {mem:.2f} vs target <= 1: "
-                       + ("met" if mem <= 1 else f"NOT met, EVA holds {e[key] - f[key]:.0f} MiB more"))
-        if e["live_mib"] > f["live_mib"]:
-            out.append(f"{n}: why: at the peak of backward both keep q, k, v, O, dO, dq, dk, dv; EVA adds its chunk state, "
-                       f"{chunk_state_mib(n):.0f} MiB here (k̃, ω, β, the adaptive maps' inputs and outputs, dk̃, dβ: "
-                       f"9·(n/c)·E fp32 values), which exact attention does not have (docs/model.md)")
-    if long_row is not None:
-        n, row = long_row
-        speed = row["full"]["cpu_s"] / row["eva"]["cpu_s"]
-        out.append(f"{n}: EVA {speed:.1f}x faster than full attention's extrapolated time: " + ("met" if speed > 1 else "NOT met"))
+    for (variant, n), row in sorted(rows.items()):
+        f, e = row["full"], row["eva"]
+        if variant in ("attn", "block") and n in TARGET_SPEEDUP:
+            target, speed, limit = TARGET_SPEEDUP[n], f["cpu_s"] / e["cpu_s"], row["flop_limit"]
+            if speed >= target:
+                why = "met"
+            elif limit < target:
+                why = f"missed: the target is above the FLOP limit {limit:.2f}x (projections and MLP cost the same in both)"
+            else:
+                why = f"missed: EVA runs at {speed / limit:.0%} of the FLOP limit {limit:.2f}x"
+                if "proj_s" in row:  # the attention's own share: each method's time less the projections'
+                    own_full, own_eva = f["cpu_s"] - row["proj_s"], e["cpu_s"] - row["proj_s"]
+                    why += (f"; the projections alone take {row['proj_s']:.2f} s of EVA's {e['cpu_s']:.2f} s, and the "
+                            f"attention itself runs {own_full / own_eva:.2f}x faster than exact attention's "
+                            f"(its own FLOP limit {attention_flop_limit(n):.2f}x)")
+            out.append(f"{variant} {n}: speed-up {speed:.2f}x vs target {target}x: {why}")
+        if variant in ("attn", "block", "bf16") and n in MEMORY_TARGET_LENGTHS:
+            ratio = e["live_mib"] / f["live_mib"]
+            why = "met" if ratio <= 1 else f"missed: EVA holds {e['live_mib'] - f['live_mib']:.1f} MiB more at its peak"
+            out.append(f"{variant} {n}: EVA peak live memory / exact {ratio:.2f} vs target <= 1: {why}")
     return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--lengths", type=int, nargs="*", default=[8192, 32768], help="layer rows, both methods (default 8192 32768)")
-    parser.add_argument("--long", type=int, default=131072, help="EVA-only layer row, full attention extrapolated (default 131072; 0 skips)")
+    parser.add_argument("--rows", nargs="*", default=["attn", "block"], choices=["attn", "block"],
+                        help="layer rows at --lengths (default attn block)")
+    parser.add_argument("--lengths", type=int, nargs="*", default=[8192, 32768], help="tokens of the layer rows (default 8192 32768)")
     parser.add_argument("--dropout-lengths", type=int, nargs="*", default=[8192],
-                        help="layer rows at the paper's attention dropout 0.1 (default 8192): EVA takes its plain-PyTorch "
-                             "path (the CPU kernel refuses dropout), exact attention PyTorch's unfused math path; no target")
-    parser.add_argument("--models", nargs="*", default=["tiny", "350m"], choices=sorted(MODELS), help="whole-model rows, one layer each (default tiny 350m)")
+                        help="attn rows at the paper's attention dropout 0.1 (default 8192); no target")
+    parser.add_argument("--bf16-lengths", type=int, nargs="*", default=[8192],
+                        help="block rows under bf16 autocast (default 8192; skipped without AVX512-BF16)")
+    parser.add_argument("--models", nargs="*", default=["tiny", "350m"], choices=sorted(MODELS),
+                        help="whole-model rows, one layer each (default tiny 350m)")
     parser.add_argument("--model-length", type=int, default=8192, help="tokens per whole-model row (default 8192)")
-    parser.add_argument("--repeats", type=int, default=2, help="timed processes per method and layer row, alternating (default 2)")
-    parser.add_argument("--model-repeats", type=int, default=1, help="timed processes per method and model row (default 1)")
+    parser.add_argument("--repeats", type=int, default=2, help="timed processes per method and row, alternating (default 2)")
     parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(measure(args.child[0], args.child[1], int(args.child[2]), int(args.child[3]))))
+        print(json.dumps(measure(args.child[0], args.child[1], int(args.child[2]), args.child[3])))
         return
-    print("CPU seconds per forward+backward at one thread; peak MiB above the inputs; ratios full/EVA (time) and EVA/full (memory)")
-    print(f"{'row':>6} {'dtype':>5} {'tokens':>7} {'full s':>8} {'eva s':>8} {'speed-up':>9} {'full RSS':>9} {'eva RSS':>8} "
-          f"{'eva/full':>9} {'full live':>9} {'eva live':>8} {'eva/full':>9}")
+    print("CPU seconds per forward+backward at one thread (speed-up full/EVA beside the FLOP limit); wall seconds;")
+    print("peak live MiB allocated by the pass (EVA/full)")
+    print(f"{'row':>5} {'dtype':>5} {'tokens':>6} {'full s':>8} {'eva s':>8} {'speed-up':>9} {'FLOP lim':>9} {'full wl':>7} "
+          f"{'eva wl':>7} {'full MiB':>9} {'eva MiB':>9} {'eva/full':>9}")
+    plan = [(row, n) for row in args.rows for n in args.lengths]
+    plan += [("drop", n) for n in args.dropout_lengths]
+    plan += [("bf16", n) for n in (args.bf16_lengths if bf16_supported() else [])]
+    plan += [(name, args.model_length) for name in args.models]
     rows = {}
-    for n in args.lengths:
-        rows[n] = compare("layer", n, args.repeats)
-        print_row("layer", n, rows[n])
-    long_row = None
-    if args.long and rows:
-        base = max(rows)
-        eva = compare("layer", args.long, 1, methods=("eva",))["eva"]
-        f = rows[base]["full"]
-        scale = args.long / base
-        full = {**f, "cpu_s": f["cpu_s"] * scale**2, "wall_s": f["wall_s"] * scale**2, "peak_mib": f["peak_mib"] * scale,
-                "live_mib": f["live_mib"] * scale}
-        long_row = (args.long, {"full": full, "eva": eva})
-        print_row("layer", args.long, long_row[1], note=f"(full extrapolated from {base}: time x{scale**2:.0f}, memory x{scale:.0f})")
-    for n in args.dropout_lengths:
-        print_row("drop", n, compare("drop", n, args.repeats))
-    for name in args.models:
-        print_row(name, args.model_length, compare(name, args.model_length, args.model_repeats))
-    print("\n".join(verdicts(rows, long_row)))
+    for variant, n in plan:
+        rows[(variant, n)] = compare(variant, n, args.repeats)
+        print_row(variant, n, rows[(variant, n)])
+    print("\n".join(verdicts(rows)))
 
 
 if __name__ == "__main__":

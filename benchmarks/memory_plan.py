@@ -61,11 +61,12 @@ def block_bytes_per_token(config: ModelConfig, act: int) -> int:
 
     attn_norm out, q, k, v, attention out, out_proj out, residual, mlp_norm out (8E); fc1 out and
     the ReLU out fc2 reads (2F); two dropout masks (1 byte each, E); the per-row log-sum-exp (fp32,
-    H); chunk summaries k̃, β and their means (4E/c). Gradients of the same tensors are in flight at
-    once, so the plan counts the block twice.
+    H); EVA's chunk state, recomputed in backward rather than kept (k̃, ω, β and the gradients of
+    k̃, β, ω: 6E/c while the attention's backward runs). Gradients of the same tensors are in flight
+    at once, so the plan counts the block twice.
     """
     E, F, H, c = config.d_model, config.d_ff, config.n_head, config.chunk_size
-    return act * (8 * E + 2 * F + 4 * E // c) + 2 * E + 4 * H
+    return act * (8 * E + 2 * F + 6 * E // c) + 2 * E + 4 * H
 
 
 def eva_working_set(shape: Shape) -> int:

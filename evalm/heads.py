@@ -2,7 +2,7 @@
 
 `EvaAttention` (evalm/eva.py) and `FullAttention` (evalm/full_attention.py) subclass
 `HeadProjections`, so the parameters keep the public EVA reference's names (`q_proj`, `k_proj`,
-`v_proj`, `out_proj`) in both and checkpoints of either variant load strictly (EVA_SPEC §1.2).
+`v_proj`, `out_proj`) in both and checkpoints of either variant load strictly.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from torch import Tensor, nn
 
 
 def upcast(x: Tensor) -> Tensor:
-    """Softmax inputs in at least fp32 (EVA_SPEC §8.8); float64 stays float64 for exact tests."""
+    """Softmax inputs in at least fp32 (docs/eva.md, "Precision"); float64 stays float64 for exact tests."""
     return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
 
 
@@ -28,7 +28,7 @@ class HeadProjections(nn.Module):
         self.v_proj, self.out_proj = nn.Linear(E, E), nn.Linear(E, E)
 
     def init_projections(self, *extra: nn.Linear) -> None:
-        """Inits of the EVA reference (§1.2): Xavier gain 1/√2 on q/k/v (and `extra`, EVA's A_q/A_k
+        """Inits of the EVA reference: Xavier gain 1/√2 on q/k/v (and `extra`, EVA's A_q/A_k
         linears, in this order: it fixes the RNG draws), Xavier on out_proj with a zero bias."""
         for lin in (self.q_proj, self.k_proj, self.v_proj, *extra):
             lin.reset_parameters()

@@ -1,24 +1,35 @@
-"""EVA's training attention in linear memory: the FlashAttention recipe on EVA's block tiling.
+"""EVA's whole-sequence attention in linear memory: the FlashAttention recipe on EVA's block tiling.
 
-The forward keeps only the output and each query's log-sum-exp (plus q, k, v and the chunk
-summaries, all O(n·D)); the backward recomputes every tile's logits from them (Dao et al. 2022,
-FlashAttention, Algorithm 2 in plain PyTorch ops). Autograd's graph of the same computation would
-keep every tile's probabilities, O(n·(w + n/c)) per head, which at 32k tokens is several times the
-memory of exact attention with a fused kernel.
+The forward keeps only q, k, v, the output and each query's log-sum-exp (all O(n·D)); the
+backward recomputes the chunk summaries (k̃, ω, β: evalm/summaries.py) and every tile's logits
+from them (Dao et al. 2022, FlashAttention, Algorithm 2). Autograd's graph of the same
+computation would keep every tile's probabilities, O(n·(w + n/c)) per head; keeping the chunk
+state would cost about 1.1·n·E values per layer, which exact attention does not have.
 
-Layout (EVA_SPEC §1.3-1.4). Queries are cut into blocks of w rows; block b's local keys are the
-ext + w positions b·w − ext … b·w + w − 1, so one masked (w, ext + w) logit matrix per block
-holds causality, the window and the T5 bias (the same for every block: it depends on i − j only).
-Blocks run in groups; a group's queries share one read of the remote entries (k̃, β) they can see,
-and a staircase mask keeps each query on the chunks r < ⌊i/c⌋ (or r < ⌊window start/c⌋ with
-exclude_window_chunks, §1.7). Local and remote logits share one softmax: one max, one sum.
+Two implementations of the same arithmetic, chosen by evalm/eva_paths.py: PyTorch's fused CPU
+kernel (evalm/flash.py, path "fused") and the plain PyTorch ops below (path "recompute"), which
+also serve attention dropout and non-CPU tensors. Both are pinned by tests/evalm/test_recompute.py
+(autograd path and per-token oracle, float64, every gradient) and test_oracles_long.py (n = 2,003).
 
-Attention dropout acts on the joint probabilities, as in the reference (§1.4 step 8). Its keep
-masks come from a generator seeded per group from one seed drawn at forward time, so the backward
-replays exactly the masks the forward used. Low-precision inputs run in fp32 (§8.8).
+Legend (plain-PyTorch path):
+  B sequences, N tokens (a multiple of w), H heads, D head dimension, C chunks, s = D^-1/2
+  q, k, v, out, dO   (B, N, H, D), the projections' own layout; k_pad, v_pad with ext zero rows in front
+  k̃ (rk), β (rv)     (B, H, C, D) remote keys and values
+  lse                (B, H, N) log-sum-exp of each query's joint logits
+  a group            blocks b0 … b1−1 (or rows r0 … r1−1 of one block) and the n_vis chunks its last
+                     query sees; `loc` (B, H, G, rows, ext + w) and `rem` (B, H, G·rows, n_vis) its
+                     local and remote logits, then probabilities P
+  D_i = dO_i·O_i     Σ_j P_ij dP_ij, the softmax backward's row term (FlashAttention's D)
 
-The same computation on PyTorch's fused CPU kernel (evalm/flash.py) is faster; `EvaRecompute`
-takes it wherever it applies (no attention dropout, CPU tensors) and this path everywhere else.
+Layout. Queries are cut into blocks of w rows; block b's local keys are the ext + w positions
+b·w − ext … b·w + w − 1, so one masked (w, ext + w) logit matrix per block holds causality, the
+window and the T5 bias (the same for every block: it depends on i − j only). A group's queries
+share one read of the remote entries they can see, and a staircase mask keeps each query on the
+chunks r < `Tiling.limit(i)`. Local and remote logits share one softmax: one max, one sum.
+
+Attention dropout acts on the joint probabilities, as in the reference. Its keep masks come from
+a generator seeded per group from one seed drawn at forward time, so the backward replays exactly
+the masks the forward used. Low-precision inputs run in fp32.
 """
 
 from __future__ import annotations
@@ -28,8 +39,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from evalm import flash
-from evalm.heads import upcast  # softmax work in at least fp32 (EVA_SPEC §8.8)
+from evalm.heads import upcast  # softmax work in at least fp32: exp of bf16 logits loses the small weights
 from evalm.tiling import Tiling
 
 
@@ -50,25 +60,35 @@ class Group(NamedTuple):
 MIN_PIECE = 32  # rows: a thinner piece of a block costs more in per-call overhead than it saves
 
 
+def _visible_chunks(t: Tiling, n_remote: int, last: int) -> int:
+    """Chunks a group sees: those its last query `last` sees (it sees the most)."""
+    return min(n_remote, t.limit(last))
+
+
+def _group_cost(t: Tiling, batch_heads: int, n_remote: int, rows: int, last: int) -> int:
+    """Logits of a group of `rows` queries ending at `last`."""
+    return batch_heads * rows * (t.ext + t.window + _visible_chunks(t, n_remote, last))
+
+
 def groups(t: Tiling, batch_heads: int, n_blocks: int, n_remote: int) -> list[Group]:
     """The groups of a sequence, as large as the logit budget allows. A block whose own logits
     exceed it (its queries see many chunks) is cut into pieces of rows: the working set stays in
     cache and backward's transient (B, H, rows, n_vis) tensors stay small."""
     w, out, b0 = t.window, [], 0
-    n_vis = lambda last: min(n_remote, t.limit(last))  # noqa: E731 the group's last query sees most
-    cost = lambda rows, last: batch_heads * rows * (t.ext + w + n_vis(last))  # noqa: E731
     while b0 < n_blocks:
-        if cost(w, b0 * w + w - 1) > t.group_logits:
-            step = max(MIN_PIECE, t.group_logits // cost(1, b0 * w + w - 1))
+        block_end = b0 * w + w - 1
+        if _group_cost(t, batch_heads, n_remote, w, block_end) > t.group_logits:
+            step = max(MIN_PIECE, t.group_logits // _group_cost(t, batch_heads, n_remote, 1, block_end))
             step = -(-w // -(-w // step))  # equal pieces: 120 rows would leave a thin 8-row piece
-            out.extend(Group(b0, b0 + 1, r0, min(w, r0 + step), n_vis(b0 * w + min(w, r0 + step) - 1))
-                       for r0 in range(0, w, step))
+            for r0 in range(0, w, step):
+                r1 = min(w, r0 + step)
+                out.append(Group(b0, b0 + 1, r0, r1, _visible_chunks(t, n_remote, b0 * w + r1 - 1)))
             b0 += 1
             continue
         b1 = b0 + 1
-        while b1 < n_blocks and cost((b1 + 1 - b0) * w, (b1 + 1) * w - 1) <= t.group_logits:
+        while b1 < n_blocks and _group_cost(t, batch_heads, n_remote, (b1 + 1 - b0) * w, (b1 + 1) * w - 1) <= t.group_logits:
             b1 += 1
-        out.append(Group(b0, b1, 0, w, n_vis(b1 * w - 1)))
+        out.append(Group(b0, b1, 0, w, _visible_chunks(t, n_remote, b1 * w - 1)))
         b0 = b1
     return out
 
@@ -99,11 +119,13 @@ def _add_windows(acc_pad: Tensor, grad: Tensor, t: Tiling, b0: int, b1: int) -> 
         acc_pad[:, b0 * w + at : b1 * w + at] += grad[..., at : at + w, :].permute(0, 2, 3, 1, 4).flatten(1, 2)
 
 
-def _logits(t: Tiling, q: Tensor, k_pad: Tensor, rk: Tensor, local_mask: Tensor, g: Group) -> tuple[Tensor, Tensor | None]:
-    """Masked local (B, H, G, rows, ext + w) and remote (B, H, G·rows, n_vis) logits of one group."""
+def _logits(t: Tiling, q: Tensor, k_pad: Tensor, rk: Tensor, local_mask: Tensor, g: Group,
+            starts_sequence: bool = True) -> tuple[Tensor, Tensor | None]:
+    """Masked local (B, H, G, rows, ext + w) and remote (B, H, G·rows, n_vis) logits of one group
+    (`starts_sequence`: block 0 of q is the sequence's first, its previous-block keys padding)."""
     qb = _queries(q, g, t.window) * t.scale  # scale the (rows, D) queries, not the (rows, keys) logits
     loc = torch.matmul(qb, _windows(k_pad, t, g.b0, g.b1).transpose(-1, -2)).add_(local_mask[g.r0 : g.r1])
-    if g.b0 == 0 and t.ext:  # block 0's previous-block keys are padding
+    if g.b0 == 0 and t.ext and starts_sequence:  # block 0's previous-block keys are padding
         loc[:, :, 0, :, : t.ext] = float("-inf")
     if g.n_vis == 0:
         return loc, None
@@ -130,34 +152,58 @@ def _keep_masks(t: Tiling, g: int, loc: Tensor, rem: Tensor | None) -> tuple[Ten
     return one(loc), (one(rem) if rem is not None else None)
 
 
+class Prologue(NamedTuple):
+    """What every pass over the groups reads besides q: keys and values padded in front by ext
+    zero rows (block 0's previous block), and the (w, ext + w) local mask of every block."""
+
+    k_pad: Tensor
+    v_pad: Tensor
+    local_mask: Tensor
+
+    @classmethod
+    def of(cls, t: Tiling, k: Tensor, v: Tensor, bias: Tensor | None) -> Prologue:
+        k_pad, v_pad = (torch.nn.functional.pad(x, (0, 0, 0, 0, t.ext, 0)) if t.ext else x for x in (k, v))
+        return cls(k_pad, v_pad, t.local_mask(bias, k.device, k.dtype))
+
+
 def attention_forward(t: Tiling, q, k, v, rk, rv, bias) -> tuple[Tensor, Tensor]:
     """q, k, v (B, N, H, D) with N a multiple of w; rk, rv (B, H, C, D) -> out (B, N, H, D), lse (B, H, N)."""
     B, N, H, D = q.shape
     w = t.window
-    k_pad, v_pad = (_pad_front(x, t.ext) for x in (k, v))
-    local_mask = t.local_mask(bias, q.device, q.dtype)
+    pro = Prologue.of(t, k, v, bias)
     out, lse = torch.empty_like(q), q.new_empty(B, H, N)
     for g, group in enumerate(groups(t, B * H, N // w, rk.shape[-2])):
-        b0, b1, _, _, n_vis = group
         rows = group.rows(w)
-        loc, rem = _logits(t, q, k_pad, rk, local_mask, group)
-        m = loc.amax(-1).flatten(2, 3)  # (B, H, G·rows)
+        loc, rem = _logits(t, q, pro.k_pad, rk, pro.local_mask, group)
+        top = loc.amax(-1).flatten(2, 3)  # (B, H, G·rows): the row maximum over both parts
         if rem is not None:
-            m = torch.maximum(m, rem.amax(-1))
-        loc = loc.sub_(m.view(*loc.shape[:-1], 1)).exp_()
+            top = torch.maximum(top, rem.amax(-1))
+        loc = loc.sub_(top.view(*loc.shape[:-1], 1))
+        loc = loc.exp_()
         total = loc.sum(-1).flatten(2, 3)
         if rem is not None:
-            rem = rem.sub_(m.unsqueeze(-1)).exp_()
+            rem = rem.sub_(top.unsqueeze(-1))
+            rem = rem.exp_()
             total = total + rem.sum(-1)
         if t.dropout > 0:
             keep_loc, keep_rem = _keep_masks(t, g, loc, rem)
-            loc, rem = loc.mul_(keep_loc), (rem.mul_(keep_rem) if rem is not None else None)
-        o = torch.matmul(loc, _windows(v_pad, t, b0, b1)).flatten(2, 3)
+            loc = loc.mul_(keep_loc)
+            rem = rem.mul_(keep_rem) if rem is not None else None
+        o = torch.matmul(loc, _windows(pro.v_pad, t, group.b0, group.b1)).flatten(2, 3)
         if rem is not None:
-            o = o + torch.matmul(rem, rv[..., :n_vis, :])
+            o = o + torch.matmul(rem, rv[..., : group.n_vis, :])
         out[:, rows] = o.div_(total.unsqueeze(-1)).transpose(1, 2)
-        lse[..., rows] = m + total.log()
+        lse[..., rows] = top + total.log()
     return out, lse
+
+
+def _softmax_grad(p: Tensor, dp: Tensor, keep: Tensor | None, row_dot: Tensor) -> Tensor:
+    """dS = P ∘ (dP ∘ keep − D) in P's storage (FlashAttention's softmax backward; keep: the
+    dropout mask, scaled by 1/(1 − p), or None)."""
+    if keep is not None:
+        dp = dp.mul_(keep)
+    dp = dp.sub_(row_dot)
+    return p.mul_(dp)
 
 
 def attention_backward(t: Tiling, q, k, v, rk, rv, bias, out, lse, d_out):
@@ -165,157 +211,61 @@ def attention_backward(t: Tiling, q, k, v, rk, rv, bias, out, lse, d_out):
     dq, dk, dv, d k̃, d β, d bias."""
     B, N, H, D = q.shape
     w = t.window
-    k_pad, v_pad = (_pad_front(x, t.ext) for x in (k, v))
-    local_mask = t.local_mask(bias, q.device, q.dtype)
-    dq, dk_pad, dv_pad = torch.empty_like(q), torch.zeros_like(k_pad), torch.zeros_like(v_pad)
+    pro = Prologue.of(t, k, v, bias)
+    dq, dk_pad, dv_pad = torch.empty_like(q), torch.zeros_like(pro.k_pad), torch.zeros_like(pro.v_pad)
     drk, drv = torch.zeros_like(rk), torch.zeros_like(rv)
     d_bias = torch.zeros(w, t.ext + w, dtype=q.dtype, device=q.device)
     for g, group in enumerate(groups(t, B * H, N // w, rk.shape[-2])):
         b0, b1, r0, r1, n_vis = group
         rows = group.rows(w)
-        loc, rem = _logits(t, q, k_pad, rk, local_mask, group)
-        loc = loc.sub_(lse[..., rows].view(*loc.shape[:-1], 1)).exp_()  # P, before dropout
-        rem = rem.sub_(lse[..., rows].unsqueeze(-1)).exp_() if rem is not None else None
-        keep_loc, keep_rem = _keep_masks(t, g, loc, rem) if t.dropout > 0 else (None, None)
-        # Σ_j P_ij dP_ij = dO_i · O_i (dropout included), per group: no (B, N, H) temporary of dO·O
-        dl = (d_out[:, rows] * out[:, rows]).sum(-1).transpose(1, 2).unsqueeze(-1)  # (B, H, G·rows, 1)
-        do_blocks = _queries(d_out, group, w)
-        do = do_blocks.flatten(2, 3)
-        kg, vg = _windows(k_pad, t, b0, b1), _windows(v_pad, t, b0, b1)
-        dp = torch.matmul(do_blocks, vg.transpose(-1, -2))
-        p_drop = loc * keep_loc if keep_loc is not None else loc
-        _add_windows(dv_pad, torch.matmul(p_drop.transpose(-1, -2), do_blocks), t, b0, b1)
-        ds = loc.mul_((dp.mul_(keep_loc) if keep_loc is not None else dp).sub_(dl.unflatten(-2, (b1 - b0, r1 - r0))))
+        loc, rem = _logits(t, q, pro.k_pad, rk, pro.local_mask, group)
+        loc = loc.sub_(lse[..., rows].view(*loc.shape[:-1], 1))
+        p_loc = loc.exp_()  # P, before dropout
+        p_rem = rem.sub_(lse[..., rows].unsqueeze(-1)).exp_() if rem is not None else None
+        keep_loc, keep_rem = _keep_masks(t, g, p_loc, p_rem) if t.dropout > 0 else (None, None)
+        # D_i per group: no (B, N, H) temporary of dO·O
+        row_dot = (d_out[:, rows] * out[:, rows]).sum(-1).transpose(1, 2).unsqueeze(-1)  # (B, H, G·rows, 1)
+        do_blocks = _queries(d_out, group, w)  # (B, H, G, rows, D)
+        k_win, v_win = _windows(pro.k_pad, t, b0, b1), _windows(pro.v_pad, t, b0, b1)
+        dp = torch.matmul(do_blocks, v_win.transpose(-1, -2))
+        p_kept = p_loc * keep_loc if keep_loc is not None else p_loc
+        _add_windows(dv_pad, torch.matmul(p_kept.transpose(-1, -2), do_blocks), t, b0, b1)
+        ds = _softmax_grad(p_loc, dp, keep_loc, row_dot.unflatten(-2, (b1 - b0, r1 - r0)))
         d_bias[r0:r1] += ds.sum((0, 1, 2))
-        qb = _queries(q, group, w)
-        dq_rows = torch.matmul(ds, kg).flatten(2, 3)
-        _add_windows(dk_pad, torch.matmul(ds.transpose(-1, -2), qb).mul_(t.scale), t, b0, b1)
-        if rem is not None:
-            dp = torch.matmul(do, rv[..., :n_vis, :].transpose(-1, -2))
-            p_drop = rem * keep_rem if keep_rem is not None else rem
-            drv[..., :n_vis, :] += torch.matmul(p_drop.transpose(-1, -2), do)
-            ds = rem.mul_((dp.mul_(keep_rem) if keep_rem is not None else dp).sub_(dl))
+        q_blocks = _queries(q, group, w)
+        dq_rows = torch.matmul(ds, k_win).flatten(2, 3)
+        _add_windows(dk_pad, torch.matmul(ds.transpose(-1, -2), q_blocks).mul_(t.scale), t, b0, b1)
+        if p_rem is not None:
+            do_rows = do_blocks.flatten(2, 3)  # (B, H, G·rows, D)
+            dp = torch.matmul(do_rows, rv[..., :n_vis, :].transpose(-1, -2))
+            p_kept = p_rem * keep_rem if keep_rem is not None else p_rem
+            drv[..., :n_vis, :] += torch.matmul(p_kept.transpose(-1, -2), do_rows)
+            ds = _softmax_grad(p_rem, dp, keep_rem, row_dot)
             dq_rows += torch.matmul(ds, rk[..., :n_vis, :])
-            drk[..., :n_vis, :] += torch.matmul(ds.transpose(-1, -2), qb.flatten(2, 3)).mul_(t.scale)
+            drk[..., :n_vis, :] += torch.matmul(ds.transpose(-1, -2), q_blocks.flatten(2, 3)).mul_(t.scale)
         dq[:, rows] = dq_rows.mul_(t.scale).transpose(1, 2)
     return dq, dk_pad[:, t.ext :], dv_pad[:, t.ext :], drk, drv, (d_bias if bias is not None else None)
 
 
-def local_bias_grad(t: Tiling, q, k, v, bias, out, lse, d_out) -> Tensor:
-    """The T5 bias's gradient alone, Σ over blocks, sequences and heads of the local dS, recomputed
-    from the joint log-sum-exp lse (B, H, N): the fused kernel returns none for its mask."""
+def local_bias_grad(t: Tiling, q, k, v, bias, out, lse, d_out, b0: int, b1: int) -> Tensor:
+    """The T5 bias's gradient from blocks b0 … b1−1 alone, Σ over their blocks, sequences and heads
+    of the local dS, recomputed from the joint log-sum-exp lse (B, N, H): the fused kernel returns
+    none for its mask. Reads q, out, dO rows of the blocks and k, v rows from ext before them."""
     B, N, H, D = q.shape
-    w = t.window
-    k_pad, v_pad = (_pad_front(x, t.ext) for x in (k, v))
-    local_mask = t.local_mask(bias, q.device, q.dtype)
+    w, r0, r1 = t.window, b0 * t.window, b1 * t.window
+    if b0 == 0:  # block 0's previous-block keys are padding
+        pro = Prologue.of(t, upcast(k[:, :r1]), upcast(v[:, :r1]), bias)
+    else:  # the rows before the blocks are their real previous keys
+        pro = Prologue(upcast(k[:, r0 - t.ext : r1]), upcast(v[:, r0 - t.ext : r1]), t.local_mask(bias, k.device, bias.dtype))
+    q, out, d_out = (upcast(x[:, r0:r1]) for x in (q, out, d_out))  # bf16 rows: this pass in fp32
+    lse = lse[:, r0:r1].transpose(1, 2)
     d_bias = torch.zeros(w, t.ext + w, dtype=q.dtype, device=q.device)
-    for group in groups(t, B * H, N // w, 0):  # local keys only: no chunk is visible
-        b0, b1, r0, r1, _ = group
+    for group in groups(t, B * H, b1 - b0, 0):  # local keys only: no chunk is visible
         rows = group.rows(w)
-        loc, _ = _logits(t, q, k_pad, None, local_mask, group)
-        p = loc.sub_(lse[..., rows].reshape(*loc.shape[:-1], 1)).exp_()
-        dl = (d_out[:, rows] * out[:, rows]).sum(-1).transpose(1, 2).reshape(*loc.shape[:-1], 1)
-        dp = torch.matmul(_queries(d_out, group, w), _windows(v_pad, t, b0, b1).transpose(-1, -2))
-        d_bias[r0:r1] += p.mul_(dp.sub_(dl)).sum((0, 1, 2))
+        loc, _ = _logits(t, q, pro.k_pad, None, pro.local_mask, group, starts_sequence=b0 == 0)
+        loc = loc.sub_(lse[..., rows].reshape(*loc.shape[:-1], 1))
+        p = loc.exp_()
+        row_dot = (d_out[:, rows] * out[:, rows]).sum(-1).transpose(1, 2).reshape(*loc.shape[:-1], 1)
+        dp = torch.matmul(_queries(d_out, group, w), _windows(pro.v_pad, t, group.b0, group.b1).transpose(-1, -2))
+        d_bias[group.r0 : group.r1] += _softmax_grad(p, dp, None, row_dot).sum((0, 1, 2))
     return d_bias
-
-
-class EvaRecompute(torch.autograd.Function):
-    """EVA attention whose backward recomputes the logits instead of storing them, on the fused
-    kernel (evalm/flash.py) where it applies, in the plain PyTorch ops above elsewhere.
-
-    The chunk summaries β are computed here too, from k, v and ω (§1.3), so their gradients land
-    in place in dk and dv: autograd's graph of the summaries would keep, and in backward allocate,
-    several sequence-sized products (k·ω, ‖k‖², weights·v and their gradients)."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, rk, omega, bias, t: Tiling):
-        work = [upcast(x).contiguous() for x in (q, k, v, rk, omega)]
-        ctx.fused = flash.applies(t, work[0])
-        attend = flash.forward if ctx.fused else attention_forward
-        with torch.autocast(q.device.type, enabled=False):  # else bf16 autocast recasts every matmul
-            beta, weights = summaries_forward(t, work[1], work[2], work[4])
-            out, lse = attend(t, *work[:4], beta, upcast(bias) if bias is not None else None)
-        out = out.to(q.dtype)
-        ctx.save_for_backward(q, k, v, rk, omega, bias, out, lse, beta, weights)
-        ctx.tiling = t
-        return out
-
-    @staticmethod
-    def backward(ctx, d_out):
-        q, k, v, rk, omega, bias, out, lse, beta, weights = ctx.saved_tensors
-        t = ctx.tiling
-        work = [upcast(x).contiguous() for x in (q, k, v, rk, omega)]
-        b, o, do = (upcast(x) if x is not None else None for x in (bias, out, d_out))
-        with torch.autocast(q.device.type, enabled=False):
-            if ctx.fused:
-                dq, dk, dv, drk, d_beta = flash.backward(t, *work[:4], beta, b, o, lse, do)
-                d_bias = None
-                if b is not None and ctx.needs_input_grad[5]:
-                    d_bias = local_bias_grad(t, *work[:3], b, o, lse.transpose(1, 2), do)
-            else:
-                dq, dk, dv, drk, d_beta, d_bias = attention_backward(t, *work[:4], beta, b, o, lse, do)
-            d_omega = summaries_backward(t, work[1], work[2], work[4], weights, d_beta, dk, dv)
-        like = (q, k, v, rk, omega, bias)
-        grads = (dq, dk, dv, drk, d_omega, d_bias)
-        return (*(gr.to(x.dtype) if gr is not None else None for gr, x in zip(grads, like)), None)
-
-
-def _chunk_rows(x: Tensor, b: int, h: int, n: int, c: int) -> Tensor:
-    """The first n chunks of sequence b, head h of x (B, N, H, D) as an (n, c, D) view: a matmul
-    operand with no copy (a view across heads and sequences could not be batched without one)."""
-    return x[b, : n * c, h].unflatten(0, (n, c))
-
-
-def summaries_forward(t: Tiling, k: Tensor, v: Tensor, omega: Tensor) -> tuple[Tensor, Tensor]:
-    """β (B, H, n, D) of the n chunks whose ω (B, H, n, D) is given, and their softmax weights (B, H, n, c):
-    β_r = Σ_j softmax_j(s·ω_r·k_j − s·‖k_j‖²/2) v_j over chunk r's keys (EVA_SPEC §1.3)."""
-    B, _, H, D = k.shape
-    n, c = omega.shape[-2], t.chunk
-    beta, weights = k.new_empty(B, H, n, D), k.new_empty(B, H, n, c)
-    for b in range(B):
-        for h in range(H):
-            kc, vc = _chunk_rows(k, b, h, n, c), _chunk_rows(v, b, h, n, c)
-            lam = torch.bmm(kc, omega[b, h].unsqueeze(-1)).squeeze(-1).sub_(kc.pow(2).sum(-1).div_(2))
-            weights[b, h] = torch.softmax(lam.mul_(t.scale), dim=-1)
-            beta[b, h] = torch.bmm(weights[b, h].unsqueeze(1), vc).squeeze(1)
-    return beta, weights
-
-
-def summaries_backward(t: Tiling, k, v, omega, weights, d_beta, dk, dv) -> Tensor:
-    """d ω (B, H, n, D); adds the summaries' gradients into dk and dv (B, N, H, D) in place."""
-    B, _, H, D = k.shape
-    n, c = omega.shape[-2], t.chunk
-    d_omega = torch.empty_like(omega)
-    for b in range(B):
-        for h in range(H):
-            kc, vc, wts = _chunk_rows(k, b, h, n, c), _chunk_rows(v, b, h, n, c), weights[b, h]
-            _chunk_rows(dv, b, h, n, c).addcmul_(wts.unsqueeze(-1), d_beta[b, h].unsqueeze(1))
-            dw = torch.bmm(vc, d_beta[b, h].unsqueeze(-1)).squeeze(-1)  # (n, c)
-            dlam = wts * (dw - (wts * dw).sum(-1, keepdim=True)) * t.scale  # softmax backward, times s
-            d_omega[b, h] = torch.bmm(dlam.unsqueeze(1), kc).squeeze(1)
-            # d λ_j/d k_j = s·(ω − k_j), added in two passes: ω − k_j would be a chunk-sized temporary
-            dkc = _chunk_rows(dk, b, h, n, c).addcmul_(dlam.unsqueeze(-1), omega[b, h].unsqueeze(1))
-            dkc.addcmul_(dlam.unsqueeze(-1), kc, value=-1)
-    return d_omega
-
-
-def _pad_front(x: Tensor, rows: int) -> Tensor:
-    """x (B, N, H, D) with `rows` zero rows in front (the previous block of block 0, with overlap)."""
-    return torch.nn.functional.pad(x, (0, 0, 0, 0, rows, 0)) if rows else x
-
-
-def eva_attention(t: Tiling, q: Tensor, k: Tensor, v: Tensor, rk: Tensor, omega: Tensor, bias: Tensor | None) -> Tensor:
-    """Causal EVA over a whole sequence: q, k, v (B, T, H, D); k̃ and ω of the ⌊T/c⌋ chunks (B, H, ⌊T/c⌋, D)
-    -> (B, T, H, D).
-
-    The (B, T, H, D) layout is the projections' own, so neither the inputs nor the output are
-    copied into a head-major layout (out_proj reads the output as a view). `bias` is the
-    (w, ext + w) T5 bias of one block (query row, key column), already scaled by s.
-    """
-    T = q.shape[1]
-    pad = -T % t.window  # right padding: a padded row is never a key of a real query
-    if not pad:  # no slice: its backward would copy the output's gradient into a fresh tensor
-        return EvaRecompute.apply(q, k, v, rk, omega, bias, t)
-    q, k, v = (torch.nn.functional.pad(x, (0, 0, 0, 0, 0, pad)) for x in (q, k, v))
-    return EvaRecompute.apply(q, k, v, rk, omega, bias, t)[:, :T]

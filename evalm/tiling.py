@@ -1,7 +1,11 @@
-"""The static description of one EVA attention call over a whole sequence (`Tiling`).
+"""EVA's visibility rule and the static description of one attention call over a whole sequence.
 
-Both training paths read it: the fused-kernel path (evalm/flash.py) and the plain-PyTorch
-recomputing path (evalm/recompute.py), which also serves attention dropout.
+The rule, for the query at absolute position i (docs/eva.md, "The closed form"):
+  local keys   j with window_start(i) ≤ j ≤ i,   window_start(i) = max(0, ⌊i/w⌋·w − ext)
+  remote keys  chunks r < chunk_limit(i),       chunk_limit(i) = ⌊i/c⌋, or ⌊window_start(i)/c⌋
+                                                 with exclude_window_chunks (no chunk counted twice)
+Every path of EVA (evalm/eva_paths.py lists them) asks `Tiling` for these two numbers; none
+writes the rule again.
 """
 
 from __future__ import annotations
@@ -26,13 +30,18 @@ class Tiling:
     dropout: float = 0.0  # attention dropout on the joint probabilities (0 outside training)
     seed: int = 0  # dropout masks of group g come from a generator seeded with seed + g
     group_logits: int = GROUP_LOGITS
-    fused: bool = True  # PyTorch's fused CPU attention kernel where it applies (evalm/flash.py)
+    fused: bool = True  # PyTorch's fused CPU attention kernel (evalm/flash.py), else plain PyTorch
+    noise_seed: int | None = None  # training noise ε of the chunk summaries, replayed in backward (None: no ε)
 
-    def limit(self, pos: Tensor | int):
-        """Remote chunks visible to the query at `pos`: r < limit (§1.3, §1.7)."""
+    def window_start(self, pos: Tensor | int) -> Tensor | int:
+        """First local key of the query at `pos`: its block's start, less ext, at least 0."""
+        start = pos // self.window * self.window - self.ext
+        return start.clamp(min=0) if isinstance(start, Tensor) else max(0, start)
+
+    def limit(self, pos: Tensor | int) -> Tensor | int:
+        """Remote chunks visible to the query at `pos`: r < limit."""
         if self.exclude_window_chunks:
-            start = pos // self.window * self.window - self.ext
-            return (start.clamp(min=0) if isinstance(start, Tensor) else max(0, start)) // self.chunk
+            return self.window_start(pos) // self.chunk
         return pos // self.chunk
 
     def local_mask(self, bias: Tensor | None, device, dtype) -> Tensor:

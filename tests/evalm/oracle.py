@@ -1,4 +1,4 @@
-"""An independent per-token implementation of causal EVA (EVA_SPEC §1.3), in NumPy float64.
+"""An independent per-token implementation of causal EVA (docs/eva.md, "The closed form"), in NumPy float64.
 
 It shares no code with evalm/eva.py: loops over queries, keys and chunks exactly as the closed
 form reads, with the module's parameters read out as plain arrays.
@@ -133,7 +133,7 @@ def eva_per_token_torch(attn, x):
 
 def eva_per_token_vectorised(attn, x) -> np.ndarray:
     """`eva_per_token` with each query's sums over keys as NumPy vector ops: still one query at a time
-    and the same closed form (EVA_SPEC §1.3), fast enough for n in the thousands (O1 on the multi-tile
+    and the same closed form, fast enough for n in the thousands (O1 on the multi-tile
     and multi-group paths). Checked against the scalar loops above at small n."""
     x = _np(x)
     B, T, E = x.shape

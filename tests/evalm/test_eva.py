@@ -1,7 +1,7 @@
-"""EVA attention and the EVALM model against independent oracles (EVA_SPEC §9, O1-O12).
+"""EVA attention and the EVALM model against independent oracles (docs/eva.md, "Oracles": O1-O12).
 
 Run: python -m pytest tests/evalm -q
-Everything that claims exactness runs in float64 with dropout 0 in eval mode (no ε, §8.9), so
+Everything that claims exactness runs in float64 with dropout 0 in eval mode (no ε), so
 the tolerances (1e-10) only absorb reassociation of float64 sums; a real bug moves outputs by
 1e-3 or more.
 """
@@ -135,7 +135,7 @@ def _full_like(attn: EvaAttention) -> FullAttention:
 
 
 def test_o5_no_visible_chunk_is_exact_softmax():
-    # c ≥ n: no chunk completes (the reference crashes here, §8.2); w = c = 16, n = 10 and 16
+    # c ≥ n: no chunk completes (the reference crashes here); w = c = 16, n = 10 and 16
     attn = make_attention(chunk_size=16)
     for n in (10, 16):
         x = torch.randn(1, n, BASE.d_model, dtype=torch.float64)

@@ -1,4 +1,4 @@
-"""EVA oracles on the paths short sequences never reach (EVA_SPEC §9: O1 at n in the thousands, O7).
+"""EVA oracles on the paths short sequences never reach (docs/eva.md, "Oracles": O1 at n in the thousands, O7).
 
 Run: python -m pytest tests/evalm/test_oracles_long.py -q
 - O1, n = 2,003 (not a multiple of w or c; ~500 chunks): the vectorised per-token oracle
@@ -23,9 +23,12 @@ import evalm.eva
 import evalm.flash
 import evalm.recompute
 from evalm.cache import Cache
-from evalm.recompute import eva_attention
+from evalm.eva import Entries
+from evalm.eva_paths import EvaPath
+from evalm.whole_sequence import eva_attention
 from evalm.tiling import Tiling
 from tests.evalm.oracle import eva_per_token, eva_per_token_vectorised, t5_bucket_ref
+from tests.evalm.paths import PLAIN, TILES, forced
 from tests.evalm.test_eva import BASE, EXACT, VARIANTS, make_attention
 
 N_LONG = 2003
@@ -57,8 +60,7 @@ def test_o1_long_sequence_on_the_recompute_tiled_and_cached_paths(name, monkeypa
 
     seen_groups, real_groups = [], evalm.recompute.groups
     monkeypatch.setattr(evalm.recompute, "groups", lambda *a: seen_groups.append(real_groups(*a)) or seen_groups[-1])
-    attn.fused = False
-    with torch.no_grad():
+    with torch.no_grad(), forced(**PLAIN):
         np.testing.assert_allclose(attn(x).numpy(), want, rtol=0, atol=EXACT)  # plain-PyTorch path, default budget
     groups = seen_groups[0]
     assert len(groups) > 4 and any(g.b1 - g.b0 > 1 for g in groups)  # several groups of several blocks
@@ -66,9 +68,13 @@ def test_o1_long_sequence_on_the_recompute_tiled_and_cached_paths(name, monkeypa
     # The tiled path: 8 tiles of 256 rows; a smaller logit budget splits them into groups of 2.
     monkeypatch.setattr(evalm.eva, "TILE_LOGITS", 1 << 21)
     calls, real_group = [], attn._attend_group
-    attn._attend_group = lambda qg, *a, **k: calls.append(qg.shape[2]) or real_group(qg, *a, **k)
-    attn.recompute = False
-    with torch.no_grad():
+
+    def counted(q_tiles, *args, **kwargs):
+        calls.append(q_tiles.shape[2])
+        return real_group(q_tiles, *args, **kwargs)
+
+    monkeypatch.setattr(attn, "_attend_group", counted)
+    with torch.no_grad(), forced(**TILES):
         np.testing.assert_allclose(attn(x).numpy(), want, rtol=0, atol=EXACT)
         assert len(calls) > 2 and sum(calls) == -(-N_LONG // 256) and max(calls) > 1
         cache, outs, at = Cache(n_layer=1, batch_size=1), [], 0  # `attn` is layer 0
@@ -112,11 +118,13 @@ def test_o7_without_remote_entries_each_query_is_softmax_over_its_block(name):
         rows, cols = np.arange(w)[:, None], np.arange(ext + w)[None, :]  # key col sits at block start − ext + col
         bias_block = torch.tensor(bias_d[np.clip(rows - cols, 0, None)])
     want = _block_local_oracle(q, k, v, w, ext, bias_d)
-    none = q.new_zeros(1, H, 0, D)
+    no_remote = Entries((), (), None, 0.0)
     with torch.no_grad():
-        got = eva_attention(Tiling(w, c, ext, False, s), q, k, v, none, none, bias_block)
-        ops = eva_attention(Tiling(w, c, ext, False, s, fused=False), q, k, v, none, none, bias_block)
-        tiled = attn._attend(*(t.transpose(1, 2) for t in (q, k, v)), (), (), 0, 0, None).transpose(1, 2)
+        got = eva_attention(Tiling(w, c, ext, False, s), q, k, v, None, bias_block)
+        ops = eva_attention(Tiling(w, c, ext, False, s, fused=False), q, k, v, None, bias_block)
+        plan = attn._plan(1, 0, n, 0)
+        tiled = attn._attend(*(t.transpose(1, 2) for t in (q, k, v)), no_remote, 0, 0, plan, EvaPath("tiles", "test"))
+        tiled = tiled.transpose(1, 2)
     np.testing.assert_allclose(got.numpy(), want, rtol=0, atol=EXACT)
     np.testing.assert_allclose(ops.numpy(), want, rtol=0, atol=EXACT)
     np.testing.assert_allclose(tiled.numpy(), want, rtol=0, atol=EXACT)

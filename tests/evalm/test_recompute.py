@@ -1,11 +1,11 @@
 """EVA's recomputing training attention against two gradient oracles, on both of its paths: PyTorch's
-fused CPU kernel (evalm/flash.py, the default) and the plain-PyTorch recomputation
-(evalm/recompute.py, `fused = False`; the path attention dropout always takes).
+fused CPU kernel (evalm/flash.py, path "fused", the default) and the plain-PyTorch recomputation
+(evalm/recompute.py, path "recompute"; the path attention dropout always takes).
 
 Oracles, float64, every parameter's gradient and the input's:
-1. the autograd path through `EvaAttention._attend` (the implementation before recomputation,
-   selected with `recompute = False`), on its single-tile, multi-tile and grouped paths;
-2. `eva_per_token_torch`, the per-token closed form of EVA_SPEC §1.3 (tests/evalm/oracle.py).
+1. the autograd path through `EvaAttention._attend` (path "tiles", the implementation before
+   recomputation, pinned with `forced(**TILES)`), on its single-tile, multi-tile and grouped paths;
+2. `eva_per_token_torch`, the per-token closed form (docs/eva.md; tests/evalm/oracle.py).
 Dropout is checked by gradcheck: backward equals the numerical derivative of the very forward
 whose keep masks it must replay. Memory: the graph keeps O(n·D) tensors, not O(n·(w + n/c)).
 """
@@ -20,9 +20,12 @@ import torch
 import evalm.eva
 import evalm.flash
 import evalm.recompute
-from evalm.recompute import EvaRecompute
+import evalm.tiling
+from evalm.whole_sequence import eva_attention
+from evalm.summaries import AdaptiveMaps
 from evalm.tiling import Tiling
 from tests.evalm.oracle import eva_per_token_torch
+from tests.evalm.paths import PLAIN, TILES, forced
 from tests.evalm.test_eva import BASE, VARIANTS, make_attention, make_model, tokens
 
 EXACT = 1e-10
@@ -59,6 +62,7 @@ def _flash_groups(monkeypatch, rows: int = 40) -> list:
     """Remote groups of `rows` queries on the fused path (several per test sequence, each with a
     staircase tail); returns the list of each call's groups, so a test can see the path was taken."""
     monkeypatch.setattr(evalm.flash, "ROWS", rows)
+    monkeypatch.setattr(evalm.flash, "RANGE_ROWS", 32)  # backward in many ranges, partial over a batch of 2
     monkeypatch.setattr(evalm.flash, "BACKWARD_ROWS", rows // 2 + 1)  # other groups, prefix pieces
     seen, real = [], evalm.flash._remote_groups
     monkeypatch.setattr(evalm.flash, "_remote_groups", lambda *a: seen.append(real(*a)) or seen[-1])
@@ -72,28 +76,29 @@ def _flash_groups(monkeypatch, rows: int = 40) -> list:
 @pytest.mark.parametrize("n", [13, 77, 300])
 def test_gradients_equal_the_autograd_path(name, n, fused, monkeypatch):
     attn = make_attention(**VARIANTS[name])
-    attn.fused = fused
     x, weight = _inputs(n)
     seen = _flash_groups(monkeypatch)
     if n == 300:  # several groups on both paths
         monkeypatch.setattr(evalm.eva, "TILE_LOGITS", 2 * 4 * 256 * 400)
-        attn.group_logits = 2 * 4 * 3 * attn.window_size * 120
-    new = _grads(attn, attn, x, weight)
+        monkeypatch.setattr(evalm.tiling, "GROUP_LOGITS", 2 * 4 * 3 * attn.window_size * 120)
+    with forced(**({} if fused else PLAIN)):
+        new = _grads(attn, attn, x, weight)
     assert bool(seen) == fused  # the path under test is the one taken
     if fused and n == 300:
         assert len(seen[0]) > 3 and any(g.end > g.prefix > 0 for g in seen[0])  # prefix and tail calls
-    attn.recompute = False
-    old = _grads(attn, attn, x, weight)
+    with forced(**TILES):
+        old = _grads(attn, attn, x, weight)
     _assert_same(new, old)
     if n == 300:  # the forced groups really split the sequence
         t = Tiling(attn.window_size, attn.chunk_size, attn.ext, attn.exclude_window_chunks, 1.0,
-                   group_logits=attn.group_logits)
+                   group_logits=evalm.tiling.GROUP_LOGITS)
         assert len(evalm.recompute.groups(t, 8, -(-n // attn.window_size), n // attn.chunk_size)) > 1
 
 
 def _pieces(attn, n: int, batch_heads: int = 8) -> list:
     """The groups of an n-token sequence that are pieces of a block (fewer than w rows)."""
-    t = Tiling(attn.window_size, attn.chunk_size, attn.ext, attn.exclude_window_chunks, 1.0, group_logits=attn.group_logits)
+    t = Tiling(attn.window_size, attn.chunk_size, attn.ext, attn.exclude_window_chunks, 1.0,
+               group_logits=evalm.tiling.GROUP_LOGITS)
     found = evalm.recompute.groups(t, batch_heads, -(-n // attn.window_size), n // attn.chunk_size)
     return [g for g in found if g.r1 - g.r0 < attn.window_size]
 
@@ -103,13 +108,14 @@ def test_blocks_cut_into_row_pieces_keep_the_gradients(name, monkeypatch):
     """A block whose queries see more chunks than the logit budget allows runs in row pieces."""
     monkeypatch.setattr(evalm.recompute, "MIN_PIECE", 3)
     attn = make_attention(**VARIANTS[name])
-    attn.fused = False  # pieces are the plain-PyTorch path's
-    attn.group_logits = 8 * 5 * (2 * attn.window_size + 30)  # about 5 rows per piece late in the sequence
+    # about 5 rows per piece late in the sequence
+    monkeypatch.setattr(evalm.tiling, "GROUP_LOGITS", 8 * 5 * (2 * attn.window_size + 30))
     x, weight = _inputs(200)
     assert len(_pieces(attn, 200)) > 4
-    new = _grads(attn, attn, x, weight)
-    attn.recompute = False
-    _assert_same(new, _grads(attn, attn, x, weight))
+    with forced(**PLAIN):  # pieces are the plain-PyTorch path's
+        new = _grads(attn, attn, x, weight)
+    with forced(**TILES):
+        _assert_same(new, _grads(attn, attn, x, weight))
 
 
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "ops"])
@@ -117,33 +123,41 @@ def test_blocks_cut_into_row_pieces_keep_the_gradients(name, monkeypatch):
 def test_gradients_equal_the_per_token_oracle(name, fused, monkeypatch):
     _flash_groups(monkeypatch, rows=24)
     attn = make_attention(**VARIANTS[name])
-    attn.fused = fused
-    attn.group_logits = 2 * 4 * 2 * attn.window_size * 40  # a few blocks per group
+    monkeypatch.setattr(evalm.tiling, "GROUP_LOGITS", 2 * 4 * 2 * attn.window_size * 40)  # a few blocks per group
     x, weight = _inputs(70)
-    _assert_same(_grads(attn, attn, x, weight), _grads(attn, lambda x: eva_per_token_torch(attn, x), x, weight))
+    with forced(**({} if fused else PLAIN)):
+        got = _grads(attn, attn, x, weight)
+    _assert_same(got, _grads(attn, lambda x: eva_per_token_torch(attn, x), x, weight))
 
 
 def _function_inputs(ext: int, n_blocks: int = 5):
+    """w, c, the adaptive maps and (q, k, v, bias) of a direct `eva_attention` call, float64."""
     gen = torch.Generator().manual_seed(7)
     w, c, D = 8, 4, 6
     N = n_blocks * w
-    t = lambda *shape: torch.randn(*shape, dtype=torch.float64, generator=gen, requires_grad=True)  # noqa: E731
-    return w, c, (t(1, N, 2, D), t(1, N, 2, D), t(1, N, 2, D), t(1, 2, N // c, D), t(1, 2, N // c, D), t(w, ext + w))
+    torch.manual_seed(7)
+    maps = AdaptiveMaps(*(torch.nn.Sequential(torch.nn.Linear(D, D), torch.nn.LayerNorm(D)).double() for _ in range(2)))
+    shapes = [(1, N, 2, D)] * 3 + [(w, ext + w)]
+    return w, c, maps, [torch.randn(*shape, dtype=torch.float64, generator=gen, requires_grad=True) for shape in shapes]
 
 
 @pytest.mark.parametrize("ext, budget", [(0, 2 * 2 * 8 * 30), (8, 2 * 2 * 8 * 30), (8, 2 * 2 * 3 * 30)])
-def test_dropout_masks_are_replayed_exactly_in_backward(ext, budget, monkeypatch):
+def test_dropout_masks_and_noise_are_replayed_exactly_in_backward(ext, budget, monkeypatch):
+    """gradcheck: backward equals the numerical derivative of the very forward whose dropout masks
+    and training noise ε (both from seeds) it must replay while recomputing the chunk state."""
     monkeypatch.setattr(evalm.recompute, "MIN_PIECE", 3)  # the smallest budget cuts blocks into pieces
-    w, c, inputs = _function_inputs(ext)
-    tiling = Tiling(w, c, ext, False, 0.4, dropout=0.3, seed=11, group_logits=budget)
-    fn = lambda *a: EvaRecompute.apply(*a, tiling)  # noqa: E731
-    assert torch.autograd.gradcheck(fn, inputs, eps=1e-6, atol=1e-8, fast_mode=True)
-    no_drop = EvaRecompute.apply(*inputs, dataclasses.replace(tiling, dropout=0.0))
-    dropped = fn(*inputs)
-    assert (dropped - no_drop).abs().max() > 1e-3  # dropout really acts
-    torch.testing.assert_close(fn(*inputs), dropped, rtol=0, atol=0)  # one seed, one set of masks
-    other = EvaRecompute.apply(*inputs, dataclasses.replace(tiling, seed=12))
-    assert (other - dropped).abs().max() > 1e-3
+    w, c, maps, inputs = _function_inputs(ext)
+    tiling = Tiling(w, c, ext, False, 0.4, dropout=0.3, seed=11, group_logits=budget, fused=False, noise_seed=5)
+
+    def attend(*x, t=tiling):
+        return eva_attention(t, *x[:3], maps, x[3])
+
+    assert torch.autograd.gradcheck(attend, inputs, eps=1e-6, atol=1e-8, fast_mode=True)
+    dropped = attend(*inputs)
+    assert (dropped - attend(*inputs, t=dataclasses.replace(tiling, dropout=0.0))).abs().max() > 1e-3  # dropout acts
+    assert (dropped - attend(*inputs, t=dataclasses.replace(tiling, noise_seed=None))).abs().max() > 1e-3  # ε acts
+    torch.testing.assert_close(attend(*inputs), dropped, rtol=0, atol=0)  # one seed, one set of masks
+    assert (attend(*inputs, t=dataclasses.replace(tiling, seed=12)) - dropped).abs().max() > 1e-3
 
 
 def test_module_dropout_trains_and_is_fresh_each_forward():
@@ -158,40 +172,49 @@ def test_module_dropout_trains_and_is_fresh_each_forward():
     assert (attn(x) - a["out"]).abs().max() > 1e-3
 
 
-def _saved_bytes(fn) -> int:
-    total = 0
+def _saved(fn) -> list[torch.Tensor]:
+    """Every tensor autograd's graph of fn() saves for backward."""
+    saved = []
 
     def pack(t):
-        nonlocal total
-        total += t.numel() * t.element_size()
+        saved.append(t)
         return t
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    def unpack(t):
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
         fn()
-    return total
+    return saved
 
 
-def test_graph_keeps_linear_memory():
-    """The recomputing path saves O(n·E) bytes; the autograd path saves every tile's probabilities."""
+def _nbytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def test_graph_keeps_linear_memory_and_no_chunk_state():
+    """The recomputing path saves O(n·E) bytes and nothing chunk-sized (k̃, ω, β, the maps' inputs
+    and outputs are recomputed in backward); the autograd path saves every tile's probabilities."""
     attn = make_attention(window_size=32, chunk_size=4).float()
     attn.train()
     x = torch.randn(1, 2048, 32, requires_grad=True)
     per_token = 2048 * 32 * 4  # one float per token and model dimension
-    new = _saved_bytes(lambda: attn(x))
-    attn.recompute = False
-    old = _saved_bytes(lambda: attn(x))
-    assert new < 40 * per_token < old
+    new = _saved(lambda: attn(x))
+    chunk_sized = [t.shape for t in new if 2048 // 4 in t.shape]
+    assert not chunk_sized, chunk_sized
+    with forced(**TILES):
+        old = _saved(lambda: attn(x))
+    assert _nbytes(new) < 10 * per_token < 40 * per_token < _nbytes(old)
 
 
 def test_model_loss_gradients_equal_the_autograd_path():
     model = make_model(use_t5_bias=True)
     x = tokens(90, batch=2)
     grads = []
-    for recompute in (True, False):
-        for block in model.blocks:
-            block.attn.recompute = recompute
+    for facts in ({}, TILES):
         model.zero_grad(set_to_none=True)
-        model(x[:, :-1], targets=x[:, 1:]).backward()
+        with forced(**facts):
+            model(x[:, :-1], targets=x[:, 1:]).backward()
         grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
     for name in grads[0]:
         torch.testing.assert_close(grads[0][name], grads[1][name], rtol=0, atol=EXACT, msg=name)
@@ -216,15 +239,16 @@ def test_activation_checkpointing_replays_the_dropout_seed():
 
 
 def test_bf16_autocast_does_not_reach_inside_the_function():
-    """bf16 inputs are computed in fp32 (EVA_SPEC §8.8) whether or not autocast is on: autocast
-    would otherwise recast every matmul of the group loop to bf16."""
-    w, c, inputs = _function_inputs(0)
+    """bf16 inputs give the same result whether or not autocast is on: autocast would otherwise
+    recast every matmul of the group loop to bf16 behind the Function's own choice of precision."""
+    w, c, maps, inputs = _function_inputs(0)
+    maps = AdaptiveMaps(*(m.float() for m in maps))
     low = [x.detach().to(torch.bfloat16).requires_grad_(True) for x in inputs]
     tiling = Tiling(w, c, 0, False, 0.4)
     outs = []
     for enabled in (False, True):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=enabled):
-            out = EvaRecompute.apply(*low, tiling)
+            out = eva_attention(tiling, *low[:3], maps, low[3])
         out.float().pow(2).sum().backward()
         outs.append([out.detach()] + [x.grad.clone() for x in low])
         for x in low:
@@ -241,14 +265,13 @@ def test_training_on_the_fused_and_plain_paths_follows_one_trajectory():
 
     def losses(fused: bool) -> list[float]:
         model = make_model(dropout=0.1).train()
-        for block in model.blocks:
-            block.attn.fused = fused
         optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
         out = []
         for step in range(30):  # three batches, ten times each: enough to learn something
             line = data[step % 3]
             torch.manual_seed(100 + step)
-            loss = model(line[:, :-1], targets=line[:, 1:])
+            with forced(**({} if fused else PLAIN)):
+                loss = model(line[:, :-1], targets=line[:, 1:])
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
@@ -258,3 +281,37 @@ def test_training_on_the_fused_and_plain_paths_follows_one_trajectory():
     fused, plain = losses(True), losses(False)
     assert fused[-1] < fused[0] - 0.05  # it trains
     torch.testing.assert_close(torch.tensor(fused), torch.tensor(plain), rtol=0, atol=1e-12)
+
+
+def _relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got.double() - want).norm() / want.norm())
+
+
+@pytest.mark.parametrize("name", ["w16c4-t5", "w8c4-overlap-t5"])
+def test_bf16_runs_natively_on_the_fused_path_within_bf16_of_the_float64_path(name, monkeypatch):
+    """Under bf16 autocast the fused kernel gets bf16 q, k, v (no sequence-sized fp32 copies; the
+    local blocks go to it in fp32 one range at a time) and the output and every gradient stay
+    within bf16's reach of the float64 path (merges and gradient sums in fp32)."""
+    attn = make_attention(**VARIANTS[name])
+    x, weight = _inputs(300)
+    want = _grads(attn, attn, x, weight)
+    low = make_attention(**VARIANTS[name]).float()
+    kernel_dtypes, real = [], evalm.flash._FWD
+
+    def recording(q, *args, **kwargs):
+        kernel_dtypes.append(q.dtype)
+        return real(q, *args, **kwargs)
+
+    monkeypatch.setattr(evalm.flash, "_FWD", recording)
+
+    def under_autocast(x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return low(x).float()
+
+    got = _grads(low, under_autocast, x.float(), weight.float())
+    assert torch.bfloat16 in kernel_dtypes  # the remote parts run in bf16: fails if the Function upcasts
+    for key in want:
+        if want[key] is None:
+            continue
+        error = _relative_error(got[key], want[key])
+        assert error < 3e-2, (key, error)

@@ -1,0 +1,110 @@
+"""EVA's chunk summaries: one remote key k̃_r and one remote value β_r per completed chunk r.
+
+Every path of EVA computes them here (docs/eva.md, "Chunk summaries"):
+  q̄_r, k̄_r   mean query and mean key of chunk r's c tokens              (B, H, n, D)
+  k̃_r        = A_k(k̄_r), the remote key                                  (B, H, n, D)
+  ω_r        = A_q(q̄_r) + k̃_r (+ ε_r ~ N(0, I) in training only)         (B, H, n, D)
+  λ_rj       = s·ω_r·k_j − s·‖k_j‖²/2, for the c keys j of chunk r        (…, n, c)
+  β_r        = Σ_j softmax_j(λ_r·) v_j, the remote value                  (B, H, n, D)
+B sequences, H heads, n chunks of c tokens, D the head dimension, s = D^-1/2, N ≥ n·c tokens.
+Causal EVA has no 0.5 in ω, and ‖k‖² is scaled by s, not s² (the public reference's choices).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from evalm.heads import upcast
+
+
+class AdaptiveMaps(NamedTuple):
+    """A_q and A_k (modules: the adaptive maps, shared by the heads of a layer)."""
+
+    mu_q: nn.Module
+    mu_k: nn.Module
+
+    def parameters(self) -> list[Tensor]:
+        """Their parameters, A_q's then A_k's: the order of a Function's extra inputs."""
+        return [*self.mu_q.parameters(), *self.mu_k.parameters()]
+
+
+def chunk_means(x: Tensor, n: int, c: int, dtype: torch.dtype | None = None) -> Tensor:
+    """Means of the first n chunks of c rows of x (B, N, H, D) -> (B, H, n, D), summed in `dtype`."""
+    return x[:, : n * c].unflatten(1, (n, c)).mean(2, dtype=dtype).transpose(1, 2)
+
+
+def noise(seed: int, like: Tensor) -> Tensor:
+    """ε ~ N(0, I) shaped like ω, from a generator seeded with `seed`: a backward that recomputes ω
+    draws the very ε its forward drew."""
+    generator = torch.Generator(device=like.device)
+    generator.manual_seed(seed)
+    return torch.randn(like.shape, generator=generator, dtype=like.dtype, device=like.device)
+
+
+def keys(maps: AdaptiveMaps, q_mean: Tensor, k_mean: Tensor, noise_seed: int | None) -> tuple[Tensor, Tensor]:
+    """k̃ and ω (B, H, n, D) from the chunks' mean queries and keys, in the maps' dtype."""
+    k_tilde = maps.mu_k(k_mean)
+    omega = maps.mu_q(q_mean) + k_tilde
+    if noise_seed is not None:  # one random-feature sample per chunk and head, fresh every forward
+        omega = omega + noise(noise_seed, omega)
+    return k_tilde, omega
+
+
+def values(k: Tensor, v: Tensor, omega: Tensor, scale: float) -> tuple[Tensor, Tensor]:
+    """β (…, n, D) and the softmax weights (…, n, c) from chunk keys and values k, v (…, n, c, D)
+    and ω (…, n, D): the one place λ and β are written."""
+    lam = torch.matmul(k, omega.unsqueeze(-1)).squeeze(-1)  # ω_r·k_j
+    lam = lam - k.pow(2).sum(-1) / 2
+    weights = torch.softmax(upcast(lam * scale), dim=-1).to(v.dtype)
+    beta = torch.matmul(weights.unsqueeze(-2), v).squeeze(-2)
+    return beta, weights
+
+
+def values_backward(k: Tensor, v: Tensor, omega: Tensor, weights: Tensor, d_beta: Tensor, scale: float,
+                    dk: Tensor, dv: Tensor) -> Tensor:
+    """d ω (n, D) of one head's `values`; adds d k and d v (n, c, D) into dk and dv in place.
+    With g_j = v_j·dβ: dλ_j = s·w_j·(g_j − Σ_i w_i g_i), dω = Σ_j dλ_j k_j, dk_j = dλ_j (ω − k_j)."""
+    dv.addcmul_(weights.unsqueeze(-1), d_beta.unsqueeze(-2))
+    g = torch.matmul(v, d_beta.unsqueeze(-1)).squeeze(-1)  # (n, c)
+    d_lam = weights * (g - (weights * g).sum(-1, keepdim=True)) * scale
+    d_omega = torch.matmul(d_lam.unsqueeze(-2), k).squeeze(-2)
+    # ω − k_j would be a chunk-sized temporary: add d λ_j·ω, then subtract d λ_j·k_j
+    dk.addcmul_(d_lam.unsqueeze(-1), omega.unsqueeze(-2))
+    dk.addcmul_(d_lam.unsqueeze(-1), k, value=-1)
+    return d_omega
+
+
+def _chunk_rows(x: Tensor, b: int, h: int, n: int, c: int) -> Tensor:
+    """The first n chunks of sequence b, head h of x (B, N, H, D) as an (n, c, D) view: a matmul
+    operand with no copy (a view across heads and sequences could not be batched without one)."""
+    return x[b, : n * c, h].unflatten(0, (n, c))
+
+
+def sequence_values(k: Tensor, v: Tensor, omega: Tensor, c: int, scale: float) -> tuple[Tensor, Tensor]:
+    """`values` of k, v (B, N, H, D) in their own layout, one head at a time on views, so no
+    sequence-sized product (k·ω, ‖k‖², weights·v) exists at once: β (B, H, n, D), weights (B, H, n, c)."""
+    B, _, H, D = k.shape
+    n = omega.shape[-2]
+    beta, weights = omega.new_empty(B, H, n, D), omega.new_empty(B, H, n, c)  # in ω's dtype: bf16 k, v upcast per head
+    for b in range(B):
+        for h in range(H):
+            kc, vc = (_chunk_rows(x, b, h, n, c).to(omega.dtype) for x in (k, v))
+            beta[b, h], weights[b, h] = values(kc, vc, omega[b, h], scale)
+    return beta, weights
+
+
+def sequence_values_backward(k: Tensor, v: Tensor, omega: Tensor, weights: Tensor, d_beta: Tensor, c: int,
+                             scale: float, dk: Tensor, dv: Tensor) -> Tensor:
+    """d ω (B, H, n, D) of `sequence_values`; adds its d k and d v into dk, dv (B, N, H, D) in place."""
+    B, _, H, D = k.shape
+    n = omega.shape[-2]
+    d_omega = torch.empty_like(omega)
+    for b in range(B):
+        for h in range(H):
+            kc, vc = (_chunk_rows(x, b, h, n, c).to(omega.dtype) for x in (k, v))
+            dkc, dvc = _chunk_rows(dk, b, h, n, c), _chunk_rows(dv, b, h, n, c)
+            d_omega[b, h] = values_backward(kc, vc, omega[b, h], weights[b, h], d_beta[b, h], scale, dkc, dvc)
+    return d_omega

@@ -1,0 +1,31 @@
+"""Pinning EVA's path in a test: `choose` (evalm/eva_paths.py) decides as if some facts of the call
+were different, so the production module carries no test switch.
+
+    with forced(**PLAIN): ...   # a whole sequence takes "recompute" (plain PyTorch), not the kernel
+    with forced(**TILES): ...   # a whole sequence takes the tiled autograd path, the oracle it had
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+
+from evalm import eva_paths
+
+PLAIN = {"kernel": False}  # as if the fused CPU kernel were unavailable
+TILES = {"whole": False}  # as if a cache were given: query tiles, autograd's own backward
+
+
+@contextlib.contextmanager
+def forced(**facts):
+    """Within the block, every EVA call is routed as if its `EvaCall` had these facts."""
+    real = eva_paths.choose
+
+    def choose(call: eva_paths.EvaCall) -> eva_paths.EvaPath:
+        return real(dataclasses.replace(call, **facts))
+
+    eva_paths.choose = choose
+    try:
+        yield
+    finally:
+        eva_paths.choose = real

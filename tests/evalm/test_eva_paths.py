@@ -1,0 +1,96 @@
+"""Which path an EVA call takes (evalm/eva_paths.py): decided in one place, visible under --debug.
+
+The rule is checked fact by fact on `choose`; then real calls of `EvaAttention` (training,
+scoring, a cache, forks over one parent) are run with EVALM_DEBUG=1 (what `evalm --debug` sets)
+and the path each reports is the one the rule names. Whether each path computes EVA is the other
+tests' business (test_eva.py, test_recompute.py, test_oracles_long.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+import torch
+
+from evalm import eva_paths
+from evalm.eva_paths import EvaCall, choose
+from tests.evalm.paths import PLAIN, TILES, forced
+from tests.evalm.test_eva import make_attention, make_model, tokens
+
+TRAINING = EvaCall(whole=True, kernel=True, dropout=False, grad=True, full_precision=True, one_tile_per_group=False, forks=False)
+SCORING = EvaCall(whole=False, kernel=True, dropout=False, grad=False, full_precision=True, one_tile_per_group=True, forks=False)
+
+
+@pytest.mark.parametrize("facts, name", [
+    ({}, "fused"),
+    ({"dropout": True}, "recompute"),
+    ({"kernel": False}, "recompute"),
+    ({"whole": False}, "tiles"),  # a cache in training: autograd through tiles
+])
+def test_a_whole_sequence_takes_the_kernel_unless_dropout_or_the_device_forbid(facts, name):
+    path = choose(dataclasses.replace(TRAINING, **facts))
+    assert path.name == name and path.reason
+
+
+@pytest.mark.parametrize("facts, name", [
+    ({}, "tiles-split"),
+    ({"forks": True}, "forks-split"),
+    ({"grad": True}, "tiles"),  # a graph needs the one-mask SDPA path
+    ({"dropout": True}, "tiles"),
+    ({"full_precision": False}, "tiles"),
+    ({"one_tile_per_group": False}, "tiles"),
+    ({"forks": True, "grad": True}, "forks"),
+])
+def test_a_cached_call_splits_its_softmax_only_without_graph_dropout_or_low_precision(facts, name):
+    assert choose(dataclasses.replace(SCORING, **facts)).name == name
+
+
+def _reported(capsys) -> list[str]:
+    return re.findall(r"EVA layer (\d+): path (\S+) \(", capsys.readouterr().err)
+
+
+@pytest.fixture
+def debug(monkeypatch):
+    monkeypatch.setenv("EVALM_DEBUG", "1")
+    monkeypatch.setattr(eva_paths, "_REPORTED", set())
+
+
+def test_debug_names_the_path_of_each_real_call(debug, capsys):
+    model = make_model(attn_dropout=0.1)
+    x = tokens(40, batch=2)
+    model.train()
+    model(x[:, :-1], targets=x[:, 1:]).backward()
+    assert _reported(capsys) == [("0", "recompute"), ("1", "recompute")]  # the paper's attention dropout
+    model.eval()
+    model(x[:, :-1], targets=x[:, 1:]).backward()
+    assert _reported(capsys) == [("0", "fused"), ("1", "fused")]
+    with torch.no_grad():
+        parent = model.new_cache()
+        model(tokens(48), cache=parent)
+        assert ("0", "tiles-split") in _reported(capsys)  # 48 tokens: one 64-row tile
+        model(tokens(3, batch=3), cache=parent.fork(batch_size=3))  # completing no chunk: all share the parent's
+        assert _reported(capsys) == [("0", "forks-split"), ("1", "forks-split")]
+    model(tokens(9), cache=model.new_cache())  # a graph through a cache
+    assert _reported(capsys) == [("0", "tiles"), ("1", "tiles")]
+    model(tokens(9), cache=model.new_cache())
+    assert _reported(capsys) == []  # once per layer and path
+
+
+def test_without_debug_nothing_is_printed(monkeypatch, capsys):
+    monkeypatch.delenv("EVALM_DEBUG", raising=False)
+    monkeypatch.setattr(eva_paths, "_REPORTED", set())
+    model = make_model()
+    model(tokens(20))
+    assert capsys.readouterr().err == ""
+
+
+def test_tests_pin_paths_through_the_facts_not_through_switches_on_the_module(debug, capsys):
+    attn = make_attention()
+    assert not {"recompute", "fused", "group_logits"} & set(vars(attn))
+    x = torch.randn(1, 40, 32, dtype=torch.float64)
+    for facts, name in (({}, "fused"), (PLAIN, "recompute"), (TILES, "tiles-split")):
+        with torch.no_grad(), forced(**facts):
+            attn(x)
+        assert _reported(capsys) == [("0", name)]
