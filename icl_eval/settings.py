@@ -12,10 +12,8 @@ from typing import Any
 
 from evalm.config_toolkit import apply_overrides, read_toml, to_dict
 
-TINY_MODEL: dict[str, Any] = {
-    "vocab_size": 257, "d_model": 64, "n_layer": 2, "n_head": 4, "d_ff": 256, "window_size": 16,
-    "chunk_size": 4, "circular_period": 512, "attention": "eva", "dropout": 0.0, "attn_dropout": 0.0,
-}
+TINY_MODEL: dict[str, Any] = {**read_toml("configs/model-tiny.toml")["model"], "vocab_size": 257,
+                              "circular_period": 512, "dropout": 0.0, "attn_dropout": 0.0}
 """`[model]` of the built-in default (no --checkpoint/--hf-model): a byte-level EVALM small enough
 to train on the synthetic family in about 30 s on a CPU."""
 

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import tomllib
 from pathlib import Path
 
-from evalm.config_toolkit import read_toml
+from evalm.config_toolkit import read_toml, shipped
+from evalm.config_toolkit.files import INCLUDE
 
 
 def _fingerprint(path: Path) -> str:
@@ -51,6 +53,8 @@ def stage_key(r, stage: str, commands: list, previous: str) -> str:
         for value in _strings(read_toml(config)):  # files a config names (word lists, budgets, tokenizers)
             if Path(value).is_file():
                 inputs[value] = _fingerprint(Path(value))
+        for name in tomllib.loads(config.read_text(encoding="utf-8")).get(INCLUDE, []):  # the files it starts from
+            inputs[name] = _fingerprint(shipped(name))
     if stage == "filter":
         import evalm.data_pipeline.wordlists as wordlists
 

@@ -10,7 +10,11 @@ import dataclasses
 import pytest
 from pydantic.dataclasses import dataclass
 
+from pathlib import Path
+
 from evalm.config_toolkit import FROZEN, ConfigError, build, read_toml, to_dict
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass(config=FROZEN, frozen=True)
@@ -85,3 +89,30 @@ def test_type_errors_and_checks_are_one_line_naming_the_key():
 def test_config_error_is_a_value_error_and_to_dict_is_json_ready():
     assert issubclass(ConfigError, ValueError)
     assert to_dict(Outer(steps=2)) == {"steps": 2, "rate": 0.5, "inner": {"width": 4, "name": "a"}}
+
+
+def test_include_starts_from_another_file_and_own_values_win(tmp_path):
+    (tmp_path / "base.toml").write_text('[model]\nd = 1\nw = 2\n[train]\nsteps = 5\n')
+    path = tmp_path / "run.toml"
+    path.write_text(f'include = ["{tmp_path / "base.toml"}"]\n[model]\nw = 3\n')
+    assert read_toml(path) == {"model": {"d": 1, "w": 3}, "train": {"steps": 5}}
+    path.write_text(f'include = ["{path}"]\n')
+    with pytest.raises(ConfigError, match="includes itself"):
+        read_toml(path)
+
+
+def test_the_tiny_model_is_written_once():
+    """The tiny run files take their shape from configs/model-tiny.toml and state only what differs."""
+    import tomllib
+
+    shape = read_toml("configs/model-tiny.toml")["model"]
+    for name in ("pretrain-tiny", "msit-tiny", "eval-tiny"):
+        raw = tomllib.loads((ROOT / "configs" / f"{name}.toml").read_text())
+        assert raw["include"] == ["configs/model-tiny.toml"]
+        assert not {"d_model", "n_layer", "n_head", "d_ff", "window_size", "chunk_size"} & set(raw["model"]), name
+        assert {k: read_toml(ROOT / "configs" / f"{name}.toml")["model"][k] for k in ("d_model", "n_layer")} == \
+            {"d_model": shape["d_model"], "n_layer": shape["n_layer"]}
+    from evalm.icl_eval.settings import TINY_MODEL
+
+    assert {k: TINY_MODEL[k] for k in shape if k not in ("vocab_size", "circular_period")} == \
+        {k: v for k, v in shape.items() if k not in ("vocab_size", "circular_period")}
