@@ -315,3 +315,17 @@ def test_bf16_runs_natively_on_the_fused_path_within_bf16_of_the_float64_path(na
             continue
         error = _relative_error(got[key], want[key])
         assert error < 3e-2, (key, error)
+
+
+def test_the_fused_backward_leaves_a_direct_callers_inputs_intact_and_refuses_dropout():
+    """Without `consume`, the fused backward writes its gradients over copies: q, k, v keep their
+    values (they would hold dq, dk, dv otherwise). Dropout on the fused path is refused, not ignored."""
+    w, c, maps, inputs = _function_inputs(0)
+    before = [x.detach().clone() for x in inputs]
+    tiling = Tiling(w, c, 0, False, 0.4)
+    eva_attention(tiling, *inputs[:3], maps, inputs[3]).pow(2).sum().backward()
+    for x, kept in zip(inputs, before):
+        torch.testing.assert_close(x.detach(), kept, rtol=0, atol=0)
+        assert x.grad is not None and x.grad.abs().max() > 0
+    with pytest.raises(ValueError, match="no attention dropout"):
+        eva_attention(dataclasses.replace(tiling, dropout=0.1), *inputs[:3], maps, inputs[3])
