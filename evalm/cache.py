@@ -1,4 +1,4 @@
-"""The incremental-encoding cache (EVALM Algorithm 1, EVA_SPEC §4.2-4.3).
+"""The incremental-encoding cache (EVALM Algorithm 1, docs/model.md).
 
 A `Cache` owns the position (`n_seen`, nanochat's KVCache) and one state per layer, a
 `LayerState` defined by the layer's attention variant (declared below). For EVA a layer's state is exactly what the next token can attend to: the window K/V of the current block,
@@ -122,7 +122,7 @@ class Cache:
     def fork(self, batch_size: int | None = None) -> Cache:
         """An independent child; with batch_size, N children broadcast from a batch-1 parent.
 
-        Children of a batch must be fed RIGHT-padded tokens (EVA_SPEC §4.3): padding after the
+        Children of a batch must be fed RIGHT-padded tokens (docs/model.md): padding after the
         real tokens never reaches them, while left padding would shift blocks, chunks, positions.
         """
         if batch_size is not None and batch_size != self.batch_size and self.batch_size != 1:
@@ -142,7 +142,7 @@ def merge(caches: list[Cache], own_logit_bias: float = 0.0, position_offset: int
 
     Structured Prompting (Hao et al., Eq. 2): groups are encoded independently; the test tokens
     attend to all groups' keys/values and to themselves, their own logits raised by log M. For
-    EVA a group's entries are its window K/V plus its remote chunk summaries (ICL_SPEC §3).
+    EVA a group's entries are its window K/V plus its remote chunk summaries (docs/evaluation.md).
     """
     if not caches:
         raise ValueError("merge needs at least one cache")
@@ -151,7 +151,7 @@ def merge(caches: list[Cache], own_logit_bias: float = 0.0, position_offset: int
         raise ValueError("merge needs batch-1 caches of one model")
     if len(caches) == 1 and own_logit_bias == 0.0 and position_offset in (None, caches[0].get_pos()):
         # Merging one cache is that cache: new tokens continue its blocks and chunks, so one group
-        # equals concat exactly for every group length (ICL_SPEC §3). A fresh cache would start a
+        # equals concat exactly for every group length (docs/evaluation.md). A fresh cache would start a
         # new block at the group's end and lose the chunk that the test tokens complete.
         return caches[0].fork()
     prefix = []

@@ -17,7 +17,7 @@ from evalm.attention import ATTENTION  # the one dict of attention classes
 
 @dataclass(config=FROZEN, frozen=True)
 class ModelConfig:
-    """Shape of one EVALM decoder (EVA_SPEC.md §1, §3, §5)."""
+    """Shape of one EVALM decoder (docs/model.md)."""
 
     vocab_size: int = 50272
     """Rows of the token embedding (padded vocabulary; OPT pads GPT-2's to 50272)."""
@@ -30,7 +30,7 @@ class ModelConfig:
     d_ff: int = 4096
     """Hidden width of the feed-forward layer (4E in OPT)."""
     window_size: int = 128
-    """w: length of the causal local block (EVA_SPEC §1.1; the EVA LM recipe's 128)."""
+    """w: length of the causal local block (docs/model.md; the EVA LM recipe's 128)."""
     chunk_size: int = 8
     """c: tokens compressed into one remote summary; window_size must be a multiple of it."""
     overlap_window: bool = False
@@ -70,7 +70,7 @@ class ModelConfig:
         if self.chunk_size < 1 or self.window_size % self.chunk_size:
             raise ValueError(
                 f"window_size={self.window_size} must be a positive multiple of chunk_size="
-                f"{self.chunk_size}: chunks never cross block boundaries (EVA_SPEC §1.1)"
+                f"{self.chunk_size}: chunks never cross block boundaries (docs/model.md)"
             )
         if not (0.0 <= self.dropout < 1.0 and 0.0 <= self.attn_dropout < 1.0):
             raise ValueError("dropout and attn_dropout must lie in [0, 1)")

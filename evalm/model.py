@@ -1,4 +1,4 @@
-"""The EVALM decoder (EVALM §3.1, EVA_SPEC §5): pre-LN blocks, EVA or exact attention, circular
+"""The EVALM decoder (EVALM §3.1, docs/training.md): pre-LN blocks, EVA or exact attention, circular
 positions, tied embeddings. Reads top-down: MLP, Block, EvalmModel. The attention of each block is
 `ATTENTION[config.attention]` (evalm/attention.py).
 

@@ -1,7 +1,7 @@
 """Circular positional embedding (EVALM §3.1): token i uses row i mod M of a learned table.
 
 i is the absolute index since the start of the context (demonstrations, cached prefix and test
-tokens all count, EVA_SPEC §3), so a cache carries its position and new tokens continue from it.
+tokens all count, docs/model.md), so a cache carries its position and new tokens continue from it.
 Rows start at 0: metaseq's padding offset of 2 is dropped (matters only when converting OPT weights).
 
 `absolute_positions` is the baseline EVALM compares against (§3.1 "fledges vanilla learned
