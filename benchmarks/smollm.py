@@ -225,20 +225,35 @@ def save(path: Path, lm, task, lead, bench: Bench, args, shots, methods) -> str:
 REMAP_RUNS = """\
 G=$(python -c "import benchmarks.smollm as b; f, n = b.gguf_location(); print(f / n)")
 COMMON="--hf-model $(dirname $G) --gguf-file $(basename $G) --task data/samples/tasks/rotten_tomatoes/task.toml \\
-  --methods incremental --seeds 1,2,3 --eval.method.scoring=answer-sum --eval.method.on_overflow=drop_left"
-OMP_NUM_THREADS=1 evalm eval icl $COMMON --test-items 200 --shots 0,16 --order-seeds 1,2 --label-map int \\
+  --methods incremental --eval.method.scoring=answer-sum --eval.method.on_overflow=drop_left"
+OMP_NUM_THREADS=1 evalm eval icl $COMMON --seeds 1,2,3 --test-items 200 --shots 0,16 --order-seeds 1,2 --label-map int \\
   --out runs/smollm22/rt-int-shots
-OMP_NUM_THREADS=1 evalm eval icl $COMMON --test-items 200 --shots 0,16 --order-seeds 1,2 --label-map symbols \\
+OMP_NUM_THREADS=1 evalm eval icl $COMMON --seeds 1,2,3 --test-items 200 --shots 0,16 --order-seeds 1,2 --label-map symbols \\
   --out runs/smollm22/rt-symbols-shots
-OMP_NUM_THREADS=1 evalm eval icl $COMMON --test-items 100 --budgets 0,512 --label-map int --order random,label-sorted \\
-  --nearest remove,keep,corrupt --nearest-k 4 --out runs/smollm22/rt-int-diagnostics
-python benchmarks/smollm.py --tables runs/smollm22/*/results.json"""
+for s in 1 2 3; do  # one process per draw seed, side by side (pooled by --tables A+B+C)
+  OMP_NUM_THREADS=1 evalm eval icl $COMMON --seeds $s --test-items 100 --budgets 0,512 --label-map int \\
+    --order random,label-sorted --nearest remove,keep,corrupt --nearest-k 4 --out runs/smollm22/rt-int-diagnostics-seed$s &
+done; wait
+python benchmarks/smollm.py --tables runs/smollm22/rt-int-shots/results.json runs/smollm22/rt-symbols-shots/results.json \\
+  runs/smollm22/rt-int-diagnostics-seed1/results.json+runs/smollm22/rt-int-diagnostics-seed2/results.json+runs/smollm22/rt-int-diagnostics-seed3/results.json"""
 """The remapped-label runs: `evalm eval icl` itself, then `--tables` renders their results.json."""
 
 
 def _ci(pair, signed: bool = False) -> str:
     f = "{:+.3f}" if signed else "{:.3f}"
     return "[" + ", ".join(f.format(x) for x in pair) + "]"
+
+
+def merged(paths) -> dict:
+    """One results.json from runs that differ only in their draw seeds (one process per seed, side by side):
+    the records and baseline records pooled and summarised again, so the intervals resample every seed."""
+    runs = [json.loads(Path(p).read_text()) for p in paths]
+    records = [r for res in runs for r in res["records"]]
+    baselines = [b for res in runs for b in res["baseline_records"]]
+    protocol = {**runs[0]["protocol"], "label_maps": {k: v for res in runs for k, v in res["protocol"]["label_maps"].items()}}
+    protocol["eval"] = {**protocol["eval"], "seeds": sorted({r["seed"] for r in records})}
+    return {"protocol": protocol, "summary": summarize(records, baselines), "records": records,
+            "baseline_records": baselines, "merged_from": [str(p) for p in paths]}
 
 
 def remap_table(res: dict) -> str:
@@ -272,7 +287,8 @@ def remap_table(res: dict) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tables", nargs="+", metavar="RESULTS_JSON", help="print the markdown table of each "
-                   "`evalm eval icl` results.json (the remapped-label runs, `--remap-commands`) and stop (default: none)")
+                   "`evalm eval icl` results.json (the remapped-label runs, `--remap-commands`); A+B+C pools runs that "
+                   "differ only in their seeds and writes <run>-merged.json beside them (default: none)")
     p.add_argument("--remap-commands", action="store_true", help="print the commands of the remapped-label runs "
                    "and stop (default: off)")
     p.add_argument("--samples", default="data/samples", help="output of `evalm data samples` (default: data/samples)")
@@ -296,8 +312,13 @@ def main(argv=None) -> int:
         print(REMAP_RUNS)
         return 0
     if args.tables:
-        for path in args.tables:
-            print(f"\n{path}\n\n" + remap_table(json.loads(Path(path).read_text())))
+        for group in args.tables:  # FILE, or FILE+FILE+...: one run split by seed over several processes
+            paths = group.split("+")
+            res = merged(paths) if len(paths) > 1 else json.loads(Path(paths[0]).read_text())
+            if len(paths) > 1:
+                write_json(Path(paths[0]).parent.parent / (Path(paths[0]).parent.name.rsplit("-seed", 1)[0]
+                                                           + "-merged.json"), res)
+            print(f"\n{group}\n\n" + remap_table(res))
         return 0
 
     import torch
