@@ -199,7 +199,7 @@ class UnitStore:
     def save(self, name: str, meta: dict[str, Any], arrays: dict[str, np.ndarray] | None = None) -> None:
         """Write the unit whole or not at all: a temporary file, then `os.replace` (atomic on POSIX)."""
         blob = json.dumps({"key": self.digest, **meta}, default=_native).encode("utf-8")
-        tmp = self.folder / f"{name}.tmp{os.getpid()}.npz"
+        tmp = self.folder / f"{name}.npz.tmp{os.getpid()}"
         with open(tmp, "wb") as f:
             np.savez(f, **{META: np.frombuffer(blob, dtype=np.uint8)}, **(arrays or {}))
             f.flush()
@@ -260,7 +260,7 @@ class Progress:
         self._last_print = time.time()
         units, items = self.totals()
         elapsed = max(time.time() - self.t0, 1e-9)
-        done = self.resumed + units
+        done = len(list(self.store.folder.glob("*.npz")))  # the files are the truth
         left = (self.total - done) * elapsed / units if units else None
         eta = str(datetime.timedelta(seconds=round(left))) if left is not None else "?"
         print(f"{self.label}: units {done}/{self.total} ({self.resumed} resumed)  {items} {self.unit}  "
@@ -279,7 +279,11 @@ def run_units(names: Sequence[str], compute: Callable[[int], tuple[dict, dict | 
         store.save(name, meta, arrays)
         progress.unit_done()
     if world.rank == 0:
+        waited = False
         while not all(store.done(n) for n in names):
+            waited = True
             time.sleep(POLL_SECONDS)
             if time.time() - progress._last_print > PRINT_SECONDS:
                 progress.show()
+        if waited or not progress.units:  # the last line says units total/total
+            progress.show()
