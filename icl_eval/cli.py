@@ -90,7 +90,6 @@ def icl(argv: Sequence[str]) -> int:
             key = {"command": "icl", "settings": settings, "model": _model_stamp(args), "data": data_info,
                    "data_files": {split: stamp(path) for split, path in data_info.get("splits", {}).items()}}
             store = UnitStore(Path(args.out) / "units", key, args.overwrite, world)
-            store.prepare()  # settings that differ from the finished units' are refused before loading a model
             results = _run_icl(args, config, options, model_cfg, syn, task, splits_for_seed, data_info, store)
             if results is not None:  # rank 0 merged every unit
                 results["settings"], results["skipped"] = settings, skipped
@@ -113,6 +112,7 @@ def _run_icl(args, config, options, model_cfg, syn, task, splits_for_seed, data_
     if world.rank == 0 and len(set(label_tokens.values())) > 1 and options.scoring.endswith("-sum"):
         print(f"warning: the labels tokenize to unequal lengths {label_tokens}: {options.scoring} scores favour the "
               "shorter ones; consider --eval.method.scoring=answer-mean or another verbalizer", file=sys.stderr)
+    store.prepare()  # after every check of the input, before any scoring: units of other settings are refused
     units = runner.units()
     names = [f"{i:05d}-seed{seed}-{split}-{value}" for i, (seed, split, value) in enumerate(units)]
     resumed = store.finished(names)
@@ -126,10 +126,7 @@ def _run_icl(args, config, options, model_cfg, syn, task, splits_for_seed, data_
     run_units(names, compute, store, progress)
     if world.rank != 0:
         return None
-    for part in ("records", "baselines", "predictions"):  # the one-process order: unit after unit
-        setattr(runner, part, [row for name in names for row in store.load(name)[0][part]])
-    for seed in config.seeds:  # every seed's label map, and the prompt a one-process run ends on
-        runner.prompt = runner._prompt_for(seed)
+    runner.adopt([store.load(name)[0] for name in names])  # the one-process order: unit after unit
     results = runner.results(describe(lm), data_info, time.perf_counter() - t0)
     results["execution"] = _execution(world, names, resumed)
     return {**results, "_predictions": runner.predictions, "_name": lm.name}
@@ -220,7 +217,6 @@ def _ppl(args, config, settings: dict, model_cfg, syn, world) -> int:
     key = {"command": "ppl", "settings": settings, "model": _model_stamp(args),
            "books": {str(b): stamp(b) for b in config.books}, "unigram": stamp(config.unigram_shards or "")}
     store = UnitStore(Path(args.out) / "units", key, args.overwrite, world)
-    store.prepare()  # settings that differ from the finished units' are refused before loading a model
     lm = load_lm(args, world.device(config.device), config.dtype, model_cfg, syn, None)
     fixed_need = max(config.fixed_contexts) + config.fixed_target_tokens if config.fixed_contexts else 0
     skipped = ppl_reach(iter_books(config.books, config.max_books), lm.tokenizer.encode, config.buckets,
@@ -229,6 +225,7 @@ def _ppl(args, config, settings: dict, model_cfg, syn, world) -> int:
         settings["skipped"] = skipped
         if world.rank == 0:
             print(f"skipped (--allow-skip): {skipped[0]['why']}", file=sys.stderr)
+    store.prepare()  # after every check of the input, before any scoring: units of other settings are refused
     results = _run_ppl(lm, config, store)
     if results is not None:  # rank 0 merged every book
         results["settings"], results["skipped"] = settings, skipped

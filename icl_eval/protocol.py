@@ -109,6 +109,14 @@ class Runner:
         return {"records": self.records[marks[0]:], "baselines": self.baselines[marks[1]:],
                 "predictions": self.predictions[marks[2]:]}
 
+    def adopt(self, units: list[dict[str, list[dict]]]) -> None:
+        """Take finished units (`run_unit`'s returns, in the order of `units()`, possibly scored elsewhere) as
+        if this runner had run them all: their rows in that order, every seed's label map, the last seed's prompt."""
+        for part in ("records", "baselines", "predictions"):
+            setattr(self, part, [row for unit in units for row in unit[part]])
+        for seed in self.config.seeds:
+            self.prompt = self._prompt_for(seed)
+
     def _split_state(self, seed: int, split: str) -> dict[str, Any]:
         """What the units of one (seed, split) share, kept for the next unit of the same pair."""
         if self._state is not None and self._state["key"] == (seed, split):

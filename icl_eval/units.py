@@ -61,13 +61,14 @@ class World:
         return configured
 
     def share(self, fn: Callable[[], Any]) -> Any:
-        """`fn()` run on rank 0 only and its value given to every rank; a user error there is raised on every
-        rank (the others would otherwise wait for rank 0 forever)."""
+        """`fn()` run on rank 0 only and its value given to every rank; an error there is raised on every rank
+        (the others would otherwise wait for rank 0 forever): rank 0's own, elsewhere its message as a user
+        error (OSError for a busy folder or a full disk, else ConfigError)."""
         error, value = None, None
         if self.rank == 0:
             try:
                 value = fn()
-            except (ConfigError, OSError, ValueError) as err:
+            except Exception as err:  # noqa: BLE001 - re-raised below, after the other ranks heard of it
                 error = err
         if self.size > 1:
             import torch.distributed as dist

@@ -200,3 +200,24 @@ def test_a_changed_setting_is_refused_naming_it_unless_overwrite(byte_model, two
     assert sorted(p.name for p in (out / "units").glob("0*.npz")) == units  # nothing mixed in
     assert main([*small, "--shots", "0,4", "--overwrite"]) == 0
     assert json.loads((out / "results.json").read_text())["summary"]["test"]["concat"].keys() == {"0", "4"}
+
+
+def test_a_folder_held_by_another_run_refuses_both_ranks(byte_model, two_label_task, tmp_path):
+    """Only rank 0 takes the folder's lock (two ranks of one run share it); when another run holds it,
+    rank 0's refusal reaches rank 1 too, which would otherwise wait for rank 0 forever."""
+    out = tmp_path / "out"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom evalm.storage import folder_lock\n"
+                               "with folder_lock(sys.argv[1], 'test holder'):\n    print('held', flush=True)\n"
+                               "    time.sleep(600)", str(out)], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        procs = launch(icl_args(byte_model, two_label_task, out), 2)
+        outs = [p.communicate(timeout=120) for p in procs]
+    finally:
+        holder.kill()
+        holder.wait()
+    assert [p.returncode for p in procs] == [2, 2], outs
+    for _, stderr in outs:
+        assert "in use by" in stderr and "test holder" in stderr and "Traceback" not in stderr
+    assert not (out / "units").exists()
