@@ -1,6 +1,6 @@
 """Wall time of `python -m evalm.icl_eval icl|ppl` on N ranks against one process, on the same grid.
 
-    python benchmarks/eval_ranks.py [--ranks 2] [--seeds 1,2,3] [--shots 0,8,16,32] [--items 16] [--books 4]
+    python benchmarks/eval_ranks.py [--ranks 2] [--seeds 1,2,3,4] [--shots 0,16,32,64] [--items 32] [--books 8]
                                     [--out runs/bench-eval-ranks]
 
 An exported two-layer byte-level EVALM (untrained: time does not depend on the weights), a
@@ -59,7 +59,7 @@ def _inputs(root: Path, items: int, n_books: int) -> tuple[Path, Path, Path]:
     books = root / "books"
     books.mkdir(exist_ok=True)
     for b in range(n_books):
-        words = ("".join(rng.choice("abcdefgh") for _ in range(rng.randint(1, 7))) for _ in range(700))
+        words = ("".join(rng.choice("abcdefgh") for _ in range(rng.randint(1, 7))) for _ in range(2000))
         (books / f"book{b}.txt").write_text(" ".join(words))
     return folder, task / "task.toml", books
 
@@ -94,10 +94,10 @@ def _strip(value):
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ranks", type=int, default=2, help="ranks of the sharded arm (default: 2)")
-    p.add_argument("--seeds", default="1,2,3", help="icl draw seeds (default: 1,2,3)")
-    p.add_argument("--shots", default="0,8,16,32", help="icl shot counts (default: 0,8,16,32)")
-    p.add_argument("--items", type=int, default=16, help="icl test items (default: 16)")
-    p.add_argument("--books", type=int, default=4, help="ppl books of ~3,000 tokens (default: 4)")
+    p.add_argument("--seeds", default="1,2,3,4", help="icl draw seeds (default: 1,2,3,4)")
+    p.add_argument("--shots", default="0,16,32,64", help="icl shot counts (default: 0,16,32,64)")
+    p.add_argument("--items", type=int, default=32, help="icl test items (default: 32)")
+    p.add_argument("--books", type=int, default=8, help="ppl books of ~9,000 byte tokens, scored to 8,192 (default: 8)")
     p.add_argument("--out", default="runs/bench-eval-ranks", help="working folder (default: runs/bench-eval-ranks)")
     args = p.parse_args(argv)
     root = Path(args.out)
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> None:
     commands = {
         "icl": ["icl", "--checkpoint", str(model), "--task", str(task), "--methods", "incremental,concat",
                 "--shots", args.shots, "--seeds", args.seeds],
-        "ppl": ["ppl", "--checkpoint", str(model), "--books", str(books), "--lengths", "512,2048"],
+        "ppl": ["ppl", "--checkpoint", str(model), "--books", str(books), "--lengths", "1024,8192"],
     }
     print(f"{'command':>8} {'units':>6} {'1 rank s':>9} {f'{args.ranks} ranks s':>10} {'ratio':>6}")
     for name, command in commands.items():
