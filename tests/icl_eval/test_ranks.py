@@ -27,8 +27,11 @@ REPO = Path(__file__).resolve().parents[2]
 EXECUTION = {"seconds", "seconds_per_item", "seconds_per_item_mean", "seconds_per_item_std", "encode_seconds",
              "marginal_seconds_per_item", "execution"}
 """Fields that say how long the run took or how it ran (ranks, resumed units), not what it measured."""
-GRID = ["--methods", "incremental,concat", "--shots", "0,2,4", "--seeds", "1,2,3,4"]
-"""4 seeds x 3 shot counts: 12 units, so each of 2 ranks scores 6 and a kill lands between units."""
+GRID = ["--methods", "incremental,concat", "--budgets", "0,40,80", "--seeds", "1,2", "--order", "random,label-sorted",
+        "--order-seeds", "1,2", "--nearest", "remove", "--nearest-k", "1", "--save-predictions",
+        "--eval.choose_shot_on_validation=true", "--eval.validation_items=4"]
+"""2 draw seeds x test and validation x 3 token budgets: 12 units, so each of 2 ranks scores 6 and a kill
+lands between units; each unit with two orders, two order seeds and a nearest-demonstration arm."""
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +134,9 @@ def test_icl_on_two_ranks_writes_the_one_process_results(byte_model, two_label_t
     assert rank_units(out) == [6, 6]  # the 12 units were split between the ranks
     one = results(icl_one_process)
     assert results(out) == one
-    assert len(one["records"]) == 4 * 3 * 2  # seeds x shots x methods, in the one-process order
+    # seeds x splits x budgets x methods x (2 orders x 2 order seeds, + remove-nearest past budget 0)
+    assert len(one["records"]) == 2 * 2 * 2 * (4 + 5 + 5)
+    assert (out / "predictions.jsonl").read_text() == (icl_one_process / "predictions.jsonl").read_text()
     execution = json.loads((out / "results.json").read_text())["execution"]
     assert execution == {"ranks": 2, "units": 12, "units_resumed": 0, "units_computed": 12}
     assert "evalm eval icl: units 12/12 (0 resumed)" in stderr and "items/s" in stderr
@@ -149,7 +154,6 @@ def test_ppl_on_two_ranks_writes_the_one_process_results(byte_model, books, tmp_
     assert one["fixed_position"]["protocol"]["targets"] > 0
 
 
-@pytest.mark.slow  # three launches of two ranks: about 30-45 s on two shared cores
 def test_a_killed_rank_reruns_to_the_same_results_without_redoing_finished_units(
         byte_model, two_label_task, icl_one_process, tmp_path):
     out = tmp_path / "out"
