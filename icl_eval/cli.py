@@ -23,8 +23,11 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
+
 from evalm.config_toolkit import ConfigError, Dispatcher, Parser, build, split_overrides, to_dict
 from evalm.storage import folder_lock
+from evalm.icl_eval.units import Progress, UnitStore, hold, join, run_units, stamp
 from evalm.icl_eval.cli_args import common, csv, icl_parser, ppl_parser
 
 
@@ -53,12 +56,6 @@ def _tiny_sections(layers, args, where: str, need_synthetic: bool):
     return model, syn
 
 
-def _progress(total: int, desc: str):
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc=desc, unit="item", dynamic_ncols=True, file=sys.stderr)
-
-
 def icl(argv: Sequence[str]) -> int:
     from evalm.icl_eval.config import EvalConfig
     from evalm.icl_eval.methods import MethodOptions
@@ -85,36 +82,67 @@ def icl(argv: Sequence[str]) -> int:
     config, skipped = icl_supply(config, splits_for_seed(config.seeds[0]), args.allow_skip)
     settings = record(layers, {"eval": config, "eval.method": options, "model": model_cfg, "synthetic": syn},
                       {"skipped": skipped} if skipped else None)
-    with folder_lock(args.out, "evalm eval icl"):
-        print(render("evalm eval icl", settings), flush=True)
-        results = _run_icl(args, config, options, model_cfg, syn, task, splits_for_seed, data_info)
-        results["settings"], results["skipped"] = settings, skipped
-        _write_icl(Path(args.out), results, config)
+    world = join(config.device)
+    try:
+        with hold(args.out, "evalm eval icl", world):
+            if world.rank == 0:
+                print(render("evalm eval icl", settings), flush=True)
+            key = {"command": "icl", "settings": settings, "model": _model_stamp(args), "data": data_info,
+                   "data_files": {split: stamp(path) for split, path in data_info.get("splits", {}).items()}}
+            store = UnitStore(Path(args.out) / "units", key, args.overwrite, world)
+            results = _run_icl(args, config, options, model_cfg, syn, task, splits_for_seed, data_info, store)
+            if results is not None:  # rank 0 merged every unit
+                results["settings"], results["skipped"] = settings, skipped
+                _write_icl(Path(args.out), results, config)
+    finally:
+        world.close()
     return 0
 
 
-def _run_icl(args, config, options, model_cfg, syn, task, splits_for_seed, data_info) -> dict:
+def _run_icl(args, config, options, model_cfg, syn, task, splits_for_seed, data_info, store) -> dict | None:
+    """This rank's units of the grid; on rank 0 then every unit merged in order into the results."""
     from evalm.icl_eval.loading import describe, load_lm
-    from evalm.icl_eval.protocol import Runner, select_items
+    from evalm.icl_eval.protocol import Runner
 
-    lm = load_lm(args, config.device, config.dtype, model_cfg, syn, config.context_window)
-    n_items = len(select_items(len(splits_for_seed(config.seeds[0])["test"]), config))
-    parts = 2 if config.choose_shot_on_validation else 1
-    orders = len(config.order) * max(1, len(config.order_seeds))
-    arms = sum(orders + (len(config.nearest) if k else 0) for k in config.budgets or config.shots)
+    world = store.world
+    lm = load_lm(args, world.device(config.device), config.dtype, model_cfg, syn, config.context_window)
     runner = Runner(lm, task, config, options, splits_for_seed)
     runner.check_budgets()  # a budget below one demonstration is refused before any scoring
-    bar = _progress(n_items * len(config.methods) * len(config.seeds) * parts * arms, "icl")
-    t0 = time.perf_counter()
-    runner.progress = bar.update
     label_tokens = runner.prompt.label_token_counts()
-    if len(set(label_tokens.values())) > 1 and options.scoring.endswith("-sum"):
+    if world.rank == 0 and len(set(label_tokens.values())) > 1 and options.scoring.endswith("-sum"):
         print(f"warning: the labels tokenize to unequal lengths {label_tokens}: {options.scoring} scores favour the "
               "shorter ones; consider --eval.method.scoring=answer-mean or another verbalizer", file=sys.stderr)
-    runner.run()
-    bar.close()
+    store.prepare()  # after every check of the input, before any scoring: units of other settings are refused
+    units = runner.units()
+    names = [f"{i:05d}-seed{seed}-{split}-{value}" for i, (seed, split, value) in enumerate(units)]
+    resumed = store.finished(names)
+    progress = Progress(store, len(names), len(resumed), "evalm eval icl")
+    runner.progress = progress.tick
+    t0 = time.perf_counter()
+
+    def compute(i: int) -> tuple[dict, None]:
+        return runner.run_unit(units[i]), None
+
+    run_units(names, compute, store, progress)
+    if world.rank != 0:
+        return None
+    runner.adopt([store.load(name)[0] for name in names])  # the one-process order: unit after unit
     results = runner.results(describe(lm), data_info, time.perf_counter() - t0)
+    results["execution"] = _execution(world, names, resumed)
     return {**results, "_predictions": runner.predictions, "_name": lm.name}
+
+
+def _model_stamp(args) -> dict:
+    """The model part of a resume key: which folder, and its files' sizes and times (a re-export changes them)."""
+    folder = args.checkpoint or args.hf_model
+    return {"folder": str(Path(folder).resolve()) if folder else None, "files": stamp(folder) if folder else None,
+            "tokenizer": stamp(args.tokenizer) if args.tokenizer and args.tokenizer != "bytes" else args.tokenizer}
+
+
+def _execution(world, names: list[str], resumed: list[str]) -> dict:
+    """How the results were computed (not what they are): ranks, units, units taken from an earlier run."""
+    return {"ranks": world.size, "units": len(names), "units_resumed": len(resumed),
+            "units_computed": len(names) - len(resumed)}
 
 
 def _write_icl(out: Path, results: dict, config) -> None:
@@ -170,49 +198,100 @@ def ppl(argv: Sequence[str]) -> int:
                           "(e.g. train/samples/documents.jsonl), or deepmind/pg19:test from the datasets cache")
     model_cfg, syn = _tiny_sections(layers, args, where, need_synthetic=False)
     settings = record(layers, {"ppl": config, "model": model_cfg, "synthetic": syn})
-    with folder_lock(args.out, "evalm eval ppl"):
-        return _ppl(args, config, settings, model_cfg, syn)
+    world = join(config.device)
+    try:
+        with hold(args.out, "evalm eval ppl", world):
+            return _ppl(args, config, settings, model_cfg, syn, world)
+    finally:
+        world.close()
 
 
-def _ppl(args, config, settings: dict, model_cfg, syn) -> int:
+def _ppl(args, config, settings: dict, model_cfg, syn, world) -> int:
     from evalm.icl_eval.books import iter_books
     from evalm.icl_eval.loading import load_lm
     from evalm.icl_eval.settings import render
     from evalm.icl_eval.supply import ppl_reach
 
-    print(render("evalm eval ppl", settings), flush=True)
-    lm = load_lm(args, config.device, config.dtype, model_cfg, syn, None)
+    if world.rank == 0:
+        print(render("evalm eval ppl", settings), flush=True)
+    key = {"command": "ppl", "settings": settings, "model": _model_stamp(args),
+           "books": {str(b): stamp(b) for b in config.books}, "unigram": stamp(config.unigram_shards or "")}
+    store = UnitStore(Path(args.out) / "units", key, args.overwrite, world)
+    lm = load_lm(args, world.device(config.device), config.dtype, model_cfg, syn, None)
     fixed_need = max(config.fixed_contexts) + config.fixed_target_tokens if config.fixed_contexts else 0
     skipped = ppl_reach(iter_books(config.books, config.max_books), lm.tokenizer.encode, config.buckets,
                         fixed_need, args.allow_skip)
     if skipped:
         settings["skipped"] = skipped
-        print(f"skipped (--allow-skip): {skipped[0]['why']}", file=sys.stderr)
-    results = _run_ppl(lm, config)
-    results["settings"], results["skipped"] = settings, skipped
-    _write_ppl(Path(args.out), results, lm)
+        if world.rank == 0:
+            print(f"skipped (--allow-skip): {skipped[0]['why']}", file=sys.stderr)
+    store.prepare()  # after every check of the input, before any scoring: units of other settings are refused
+    results = _run_ppl(lm, config, store)
+    if results is not None:  # rank 0 merged every book
+        results["settings"], results["skipped"] = settings, skipped
+        _write_ppl(Path(args.out), results, lm)
     return 0
 
 
-def _run_ppl(lm, config) -> dict:
+def _run_ppl(lm, config, store) -> dict | None:
+    """This rank's books (one unit each); on rank 0 then every book's scores reported in book order."""
     from evalm.icl_eval.books import iter_books
     from evalm.icl_eval.loading import describe
-    from evalm.icl_eval.perplexity import evaluate
+    from evalm.icl_eval.perplexity import Protocols
     from evalm.icl_eval.unigram import fit_unigram
 
-    books = iter_books(config.books, config.max_books)  # lazily: one book in memory at a time
-    bar = _progress(config.max_books, "ppl")
     t0 = time.perf_counter()
     unigram = fit_unigram(config.unigram_shards, lm.tokenizer.vocab_size) if config.unigram_shards else None
     fixed = {"contexts": config.fixed_contexts, "target_tokens": config.fixed_target_tokens,
              "targets_per_book": config.fixed_targets_per_book} if config.fixed_contexts else None
-    results = evaluate(lm, books, config.max_tokens, config.segment_tokens, config.buckets, config.baselines,
-                       config.window_tokens, config.stride_tokens, progress=bar.update, unigram_logp=unigram, fixed=fixed)
-    bar.close()
+    protocols = Protocols(lm, config.max_tokens, config.segment_tokens, config.buckets, config.baselines,
+                          config.window_tokens, config.stride_tokens, unigram, fixed)
+    world = store.world
+    names = [f"{i:05d}-book" for i, _ in enumerate(iter_books(config.books, config.max_books))]
+    resumed = store.finished(names)
+    progress = Progress(store, len(names), len(resumed), "evalm eval ppl", unit="books")
+    books = iter_books(config.books, config.max_books)  # lazily: one book in memory at a time
+    mine = ((i, book) for i, book in enumerate(books) if i % world.size == world.rank)
+
+    def compute(i: int) -> tuple[dict, dict]:
+        j, (name, text) = next(mine)
+        while j != i:  # a unit finished before: its book is skipped
+            j, (name, text) = next(mine)
+        scored = protocols.score(name, text)
+        progress.tick(1)
+        return _book_unit(scored)
+
+    run_units(names, compute, store, progress)
+    if world.rank != 0:
+        return None
+    results = protocols.report([_book_scores(*store.load(name)) for name in names])
     results["model"] = describe(lm)
     results["config"] = to_dict(config)
     results["seconds"] = time.perf_counter() - t0
+    results["execution"] = _execution(world, names, resumed)
     return results
+
+
+def _book_unit(scored: dict) -> tuple[dict, dict]:
+    """A book's scores as a unit file: the row and span NLLs as JSON (exact for floats), the rest as arrays."""
+    arrays = {f"nll.{name}": v for name, v in scored["nll"].items()}
+    arrays["words"] = np.asarray(scored["words"], dtype=np.int64)
+    arrays["token_bytes"] = scored["token_bytes"]
+    meta = {"row": scored["row"]}
+    if "spans" in scored:
+        meta["spans"] = {str(L): v for L, v in scored["spans"].items()}
+        arrays["targets"] = scored["targets"]
+    return meta, arrays
+
+
+def _book_scores(meta: dict, arrays: dict) -> dict:
+    """The inverse of `_book_unit`."""
+    scored = {"row": meta["row"], "nll": {k.split(".", 1)[1]: v for k, v in arrays.items() if k.startswith("nll.")},
+              "words": arrays["words"].tolist(), "token_bytes": arrays["token_bytes"]}
+    if "spans" in meta:
+        scored["spans"] = {int(L): v for L, v in meta["spans"].items()}
+        scored["targets"] = arrays["targets"]
+    return scored
 
 
 def _write_ppl(out: Path, results: dict, lm) -> None:

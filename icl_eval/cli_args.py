@@ -40,6 +40,12 @@ def allow_skip(parser: Parser, what: str) -> None:
                         "results.json (default: off, any shortfall is an error)")
 
 
+def overwrite(parser: Parser) -> None:
+    parser.add_argument("--overwrite", action="store_true", help="discard the finished units in OUT/units when they "
+                        "were computed with other settings (default: off; a rerun of the same command resumes "
+                        "them, one with other settings is refused, naming what changed)")
+
+
 def csv(kind, valid: Sequence[str] = ()):
     """A comma-separated list flag: at least one value, no value twice (a repeated seed would be counted as
     two draws of one), each of `kind` and, when `valid` is given, one of those names."""
@@ -115,6 +121,7 @@ def icl_parser() -> Parser:
                    "score per item, method, shot and seed (default: off)")
     protocol_options(p)
     allow_skip(p, "shot counts above the training pool and a --test-items above the split (scoring all)")
+    overwrite(p)
     return p
 
 
@@ -167,4 +174,5 @@ def ppl_parser() -> Parser:
     p.add_argument("--fixed-contexts", type=csv(int), metavar="C1,C2", help="context lengths of the fixed-position "
                    "protocol (the same targets after each), e.g. 16,256,4096 (default: none, protocol off)")
     allow_skip(p, "--lengths buckets that no book reaches")
+    overwrite(p)
     return p

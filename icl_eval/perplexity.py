@@ -132,28 +132,33 @@ def token_spans(tokenizer, tokens: list[int]) -> tuple[list[int], np.ndarray]:
 
 
 @torch.no_grad()
-def fixed_position(lm: CausalLM, books: list[tuple[str, list[int]]], contexts, target_tokens: int,
-                   targets_per_book: int, segment_tokens: int, unigram_logp: np.ndarray | None = None) -> dict:
-    """The same target tokens scored after contexts of each length (ICL_SPEC §6, context use).
+def fixed_spans(lm: CausalLM, tokens: list[int], contexts, target_tokens: int, targets_per_book: int,
+                segment_tokens: int) -> tuple[dict[int, list[float]], np.ndarray]:
+    """One book's part of the fixed-position protocol (ICL_SPEC §6, context use): per context length L, the
+    mean NLL of each target span after L tokens, and the spans' tokens, (spans, target_tokens).
 
     Targets of a book: `targets_per_book` spans of `target_tokens`, spread evenly over the part of
     the book after max(contexts) tokens (adjacent spans would all sample one scene), so every
     context length fits before every target. Each (target, context) pair is encoded from scratch
-    through the cache: tokens[s - L : s + K], last K scored. Each row carries the change against
-    the shortest context, paired on the same spans, with a bootstrap interval over spans.
-    """
+    through the cache: tokens[s - L : s + K], last K scored."""
+    span_nll: dict[int, list[float]] = {L: [] for L in contexts}
+    starts = target_starts(len(tokens), max(contexts), target_tokens, targets_per_book)
+    for s in starts:
+        for L in contexts:
+            seq = tokens[s - L: s + target_tokens]
+            span_nll[L].append(float(cached_nll(lm, seq, segment_tokens)[-target_tokens:].mean()))
+    targets = np.asarray([tokens[s: s + target_tokens] for s in starts], dtype=np.int64).reshape(len(starts), target_tokens)
+    return span_nll, targets
+
+
+def fixed_report(books: list[tuple[str, dict[int, list[float]], np.ndarray]], contexts, target_tokens: int,
+                 targets_per_book: int, vocab_size: int, unigram_logp: np.ndarray | None = None) -> dict:
+    """The fixed-position rows from every book's `fixed_spans`, in book order. Each row carries the change
+    against the shortest context, paired on the same spans, with a bootstrap interval over spans."""
     longest = max(contexts)
-    span_nll = {L: [] for L in contexts}  # per span: mean NLL of its K target tokens
-    targets, used = [], []
-    for name, tokens in books:
-        starts = target_starts(len(tokens), longest, target_tokens, targets_per_book)
-        if starts:
-            used.append(name)
-        for s in starts:
-            targets.append(np.asarray(tokens[s: s + target_tokens]))
-            for L in contexts:
-                seq = tokens[s - L: s + target_tokens]
-                span_nll[L].append(float(cached_nll(lm, seq, segment_tokens)[-target_tokens:].mean()))
+    span_nll = {L: [x for _, spans, _ in books for x in spans[L]] for L in contexts}
+    targets = [t for _, _, book_targets in books for t in book_targets]
+    used = [name for name, _, book_targets in books if len(book_targets)]
     if not targets:
         raise ValueError(f"no book has {longest + target_tokens} tokens for the fixed-position protocol; "
                          "lower the longest context or the target length")
@@ -168,7 +173,7 @@ def fixed_position(lm: CausalLM, books: list[tuple[str, list[int]]], contexts, t
                      "vs_shortest": {"context": min(contexts), "delta_nll": delta, "delta_nll_ci95": [lo, hi],
                                      "ppl_ratio": math.exp(delta), "ppl_ratio_ci95": [math.exp(lo), math.exp(hi)]}})
     every = np.concatenate(targets)
-    references = {"uniform": {"token_ppl": float(lm.tokenizer.vocab_size)}}
+    references = {"uniform": {"token_ppl": float(vocab_size)}}
     if unigram_logp is not None:
         references["unigram"] = {"token_ppl": math.exp(float(-unigram_logp[every].mean()))}
     return {"protocol": {"protocol": "the same target tokens after contexts of increasing length, each encoded "
@@ -177,6 +182,14 @@ def fixed_position(lm: CausalLM, books: list[tuple[str, list[int]]], contexts, t
                          "targets": len(targets), "interval": f"95% percentile bootstrap over the {len(targets)} "
                          f"spans ({REPLICATES} draws), paired with the shortest context"},
             "rows": rows, "references": references}
+
+
+def fixed_position(lm: CausalLM, books: list[tuple[str, list[int]]], contexts, target_tokens: int,
+                   targets_per_book: int, segment_tokens: int, unigram_logp: np.ndarray | None = None) -> dict:
+    """The same target tokens scored after contexts of each length, over `books` (name, tokens)."""
+    parts = [(name, *fixed_spans(lm, tokens, contexts, target_tokens, targets_per_book, segment_tokens))
+             for name, tokens in books]
+    return fixed_report(parts, contexts, target_tokens, targets_per_book, lm.tokenizer.vocab_size, unigram_logp)
 
 
 def target_starts(n_tokens: int, longest: int, target_tokens: int, count: int) -> list[int]:
@@ -190,6 +203,80 @@ def target_starts(n_tokens: int, longest: int, target_tokens: int, count: int) -
     return [longest + round(j * (last - longest) / (room - 1)) for j in range(room)]
 
 
+class Protocols:
+    """Every protocol and reference of a run, set up once and applied to one book at a time (`score`);
+    `report` turns the books' scores, in book order, into the results (so books may be scored apart,
+    e.g. on several ranks, and reported together)."""
+
+    def __init__(self, lm: CausalLM, max_tokens: int, segment_tokens: int, buckets,
+                 baselines=("nonoverlap", "sliding"), window: int | None = None, stride: int | None = None,
+                 unigram_logp: np.ndarray | None = None, fixed: dict | None = None):
+        window = window or segment_tokens
+        stride = stride or max(1, window // 2)
+        if lm.max_positions is not None:
+            window = min(window, lm.max_positions)
+            if max_tokens > lm.max_positions:
+                raise ValueError(
+                    f"max_tokens={max_tokens} exceeds the model's {lm.max_positions} positions: the cached protocol "
+                    f"would use positions it never learned; lower the largest --lengths bucket to {lm.max_positions}"
+                )
+        self.lm, self.max_tokens, self.segment_tokens, self.buckets = lm, max_tokens, segment_tokens, buckets
+        self.window, self.stride, self.unigram_logp, self.fixed = window, stride, unigram_logp, fixed
+        self.protocols = ["cached", *(b for b in ("nonoverlap", "sliding") if b in baselines)]
+        self.references = ["uniform", *(["unigram"] if unigram_logp is not None else [])]
+
+    def _nll(self, name: str, tokens: list[int]) -> np.ndarray:
+        if name == "cached":
+            return cached_nll(self.lm, tokens, self.segment_tokens)
+        if name == "nonoverlap":  # windows share one token, so every token is predicted once, with context from its own window only
+            return window_nll(self.lm, tokens, self.window, self.window - 1)
+        if name == "sliding":
+            return window_nll(self.lm, tokens, self.window, self.stride)
+        if name == "uniform":
+            return np.full(len(tokens) - 1, math.log(self.lm.tokenizer.vocab_size))
+        return -self.unigram_logp[np.asarray(tokens[1:])]
+
+    def score(self, name: str, text: str) -> dict:
+        """One book: its row, each protocol's NLL of tokens[1:], word starts, bytes per token, fixed-position spans."""
+        tokens = ([self.lm.tokenizer.eos_id] + self.lm.tokenizer.encode(text))[: self.max_tokens + 1]
+        words, token_bytes = token_spans(self.lm.tokenizer, tokens)
+        out = {"row": {"book": name, "tokens": len(tokens) - 1, "words": len(words), "bytes": int(token_bytes.sum())},
+               "nll": {p: self._nll(p, tokens) for p in [*self.protocols, *self.references]},
+               "words": words, "token_bytes": token_bytes}
+        if self.fixed:  # only the fixed-position protocol needs the books again
+            f = self.fixed
+            out["spans"], out["targets"] = fixed_spans(self.lm, tokens[1:], f["contexts"], f["target_tokens"],
+                                                       f["targets_per_book"], self.segment_tokens)
+        return out
+
+    def report(self, books: list[dict]) -> dict:
+        """{"books", "protocols": {name: {"protocol", "buckets", "overall"}}, "references", "fixed_position"}."""
+        vocab = self.lm.tokenizer.vocab_size
+        described = {
+            "cached": {"protocol": "incremental encoding through the cache; every token sees its whole prefix",
+                       "segment_tokens": self.segment_tokens},
+            "nonoverlap": {"protocol": "non-overlapping windows (sharing one token), each encoded from scratch",
+                           "window_tokens": self.window, "stride_tokens": self.window - 1},
+            "sliding": {"protocol": "sliding windows; each token scored once with >= window - stride context",
+                        "window_tokens": self.window, "stride_tokens": self.stride},
+            "uniform": {"protocol": f"reference: uniform over the {vocab} token ids (perplexity = vocabulary size)"},
+            "unigram": {"protocol": "reference: unigram token frequencies of the training shards, add-one smoothed"},
+        }
+        report = {}
+        for name in [*self.protocols, *self.references]:
+            rows = [(b["nll"][name], b["words"], b["row"]["book"], b["token_bytes"]) for b in books]
+            report[name] = {"protocol": described[name], "buckets": bucket_report(rows, self.buckets),
+                            "overall": _overall(rows)}
+        out = {"books": [b["row"] for b in books], "protocols": {k: report[k] for k in self.protocols},
+               "references": {k: report[k] for k in self.references}}
+        if self.fixed:
+            f = self.fixed
+            out["fixed_position"] = fixed_report([(b["row"]["book"], b["spans"], b["targets"]) for b in books],
+                                                 f["contexts"], f["target_tokens"], f["targets_per_book"], vocab,
+                                                 self.unigram_logp)
+        return out
+
+
 def evaluate(lm: CausalLM, books: list[tuple[str, str]], max_tokens: int, segment_tokens: int, buckets,
              baselines=("nonoverlap", "sliding"), window: int | None = None, stride: int | None = None,
              progress=None, unigram_logp: np.ndarray | None = None, fixed: dict | None = None) -> dict:
@@ -198,55 +285,13 @@ def evaluate(lm: CausalLM, books: list[tuple[str, str]], max_tokens: int, segmen
     Returns {"books", "protocols": {name: {"protocol", "buckets", "overall"}}, "references": {...},
     "fixed_position": {...} (when `fixed` gives contexts, target_tokens, targets_per_book)}.
     """
-    window = window or segment_tokens
-    stride = stride or max(1, window // 2)
-    if lm.max_positions is not None:
-        window = min(window, lm.max_positions)
-        if max_tokens > lm.max_positions:
-            raise ValueError(
-                f"max_tokens={max_tokens} exceeds the model's {lm.max_positions} positions: the cached protocol "
-                f"would use positions it never learned; lower the largest --lengths bucket to {lm.max_positions}"
-            )
-    protocols = {"cached": lambda toks: cached_nll(lm, toks, segment_tokens)}
-    if "nonoverlap" in baselines:
-        # windows share one token, so every token is predicted once, with context from its own window only
-        protocols["nonoverlap"] = lambda toks: window_nll(lm, toks, window, window - 1)
-    if "sliding" in baselines:
-        protocols["sliding"] = lambda toks: window_nll(lm, toks, window, stride)
-    vocab = lm.tokenizer.vocab_size
-    references = {"uniform": lambda toks: np.full(len(toks) - 1, math.log(vocab))}
-    if unigram_logp is not None:
-        references["unigram"] = lambda toks: -unigram_logp[np.asarray(toks[1:])]
-    per_protocol: dict[str, list] = {name: [] for name in [*protocols, *references]}
-    book_rows, book_tokens = [], []
+    protocols = Protocols(lm, max_tokens, segment_tokens, buckets, baselines, window, stride, unigram_logp, fixed)
+    scored = []
     for name, text in books:
-        tokens = ([lm.tokenizer.eos_id] + lm.tokenizer.encode(text))[: max_tokens + 1]
-        words, token_bytes = token_spans(lm.tokenizer, tokens)
-        book_rows.append({"book": name, "tokens": len(tokens) - 1, "words": len(words), "bytes": int(token_bytes.sum())})
-        if fixed:  # only the fixed-position protocol needs the books again
-            book_tokens.append((name, tokens[1:]))
-        for proto, fn in {**protocols, **references}.items():
-            per_protocol[proto].append((fn(tokens), words, name, token_bytes))
+        scored.append(protocols.score(name, text))
         if progress:
             progress(1)
-    described = {
-        "cached": {"protocol": "incremental encoding through the cache; every token sees its whole prefix",
-                   "segment_tokens": segment_tokens},
-        "nonoverlap": {"protocol": "non-overlapping windows (sharing one token), each encoded from scratch",
-                       "window_tokens": window, "stride_tokens": window - 1},
-        "sliding": {"protocol": "sliding windows; each token scored once with >= window - stride context",
-                    "window_tokens": window, "stride_tokens": stride},
-        "uniform": {"protocol": f"reference: uniform over the {vocab} token ids (perplexity = vocabulary size)"},
-        "unigram": {"protocol": "reference: unigram token frequencies of the training shards, add-one smoothed"},
-    }
-    report = {name: {"protocol": described[name], "buckets": bucket_report(rows, buckets), "overall": _overall(rows)}
-              for name, rows in per_protocol.items()}
-    out = {"books": book_rows, "protocols": {k: v for k, v in report.items() if k in protocols},
-           "references": {k: v for k, v in report.items() if k in references}}
-    if fixed:
-        out["fixed_position"] = fixed_position(lm, book_tokens, fixed["contexts"], fixed["target_tokens"],
-                                               fixed["targets_per_book"], segment_tokens, unigram_logp)
-    return out
+    return protocols.report(scored)
 
 
 def _overall(rows) -> dict:

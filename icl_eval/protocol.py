@@ -78,22 +78,76 @@ class Runner:
         self.predictions: list[dict] = []
         self._item_set = 0
         self._measure: tuple[Any, TopK | Embedder] | None = None
+        self._state: dict[str, Any] | None = None
 
     def run(self) -> list[dict]:
-        first_test = None
-        for seed in self.config.seeds:
-            raw = self.splits_for_seed(seed)
-            first_test = raw["test"] if first_test is None else first_test
-            # seeds share the items of one split (crossed design), or each has its own (the synthetic
-            # family's fresh episode per seed: nested); recorded so the bootstrap resamples correctly
-            self._item_set = 0 if raw["test"] is first_test else seed
-            self.prompt = self._prompt_for(seed)
-            splits, held = hold_out_validation(raw, self.config.validation_items) \
-                if self.config.choose_shot_on_validation else (raw, [])
-            parts = ["test"] + (["validation"] if self.config.choose_shot_on_validation else [])
-            for split in parts:
-                self._run_split(splits, split, seed, held)
+        """Every unit in order, in this process (the sharded path is `icl_eval.units`)."""
+        for unit in self.units():
+            self.run_unit(unit)
         return self.records
+
+    def units(self) -> list[tuple[int, str, int]]:
+        """The grid's units of work, in the one-process order: (draw seed, split, shots or budget).
+
+        A unit shares one demonstration draw and so one cache: every method, order and arm of it runs
+        together, and its records do not depend on which other units ran (or on which rank)."""
+        parts = ["test"] + (["validation"] if self.config.choose_shot_on_validation else [])
+        values = self.config.budgets or self.config.shots
+        return [(seed, split, value) for seed in self.config.seeds for split in parts for value in values]
+
+    def run_unit(self, unit: tuple[int, str, int]) -> dict[str, list[dict]]:
+        """Score one unit; returns (and appends to this runner's lists) its records, baselines and predictions."""
+        seed, split, value = unit
+        marks = len(self.records), len(self.baselines), len(self.predictions)
+        state = self._split_state(seed, split)
+        self.prompt = state["prompt"]
+        self._item_set = state["item_set"]
+        if self.config.selection == "topk":
+            self._run_topk(split, seed, state, value)
+        else:
+            self._run_value(split, seed, state, value)
+        return {"records": self.records[marks[0]:], "baselines": self.baselines[marks[1]:],
+                "predictions": self.predictions[marks[2]:]}
+
+    def adopt(self, units: list[dict[str, list[dict]]]) -> None:
+        """Take finished units (`run_unit`'s returns, in the order of `units()`, possibly scored elsewhere) as
+        if this runner had run them all: their rows in that order, every seed's label map, the last seed's prompt."""
+        for part in ("records", "baselines", "predictions"):
+            setattr(self, part, [row for unit in units for row in unit[part]])
+        for seed in self.config.seeds:
+            self.prompt = self._prompt_for(seed)
+
+    def _split_state(self, seed: int, split: str) -> dict[str, Any]:
+        """What the units of one (seed, split) share, kept for the next unit of the same pair."""
+        if self._state is not None and self._state["key"] == (seed, split):
+            return self._state
+        raw = self.splits_for_seed(seed)
+        first = self.splits_for_seed(self.config.seeds[0])
+        # seeds share the items of one split (crossed design), or each has its own (the synthetic
+        # family's fresh episode per seed: nested); recorded so the bootstrap resamples correctly
+        item_set = 0 if seed == self.config.seeds[0] or raw["test"] is first["test"] else seed
+        prompt = self._prompt_for(seed)
+        splits, held = hold_out_validation(raw, self.config.validation_items) \
+            if self.config.choose_shot_on_validation else (raw, [])
+        train = splits["train"]
+        indices = select_items(len(splits[split]), self.config)
+        demo_cache: dict[tuple[int, int | None], Demo] = {}
+        gold_cache: dict[int, int] = {}
+
+        def demo(i: int, label: int | None = None) -> Demo:
+            if (i, label) not in demo_cache:
+                demo_cache[(i, label)] = prompt.demo(i, train[i], label)
+            return demo_cache[(i, label)]
+
+        def gold(i: int) -> int:
+            if i not in gold_cache:
+                gold_cache[i] = self.task.gold(train[i])
+            return gold_cache[i]
+
+        self._state = {"key": (seed, split), "prompt": prompt, "item_set": item_set, "held": held, "train": train,
+                       "indices": indices, "rows": [splits[split][i] for i in indices], "demo": demo, "gold": gold,
+                       "labels": [gold(i) for i in range(len(train))] if self.config.balanced else None}
+        return self._state
 
     def _prompt_for(self, seed: int) -> PromptBuilder:
         """The prompt builder of one draw seed: the task's labels spelled under its label map."""
@@ -118,34 +172,16 @@ class Runner:
             "baseline_records": self.baselines,
         }
 
-    def _run_split(self, splits: Splits, split: str, seed: int, held: list[int]) -> None:
-        train = splits["train"]
-        indices = select_items(len(splits[split]), self.config)
-        rows = [splits[split][i] for i in indices]
-        demo_cache: dict[tuple[int, int | None], Demo] = {}
-        gold_cache: dict[int, int] = {}
-
-        def demo(i: int, label: int | None = None) -> Demo:
-            if (i, label) not in demo_cache:
-                demo_cache[(i, label)] = self.prompt.demo(i, train[i], label)
-            return demo_cache[(i, label)]
-
-        def gold(i: int) -> int:
-            if i not in gold_cache:
-                gold_cache[i] = self.task.gold(train[i])
-            return gold_cache[i]
-
-        labels = [gold(i) for i in range(len(train))] if self.config.balanced else None
-        if self.config.selection == "topk":
-            self._run_topk(split, seed, held, train, indices, rows, demo)
-            return
-        for value in self.config.budgets or self.config.shots:
-            if self.config.budgets:
-                ids, cell = self._budget_draw(train, seed, held, labels, indices, rows, demo, value)
-            else:
-                ids, cell = dataset_level(len(train), value, seed, exclude=held, labels=labels), {"shots": value}
-            items = [self.prompt.test_item(i, r, cell["shots"]) for i, r in zip(indices, rows)]
-            self._run_cell(split, seed, cell, ids, items, rows, demo, gold, train)
+    def _run_value(self, split: str, seed: int, state: dict[str, Any], value: int) -> None:
+        """One dataset-level cell: the draw of `value` shots (or of budget `value`), then `_run_cell`."""
+        train, held, labels, indices, rows = (state[k] for k in ("train", "held", "labels", "indices", "rows"))
+        demo, gold = state["demo"], state["gold"]
+        if self.config.budgets:
+            ids, cell = self._budget_draw(train, seed, held, labels, indices, rows, demo, value)
+        else:
+            ids, cell = dataset_level(len(train), value, seed, exclude=held, labels=labels), {"shots": value}
+        items = [self.prompt.test_item(i, r, cell["shots"]) for i, r in zip(indices, rows)]
+        self._run_cell(split, seed, cell, ids, items, rows, demo, gold, train)
 
     def _budget_draw(self, train, seed, held, labels, indices, rows, demo, budget: int) -> tuple[list[int], dict]:
         """The demonstrations of a budget cell: the longest prefix of the seed's order that fits (`budget.fit`)."""
@@ -240,17 +276,19 @@ class Runner:
             return [measure.similarities(self._text(r)) for r in rows]
         return [measure.similarities(self._text(r), ids) for r in rows]
 
-    def _run_topk(self, split, seed, held, train, indices, rows, demo) -> None:
+    def _run_topk(self, split: str, seed: int, state: dict[str, Any], k: int) -> None:
         """Instance-level Top-k: a different context per item (no reuse across items)."""
-        topk = TopK([self._text(r) for r in train])
-        for k in self.config.shots:
-            items = [self.prompt.test_item(i, r, k) for i, r in zip(indices, rows)]
-            per_item = [[demo(j) for j in topk.select(self._text(r), k, exclude=held)] for r in rows]
-            demo_labels = [[self.task.gold(train[d.item_id]) for d in demos] for demos in per_item]
-            self._record_baselines(split, seed, {"shots": k}, "", items, demo_labels)
-            for name in self.config.methods:
-                result = self._score(name, per_item, items, rows, k, per_item_context=True)
-                self._record(name, split, seed, {"shots": k}, items, per_item, result)
+        train, held, indices, rows, demo = (state[key] for key in ("train", "held", "indices", "rows", "demo"))
+        if "topk" not in state:
+            state["topk"] = TopK([self._text(r) for r in train])
+        topk = state["topk"]
+        items = [self.prompt.test_item(i, r, k) for i, r in zip(indices, rows)]
+        per_item = [[demo(j) for j in topk.select(self._text(r), k, exclude=held)] for r in rows]
+        demo_labels = [[self.task.gold(train[d.item_id]) for d in demos] for demos in per_item]
+        self._record_baselines(split, seed, {"shots": k}, "", items, demo_labels)
+        for name in self.config.methods:
+            result = self._score(name, per_item, items, rows, k, per_item_context=True)
+            self._record(name, split, seed, {"shots": k}, items, per_item, result)
 
     def _record_baselines(self, split, seed, cell: dict, arm: str, items: list[TestItem],
                           demo_labels: list[list[int]]) -> None:

@@ -5,7 +5,7 @@ Stages exchange files, never objects: each one is the same command a user runs a
 `launcher.commands.argv` with the run's folders wired in and the run file's extra arguments
 appended. `twins` trains the baselines EVALM compares EVA with on the same data, steps and seed
 (full attention; learned absolute positions), `export` writes every model to export/NAME/, and
-`icl` / `ppl` evaluate the models each entry names.
+`icl` / `ppl` evaluate the models each entry names (one process, resumable by unit: `icl_eval.units`).
 """
 
 from __future__ import annotations
@@ -94,13 +94,14 @@ def _export(r: Run) -> list:
 
 def _icl(r: Run) -> list:
     return [argv("eval", "icl", "--checkpoint", r.stage_dir("export") / m, "--out", r.stage_dir("icl") / e.name / m,
-                 "--task", e.task if e.task == "synthetic" or "/" not in e.task else r.samples / e.task, *e.args)
+                 "--task", e.task if e.task == "synthetic" or "/" not in e.task else r.samples / e.task, "--overwrite",
+                 *e.args)
             for e in r.evals for m in e.models if m in trained_models(r)]
 
 
 def _ppl(r: Run) -> list:
     return [argv("eval", "ppl", "--checkpoint", r.stage_dir("export") / m, "--books", r.samples / r.ppl.books,
-                 "--unigram-shards", r.stage_dir("tokenizer"), "--out", r.stage_dir("ppl") / m, *r.ppl.args)
+                 "--unigram-shards", r.stage_dir("tokenizer"), "--out", r.stage_dir("ppl") / m, "--overwrite", *r.ppl.args)
             for m in r.ppl.models if m in trained_models(r)]
 
 
@@ -117,7 +118,9 @@ STAGES: dict[str, Callable[[Run], list]] = {
     "ppl": _ppl,
 }
 """Each stage's command (one argv) or commands (a list of argvs), in run order."""
-RESUMABLE = {"filter", "dedup", "blend", "pretrain", "msit", "twins"}  # an interrupted folder is continued, not wiped
+RESUMABLE = {"filter", "dedup", "blend", "pretrain", "msit", "twins", "icl", "ppl"}
+"""Stages whose interrupted folder is continued, not wiped. The evaluations resume by unit (finished cells
+and books are kept); their `--overwrite` discards units of other settings instead of refusing them."""
 
 
 def stage_commands(r: Run, stage: str) -> list[list[str]]:

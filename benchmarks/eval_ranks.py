@@ -1,0 +1,123 @@
+"""Wall time of `python -m evalm.icl_eval icl|ppl` on N ranks against one process, on the same grid.
+
+    python benchmarks/eval_ranks.py [--ranks 2] [--seeds 1,2,3,4] [--shots 0,16,32,64] [--items 32] [--books 8]
+                                    [--out runs/bench-eval-ranks]
+
+An exported two-layer byte-level EVALM (untrained: time does not depend on the weights), a
+two-label task file and random-word books are written under --out; each command runs once as
+one process and once as N gloo ranks (processes started as torchrun would, RANK/WORLD_SIZE/...,
+OMP_NUM_THREADS=1 in every process so both arms use one thread per rank). Wall time is from the
+first process's start to the last one's end, model loading and the merge included. The two
+results.json files are checked equal (timings and the `execution` block aside) before any figure
+is printed. On a machine with fewer free cores than ranks the ratio says so, not the code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+EXECUTION = {"seconds", "seconds_per_item", "seconds_per_item_mean", "seconds_per_item_std", "encode_seconds",
+             "marginal_seconds_per_item", "execution"}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _inputs(root: Path, items: int, n_books: int) -> tuple[Path, Path, Path]:
+    """(exported model, task file, books folder) under `root`."""
+    import torch
+
+    from evalm import EvalmModel, ModelConfig
+    from evalm.io import save_model
+
+    torch.manual_seed(0)
+    model = EvalmModel(ModelConfig(vocab_size=257, d_model=64, n_layer=2, n_head=4, d_ff=256, window_size=16,
+                                   chunk_size=4, circular_period=4096, dropout=0.0, attn_dropout=0.0))
+    model.init_weights()
+    folder = save_model(model, root / "model")
+    rng = random.Random(0)
+    rows = [{"text": " ".join(rng.choice(("good", "bad", "fine", "dull", "fun")) for _ in range(8)), "label": i % 2}
+            for i in range(64 + items)]
+    task = root / "task"
+    task.mkdir(parents=True, exist_ok=True)
+    for split, part in (("train", rows[:64]), ("test", rows[64:])):
+        (task / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))
+    (task / "task.toml").write_text('[task]\ntemplate = "{text} {label}"\nlabels = ["no", "yes"]\n'
+                                    'train = "train.jsonl"\ntest = "test.jsonl"\n')
+    books = root / "books"
+    books.mkdir(exist_ok=True)
+    for b in range(n_books):
+        words = ("".join(rng.choice("abcdefgh") for _ in range(rng.randint(1, 7))) for _ in range(2000))
+        (books / f"book{b}.txt").write_text(" ".join(words))
+    return folder, task / "task.toml", books
+
+
+def timed(args: list[str], world: int) -> float:
+    """Seconds of wall time of `python -m evalm.icl_eval ARGS` on `world` ranks."""
+    port, procs = _free_port(), []
+    t0 = time.perf_counter()
+    for rank in range(world):
+        env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+        env.update(PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+        if world > 1:
+            env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                       LOCAL_RANK=str(rank))
+        procs.append(subprocess.Popen([sys.executable, "-m", "evalm.icl_eval", *args], env=env,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+    errors = [p.communicate()[1] for p in procs]
+    seconds = time.perf_counter() - t0
+    if any(p.returncode for p in procs):
+        raise SystemExit(f"`python -m evalm.icl_eval {' '.join(args)}` failed on {world} rank(s):\n{errors}")
+    return seconds
+
+
+def _strip(value):
+    if isinstance(value, dict):
+        return {k: _strip(v) for k, v in value.items() if k not in EXECUTION}
+    if isinstance(value, list):
+        return [_strip(v) for v in value]
+    return value
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--ranks", type=int, default=2, help="ranks of the sharded arm (default: 2)")
+    p.add_argument("--seeds", default="1,2,3,4", help="icl draw seeds (default: 1,2,3,4)")
+    p.add_argument("--shots", default="0,16,32,64", help="icl shot counts (default: 0,16,32,64)")
+    p.add_argument("--items", type=int, default=32, help="icl test items (default: 32)")
+    p.add_argument("--books", type=int, default=8, help="ppl books of ~9,000 byte tokens, scored to 8,192 (default: 8)")
+    p.add_argument("--out", default="runs/bench-eval-ranks", help="working folder (default: runs/bench-eval-ranks)")
+    args = p.parse_args(argv)
+    root = Path(args.out)
+    model, task, books = _inputs(root, args.items, args.books)
+    commands = {
+        "icl": ["icl", "--checkpoint", str(model), "--task", str(task), "--methods", "incremental,concat",
+                "--shots", args.shots, "--seeds", args.seeds],
+        "ppl": ["ppl", "--checkpoint", str(model), "--books", str(books), "--lengths", "1024,8192"],
+    }
+    print(f"{'command':>8} {'units':>6} {'1 rank s':>9} {f'{args.ranks} ranks s':>10} {'ratio':>6}")
+    for name, command in commands.items():
+        one, many = root / f"{name}-1", root / f"{name}-{args.ranks}"
+        t1 = timed([*command, "--out", str(one), "--overwrite"], 1)
+        tn = timed([*command, "--out", str(many), "--overwrite"], args.ranks)
+        a, b = (json.loads((d / "results.json").read_text()) for d in (one, many))
+        if _strip(a) != _strip(b):
+            raise SystemExit(f"{name}: results.json of {args.ranks} ranks differs from one process")
+        print(f"{name:>8} {a['execution']['units']:>6} {t1:>9.1f} {tn:>10.1f} {t1 / tn:>5.2f}x")
+    print(f"(wall time per command, process start to end; results.json equal; {os.cpu_count()} cores on this machine)")
+
+
+if __name__ == "__main__":
+    main()
