@@ -129,6 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from evalm.icl_eval.config import EvalConfig
     from evalm.icl_eval.methods import MethodOptions
     from evalm.icl_eval.protocol import Runner
+    from evalm.icl_eval.task_data import SeedSplits
     from evalm.icl_eval.summary import summarize
     from evalm.icl_eval.synthetic import episode, synthetic_task
 
@@ -159,7 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for label, enc, method in RUNS:
         cfg = EvalConfig(task="synthetic", methods=(method,), shots=shots, seeds=seeds, test_items=args.items)
         runner = Runner(models[enc], synthetic_task(syn), cfg, MethodOptions(scoring="answer-sum"),
-                        lambda seed: episode(seed, syn))
+                        SeedSplits(lambda seed: episode(seed, syn), False))
         for r in runner.run():
             records.append({**r, "method": label, "trained_encoder": enc})
         print(f"evaluated {label} on the {enc}-trained model", flush=True)

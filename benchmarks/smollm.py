@@ -40,6 +40,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from evalm.icl_eval.config import EvalConfig  # noqa: E402
 from evalm.icl_eval.methods import METHODS, MethodOptions  # noqa: E402
 from evalm.icl_eval.protocol import Runner  # noqa: E402
+from evalm.icl_eval.task_data import SeedSplits
 from evalm.icl_eval.report import write_json  # noqa: E402
 from evalm.icl_eval.summary import summarize  # noqa: E402
 from evalm.icl_eval.task_data import load_splits, task_data_files  # noqa: E402
@@ -99,7 +100,8 @@ class Bench:
 
     def run(self, method: str, shots: int, seeds) -> list[dict]:
         options = MethodOptions(on_overflow=OVERFLOW[method], group_tokens=self.args.group_tokens, scoring="answer-sum")
-        runner = Runner(self.lm, self.task, self.config((method,), shots, seeds), options, lambda seed: self.splits)
+        runner = Runner(self.lm, self.task, self.config((method,), shots, seeds), options,
+                        SeedSplits(lambda seed: self.splits, True))
         records = runner.run()
         for b in runner.baselines:
             self.baselines.setdefault((b["split"], b["seed"], b["shots"]), b)
@@ -110,7 +112,8 @@ class Bench:
         """The longest context any seed draws at `shots` (an alias must hold for every seed)."""
         from evalm.icl_eval.selection import dataset_level
 
-        prompt = Runner(self.lm, self.task, self.config((), shots, self.seeds), MethodOptions(), lambda s: self.splits).prompt
+        prompt = Runner(self.lm, self.task, self.config((), shots, self.seeds), MethodOptions(),
+                        SeedSplits(lambda s: self.splits, True)).prompt
         train = self.splits["train"]
         return max(len(prompt.context([prompt.demo(i, train[i]) for i in dataset_level(len(train), shots, seed)]))
                    for seed in self.seeds)
@@ -138,7 +141,7 @@ class Bench:
               f"[{time.perf_counter() - t0:.0f} s]", flush=True)
 
     def run_baselines_only(self) -> None:
-        runner = Runner(self.lm, self.task, self.config((), 0, self.seeds), MethodOptions(), lambda seed: self.splits)
+        runner = Runner(self.lm, self.task, self.config((), 0, self.seeds), MethodOptions(), SeedSplits(lambda seed: self.splits, True))
         runner.run()
         for b in runner.baselines:
             self.baselines.setdefault((b["split"], b["seed"], b["shots"]), b)

@@ -62,12 +62,38 @@ def select_items(n: int, config: EvalConfig) -> list[int]:
     return sorted(random.Random(config.test_items_seed).sample(range(n), config.test_items))
 
 
+SUMMED = ("seconds", "encode_seconds", "context_encodings")
+"""Per-item info fields that add up over items scored one context each (Top-k)."""
+MEANS = ("seconds_per_item", "marginal_seconds_per_item")
+PEAKS = ("context_tokens", "cache_bytes")
+
+
+def aggregate_info(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """One cell's info from items scored one context each: times summed, per-item rates averaged,
+    sizes at their peak, the demonstrations used per item; other fields as the first item's."""
+    info = dict(parts[0])
+    info["demos_used"] = [p["demos_used"][0] for p in parts]
+    for key in SUMMED:
+        if key in info:
+            info[key] = float(sum(p[key] for p in parts))
+    for key in MEANS:
+        if key in info:
+            info[key] = float(np.mean([p[key] for p in parts]))
+    for key in PEAKS:
+        if key in info:
+            info[key] = max(p[key] for p in parts)
+    return info
+
+
 class Runner:
     """Scores one task on one model over the protocol grid."""
 
     def __init__(self, lm: CausalLM, task: Task, config: EvalConfig, options: MethodOptions,
                  splits_for_seed: Callable[[int], Splits], progress=None):
         self.lm, self.task, self.config, self.options = lm, task, config, options
+        if not isinstance(getattr(splits_for_seed, "shares_test", None), bool):
+            raise TypeError("splits_for_seed must declare whether seeds share the test items: pass a "
+                            "task_data.SeedSplits(for_seed, shares_test)")
         self.splits_for_seed, self.progress = splits_for_seed, progress
         self.label_maps: dict[int, dict[str, str]] = {}
         """Per draw seed: the original label -> the label as the prompts spell it (label_map)."""
@@ -122,10 +148,10 @@ class Runner:
         if self._state is not None and self._state["key"] == (seed, split):
             return self._state
         raw = self.splits_for_seed(seed)
-        first = self.splits_for_seed(self.config.seeds[0])
         # seeds share the items of one split (crossed design), or each has its own (the synthetic
-        # family's fresh episode per seed: nested); recorded so the bootstrap resamples correctly
-        item_set = 0 if seed == self.config.seeds[0] or raw["test"] is first["test"] else seed
+        # family's fresh episode per seed: nested), as the data source declares; recorded so the
+        # bootstrap resamples correctly
+        item_set = 0 if self.splits_for_seed.shares_test or seed == self.config.seeds[0] else seed
         prompt = self._prompt_for(seed)
         splits, held = hold_out_validation(raw, self.config.validation_items) \
             if self.config.choose_shot_on_validation else (raw, [])
@@ -301,19 +327,19 @@ class Runner:
     def _score(self, name: str, per_item: list[list[Demo]], items: list[TestItem], rows, k: int,
                per_item_context: bool = False) -> MethodResult:
         method = METHODS[name]
+        if self.config.calibration != "none" and self.task.choice_fields:
+            raise ValueError(f"calibration needs a fixed label space; {self.task.name!r} is multiple choice")
         if per_item_context:  # a different context per item: no reuse across items
-            parts = [method(self.lm, self.prompt, d, [it], self.options, self._tick) for d, it in zip(per_item, items)]
-            info = dict(parts[0].info)
-            info["demos_used"] = [p.info["demos_used"][0] for p in parts]
-            info["seconds_per_item"] = float(np.mean([p.info["seconds"] for p in parts]))
-            result = MethodResult([p.scores[0] for p in parts], info)
-        else:
-            result = method(self.lm, self.prompt, per_item[0], items, self.options, self._tick)
+            parts = [self._calibrated(method, d, [it], row, k) for d, it, row in zip(per_item, items, rows)]
+            return MethodResult([p.scores[0] for p in parts], aggregate_info([p.info for p in parts]))
+        return self._calibrated(method, per_item[0], items, rows[0], k)
+
+    def _calibrated(self, method, demos: list[Demo], items: list[TestItem], row, k: int) -> MethodResult:
+        """The method's scores after these demonstrations, calibrated against content-free inputs after
+        the same demonstrations (so under Top-k each item against its own context)."""
+        result = method(self.lm, self.prompt, demos, items, self.options, self._tick)
         if self.config.calibration != "none":
-            if self.task.choice_fields:
-                raise ValueError(f"calibration needs a fixed label space; {self.task.name!r} is multiple choice")
-            cf_items = self.prompt.content_free_items(rows[0], k)
-            cf = method(self.lm, self.prompt, per_item[0], cf_items, self.options).scores
+            cf = method(self.lm, self.prompt, demos, self.prompt.content_free_items(row, k), self.options).scores
             result.scores = calibrate(np.array(result.scores), np.array(cf), self.config.calibration).tolist()
         return result
 

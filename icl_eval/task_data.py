@@ -15,6 +15,8 @@ turned into Python dicts until a demonstration is drawn.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -91,7 +93,28 @@ def task_data_files(path: str | Path) -> dict[str, Path]:
     return out
 
 
-def resolve_task(config, synthetic, tiny_model: bool) -> tuple[Task, Callable[[int], Splits], dict[str, Any]]:
+@dataclass(frozen=True)
+class SeedSplits:
+    """The splits each demonstration seed draws from, and a declared fact the bootstrap depends on:
+    whether every seed scores the same test items (`shares_test`, a crossed design: a fixed data
+    set) or each seed has its own (nested: the synthetic family's fresh episode per seed). Declared,
+    not inferred from object identity, so copying the splits cannot change an interval."""
+
+    for_seed: Callable[[int], Splits]
+    shares_test: bool
+
+    def __call__(self, seed: int) -> Splits:
+        return self.for_seed(seed)
+
+
+def _same(splits: Splits) -> Callable[[int], Splits]:
+    def for_seed(seed: int) -> Splits:
+        return splits
+
+    return for_seed
+
+
+def resolve_task(config, synthetic, tiny_model: bool) -> tuple[Task, SeedSplits, dict[str, Any]]:
     """The task `[eval] task` names, its splits per seed, and where its data came from.
 
     `synthetic` (a SyntheticConfig) draws a fresh rule per seed; any other task reads its splits once
@@ -99,13 +122,18 @@ def resolve_task(config, synthetic, tiny_model: bool) -> tuple[Task, Callable[[i
     if config.task == "synthetic":
         from evalm.icl_eval.synthetic import episode, synthetic_task
 
-        return synthetic_task(synthetic), (lambda seed: episode(seed, synthetic)), {"source": "synthetic"}
+        return (synthetic_task(synthetic), SeedSplits(partial(_episode, synthetic=synthetic, make=episode), False),
+                {"source": "synthetic"})
     if tiny_model:
         raise ConfigError("--task: a real task needs --checkpoint DIR or --hf-model DIR "
                           "(the built-in tiny model knows only `synthetic`)")
     task = get_task(config.task, config.template_set)
     splits, data_info = task_splits(task, config.task, config.data)
-    return with_data_labels(task, splits, data_info), (lambda seed: splits), data_info
+    return with_data_labels(task, splits, data_info), SeedSplits(_same(splits), True), data_info
+
+
+def _episode(seed: int, synthetic, make) -> Splits:
+    return make(seed, synthetic)
 
 
 def with_data_labels(task: Task, splits: Splits, info: dict[str, Any]) -> Task:

@@ -21,6 +21,7 @@ from evalm.icl_eval.nearest import TooFewDemonstrations, apply, nearest, sample_
 from evalm.icl_eval.order import arrange
 from evalm.icl_eval.prompts import PromptBuilder
 from evalm.icl_eval.protocol import Runner
+from evalm.icl_eval.task_data import SeedSplits
 from evalm.icl_eval.spread import order_split
 from evalm.icl_eval.tasks import Task
 from evalm.text.tokenizer import ByteTokenizer
@@ -38,7 +39,7 @@ def _splits(train_texts, train_labels, test_texts, test_labels):
 
 def _runner(splits, task=TASK, lm=None, **eval_fields) -> Runner:
     config = EvalConfig(task=task.name, methods=("incremental",), **{"seeds": (1,), **eval_fields})
-    return Runner(lm or tiny_evalm("full"), task, config, MethodOptions(), lambda seed: splits)
+    return Runner(lm or tiny_evalm("full"), task, config, MethodOptions(), SeedSplits(lambda seed: splits, True))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -241,7 +242,8 @@ def test_the_tiny_run_reports_the_order_diagnostic():
     cfg = SyntheticConfig(n_test=8)
     config = EvalConfig(methods=("incremental",), shots=(0, 8), seeds=(1, 2), order_seeds=(1, 2),
                         order=("random", "label-sorted"))
-    runner = Runner(tiny_evalm("eva"), synthetic_task(cfg), config, MethodOptions(), lambda seed: episode(seed, cfg))
+    runner = Runner(tiny_evalm("eva"), synthetic_task(cfg), config, MethodOptions(),
+                    SeedSplits(lambda seed: episode(seed, cfg), False))
     runner.run()
     res = runner.results({}, {}, 0.0)
     block = {**res, "headline": {m: headline(res["summary"], m) for m in res["summary"]["test"]}}

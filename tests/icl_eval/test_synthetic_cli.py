@@ -15,6 +15,7 @@ from evalm.icl_eval.config import EvalConfig
 from evalm.icl_eval.lm import EvalmLM
 from evalm.icl_eval.methods import MethodOptions
 from evalm.icl_eval.protocol import Runner
+from evalm.icl_eval.task_data import SeedSplits
 from evalm.icl_eval.summary import summarize
 from evalm.icl_eval.synthetic import SyntheticConfig, episode, synthetic_task, train_tiny_model
 
@@ -33,7 +34,7 @@ def test_trained_tiny_model_learns_in_context_above_every_label_baseline(one_thr
     train_tiny_model(model, syn)
     config = EvalConfig(task="synthetic", methods=("incremental",), shots=(1, 32), seeds=(11, 12))
     runner = Runner(EvalmLM(model, ByteTokenizer()), synthetic_task(syn), config, MethodOptions(),
-                    lambda seed: episode(seed, syn))
+                    SeedSplits(lambda seed: episode(seed, syn), False))
     acc = summarize(runner.run(), runner.baselines)["test"]["incremental"]
     assert len({r["item_set"] for r in runner.records}) == 2  # a fresh episode per seed: nested items
     assert acc["32"]["gain"]["ci95"][0] > 0, acc["32"]
