@@ -14,7 +14,7 @@ gain survives learns from all of them. The sample learning ratio condenses this:
     SLR = (acc_full - acc_remove) / (acc_full - acc_0)
 
 the share of the gain over 0 shots that the k nearest demonstrations carry (reported with the
-paired interval of acc_full - acc_remove; undefined when the gain over 0 shots is 0). Each item has
+paired interval of acc_full - acc_remove; undefined, None, when the context gains nothing over 0 shots). Each item has
 its own context here, so every method re-encodes it per item (no cache sharing across items);
 the per-item cost is recorded as `seconds_per_item`.
 """
@@ -90,6 +90,7 @@ def apply(mode: str, ids: Sequence[int], near: Sequence[int], labels: Sequence[i
 
 
 def sample_learning_ratio(full: float, removed: float, zero: float) -> float | None:
-    """The share of the gain over 0 shots lost when the nearest demonstrations are removed."""
+    """The share of the gain over 0 shots lost when the nearest demonstrations are removed; None
+    without a gain (a context no better than none has no gain to split)."""
     gain = full - zero
-    return None if abs(gain) < 1e-12 else (full - removed) / gain
+    return None if gain <= 1e-12 else (full - removed) / gain

@@ -202,6 +202,7 @@ def test_nearest_modes_by_hand():
         nearest(sims, ctx, 6)
     assert sample_learning_ratio(0.8, 0.6, 0.5) == pytest.approx(2 / 3)
     assert sample_learning_ratio(0.5, 0.4, 0.5) is None
+    assert sample_learning_ratio(0.45, 0.5, 0.5) is None  # the context loses to 0 shots: no gain to split
 
 
 def test_remove_nearest_removes_exactly_the_k_most_similar_per_item():
