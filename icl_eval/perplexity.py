@@ -1,4 +1,4 @@
-"""Perplexity vs context length (ICL_SPEC §6; EVALM §4.4 and Figure 4; PG-19).
+"""Perplexity vs context length (docs/evaluation.md; EVALM §4.4 and Figure 4; PG-19).
 
 Each book is its own sequence, `[bos]` then its tokens. `cached` encodes it in segments of the
 training length through the cache, so every token is scored with all of its preceding context
@@ -11,7 +11,7 @@ Per position bucket: mean token NLL, token perplexity, bits per byte, and word p
 NLL over the bucket's tokens divided by the number of whitespace words in the bucket's text span,
 the PG-19 authors' tokenizer-independent measure), and how many books reach the bucket.
 
-References on the same tokens (ICL_SPEC §6): `uniform` (perplexity = vocabulary size) and
+References on the same tokens (docs/evaluation.md): `uniform` (perplexity = vocabulary size) and
 `unigram` (token frequencies of the training shards, `unigram.py`). A position-bucket curve mixes
 two effects, context use and the text getting easier or harder along a book, so `fixed_position`
 scores the *same* target tokens given contexts of increasing length: only that curve shows
@@ -134,7 +134,7 @@ def token_spans(tokenizer, tokens: list[int]) -> tuple[list[int], np.ndarray]:
 @torch.no_grad()
 def fixed_spans(lm: CausalLM, tokens: list[int], contexts, target_tokens: int, targets_per_book: int,
                 segment_tokens: int) -> tuple[dict[int, list[float]], np.ndarray]:
-    """One book's part of the fixed-position protocol (ICL_SPEC §6, context use): per context length L, the
+    """One book's part of the fixed-position protocol (docs/evaluation.md, context use): per context length L, the
     mean NLL of each target span after L tokens, and the spans' tokens, (spans, target_tokens).
 
     Targets of a book: `targets_per_book` spans of `target_tokens`, spread evenly over the part of

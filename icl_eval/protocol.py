@@ -1,4 +1,4 @@
-"""The many-shot protocol (ICL_SPEC §5): methods x shots x seeds on the chosen test items.
+"""The many-shot protocol (docs/evaluation.md): methods x shots x seeds on the chosen test items.
 
 Test items are the whole split or a seeded sample recorded by index (`select_items`). For each
 seed and shot count, the demonstrations are drawn once (dataset level: the same ordered
