@@ -7,6 +7,8 @@ the ground floor's `config_toolkit`.
 
 from __future__ import annotations
 
+import dataclasses
+
 from typing import Literal
 
 from pydantic.dataclasses import dataclass
@@ -78,3 +80,16 @@ class ModelConfig:
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_head
+
+
+NON_ARCHITECTURE = frozenset({"dropout", "attn_dropout", "init_std"})
+"""ModelConfig fields that change no parameter and no computation at evaluation: a resume or a load
+may differ in them."""
+
+
+def architecture_differences(saved: dict, current: dict) -> list[tuple[str, object, object]]:
+    """(field, saved value, current value) for each architecture field that differs. A field missing
+    from `saved` (written before the field existed) counts as its default."""
+    defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
+    return [(k, saved.get(k, defaults.get(k)), v) for k, v in current.items()
+            if k not in NON_ARCHITECTURE and saved.get(k, defaults.get(k)) != v]

@@ -22,14 +22,12 @@ from safetensors.torch import load_model as _load_weights
 from safetensors.torch import save_model as _save_weights
 
 from evalm.config_toolkit import build, to_dict
-from evalm.config import ModelConfig
+from evalm.config import ModelConfig, architecture_differences
 from evalm.model import EvalmModel
 from evalm.storage import DamagedFile, read_json
 
 WEIGHTS, CONFIG = "model.safetensors", "config.json"
 META_KEY = "evalm.model"
-NON_ARCHITECTURE = {"dropout", "attn_dropout", "init_std"}
-"""Fields that change no parameter and no computation at evaluation."""
 
 
 def save_model(model: EvalmModel, folder: str | Path) -> Path:
@@ -61,9 +59,8 @@ def check_weights(folder: Path, config: ModelConfig, model: EvalmModel) -> None:
         raise DamagedFile(f"{weights}: damaged or truncated safetensors file ({err}); export the model again "
                           "(`evalm export`)") from None
     if saved is not None:
-        now = to_dict(config)
-        fields = [f"{k}: weights {saved.get(k)!r}, config.json {v!r}" for k, v in now.items()
-                  if k not in NON_ARCHITECTURE and k in saved and saved[k] != v]
+        fields = [f"{k}: weights {old!r}, config.json {new!r}"
+                  for k, old, new in architecture_differences(saved, to_dict(config))]
         if fields:
             raise DamagedFile(f"{folder / CONFIG} does not describe {weights} ({'; '.join(fields)}); restore "
                               "config.json as exported, or export again")

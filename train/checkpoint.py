@@ -24,7 +24,6 @@ intact one, and the caller is told which and why (`newest_intact`).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import pickle
@@ -46,15 +45,13 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from evalm.config import ModelConfig
+from evalm.config import architecture_differences
 from evalm.storage import read_json, space_error, verify_digest, write_digest
 from evalm.train.identity import identity_differences
 from evalm.train.dcp_metadata import MetadataReader, SafeLoadPlanner, read_metadata_file
 
 MARKER = ".complete"
 STEP_DIR = re.compile(r"^step-(\d{8})$")
-# Fields that change no parameter and no computation's shape: a resume may change them.
-NON_ARCHITECTURE = {"dropout", "attn_dropout", "init_std"}
 
 
 class CheckpointError(RuntimeError):
@@ -132,10 +129,7 @@ def find_resume_path(out: str | Path, resume: str, note: Callable[[str], None] =
 def check_architecture(path: Path, model_config: dict[str, Any]) -> None:
     """Refuse a checkpoint whose model differs (gpt-neox `check_checkpoint_args`)."""
     saved = read_json(path / "config.json")["model"]
-    # a field added to ModelConfig after the checkpoint was written has its default there
-    defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
-    diffs = [f"{k}: checkpoint {saved.get(k, defaults.get(k))!r}, config {v!r}" for k, v in model_config.items()
-             if k not in NON_ARCHITECTURE and saved.get(k, defaults.get(k)) != v]
+    diffs = [f"{k}: checkpoint {old!r}, config {new!r}" for k, old, new in architecture_differences(saved, model_config)]
     if diffs:
         raise CheckpointError(
             f"{path} was trained with a different architecture ({'; '.join(diffs)}); use the [model] "

@@ -9,6 +9,7 @@ import json
 import pytest
 
 from evalm.config_toolkit import ConfigError, split_overrides
+from tests.models import byte_model, two_label_task
 
 
 def test_set_and_dotted_forms_are_one_override():
@@ -22,10 +23,11 @@ def test_evaluation_takes_set_like_training(tmp_path, capsys):
     """The same settings through either spelling: results.json's recorded settings are equal."""
     from evalm.icl_eval.cli import main
 
+    model, task = byte_model(tmp_path / "model"), two_label_task(tmp_path / "task")
     recorded = []
     for i, spelling in enumerate((["--set", "eval.separator=eos"], ["--eval.separator=eos"])):
         out = tmp_path / f"o{i}"
-        assert main(["icl", "--checkpoint", str(_model(tmp_path)), "--task", str(_task(tmp_path)), "--methods",
+        assert main(["icl", "--checkpoint", str(model), "--task", str(task), "--methods",
                      "concat", "--shots", "0,1", "--seeds", "1", *spelling, "--out", str(out)]) == 0
         recorded.append(json.loads((out / "results.json").read_text())["protocol"]["eval"]["separator"])
     assert recorded == ["eos", "eos"]
@@ -65,31 +67,3 @@ def test_help_lists_every_settable_key_with_its_default(argv, sections, capsys):
     missing = [f"{s}.{f.name}" for s in sections for f in dataclasses.fields(classes[s]) if f"  {s}.{f.name} = " not in text]
     assert missing == []
     assert "  eval.calibration = 'none'" in text or "eval" not in sections
-
-
-def _model(tmp_path):
-    import torch
-
-    from evalm import EvalmModel, ModelConfig
-    from evalm.io import save_model
-
-    folder = tmp_path / "model"
-    if not folder.exists():
-        torch.manual_seed(0)
-        model = EvalmModel(ModelConfig(vocab_size=257, d_model=16, n_layer=1, n_head=2, d_ff=32, window_size=8,
-                                       chunk_size=4, circular_period=512, dropout=0.0, attn_dropout=0.0))
-        model.init_weights()
-        save_model(model, folder)
-    return folder
-
-
-def _task(tmp_path):
-    path = tmp_path / "task" / "task.toml"
-    if not path.exists():
-        path.parent.mkdir()
-        rows = [{"text": f"item {i}", "label": i % 2} for i in range(8)]
-        for split, part in (("train", rows), ("test", rows[:4])):
-            (path.parent / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))
-        path.write_text('[task]\ntemplate = "{text} {label}"\nlabels = ["no", "yes"]\ntrain = "train.jsonl"\n'
-                        'test = "test.jsonl"\n')
-    return path

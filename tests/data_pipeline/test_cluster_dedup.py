@@ -16,7 +16,6 @@ import os
 import random
 import signal
 import subprocess
-import time
 
 import numpy as np
 import pytest
@@ -28,7 +27,7 @@ from evalm.data_pipeline.lsh import basename_for
 from .conftest import pile_line, write_shard
 from .test_dedup import _check, _planted
 from .test_jobs import _tree
-from .test_redis_hygiene import ENV, _dedup, _relaunch_matches_memory
+from .test_redis_hygiene import _launch_until_first_insert, _relaunch_matches_memory
 
 redis = pytest.importorskip("redis")
 PARTS = ("documents", "removed", "graph")
@@ -115,20 +114,6 @@ def _graded(folder, bases: int = 40) -> None:
         write_shard(folder / f"{f:02d}.jsonl.zst", lines[f::8])
 
 
-def _launch_until_first_insert(tmp_path, **popen) -> tuple[list[str], subprocess.Popen]:
-    """The memory-index reference, then a cluster launch that has just completed insert task 0."""
-    _graded(tmp_path / "in")
-    subprocess.run(_dedup("--input", tmp_path / "in", "--output", tmp_path / "memory", "--tasks", 8), check=True,
-                   env=ENV, capture_output=True)
-    cmd = _dedup("--input", tmp_path / "in", "--output", tmp_path / "out", "--tasks", 8, "--redis-url", popen.pop("url"))
-    proc = subprocess.Popen(cmd, env=ENV, **popen)
-    marker = tmp_path / "out" / "logs" / "lsh_insert" / "completions" / "00000"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not marker.exists():
-        time.sleep(0.005)
-    return cmd, proc
-
-
 def _candidates(out) -> set[tuple[int, int]]:
     return {tuple(p) for f in sorted((out / "candidates").glob("*.npy")) for p in np.load(f).tolist()}
 
@@ -141,11 +126,12 @@ def _rerun_matches_memory(tmp_path, cmd) -> None:
 
 
 def test_a_node_killed_mid_insert_is_one_clear_line_and_the_rerun_is_byte_identical(tmp_path, cluster):
-    cmd, proc = _launch_until_first_insert(tmp_path, url=cluster.url, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    _graded(tmp_path / "in")
+    cmd, proc = _launch_until_first_insert(tmp_path, cluster.url, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                            text=True)
     cluster.kill_node(0)  # its 3 bands' buckets are gone; the running job's next command to it fails
     _, err = proc.communicate(timeout=300)
-    assert proc.returncode == 2, err[-2000:]  # (datatrove logs the failed task's traceback above the line)
+    assert proc.returncode == 2, err[-2000:]
     line = [x for x in err.splitlines() if x.startswith("evalm data dedup: error")][-1]
     assert cluster.url in line and "relaunch the same command" in line
     cluster.start_node(0)  # same ports and nodes.conf: it rejoins with its slots, empty
@@ -157,7 +143,8 @@ def test_a_node_killed_mid_insert_is_one_clear_line_and_the_rerun_is_byte_identi
 def test_a_node_restarted_between_launches_is_repaired_by_the_relaunch(tmp_path, cluster):
     """The job dies after some insert tasks; a node restarts empty; the relaunch sees that node's
     bands lack those tasks (marks live beside the buckets, with the node's run_id) and redoes them."""
-    cmd, proc = _launch_until_first_insert(tmp_path, url=cluster.url, stdout=subprocess.DEVNULL,
+    _graded(tmp_path / "in")
+    cmd, proc = _launch_until_first_insert(tmp_path, cluster.url, stdout=subprocess.DEVNULL,
                                            stderr=subprocess.DEVNULL, start_new_session=True)
     os.killpg(proc.pid, signal.SIGKILL)  # our own child's process group only
     proc.wait()

@@ -97,12 +97,12 @@ def test_keys_live_under_the_printed_namespace_and_go_at_completion(tmp_path, ru
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
 
 
-def _launch_until_first_insert(tmp_path, server, **popen) -> tuple[list[str], subprocess.Popen]:
-    """The memory-index reference, then a Redis launch that has just completed insert task 0."""
-    _corpus(tmp_path / "in", 8, 150, seed=7)
+def _launch_until_first_insert(tmp_path, url: str, **popen) -> tuple[list[str], subprocess.Popen]:
+    """The memory-index reference on the corpus in tmp_path/in, then a launch on the index at `url`
+    (one server, a list, or a cluster) that has just completed insert task 0."""
     subprocess.run(_dedup("--input", tmp_path / "in", "--output", tmp_path / "memory", "--tasks", 8), check=True,
                    env=ENV, capture_output=True)
-    cmd = _dedup("--input", tmp_path / "in", "--output", tmp_path / "out", "--tasks", 8, "--redis-url", server.url)
+    cmd = _dedup("--input", tmp_path / "in", "--output", tmp_path / "out", "--tasks", 8, "--redis-url", url)
     proc = subprocess.Popen(cmd, env=ENV, **popen)
     marker = tmp_path / "out" / "logs" / "lsh_insert" / "completions" / "00000"
     deadline = time.monotonic() + 120
@@ -119,7 +119,9 @@ def _relaunch_matches_memory(tmp_path, cmd: list[str]) -> None:
 
 
 def test_a_redis_restart_mid_run_is_a_clear_error_and_the_rerun_has_the_same_survivors(tmp_path, server):
-    cmd, proc = _launch_until_first_insert(tmp_path, server, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _corpus(tmp_path / "in", 8, 150, seed=7)
+    cmd, proc = _launch_until_first_insert(tmp_path, server.url, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                           text=True)
     server.restart()  # the buckets of the tasks inserted so far are gone
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 2, err[-2000:]
@@ -133,8 +135,9 @@ def test_a_redis_restart_mid_run_is_a_clear_error_and_the_rerun_has_the_same_sur
 def test_a_redis_restart_between_launches_is_repaired_by_the_relaunch(tmp_path, server):
     """The dedup process dies after some insert tasks completed, then Redis restarts empty: the
     relaunch unmarks the inserts whose buckets are gone before running, and completes."""
-    cmd, proc = _launch_until_first_insert(tmp_path, server, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                           start_new_session=True)
+    _corpus(tmp_path / "in", 8, 150, seed=7)
+    cmd, proc = _launch_until_first_insert(tmp_path, server.url, stdout=subprocess.DEVNULL,
+                                           stderr=subprocess.DEVNULL, start_new_session=True)
     os.killpg(proc.pid, signal.SIGKILL)  # our own child's process group only
     proc.wait()
     server.restart()

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import models
 from tests.train.helpers import tiny_run_file, write_shards
 
 REPO = Path(__file__).resolve().parents[2]
@@ -59,31 +60,13 @@ def holder():
 @pytest.fixture(scope="session")
 def byte_model(tmp_path_factory) -> Path:
     """An exported one-layer EVALM over bytes (vocab 257), so eval commands load instead of training."""
-    import torch
-
-    from evalm import EvalmModel, ModelConfig
-    from evalm.io import save_model
-
-    torch.manual_seed(0)
-    model = EvalmModel(ModelConfig(vocab_size=257, d_model=16, n_layer=1, n_head=2, d_ff=32, window_size=8,
-                                   chunk_size=4, circular_period=512, dropout=0.0, attn_dropout=0.0))
-    model.init_weights()
-    return save_model(model, tmp_path_factory.mktemp("byte-model") / "model")
+    return models.byte_model(tmp_path_factory.mktemp("byte-model") / "model")
 
 
 @pytest.fixture(scope="session")
 def two_label_task(tmp_path_factory) -> Path:
     """A task file with 8 train and 4 test rows of two labels."""
-    import json
-
-    folder = tmp_path_factory.mktemp("task")
-    rows = [{"text": f"item {i}", "label": i % 2} for i in range(8)]
-    for split, part in (("train", rows), ("test", rows[:4])):
-        (folder / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))
-    path = folder / "task.toml"
-    path.write_text('[task]\ntemplate = "{text} {label}"\nlabels = ["no", "yes"]\n'
-                    'train = "train.jsonl"\ntest = "test.jsonl"\n')
-    return path
+    return models.two_label_task(tmp_path_factory.mktemp("task"))
 
 
 def one_line(stderr: str) -> str:

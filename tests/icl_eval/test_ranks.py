@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import models
 from tests.train.helpers import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -37,29 +38,13 @@ lands between units; each unit with two orders, two order seeds and a nearest-de
 @pytest.fixture(scope="module")
 def byte_model(tmp_path_factory) -> Path:
     """An exported one-layer EVALM over bytes (vocab 257): eval commands load it instead of training one."""
-    import torch
-
-    from evalm import EvalmModel, ModelConfig
-    from evalm.io import save_model
-
-    torch.manual_seed(0)
-    model = EvalmModel(ModelConfig(vocab_size=257, d_model=16, n_layer=1, n_head=2, d_ff=32, window_size=8,
-                                   chunk_size=4, circular_period=512, dropout=0.0, attn_dropout=0.0))
-    model.init_weights()
-    return save_model(model, tmp_path_factory.mktemp("byte-model") / "model")
+    return models.byte_model(tmp_path_factory.mktemp("byte-model") / "model")
 
 
 @pytest.fixture(scope="module")
 def two_label_task(tmp_path_factory) -> Path:
     """A task file with 16 train and 6 test rows of two labels."""
-    folder = tmp_path_factory.mktemp("task")
-    rows = [{"text": f"item {i}", "label": i % 2} for i in range(16)]
-    for split, part in (("train", rows), ("test", rows[:6])):
-        (folder / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))
-    path = folder / "task.toml"
-    path.write_text('[task]\ntemplate = "{text} {label}"\nlabels = ["no", "yes"]\n'
-                    'train = "train.jsonl"\ntest = "test.jsonl"\n')
-    return path
+    return models.two_label_task(tmp_path_factory.mktemp("task"), n_train=16, n_test=6)
 
 
 @pytest.fixture(scope="module")

@@ -16,10 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
-from evalm import EvalmModel, ModelConfig
-from evalm.io import save_model
+from tests.models import byte_model
 from tests.train.helpers import tiny_run_file, write_shards
 
 REPO = Path(__file__).resolve().parents[2]
@@ -43,11 +41,7 @@ def one_line_error(proc: subprocess.CompletedProcess) -> str:
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory) -> Path:
-    torch.manual_seed(0)
-    model = EvalmModel(ModelConfig(vocab_size=257, d_model=16, n_layer=1, n_head=2, d_ff=32, window_size=8,
-                                   chunk_size=4, circular_period=512, dropout=0.0, attn_dropout=0.0))
-    model.init_weights()
-    return save_model(model, tmp_path_factory.mktemp("ckpt") / "model")
+    return byte_model(tmp_path_factory.mktemp("ckpt") / "model")
 
 
 def _task(folder: Path, task_lines: str, rows: list[dict]) -> Path:
