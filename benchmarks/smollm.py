@@ -73,6 +73,22 @@ def load_task(samples: Path, name: str, lead_words: int | None):
     return task, splits
 
 
+def write_lead_task(samples: Path, name: str, lead_words: int) -> Path:
+    """A copy of a samples task with every text cut to its first `lead_words` words, beside the original
+    (`tasks/<name>-lead<N>/`), so that `evalm eval icl --task` reads the same cut as this script's own runs."""
+    task_file = samples / "tasks" / name / "task.toml"
+    task, splits = load_task(samples, name, lead_words)
+    folder = samples / "tasks" / f"{name}-lead{lead_words}"
+    folder.mkdir(parents=True, exist_ok=True)
+    toml = task_file.read_text(encoding="utf-8").replace(f'name = "{name}"', f'name = "{name}-lead{lead_words}"')
+    (folder / "task.toml").write_text(f"# {task_file} with each text cut to its first {lead_words} words "
+                                      f"(benchmarks/smollm.py --lead-task)\n" + toml, encoding="utf-8")
+    for split, rows in splits.items():
+        with open(folder / f"{split}.jsonl", "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+    return folder / "task.toml"
+
+
 def same_as(method: str, shots: int, context_tokens: int, group_tokens: int) -> str | None:
     """The method whose run computes this cell exactly, or None when it must run itself."""
     if method == "incremental":
@@ -302,6 +318,8 @@ def main(argv=None) -> int:
     p.add_argument("--items", type=int, default=200, help="random test items per cell, one sample for every seed (default: 200)")
     p.add_argument("--group-tokens", type=int, default=2048, help="structured group budget (default: 2048)")
     p.add_argument("--bbc-words", type=int, default=32, help="cut bbc_news bodies to this many words, 0 keeps them (default: 32)")
+    p.add_argument("--lead-task", action="store_true", help="write <samples>/tasks/bbc_news-lead<--bbc-words>/, "
+                   "bbc_news cut as this script cuts it, for `evalm eval icl --task`, and stop (default: off)")
     p.add_argument("--bos", default="auto", help="prompt BOS (prompts.resolve_bos; default: auto, the model's own)")
     p.add_argument("--prefix-labels", default="2,5,6", help="label counts of the test-prefix timing; empty skips it "
                    "(default: 2,5,6)")
@@ -313,6 +331,9 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.remap_commands:
         print(REMAP_RUNS)
+        return 0
+    if args.lead_task:
+        print(write_lead_task(Path(args.samples), "bbc_news", args.bbc_words))
         return 0
     if args.tables:
         for group in args.tables:  # FILE, or FILE+FILE+...: one run split by seed over several processes
