@@ -31,7 +31,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from evalm.config_toolkit import to_dict
+from evalm.config_toolkit import ConfigError, to_dict
+from evalm.config_toolkit.errors import UserError
 from evalm.storage import folder_lock, read_json
 from evalm.train import checkpoint, interrupt
 from evalm.train.identity import run_identity
@@ -82,7 +83,7 @@ def _train(config: RunConfig, out: Path, make_source: Callable[[Runtime], LineSo
     tcfg = config.train
     grouped = config.data.structure == "saicl"  # train.structure: one FSDP unit
     if grouped and tcfg.activation_checkpointing:
-        raise ValueError("data.structure='saicl' encodes through caches that the test pass reads inside "
+        raise ConfigError("data.structure='saicl' encodes through caches that the test pass reads inside "
                          "each block; set train.activation_checkpointing=false")
     model = build_model(config.model, runtime, seed=tcfg.seed, bf16=tcfg.mixed_precision == "bf16",
                         activation_checkpointing=tcfg.activation_checkpointing, shard_blocks=not grouped)
@@ -200,7 +201,7 @@ def _truncate_metrics(path: Path, step: int) -> None:
         path.write_text("".join(f"{line}\n" for line in kept))
 
 
-class NonFiniteLoss(RuntimeError):
+class NonFiniteLoss(UserError, RuntimeError):
     """Training produced a non-finite loss, gradient or weight; the message names the step."""
 
 
