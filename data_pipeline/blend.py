@@ -84,7 +84,7 @@ def plan(subsets: Sequence[str], tokens: Sequence[int], budgets: Budgets, seed: 
     copies = np.concatenate(chosen) if chosen else np.empty(0, dtype=np.int64)
     if len(copies) == 0 and len(tokens_arr):
         raise ConfigError(f"the budgets select no document from {len(tokens_arr)} available "
-                         f"(available tokens per subset: {available}); check the budgets file's [tokens] names and scale")
+                          f"(available tokens per subset: {available}); check the budgets file's [tokens] names and scale")
     return Plan(copies=copies[rng.permutation(len(copies))], report=report)
 
 

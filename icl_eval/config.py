@@ -104,7 +104,7 @@ class EvalConfig:
             raise ConfigError(f"budgets must be distinct, increasing and >= 0, got {list(self.budgets)}")
         if (self.budgets or self.nearest) and self.selection != "random":
             raise ConfigError("budgets and nearest-demonstration diagnostics need selection = random "
-                             "(one dataset-level draw per seed)")
+                              "(one dataset-level draw per seed)")
         if self.nearest_k < 1:
             raise ConfigError(f"nearest_k must be >= 1, got {self.nearest_k}")
         if self.test_items is not None and self.test_items < 1:

@@ -187,7 +187,7 @@ def _lm_eval():
         import lm_eval.api.model  # noqa: F401
     except ImportError as err:
         raise MissingExtra("the lm-evaluation-harness backend is an optional extra: pip install 'evalm[harness]' "
-                          "(lm-eval>=0.4.13, accelerate)") from err
+                           "(lm-eval>=0.4.13, accelerate)") from err
     return lm_eval
 
 

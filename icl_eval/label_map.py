@@ -69,5 +69,5 @@ def remap(task: Task, mode: str, seed: int) -> Task:
         return task
     if task.choice_fields:
         raise ConfigError(f"--label-map {mode}: task {task.name!r} is multiple choice (its answers are item texts, "
-                         "not a label set), so there is no label to remap; use --label-map none")
+                          "not a label set), so there is no label to remap; use --label-map none")
     return dataclasses.replace(task, spelled=mapped_words(task.labels, mode, seed))

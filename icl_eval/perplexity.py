@@ -162,7 +162,7 @@ def fixed_report(books: list[tuple[str, dict[int, list[float]], np.ndarray]], co
     used = [name for name, _, book_targets in books if len(book_targets)]
     if not targets:
         raise ConfigError(f"no book has {longest + target_tokens} tokens for the fixed-position protocol; "
-                         "lower the longest context or the target length")
+                          "lower the longest context or the target length")
     shortest = np.asarray(span_nll[min(contexts)])
     rows = []
     for L in contexts:

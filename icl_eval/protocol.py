@@ -286,8 +286,8 @@ class Runner:
         k, remove = self.config.nearest_k, "remove" in self.config.nearest
         if k > n_demos or (remove and k == n_demos):
             raise ConfigError(f"--nearest-k {k}: {where} gives {n_demos} demonstrations, "
-                             + ("and removing them all leaves none" if k == n_demos else "fewer than that")
-                             + f"; lower --nearest-k below {n_demos} or raise the shots/budget")
+                              + ("and removing them all leaves none" if k == n_demos else "fewer than that")
+                              + f"; lower --nearest-k below {n_demos} or raise the shots/budget")
 
     def _similarities(self, train, rows, ids: list[int]) -> list:
         """Per test row, its similarity to the training items: TF-IDF over the whole split, or the

@@ -24,7 +24,7 @@ def fit_unigram(folder: str | Path, vocab_size: int) -> np.ndarray:
     manifest_path = folder / "manifest.json"
     if not manifest_path.is_file():
         raise MissingInput(f"{manifest_path}: not a token-shard folder (written by `evalm train tokenizer`); "
-                                "pass the folder the model was pretrained on")
+                           "pass the folder the model was pretrained on")
     manifest = read_json(manifest_path)
     if manifest["vocab_size"] > vocab_size:
         raise InputError(f"{folder}: its tokenizer has {manifest['vocab_size']} ids but the model only {vocab_size}; "

@@ -93,7 +93,7 @@ class MsitDataConfig:
     def __post_init__(self) -> None:
         if self.structure == "saicl" and (self.pretrain_fraction or self.saicl_queries < 1):
             raise ConfigError("structure 'saicl' needs saicl_queries >= 1 and pretrain_fraction = 0 (pretraining lines "
-                             "hold no examples to split into demonstrations and tests)")
+                              "hold no examples to split into demonstrations and tests)")
         if self.seq_len < 2:
             raise ConfigError(f"seq_len must be >= 2, got {self.seq_len}")
         for name in ("default_template", *self.templates):

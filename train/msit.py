@@ -33,7 +33,7 @@ def make_source(config: MsitDataConfig, model_vocab: int):
         tokenizer = load_tokenizer(config.tokenizer)
         if tokenizer.vocab_size > model_vocab:
             raise ConfigError(f"{config.tokenizer}: {tokenizer.vocab_size} ids but model.vocab_size is "
-                             f"{model_vocab}; raise model.vocab_size")
+                              f"{model_vocab}; raise model.vocab_size")
         lines, stats = build_lines(config, tokenizer)
         if config.structure == "saicl":  # the trainer feeds these lines under the SAICL mask
             lines.structure = SaiclMask(tokenizer.eos_id, config.saicl_queries)

@@ -27,7 +27,7 @@ def make_source(config, model_vocab: int):
         shards = TokenShards(config.shards)
         if shards.vocab_size > model_vocab:
             raise ConfigError(f"{config.shards}: the tokenizer has {shards.vocab_size} ids but "
-                             f"model.vocab_size is {model_vocab}; raise model.vocab_size")
+                              f"model.vocab_size is {model_vocab}; raise model.vocab_size")
         return PretrainLines(shards, config.seq_len)
 
     return source

@@ -52,7 +52,7 @@ class SaiclMask:
         n = min(complete_examples(inputs, answer, width, self.eos_id))
         if n < self.queries + 1:
             raise ConfigError(f"data.structure='saicl': a line holds {n} whole examples of {width} tokens, "
-                             f"fewer than data.saicl_queries + 1 = {self.queries + 1}; raise data.seq_len")
+                              f"fewer than data.saicl_queries + 1 = {self.queries + 1}; raise data.seq_len")
         B = inputs.shape[0]
         units = inputs[:, : n * width].reshape(B, n, width)
         flags = answer[:, : n * width].reshape(B, n, width)
@@ -95,7 +95,7 @@ def example_length(inputs: Tensor, eos_id: int) -> int:
         lengths.add(int(ends[0]) + 1)
     if len(lengths) != 1:
         raise ConfigError(f"data.structure='saicl' needs examples of one token length; this batch has "
-                         f"{sorted(lengths)} (use the synthetic family with a one-token-per-letter template)")
+                          f"{sorted(lengths)} (use the synthetic family with a one-token-per-letter template)")
     return lengths.pop()
 
 
@@ -108,7 +108,7 @@ def complete_examples(inputs: Tensor, answer: Tensor, width: int, eos_id: int) -
             n += 1
         if n < (row[: len(row) - len(row) % width] != eos_id).reshape(-1, width)[:, :-1].any(-1).sum():
             raise ConfigError(f"data.structure='saicl' needs examples of one token length ({width} read off the "
-                             "first); a line breaks that pattern (use the synthetic family's one-letter template)")
+                              "first); a line breaks that pattern (use the synthetic family's one-letter template)")
         counts.append(n)
     return counts
 

@@ -84,7 +84,7 @@ def _train(config: RunConfig, out: Path, make_source: Callable[[Runtime], LineSo
     grouped = config.data.structure == "saicl"  # train.structure: one FSDP unit
     if grouped and tcfg.activation_checkpointing:
         raise ConfigError("data.structure='saicl' encodes through caches that the test pass reads inside "
-                         "each block; set train.activation_checkpointing=false")
+                          "each block; set train.activation_checkpointing=false")
     model = build_model(config.model, runtime, seed=tcfg.seed, bf16=tcfg.mixed_precision == "bf16",
                         activation_checkpointing=tcfg.activation_checkpointing, shard_blocks=not grouped)
     optimizer = make_optimizer(model, config.optim)
