@@ -19,6 +19,6 @@ from evalm.config_toolkit.shipped import shipped
 
 __all__ = [
     "FROZEN", "ConfigError", "Dispatcher", "InputError", "MissingExtra", "MissingInput", "Parser", "UserError",
-    "apply_overrides", "build", "debug", "is_user_error", "lazy", "note_folder", "read_toml", "report", "settable_keys", "shipped",
-    "split_overrides", "to_dict",
+    "apply_overrides", "build", "debug", "is_user_error", "lazy", "note_folder", "read_toml", "report", "settable_keys",
+    "shipped", "split_overrides", "to_dict",
 ]

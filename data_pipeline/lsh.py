@@ -24,7 +24,7 @@ from pathlib import Path
 import redis
 from datasketch import MinHashLSH
 
-from evalm.config_toolkit.errors import UserError
+from evalm.config_toolkit import UserError
 
 
 class RedisUnavailable(UserError, RuntimeError):

@@ -30,7 +30,7 @@ import orjson
 from datatrove.pipeline.base import PipelineStep
 from datatrove.pipeline.writers.jsonl import JsonlWriter
 
-from evalm.config_toolkit.errors import UserError
+from evalm.config_toolkit import UserError
 from evalm.data_pipeline.document import Document
 from evalm.data_pipeline.reader import PileReader, is_data_file
 

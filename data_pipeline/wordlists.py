@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from evalm.config_toolkit.errors import InputError, MissingInput
+from evalm.config_toolkit import InputError, MissingInput
 
 SHIPPED = Path(__file__).with_name("wordlists")
 DEFAULT_STOPWORDS = SHIPPED / "en_stopwords.txt"

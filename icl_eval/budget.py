@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from evalm.config_toolkit.errors import UserError
+from evalm.config_toolkit import UserError
 from evalm.icl_eval.prompts import Demo, PromptBuilder
 
 

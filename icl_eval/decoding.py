@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from evalm.config_toolkit.errors import ConfigError
+from evalm.config_toolkit import ConfigError
 
 MAX_TOKEN_KEYS = ("max_gen_toks", "max_new_tokens", "max_tokens", "max_completion_tokens")
 KNOWN_KEYS = {"until", "do_sample", "temperature", "top_k", "top_p", *MAX_TOKEN_KEYS}

@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from evalm.config_toolkit.errors import ConfigError, MissingExtra, UserError
+from evalm.config_toolkit import ConfigError, MissingExtra, UserError
 from evalm.icl_eval.decoding import GenerationSettings, generate
 from evalm.icl_eval.lm import CausalLM, right_pad
 

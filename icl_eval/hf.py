@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from evalm.config_toolkit.errors import InputError, MissingExtra, MissingInput
+from evalm.config_toolkit import InputError, MissingExtra, MissingInput
 
 
 def _transformers():

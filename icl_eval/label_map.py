@@ -25,7 +25,7 @@ import dataclasses
 import itertools
 import random
 
-from evalm.config_toolkit.errors import ConfigError
+from evalm.config_toolkit import ConfigError
 from evalm.icl_eval.tasks import Task
 
 MODES = ("none", "int", "symbols", "flip")

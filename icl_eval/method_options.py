@@ -12,8 +12,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
-from evalm.config_toolkit import ConfigError, FROZEN
-from evalm.config_toolkit.errors import UserError
+from evalm.config_toolkit import ConfigError, FROZEN, UserError
 from evalm.icl_eval.scoring import RULES
 
 

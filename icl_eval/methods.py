@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from evalm.config_toolkit.errors import ConfigError
+from evalm.config_toolkit import ConfigError
 from evalm.icl_eval.encdec_methods import ENCDEC_METHODS
 from evalm.icl_eval.lm import CausalLM, right_pad
 from evalm.icl_eval.item_scoring import SCORERS

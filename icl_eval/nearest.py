@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from evalm.config_toolkit.errors import ConfigError, MissingExtra, UserError
+from evalm.config_toolkit import ConfigError, MissingExtra, UserError
 
 MODES = ("remove", "keep", "corrupt")
 

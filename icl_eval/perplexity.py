@@ -27,7 +27,7 @@ import sys
 import numpy as np
 import torch
 
-from evalm.config_toolkit.errors import ConfigError
+from evalm.config_toolkit import ConfigError
 from evalm.icl_eval.bootstrap import REPLICATES, hierarchical_interval
 from evalm.icl_eval.lm import CausalLM
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from evalm.config_toolkit.errors import ConfigError
+from evalm.config_toolkit import ConfigError
 from evalm.icl_eval.tasks import Task
 
 SEPARATORS: dict[str, str | None] = {

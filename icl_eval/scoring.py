@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from evalm.config_toolkit.errors import ConfigError
+from evalm.config_toolkit import ConfigError
 from evalm.icl_eval.prompts import Candidate
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from evalm.config_toolkit.errors import UserError
+from evalm.config_toolkit import UserError
 
 
 class NotEnoughItems(UserError, ValueError):

@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from evalm.config_toolkit.errors import ConfigError, MissingExtra, MissingInput
+from evalm.config_toolkit import ConfigError, MissingExtra, MissingInput
 
 Cross = Literal["none", "aligned"]
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from evalm.config_toolkit.errors import ConfigError, InputError
+from evalm.config_toolkit import ConfigError, InputError
 
 SPLITS = ("train", "validation", "test")
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from evalm.config_toolkit.errors import InputError, MissingInput
+from evalm.config_toolkit import InputError, MissingInput
 from evalm.storage import read_json
 
 

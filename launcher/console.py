@@ -12,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from evalm.config_toolkit.errors import UserError
+from evalm.config_toolkit import UserError
 from evalm.launcher.commands import dispatch
 
 

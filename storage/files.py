@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from evalm.config_toolkit.errors import UserError
+from evalm.config_toolkit import UserError
 
 MAX_UNDECODABLE = 0.001
 """Share of a text file's bytes that may be invalid UTF-8 (old scans carry a stray byte or two);

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from evalm.config_toolkit.errors import UserError, note_folder
+from evalm.config_toolkit import UserError, note_folder
 
 LOCK_FILE = ".evalm.lock"
 _HELD: dict[Path, int] = {}

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol
 
-from evalm.config_toolkit.errors import InputError, MissingExtra, MissingInput
+from evalm.config_toolkit import InputError, MissingExtra, MissingInput
 
 
 class Tokenizer(Protocol):

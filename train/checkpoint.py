@@ -45,7 +45,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from evalm.config_toolkit.errors import UserError
+from evalm.config_toolkit import UserError
 from evalm.config import architecture_differences
 from evalm.storage import read_json, space_error, verify_digest, write_digest
 from evalm.train.identity import identity_differences

@@ -1,8 +1,9 @@
 """The command body shared by `evalm train pretrain` and `evalm train msit`.
 
 Parse `--config FILE --out DIR [--set ...] [--resume ...]` into a `RunConfig`, run the trainer, and
-report what the user can fix in one line (anything else as a bug, with its traceback kept in a log); Ctrl-C keeps the last complete checkpoint and prints the
-command that resumes from it. The configs themselves are `train.config`'s.
+report what the user can fix in one line (anything else as a bug, with its traceback kept in a log);
+Ctrl-C keeps the last complete checkpoint and prints the command that resumes from it. The configs
+themselves are `train.config`'s.
 """
 
 from __future__ import annotations

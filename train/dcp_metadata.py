@@ -20,7 +20,7 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
-from evalm.config_toolkit.errors import UserError
+from evalm.config_toolkit import UserError
 
 _DCP = "torch.distributed.checkpoint"
 ALLOWED = {

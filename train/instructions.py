@@ -13,7 +13,7 @@ from pathlib import Path
 
 import orjson
 
-from evalm.config_toolkit.errors import InputError
+from evalm.config_toolkit import InputError
 
 MSIT_COLUMNS = {"task": "task", "input": "input", "output": "output"}
 """The fields of an instruction example and their default data columns."""

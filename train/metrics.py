@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from evalm.config_toolkit.errors import MissingExtra
+from evalm.config_toolkit import MissingExtra
 
 # Dense bf16 peak FLOP/s by device-name fragment (vendor data sheets, no sparsity).
 PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "A10G": 125e12, "L40S": 362e12,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from evalm.config_toolkit.errors import ConfigError
+from evalm.config_toolkit import ConfigError
 from evalm.text.tokenizer import load_tokenizer
 from evalm.train.command import run_command
 from evalm.train.config import MsitDataConfig

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from evalm.config_toolkit.errors import ConfigError
+from evalm.config_toolkit import ConfigError
 from evalm.train.config import MsitDataConfig
 from evalm.train.instructions import Example, iter_examples
 

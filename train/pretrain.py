@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from evalm.config_toolkit.errors import ConfigError
+from evalm.config_toolkit import ConfigError
 from evalm.train.command import run_command
 from evalm.train.parallelize import Runtime
 from evalm.train.shards import PretrainLines, TokenShards

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from evalm.config_toolkit.errors import InputError, MissingInput
+from evalm.config_toolkit import InputError, MissingInput
 from evalm.storage import read_json
 
 FORMAT = "evalm-token-shards/1"

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from evalm.config_toolkit.errors import ConfigError
+from evalm.config_toolkit import ConfigError
 from evalm.cache import Cache
 from evalm.train.data import IGNORE
 

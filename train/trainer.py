@@ -31,8 +31,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from evalm.config_toolkit import ConfigError, to_dict
-from evalm.config_toolkit.errors import UserError
+from evalm.config_toolkit import ConfigError, UserError, to_dict
 from evalm.storage import folder_lock, read_json
 from evalm.train import checkpoint, interrupt
 from evalm.train.identity import run_identity

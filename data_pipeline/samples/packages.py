@@ -10,7 +10,7 @@ import platform
 import sys
 from dataclasses import dataclass
 
-from evalm.config_toolkit.errors import UserError
+from evalm.config_toolkit import UserError
 
 BUILD_VERSION = 1
 """Bump when the extraction changes: a cached OUT built by another version is rebuilt."""

@@ -28,8 +28,8 @@ def _dispatch(fn) -> int:
     return Dispatcher("evalm demo", {"cmd": ("runs fn", run)}).main(["cmd"])
 
 
-@pytest.mark.parametrize("err", [ConfigError("a.toml: steps: must be >= 1"), InputError("t.jsonl: line 2 has no 'text'"),
-                                 MissingInput("x/: no config.json"), MissingExtra("pip install 'evalm[hf]'"),
+@pytest.mark.parametrize("err", [ConfigError("a.toml: steps: must be >= 1"),
+                                 InputError("t.jsonl: line 2 has no 'text'"), MissingInput("x/: no config.json"), MissingExtra("pip install 'evalm[hf]'"),
                                  DamagedFile("c.json: not valid JSON"), FolderBusy("out is in use by pid 1"),
                                  NoSpace("no space left on device while writing f")])
 def test_every_project_user_error_is_one_line_exit_2(err, capsys):
@@ -116,3 +116,45 @@ def test_other_ranks_name_their_own_log(capsys, tmp_path, monkeypatch):
 
     assert _dispatch(fail) == 1
     assert str(tmp_path / "out" / "logs" / "error-rank1.log") in capsys.readouterr().err
+
+
+INTERNAL_ERRORS: dict[str, str] = {}
+"""Exception classes of ours that are deliberately not user errors (reported as bugs), with the reason.
+None today: every class the packages define is a refusal a user can act on."""
+
+
+def test_every_exception_class_of_ours_is_a_user_error():
+    """A refusal type declared as `class X(ValueError)` would print as a bug: each exception class the
+    packages define must reach `UserError` through its bases (or be listed in INTERNAL_ERRORS).
+    A walk of the source's syntax trees, independent of the code under test."""
+    import ast
+    import builtins
+
+    from tests.test_house import modules
+
+    bases: dict[str, list[str]] = {}
+    for path in modules().values():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef):
+                names = [b.attr if isinstance(b, ast.Attribute) else getattr(b, "id", "") for b in node.bases]
+                bases[f"{path.stem}.{node.name}"] = names
+    by_name = {key.split(".")[1]: names for key, names in bases.items()}
+
+    def reaches(name: str, target: str, seen=()) -> bool:
+        if name == target:
+            return True
+        if name in seen:
+            return False
+        return any(reaches(b, target, (*seen, name)) for b in by_name.get(name, []))
+
+    def is_exception(name: str, seen=()) -> bool:
+        builtin = getattr(builtins, name, None)
+        if isinstance(builtin, type) and issubclass(builtin, BaseException):
+            return True
+        return name not in seen and any(is_exception(b, (*seen, name)) for b in by_name.get(name, []))
+
+    ours = sorted(key for key, names in bases.items() if any(is_exception(b) for b in names) or key.endswith("Error"))
+    assert len(ours) >= 20  # the walk found them (ConfigError, FolderBusy, StageError, PromptTooLong, ...)
+    not_user = [key for key in ours if not reaches(key.split(".")[1], "UserError")
+                and key.split(".")[1] not in ("UserError", *INTERNAL_ERRORS)]
+    assert not_user == [], f"inherit UserError (keeping the built-in base), or list as internal: {not_user}"

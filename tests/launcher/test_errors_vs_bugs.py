@@ -130,7 +130,8 @@ def test_train_mistakes_are_one_line(capsys, tmp_path):
 
 
 def test_a_training_bug_names_the_log_in_its_run_folder(capsys, tmp_path, monkeypatch):
-    monkeypatch.setattr("evalm.train.trainer.make_optimizer", _broken(ValueError("optimizer got an empty parameter list")))
+    monkeypatch.setattr("evalm.train.trainer.make_optimizer",
+                        _broken(ValueError("optimizer got an empty parameter list")))
     write_shards(tmp_path / "tokens")
     run_file = tiny_run_file(tmp_path / "run.toml", tmp_path / "tokens", steps=2)
     out = tmp_path / "run"
