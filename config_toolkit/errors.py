@@ -97,8 +97,9 @@ def report(prog: str, err: BaseException) -> int:
 
     A user error prints `prog: error: MESSAGE` (2); anything else prints `prog: bug: TYPE: MESSAGE
     (...) traceback in LOG` and writes the traceback to LOG (1). Under --debug, re-raises (the
-    traceback on the console)."""
-    if debug():
+    traceback on the console). A broken pipe (`evalm ... --help | head`: the reader left) is neither:
+    it goes on up to `evalm`'s own handler, which exits quietly."""
+    if debug() or isinstance(err, BrokenPipeError):
         raise err
     if is_user_error(err):
         message = err.args[0] if isinstance(err, KeyError) and err.args else err  # KeyError's str() adds quotes
