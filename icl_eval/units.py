@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from evalm.config_toolkit import ConfigError, UserError, is_user_error
+from evalm.config_toolkit import ConfigError, UserError, is_user_error, note_folder
 from evalm.storage import folder_lock
 
 WAIT = datetime.timedelta(hours=72)
@@ -114,7 +114,11 @@ def hold(folder: str | Path, command: str, world: World) -> Iterator[None]:
     a folder busy with another run is refused on every rank."""
     with ExitStack() as stack:
         world.share(lambda: stack.enter_context(folder_lock(folder, command)) and None)
-        yield
+        try:
+            yield
+        except Exception as err:
+            note_folder(err, folder)  # every rank's bug log goes to FOLDER/logs (only rank 0 holds the lock)
+            raise
 
 
 def stamp(path: str | Path) -> Any:

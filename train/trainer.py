@@ -31,7 +31,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from evalm.config_toolkit import ConfigError, UserError, to_dict
+from evalm.config_toolkit import ConfigError, UserError, note_folder, to_dict
 from evalm.storage import folder_lock, read_json
 from evalm.train import checkpoint, interrupt
 from evalm.train.identity import run_identity
@@ -72,6 +72,9 @@ def run(config: RunConfig, out: str | Path, make_source: Callable[[Runtime], Lin
             logger = MetricsLogger(out, enabled=runtime.is_main, tensorboard=config.train.tensorboard)
             resume_path = _resume_path(out, resume, runtime, logger)
             return _train(config, out, make_source, resume_path, command, runtime, logger)
+    except Exception as err:
+        note_folder(err, out)  # every rank's bug log goes to OUT/logs (only rank 0 holds the lock)
+        raise
     finally:  # no barrier here: after an error on one rank, the others must not wait for it
         logger.close()
         dist.destroy_process_group()
