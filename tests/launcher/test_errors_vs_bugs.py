@@ -16,7 +16,7 @@ import pytest
 from evalm.launcher import cli
 from evalm.launcher import run as launcher_run
 from tests.models import byte_model, two_label_task
-from tests.train.helpers import tiny_run_file, write_shards
+from tests.train.helpers import free_port, tiny_run_file, write_shards
 
 
 @pytest.fixture(autouse=True)
@@ -150,6 +150,33 @@ def test_an_export_bug_is_a_bug(capsys, tmp_path, monkeypatch):
     out = tmp_path / "model"
     line = a_bug(capsys, out / "logs" / "error.log", "export", "--checkpoint", tmp_path / "run", "--out", out)
     assert line.startswith("evalm export: bug: KeyError: 'lm_head.weight'")
+
+
+def _rank_with_a_bug(rank: int, port: int, argv: list[str]) -> None:
+    """One of 2 gloo ranks of `evalm train pretrain` (as torchrun starts them) whose optimizer
+    construction fails with a plain ValueError."""
+    import os
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
+                      LOCAL_RANK=str(rank), OMP_NUM_THREADS="1")
+    os.environ.pop("EVALM_DEBUG", None)
+    from evalm.train import trainer
+    from evalm.train.pretrain import main
+
+    trainer.make_optimizer = _broken(ValueError(f"rank {rank}: optimizer got an empty parameter list"))
+    assert main(argv) == 1
+
+
+def test_each_rank_of_a_distributed_run_keeps_its_bugs_traceback_in_the_run_folder(tmp_path):
+    import torch.multiprocessing as mp
+
+    write_shards(tmp_path / "tokens")
+    run_file = tiny_run_file(tmp_path / "run.toml", tmp_path / "tokens", steps=2)
+    out = tmp_path / "run"
+    mp.spawn(_rank_with_a_bug, args=(free_port(), ["--config", str(run_file), "--out", str(out)]), nprocs=2, join=True)
+    for rank, name in ((0, "error.log"), (1, "error-rank1.log")):
+        trace = (out / "logs" / name).read_text()
+        assert trace.startswith("Traceback") and f"ValueError: rank {rank}: optimizer got an empty" in trace
 
 
 # ---------------------------------------------------------------- evalm run
