@@ -1,13 +1,15 @@
 """The configuration toolkit every package uses, on the ground floor (it imports nothing of ours).
 
-Configs are data: TOML files read by `read_toml`, each
-section validated into a frozen pydantic dataclass by `build` (unknown keys named with the valid
-ones, before pydantic), `section.key=value` overrides, one `ConfigError`, an argparse `Parser`
-whose errors are one line, and the subcommand `Dispatcher` of every `evalm` command group.
+Configs are data: TOML files read by `read_toml`, each section validated into a frozen pydantic
+dataclass by `build` (unknown keys named with the valid ones, before pydantic), `section.key=value`
+overrides, the user-error types (`UserError` and its `ConfigError`, `InputError`, `MissingInput`,
+`MissingExtra`) with the one rule that tells them from bugs (`report`), an argparse `Parser` whose
+errors are one line, and the subcommand `Dispatcher` of every `evalm` command group.
 """
 
 from evalm.config_toolkit.dispatch import Dispatcher, lazy
-from evalm.config_toolkit.errors import ConfigError, debug, report
+from evalm.config_toolkit.errors import (ConfigError, InputError, MissingExtra, MissingInput, UserError, debug,
+                                         is_user_error, note_folder, report)
 from evalm.config_toolkit.files import read_toml
 from evalm.config_toolkit.keys import settable_keys
 from evalm.config_toolkit.overrides import apply_overrides, split_overrides
@@ -16,6 +18,7 @@ from evalm.config_toolkit.schema import FROZEN, build, to_dict
 from evalm.config_toolkit.shipped import shipped
 
 __all__ = [
-    "FROZEN", "ConfigError", "Dispatcher", "Parser", "apply_overrides", "build", "debug", "lazy", "read_toml",
-    "report", "settable_keys", "shipped", "split_overrides", "to_dict",
+    "FROZEN", "ConfigError", "Dispatcher", "InputError", "MissingExtra", "MissingInput", "Parser", "UserError",
+    "apply_overrides", "build", "debug", "is_user_error", "lazy", "note_folder", "read_toml", "report", "settable_keys",
+    "shipped", "split_overrides", "to_dict",
 ]

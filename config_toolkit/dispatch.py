@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from evalm.config_toolkit.errors import debug
+from evalm.config_toolkit.errors import report
 
 Run = Callable[[Sequence[str]], int]
 
@@ -30,7 +30,11 @@ def lazy(target: str) -> Run:
 
 @dataclass(frozen=True)
 class Dispatcher:
-    """`prog COMMAND [ARGS...]`: usage on no argument or --help, a one-line error on an unknown command."""
+    """`prog COMMAND [ARGS...]`: usage on no argument or --help, a one-line error on an unknown command.
+
+    What a command raises goes through `errors.report`: a project user error is one line `prog
+    COMMAND: error: ...` (exit 2), anything else a bug line naming the log that holds its traceback
+    (exit 1); --debug shows the traceback instead."""
 
     prog: str
     """What the user typed before COMMAND, e.g. "evalm train"; starts every message."""
@@ -42,8 +46,6 @@ class Dispatcher:
     """What follows `prog` on the usage line (e.g. global options before COMMAND)."""
     header: str = ""
     """A paragraph between the usage line and the command table."""
-    user_errors: tuple[type[BaseException], ...] = ()
-    """Errors a user can fix, reported as one line `prog COMMAND: error: ...` with exit code 2 (unless --debug)."""
 
     def usage(self) -> str:
         width = max(map(len, self.commands))
@@ -64,9 +66,5 @@ class Dispatcher:
             return 2
         try:
             return int(self.commands[name][1](rest) or 0)
-        except self.user_errors as err:
-            if debug():
-                raise
-            message = err.args[0] if isinstance(err, KeyError) and err.args else err  # KeyError's str() adds quotes
-            print(f"{self.prog} {name}: error: {message}", file=sys.stderr)
-            return 2
+        except Exception as err:  # noqa: BLE001 - the one rule: a user error in one line, else a bug with its log
+            return report(f"{self.prog} {name}", err)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from evalm.config_toolkit import ConfigError
 from evalm.data_pipeline.config import Budgets
 
 
@@ -82,8 +83,8 @@ def plan(subsets: Sequence[str], tokens: Sequence[int], budgets: Budgets, seed: 
         report[subset] = {"target_tokens": 0.0, "available_tokens": available[subset], "actual_tokens": 0, "epochs": 0.0}
     copies = np.concatenate(chosen) if chosen else np.empty(0, dtype=np.int64)
     if len(copies) == 0 and len(tokens_arr):
-        raise ValueError(f"the budgets select no document from {len(tokens_arr)} available "
-                         f"(available tokens per subset: {available}); check the budgets file's [tokens] names and scale")
+        raise ConfigError(f"the budgets select no document from {len(tokens_arr)} available "
+                          f"(available tokens per subset: {available}); check the budgets file's [tokens] names and scale")
     return Plan(copies=copies[rng.permutation(len(copies))], report=report)
 
 

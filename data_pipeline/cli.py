@@ -15,11 +15,10 @@ from pathlib import Path
 
 from evalm.config_toolkit import ConfigError, Dispatcher, Parser
 from evalm.data_pipeline import config as cfg
-from evalm.data_pipeline.lsh import RedisUnavailable
 from evalm.data_pipeline.input_digest import content_keys
 from evalm.data_pipeline.runner import (BLOCKING, StageError, clear_stage, parse_options, record_settings,
                                         resolve_inputs, run_steps)
-from evalm.storage import FolderBusy, folder_lock
+from evalm.storage import folder_lock
 
 DEFAULT_BUDGETS = Path(__file__).with_name("budgets") / "table5.toml"
 
@@ -173,7 +172,6 @@ DISPATCHER = Dispatcher(
     "evalm data", {**{name: (c.summary, _command(name, c)) for name, c in COMMANDS.items()},
                    **{name: (summary, _above(name)) for name, summary in ABOVE.items()}},
     footer="`evalm data COMMAND --help` explains each one.",
-    user_errors=(StageError, RedisUnavailable, ConfigError, FileNotFoundError, FolderBusy),
 )
 usage, main = DISPATCHER.usage, DISPATCHER.main
 

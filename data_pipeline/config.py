@@ -86,12 +86,12 @@ class FilterConfig:
         valid = [f.name for f in dataclasses.fields(FilterProfile)]
         for subset, values in self.overrides.items():
             if subset not in self.subsets:
-                raise ValueError(f"overrides: subset {subset!r} is not kept; kept subsets: {list(self.subsets)}")
+                raise ConfigError(f"overrides: subset {subset!r} is not kept; kept subsets: {list(self.subsets)}")
             unknown = sorted(set(values) - set(valid))
             if unknown:
-                raise ValueError(f"overrides.{subset!r}: unknown key(s) {unknown}; valid keys: {valid}")
+                raise ConfigError(f"overrides.{subset!r}: unknown key(s) {unknown}; valid keys: {valid}")
         if not 0.0 <= self.max_error_fraction <= 1.0:
-            raise ValueError("max_error_fraction must lie in [0, 1]")
+            raise ConfigError("max_error_fraction must lie in [0, 1]")
 
     def profile(self, subset: str) -> FilterProfile:
         return dataclasses.replace(self.default, **self.overrides.get(subset, {}))
@@ -121,11 +121,11 @@ class DedupConfig:
 
     def __post_init__(self) -> None:
         if self.bands < 2 or self.rows < 1 or self.bands * self.rows > self.num_perm:
-            raise ValueError(f"bands x rows = {self.bands} x {self.rows} must be <= num_perm={self.num_perm}, bands >= 2")
+            raise ConfigError(f"bands x rows = {self.bands} x {self.rows} must be <= num_perm={self.num_perm}, bands >= 2")
         if len(set(self.priority)) != len(self.priority):
-            raise ValueError("priority lists a subset twice")
+            raise ConfigError("priority lists a subset twice")
         if not 0.0 < self.threshold <= 1.0:
-            raise ValueError("threshold must lie in (0, 1]")
+            raise ConfigError("threshold must lie in (0, 1]")
 
 
 @dataclass(config=FROZEN, frozen=True)
@@ -157,7 +157,7 @@ class Budgets:
 
     def __post_init__(self) -> None:
         if not self.tokens or any(v < 0 for v in self.tokens.values()):
-            raise ValueError("tokens must list at least one subset with a budget >= 0")
+            raise ConfigError("tokens must list at least one subset with a budget >= 0")
 
 
 SECTIONS: dict[str, type] = {"filter": FilterConfig, "dedup": DedupConfig, "blend": BlendConfig}

@@ -24,9 +24,11 @@ from pathlib import Path
 import redis
 from datasketch import MinHashLSH
 
+from evalm.config_toolkit import UserError
 
-class RedisUnavailable(RuntimeError):
-    pass
+
+class RedisUnavailable(UserError, RuntimeError):
+    """Redis cannot be used as asked; the message names the address and what to do."""
 
 
 def candidate_probability(jaccard: float, bands: int, rows: int) -> float:

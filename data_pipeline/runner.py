@@ -30,11 +30,12 @@ import orjson
 from datatrove.pipeline.base import PipelineStep
 from datatrove.pipeline.writers.jsonl import JsonlWriter
 
+from evalm.config_toolkit import UserError
 from evalm.data_pipeline.document import Document
 from evalm.data_pipeline.reader import PileReader, is_data_file
 
 
-class StageError(RuntimeError):
+class StageError(UserError, RuntimeError):
     """A stage that cannot run as asked; the message says why and what to do."""
 
 

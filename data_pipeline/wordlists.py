@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from evalm.config_toolkit import InputError, MissingInput
+
 SHIPPED = Path(__file__).with_name("wordlists")
 DEFAULT_STOPWORDS = SHIPPED / "en_stopwords.txt"
 DEFAULT_FLAGGED = SHIPPED / "en_flagged.txt"
@@ -19,7 +21,7 @@ def load(path: str | Path, *, normalize_word) -> frozenset[str]:
     """Read a word list; `normalize_word` is filters.normalize_word (passed to avoid a cycle)."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(
+        raise MissingInput(
             f"{path}: word list not found; point the config at a text file with one word per line "
             f"(defaults ship in {SHIPPED})"
         )
@@ -31,7 +33,7 @@ def load(path: str | Path, *, normalize_word) -> frozenset[str]:
         if word:
             words.add(word)
     if not words:
-        raise ValueError(f"{path}: word list has no entries")
+        raise InputError(f"{path}: word list has no entries")
     return frozenset(words)
 
 

@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic.dataclasses import dataclass
 
-from evalm.config_toolkit import FROZEN
+from evalm.config_toolkit import ConfigError, FROZEN
 from evalm.attention import ATTENTION  # the one dict of attention classes
 
 
@@ -64,18 +64,18 @@ class ModelConfig:
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "n_layer", "n_head", "d_ff", "window_size", "circular_period"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.attention not in ATTENTION:
-            raise ValueError(f"attention={self.attention!r} is not known; valid: {sorted(ATTENTION)}")
+            raise ConfigError(f"attention={self.attention!r} is not known; valid: {sorted(ATTENTION)}")
         if self.d_model % self.n_head:
-            raise ValueError(f"d_model={self.d_model} is not divisible by n_head={self.n_head}")
+            raise ConfigError(f"d_model={self.d_model} is not divisible by n_head={self.n_head}")
         if self.chunk_size < 1 or self.window_size % self.chunk_size:
-            raise ValueError(
+            raise ConfigError(
                 f"window_size={self.window_size} must be a positive multiple of chunk_size="
                 f"{self.chunk_size}: chunks never cross block boundaries (docs/model.md)"
             )
         if not (0.0 <= self.dropout < 1.0 and 0.0 <= self.attn_dropout < 1.0):
-            raise ValueError("dropout and attn_dropout must lie in [0, 1)")
+            raise ConfigError("dropout and attn_dropout must lie in [0, 1)")
 
     @property
     def head_dim(self) -> int:

@@ -21,7 +21,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_model as _load_weights
 from safetensors.torch import save_model as _save_weights
 
-from evalm.config_toolkit import build, to_dict
+from evalm.config_toolkit import MissingInput, build, to_dict
 from evalm.config import ModelConfig, architecture_differences
 from evalm.model import EvalmModel
 from evalm.storage import DamagedFile, read_json
@@ -43,7 +43,7 @@ def save_model(model: EvalmModel, folder: str | Path) -> Path:
 def load_config(folder: str | Path) -> ModelConfig:
     path = Path(folder) / CONFIG
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: no config.json (is {folder} an exported model? see `evalm export --help`)")
+        raise MissingInput(f"{path}: no config.json (is {folder} an exported model? see `evalm export --help`)")
     data = read_json(path)
     return build(ModelConfig, data.get("model", data), where=f"{path} [model]")
 
@@ -77,7 +77,7 @@ def load_model(folder: str | Path, device: str | torch.device = "cpu", dtype: to
     config = load_config(folder)
     weights = folder / WEIGHTS
     if not weights.is_file():
-        raise FileNotFoundError(f"{weights}: weights missing")
+        raise MissingInput(f"{weights}: weights missing")
     with torch.device("meta"):
         model = EvalmModel(config)
     check_weights(folder, config, model)

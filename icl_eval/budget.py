@@ -16,10 +16,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from evalm.config_toolkit import UserError
 from evalm.icl_eval.prompts import Demo, PromptBuilder
 
 
-class BudgetTooSmall(ValueError):
+class BudgetTooSmall(UserError, ValueError):
     """A budget below one demonstration plus the test item."""
 
 

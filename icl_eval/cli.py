@@ -370,7 +370,6 @@ COMMANDS = {
     "ppl": ("perplexity vs context length through the cache, with re-encoding baselines", ppl),
     "harness": ("lm-evaluation-harness tasks via simple_evaluate (extra `harness`), prefix-shared cache", harness),
 }
-# What the user can fix is one line; KeyError's message without its quotes.
-DISPATCHER = Dispatcher("evalm eval", COMMANDS, user_errors=(ConfigError, ValueError, KeyError, OSError))
-"""OSError includes a folder held by another run (storage.FolderBusy) and a full disk (storage.NoSpace)."""
+DISPATCHER = Dispatcher("evalm eval", COMMANDS)
+"""A user error (config_toolkit.UserError) is one line; anything else is reported as a bug (config_toolkit.report)."""
 usage, main = DISPATCHER.usage, DISPATCHER.main

@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic.dataclasses import dataclass
 
-from evalm.config_toolkit import FROZEN
+from evalm.config_toolkit import ConfigError, FROZEN
 
 PAPER_SHOTS = (0, 1, 3, 4, 8, 16, 32, 64, 80, 128, 192, 256, 372, 512, 640, 768, 896, 1024, 1280, 1536, 1792, 2000)
 """EVALM Appendix C.1."""
@@ -91,33 +91,33 @@ class EvalConfig:
 
         unknown = [m for m in self.methods if m not in METHODS]
         if unknown:
-            raise ValueError(f"unknown method(s) {unknown}; valid: {list(METHODS)}")
+            raise ConfigError(f"unknown method(s) {unknown}; valid: {list(METHODS)}")
         for name in ("methods", "shots", "seeds", "order"):
             _distinct(name, getattr(self, name))
         if self.order_seeds:  # empty: the draw's own order
             _distinct("order_seeds", self.order_seeds)
         if any(k < 0 for k in self.shots):
-            raise ValueError(f"shots must be >= 0, got {list(self.shots)}")
+            raise ConfigError(f"shots must be >= 0, got {list(self.shots)}")
         if self.validation_items < 1 or (self.context_window is not None and self.context_window < 1):
-            raise ValueError("validation_items and context_window (when set) must be >= 1")
+            raise ConfigError("validation_items and context_window (when set) must be >= 1")
         if any(b < 0 for b in self.budgets) or list(self.budgets) != sorted(set(self.budgets)):
-            raise ValueError(f"budgets must be distinct, increasing and >= 0, got {list(self.budgets)}")
+            raise ConfigError(f"budgets must be distinct, increasing and >= 0, got {list(self.budgets)}")
         if (self.budgets or self.nearest) and self.selection != "random":
-            raise ValueError("budgets and nearest-demonstration diagnostics need selection = random "
-                             "(one dataset-level draw per seed)")
+            raise ConfigError("budgets and nearest-demonstration diagnostics need selection = random "
+                              "(one dataset-level draw per seed)")
         if self.nearest_k < 1:
-            raise ValueError(f"nearest_k must be >= 1, got {self.nearest_k}")
+            raise ConfigError(f"nearest_k must be >= 1, got {self.nearest_k}")
         if self.test_items is not None and self.test_items < 1:
-            raise ValueError(f"test_items must be >= 1 (or unset for the whole split), got {self.test_items}")
+            raise ConfigError(f"test_items must be >= 1 (or unset for the whole split), got {self.test_items}")
 
 
 def _distinct(name: str, values: tuple) -> None:
     """A list setting holds at least one value and none twice (`seeds=1,1` is one draw, not two)."""
     if not values:
-        raise ValueError(f"{name} is empty; give at least one value")
+        raise ConfigError(f"{name} is empty; give at least one value")
     repeated = sorted({str(v) for v in values if values.count(v) > 1})
     if repeated:
-        raise ValueError(f"{name} repeats {', '.join(repeated)}; give each value once")
+        raise ConfigError(f"{name} repeats {', '.join(repeated)}; give each value once")
 
 
 @dataclass(config=FROZEN, frozen=True)
@@ -158,21 +158,21 @@ class PerplexityConfig:
 
     def __post_init__(self) -> None:
         if self.max_books is not None and self.max_books < 1:
-            raise ValueError(f"max_books must be >= 1 (or unset for every book), got {self.max_books}")
+            raise ConfigError(f"max_books must be >= 1 (or unset for every book), got {self.max_books}")
         for name in ("max_tokens", "window_tokens", "stride_tokens"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1 (or unset), got {getattr(self, name)}")
+                raise ConfigError(f"{name} must be >= 1 (or unset), got {getattr(self, name)}")
         for name in ("segment_tokens", "fixed_target_tokens", "fixed_targets_per_book"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         _distinct("buckets", self.buckets)
         if self.buckets[0] < 1 or list(self.buckets) != sorted(self.buckets):
-            raise ValueError(f"buckets must be positive and increasing, got {list(self.buckets)}")
+            raise ConfigError(f"buckets must be positive and increasing, got {list(self.buckets)}")
         if self.baselines:
             _distinct("baselines", self.baselines)
         if self.fixed_contexts:
             _distinct("fixed_contexts", self.fixed_contexts)
             if min(self.fixed_contexts) < 1:
-                raise ValueError(f"fixed_contexts must be >= 1 token each, got {list(self.fixed_contexts)}")
+                raise ConfigError(f"fixed_contexts must be >= 1 token each, got {list(self.fixed_contexts)}")
         if self.books and len(set(self.books)) < len(self.books):
-            raise ValueError("books names a source twice; each book would be scored twice")
+            raise ConfigError("books names a source twice; each book would be scored twice")

@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 
+from evalm.config_toolkit import ConfigError
+
 MAX_TOKEN_KEYS = ("max_gen_toks", "max_new_tokens", "max_tokens", "max_completion_tokens")
 KNOWN_KEYS = {"until", "do_sample", "temperature", "top_k", "top_p", *MAX_TOKEN_KEYS}
 
@@ -41,16 +43,16 @@ class GenerationSettings:
     def from_request(cls, gen_kwargs: Mapping[str, Any], default_max: int = 256) -> GenerationSettings:
         unknown = sorted(set(gen_kwargs) - KNOWN_KEYS)
         if unknown:
-            raise ValueError(f"generate_until: generation kwargs {unknown} are not supported (supported: "
-                             f"{sorted(KNOWN_KEYS)}); remove them from the task's generation_kwargs")
+            raise ConfigError(f"generate_until: generation kwargs {unknown} are not supported (supported: "
+                              f"{sorted(KNOWN_KEYS)}); remove them from the task's generation_kwargs")
         given = [gen_kwargs[k] for k in MAX_TOKEN_KEYS if gen_kwargs.get(k) is not None]
         until = gen_kwargs.get("until") or []
         temperature = float(gen_kwargs.get("temperature") or 0.0)
         do_sample = gen_kwargs.get("do_sample")
         do_sample = temperature > 0.0 if do_sample is None else bool(do_sample)
         if do_sample and temperature <= 0.0:
-            raise ValueError("generate_until: do_sample=True needs temperature > 0 (got "
-                             f"{temperature}); set a temperature, or do_sample=False for greedy decoding")
+            raise ConfigError("generate_until: do_sample=True needs temperature > 0 (got "
+                              f"{temperature}); set a temperature, or do_sample=False for greedy decoding")
         top_k = gen_kwargs.get("top_k")
         top_p = gen_kwargs.get("top_p")
         return cls(int(given[0]) if given else default_max, (until,) if isinstance(until, str) else tuple(until),

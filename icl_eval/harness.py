@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from evalm.config_toolkit import ConfigError, MissingExtra, UserError
 from evalm.icl_eval.decoding import GenerationSettings, generate
 from evalm.icl_eval.lm import CausalLM, right_pad
 
@@ -44,7 +45,7 @@ Request = tuple[Sequence[int], Sequence[int]]
 """(context tokens, continuation tokens); the context is never empty (the harness prepends a prefix token)."""
 
 
-class RequestTooLong(ValueError):
+class RequestTooLong(UserError, ValueError):
     """A request that does not fit the model's window (never cut silently)."""
 
 
@@ -185,8 +186,8 @@ def _lm_eval():
         import lm_eval
         import lm_eval.api.model  # noqa: F401
     except ImportError as err:
-        raise ImportError("the lm-evaluation-harness backend is an optional extra: pip install 'evalm[harness]' "
-                          "(lm-eval>=0.4.13, accelerate)") from err
+        raise MissingExtra("the lm-evaluation-harness backend is an optional extra: pip install 'evalm[harness]' "
+                           "(lm-eval>=0.4.13, accelerate)") from err
     return lm_eval
 
 
@@ -199,7 +200,7 @@ class _HarnessMethods:
                  overflow: str = "error", max_gen_toks: int = 256, add_bos: bool | None = None, seed: int = 0):
         super().__init__()
         if overflow not in ("error", "drop_left"):
-            raise ValueError(f"overflow={overflow!r}: use 'error' or 'drop_left'")
+            raise ConfigError(f"overflow={overflow!r}: use 'error' or 'drop_left'")
         self.lm, self.batch_size, self.segment_tokens = lm, batch_size, segment_tokens
         self.overflow, self.max_gen_toks, self.seed = overflow, max_gen_toks, seed
         self.add_bos = default_add_bos(lm.tokenizer) if add_bos is None else bool(add_bos)

@@ -24,12 +24,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from evalm.config_toolkit import InputError, MissingExtra, MissingInput
+
 
 def _transformers():
     try:
         import transformers
     except ImportError as err:
-        raise ImportError("Hugging Face models need the optional extra: pip install 'evalm[hf]'") from err
+        raise MissingExtra("Hugging Face models need the optional extra: pip install 'evalm[hf]'") from err
     return transformers
 
 
@@ -61,7 +63,7 @@ class HFTokenizerAdapter:
         self.vocab_size = len(tok)
         eos = tok.eos_token_id if tok.eos_token_id is not None else tok.bos_token_id
         if eos is None:
-            raise ValueError("the tokenizer has neither an eos nor a bos token")
+            raise InputError("the tokenizer has neither an eos nor a bos token")
         self.eos_id = int(eos)
         self.name = getattr(tok, "name_or_path", type(tok).__name__)
 
@@ -183,7 +185,7 @@ def load_hf(folder: str | Path, tokenizer=None, dtype: str = "float32", device: 
     tf = _transformers()
     folder = Path(folder)
     if not folder.is_dir():
-        raise FileNotFoundError(f"{folder}: Hugging Face model folder not found")
+        raise MissingInput(f"{folder}: Hugging Face model folder not found")
     kwargs: dict[str, Any] = {"local_files_only": True, "trust_remote_code": False}  # never code from a folder
     if gguf_file:
         kwargs["gguf_file"] = gguf_file

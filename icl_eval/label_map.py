@@ -25,6 +25,7 @@ import dataclasses
 import itertools
 import random
 
+from evalm.config_toolkit import ConfigError
 from evalm.icl_eval.tasks import Task
 
 MODES = ("none", "int", "symbols", "flip")
@@ -42,7 +43,7 @@ def symbols(n: int) -> list[str]:
 def mapped_words(words: tuple[str, ...], mode: str, seed: int) -> tuple[str, ...]:
     """The spelling of each label index under `mode` for the draw `seed`."""
     if mode not in MODES:
-        raise ValueError(f"label map {mode!r} is not known; valid: {', '.join(MODES)}")
+        raise ConfigError(f"label map {mode!r} is not known; valid: {', '.join(MODES)}")
     n = len(words)
     rng = random.Random(f"label-map-{seed}")
     if mode == "none":
@@ -67,6 +68,6 @@ def remap(task: Task, mode: str, seed: int) -> Task:
     if mode == "none":
         return task
     if task.choice_fields:
-        raise ValueError(f"--label-map {mode}: task {task.name!r} is multiple choice (its answers are item texts, "
-                         "not a label set), so there is no label to remap; use --label-map none")
+        raise ConfigError(f"--label-map {mode}: task {task.name!r} is multiple choice (its answers are item texts, "
+                          "not a label set), so there is no label to remap; use --label-map none")
     return dataclasses.replace(task, spelled=mapped_words(task.labels, mode, seed))

@@ -12,11 +12,11 @@ from typing import Any, Literal
 import numpy as np
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
-from evalm.config_toolkit import FROZEN
+from evalm.config_toolkit import ConfigError, FROZEN, UserError
 from evalm.icl_eval.scoring import RULES
 
 
-class PromptTooLong(ValueError):
+class PromptTooLong(UserError, ValueError):
     """A prompt that does not fit the model's window (never truncated silently)."""
 
 
@@ -52,12 +52,12 @@ class MethodOptions:
 
     def __post_init__(self) -> None:
         if self.scoring not in RULES:
-            raise ValueError(f"scoring {self.scoring!r} is not known; valid: {sorted(RULES)}")
+            raise ConfigError(f"scoring {self.scoring!r} is not known; valid: {sorted(RULES)}")
         if self.rescale not in ("log_m", "off"):
             try:
                 float(self.rescale)
             except ValueError:
-                raise ValueError(f"rescale={self.rescale!r}: use log_m, off, or a number") from None
+                raise ConfigError(f"rescale={self.rescale!r}: use log_m, off, or a number") from None
 
 
 @dataclass

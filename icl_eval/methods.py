@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from evalm.config_toolkit import ConfigError
 from evalm.icl_eval.encdec_methods import ENCDEC_METHODS
 from evalm.icl_eval.lm import CausalLM, right_pad
 from evalm.icl_eval.item_scoring import SCORERS
@@ -306,7 +307,7 @@ def fid(lm, prompt, demos, items, options: MethodOptions, progress: Progress = N
     """Fusion-in-Decoder exists only on encoder-decoder models (dispatched below); 0 shots is `incremental`."""
     if not demos:
         return incremental(lm, prompt, demos, items, options, progress)
-    raise ValueError("fid needs an encoder-decoder model (--hf-model with a T5 folder)")
+    raise ConfigError("fid needs an encoder-decoder model (--hf-model with a T5 folder)")
 
 
 def _encoder_decoder_aware(name: str, method: Method) -> Method:
@@ -315,7 +316,7 @@ def _encoder_decoder_aware(name: str, method: Method) -> Method:
     def dispatch(lm, prompt, demos, items, options: MethodOptions, progress: Progress = None) -> MethodResult:
         if getattr(lm, "encoder_decoder", False):
             if name not in ENCDEC_METHODS:
-                raise ValueError(f"method {name!r} has no encoder-decoder form; valid: {sorted(ENCDEC_METHODS)}")
+                raise ConfigError(f"method {name!r} has no encoder-decoder form; valid: {sorted(ENCDEC_METHODS)}")
             return ENCDEC_METHODS[name](lm, prompt, demos, items, options, progress)
         return method(lm, prompt, demos, items, options, progress)
 

@@ -26,10 +26,12 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from evalm.config_toolkit import ConfigError, MissingExtra, UserError
+
 MODES = ("remove", "keep", "corrupt")
 
 
-class TooFewDemonstrations(ValueError):
+class TooFewDemonstrations(UserError, ValueError):
     """k nearest asked of a context with fewer demonstrations."""
 
 
@@ -40,7 +42,7 @@ class Embedder:
         try:
             import transformers
         except ImportError:
-            raise ImportError("nearest_embedding needs transformers: pip install 'evalm[hf]'") from None
+            raise MissingExtra("nearest_embedding needs transformers: pip install 'evalm[hf]'") from None
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
         self.model = transformers.AutoModel.from_pretrained(folder, local_files_only=True).eval()
         self.text_of, self.cache = text_of, {}
@@ -79,7 +81,7 @@ def apply(mode: str, ids: Sequence[int], near: Sequence[int], labels: Sequence[i
           rng: random.Random) -> tuple[list[int], dict[int, int]]:
     """The item's context under `mode`: its demonstration ids in order, and label overrides {id: shown label}."""
     if mode not in MODES:
-        raise ValueError(f"nearest mode {mode!r} is not known; valid: {', '.join(MODES)}")
+        raise ConfigError(f"nearest mode {mode!r} is not known; valid: {', '.join(MODES)}")
     chosen = set(near)
     if mode == "remove":
         return [i for i in ids if i not in chosen], {}

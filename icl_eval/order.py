@@ -17,6 +17,8 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
+from evalm.config_toolkit import ConfigError
+
 ORDERS = ("random", "label-sorted", "interleaved")
 
 
@@ -37,7 +39,7 @@ def arrange(ids: Sequence[int], labels: Sequence[int], mode: str, order_seed: in
             draw_seed: int = 0) -> list[int]:
     """The drawn training indices `ids` in the order `mode` gives; `labels[i]` is item i's gold label."""
     if mode not in ORDERS:
-        raise ValueError(f"order {mode!r} is not known; valid: {', '.join(ORDERS)}")
+        raise ConfigError(f"order {mode!r} is not known; valid: {', '.join(ORDERS)}")
     if mode == "random" and order_seed is None:
         return list(ids)
     rng = random.Random(f"order-{draw_seed if order_seed is None else order_seed}")

@@ -27,6 +27,7 @@ import sys
 import numpy as np
 import torch
 
+from evalm.config_toolkit import ConfigError
 from evalm.icl_eval.bootstrap import REPLICATES, hierarchical_interval
 from evalm.icl_eval.lm import CausalLM
 
@@ -160,8 +161,8 @@ def fixed_report(books: list[tuple[str, dict[int, list[float]], np.ndarray]], co
     targets = [t for _, _, book_targets in books for t in book_targets]
     used = [name for name, _, book_targets in books if len(book_targets)]
     if not targets:
-        raise ValueError(f"no book has {longest + target_tokens} tokens for the fixed-position protocol; "
-                         "lower the longest context or the target length")
+        raise ConfigError(f"no book has {longest + target_tokens} tokens for the fixed-position protocol; "
+                          "lower the longest context or the target length")
     shortest = np.asarray(span_nll[min(contexts)])
     rows = []
     for L in contexts:
@@ -216,7 +217,7 @@ class Protocols:
         if lm.max_positions is not None:
             window = min(window, lm.max_positions)
             if max_tokens > lm.max_positions:
-                raise ValueError(
+                raise ConfigError(
                     f"max_tokens={max_tokens} exceeds the model's {lm.max_positions} positions: the cached protocol "
                     f"would use positions it never learned; lower the largest --lengths bucket to {lm.max_positions}"
                 )

@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from evalm.config_toolkit import ConfigError
 from evalm.icl_eval.tasks import Task
 
 SEPARATORS: dict[str, str | None] = {
@@ -82,7 +83,7 @@ def resolve_bos(tokenizer, spec: str = "auto") -> tuple[tuple[int, ...], str]:
         ids = tokenizer.encode(spec)
         found = ids[0] if len(ids) == 1 else None
     if found is None:
-        raise ValueError(f"--bos {spec!r}: not one token of the tokenizer; use auto, none, eos or a single token")
+        raise ConfigError(f"--bos {spec!r}: not one token of the tokenizer; use auto, none, eos or a single token")
     return (int(found),), f"{spec!r} (--bos)"
 
 
@@ -91,7 +92,7 @@ class PromptBuilder:
 
     def __init__(self, task: Task, tokenizer, separator: str = "newline", bos: str = "auto"):
         if separator not in SEPARATORS:
-            raise ValueError(f"separator {separator!r} is not known; valid: {sorted(SEPARATORS)}")
+            raise ConfigError(f"separator {separator!r} is not known; valid: {sorted(SEPARATORS)}")
         self.task, self.tokenizer, self.separator_name = task, tokenizer, separator
         text = SEPARATORS[separator]
         self.sep: tuple[int, ...] = (tokenizer.eos_id,) if text is None else tuple(tokenizer.encode(text))

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from evalm.config_toolkit import to_dict
+from evalm.config_toolkit import ConfigError, to_dict
 from evalm.icl_eval.baselines import label_baselines
 from evalm.icl_eval.budget import fit
 from evalm.icl_eval.label_map import remap
@@ -48,7 +48,7 @@ def hold_out_validation(splits: Splits, n: int) -> tuple[Splits, list[int]]:
         return splits, []
     train = splits["train"]
     if n >= len(train):
-        raise ValueError(f"cannot hold out {n} validation items from {len(train)} training items")
+        raise ConfigError(f"cannot hold out {n} validation items from {len(train)} training items")
     held = list(range(len(train) - n, len(train)))
     return {**splits, "validation": [train[i] for i in held]}, held
 
@@ -285,9 +285,9 @@ class Runner:
         """--nearest-k must leave something to compare: at most the context, and below it for `remove`."""
         k, remove = self.config.nearest_k, "remove" in self.config.nearest
         if k > n_demos or (remove and k == n_demos):
-            raise ValueError(f"--nearest-k {k}: {where} gives {n_demos} demonstrations, "
-                             + ("and removing them all leaves none" if k == n_demos else "fewer than that")
-                             + f"; lower --nearest-k below {n_demos} or raise the shots/budget")
+            raise ConfigError(f"--nearest-k {k}: {where} gives {n_demos} demonstrations, "
+                              + ("and removing them all leaves none" if k == n_demos else "fewer than that")
+                              + f"; lower --nearest-k below {n_demos} or raise the shots/budget")
 
     def _similarities(self, train, rows, ids: list[int]) -> list:
         """Per test row, its similarity to the training items: TF-IDF over the whole split, or the
@@ -328,7 +328,7 @@ class Runner:
                per_item_context: bool = False) -> MethodResult:
         method = METHODS[name]
         if self.config.calibration != "none" and self.task.choice_fields:
-            raise ValueError(f"calibration needs a fixed label space; {self.task.name!r} is multiple choice")
+            raise ConfigError(f"calibration needs a fixed label space; {self.task.name!r} is multiple choice")
         if per_item_context:  # a different context per item: no reuse across items
             parts = [self._calibrated(method, d, [it], row, k) for d, it, row in zip(per_item, items, rows)]
             return MethodResult([p.scores[0] for p in parts], aggregate_info([p.info for p in parts]))

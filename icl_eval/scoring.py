@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from evalm.config_toolkit import ConfigError
 from evalm.icl_eval.prompts import Candidate
 
 
@@ -67,7 +68,7 @@ RULES = {
 def score_candidates(logits: Tensor, candidates: Sequence[Candidate], rule: str) -> list[float]:
     """Scores of candidates fed as one right-padded batch: logits (C, T, V) aligned with their tokens."""
     if rule not in RULES:
-        raise ValueError(f"scoring rule {rule!r} is not known; valid: {sorted(RULES)}")
+        raise ConfigError(f"scoring rule {rule!r} is not known; valid: {sorted(RULES)}")
     width = logits.shape[1]
     tokens = torch.zeros((len(candidates), width), dtype=torch.long)
     for i, c in enumerate(candidates):
@@ -105,7 +106,7 @@ def score_after_prefix(prefix_logits: Tensor, tail_logits: Tensor | None, candid
     Row t predicts token t + 1 and log-softmax is row-wise, so these are `score_candidates`' numbers
     row for row; a candidate's last token predicts nothing and is never fed."""
     if rule not in RULES:
-        raise ValueError(f"scoring rule {rule!r} is not known; valid: {sorted(RULES)}")
+        raise ConfigError(f"scoring rule {rule!r} is not known; valid: {sorted(RULES)}")
     p = prefix_logits.shape[0]
     prefix_lp = _log_softmax_wide(prefix_logits)  # (p, V), once for every candidate
     head = torch.cat([prefix_lp.new_zeros(1), _pick(prefix_lp[:-1], candidates[0].tokens[1:p])]) if p else None
@@ -142,7 +143,7 @@ CALIBRATIONS = {"none": None, "contextual": _contextual, "pmi": _pmi}
 
 def calibrate(scores: np.ndarray, cf: np.ndarray | None, mode: str) -> np.ndarray:
     if mode not in CALIBRATIONS:
-        raise ValueError(f"calibration {mode!r} is not known; valid: {sorted(CALIBRATIONS)}")
+        raise ConfigError(f"calibration {mode!r} is not known; valid: {sorted(CALIBRATIONS)}")
     fn = CALIBRATIONS[mode]
     return scores if fn is None else fn(np.asarray(scores, dtype=np.float64), np.asarray(cf, dtype=np.float64))
 

@@ -12,8 +12,10 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
+from evalm.config_toolkit import UserError
 
-class NotEnoughItems(ValueError):
+
+class NotEnoughItems(UserError, ValueError):
     """Fewer candidate demonstrations than shots requested."""
 
 

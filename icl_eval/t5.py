@@ -36,6 +36,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from evalm.config_toolkit import ConfigError, MissingExtra, MissingInput
+
 Cross = Literal["none", "aligned"]
 
 
@@ -43,7 +45,7 @@ def _transformers():
     try:
         import transformers
     except ImportError as err:
-        raise ImportError("T5 models need the optional extra: pip install 'evalm[hf]'") from err
+        raise MissingExtra("T5 models need the optional extra: pip install 'evalm[hf]'") from err
     return transformers
 
 
@@ -90,7 +92,7 @@ def load_t5(folder: str | Path, tokenizer=None, dtype: str = "float32", device: 
     tf = _transformers()
     folder = Path(folder)
     if not folder.is_dir():
-        raise FileNotFoundError(f"{folder}: T5 model folder not found")
+        raise MissingInput(f"{folder}: T5 model folder not found")
     model = tf.T5ForConditionalGeneration.from_pretrained(
         folder, dtype=getattr(torch, dtype), attn_implementation="eager", local_files_only=True,
         trust_remote_code=False).to(device)
@@ -192,7 +194,7 @@ def encode(model, kind: str, demos: list[list[tuple[int, ...]]], tests: list[tup
         return hidden.reshape(B, -1, hidden.shape[-1]), mask.reshape(B, -1)
     if kind == "saicl":
         return structured_encode(model, Segments.build(demos, tests, pad_id), cross)
-    raise ValueError(f"encoder kind {kind!r} is not known; valid: full, saicl, fid")
+    raise ConfigError(f"encoder kind {kind!r} is not known; valid: full, saicl, fid")
 
 
 # ----------------------------------------------------------------------------------------------

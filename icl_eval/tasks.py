@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from evalm.config_toolkit import ConfigError, InputError
+
 SPLITS = ("train", "validation", "test")
 
 
@@ -86,9 +88,9 @@ class Task:
     def __post_init__(self) -> None:
         slots = template_fields(self.template)
         if slots.count("label") != 1:
-            raise ValueError(f"task {self.name!r}: the template needs exactly one {{label}} slot: {self.template!r}")
+            raise InputError(f"task {self.name!r}: the template needs exactly one {{label}} slot: {self.template!r}")
         if not self.labels and not self.choice_fields and not self.labels_from_data:
-            raise ValueError(f"task {self.name!r}: give `labels` (a verbalizer) or `choice_fields` (multiple choice)")
+            raise InputError(f"task {self.name!r}: give `labels` (a verbalizer) or `choice_fields` (multiple choice)")
 
     @property
     def input_fields(self) -> list[str]:
@@ -110,7 +112,7 @@ class Task:
         for i, v in enumerate(values):
             if raw == v or str(raw) == str(v):
                 return i
-        raise ValueError(f"task {self.name!r}: label {raw!r} is not among {list(values)}")
+        raise InputError(f"task {self.name!r}: label {raw!r} is not among {list(values)}")
 
     def fields(self, item: dict[str, Any]) -> dict[str, str]:
         """The template's input fields of an item, as strings."""
@@ -118,7 +120,7 @@ class Task:
         for name in self.input_fields:
             column = self._column(name, item)
             if column not in item:
-                raise KeyError(f"task {self.name!r}: item has no field {column!r} (has {sorted(item)})")
+                raise InputError(f"task {self.name!r}: item has no field {column!r} (has {sorted(item)})")
             out[name] = str(item[column]).strip()
         return out
 
@@ -256,12 +258,12 @@ def get_task(name: str, template_set: str = "evalm") -> Task:
     if Path(name).suffix in (".toml", ".yaml", ".yml"):
         return read_task_file(name)
     if template_set not in TEMPLATE_SETS:
-        raise ValueError(f"template set {template_set!r} is not known; valid: {sorted(TEMPLATE_SETS)}")
+        raise ConfigError(f"template set {template_set!r} is not known; valid: {sorted(TEMPLATE_SETS)}")
     tasks = TEMPLATE_SETS[template_set]
     if name not in tasks and name in HELMET_TASKS:  # the field's ICL tasks have one template set: their own
         return HELMET_TASKS[name]
     if name not in tasks:
-        raise ValueError(f"task {name!r} has no {template_set!r} template; valid: {sorted(tasks)} or a .toml/.yaml file")
+        raise ConfigError(f"task {name!r} has no {template_set!r} template; valid: {sorted(tasks)} or a .toml/.yaml file")
     return tasks[name]
 
 
@@ -282,14 +284,14 @@ def read_task_file(path: str | Path) -> Task:
     where = f"{path}:{_table_line(path)}"
     unknown = sorted(set(spec) - valid)
     if unknown:
-        raise ValueError(f"{where}: unknown task key(s) {unknown}; valid: {sorted(valid | set(SPLITS) | {'data'})}")
+        raise InputError(f"{where}: unknown task key(s) {unknown}; valid: {sorted(valid | set(SPLITS) | {'data'})}")
     if "template" not in spec:
-        raise ValueError(f"{where}: the task has no `template`; add one with the input fields and one {{label}} slot, "
+        raise InputError(f"{where}: the task has no `template`; add one with the input fields and one {{label}} slot, "
                          "e.g. template = \"Review: {text} Sentiment: {label}\"")
     try:
         return Task(**spec)
     except ValueError as err:  # the file and line of the table, then what is wrong with it
-        raise ValueError(f"{where}: {err}") from None
+        raise InputError(f"{where}: {err}") from None
 
 
 def _table_line(path: str | Path) -> int:
@@ -312,5 +314,5 @@ def _task_table(path: str | Path) -> dict[str, Any]:
 
         data = yaml.safe_load(text)
     if not isinstance(data, dict) or not isinstance(data.get("task"), dict):
-        raise ValueError(f"{path}: expected a [task] table (TOML) or a `task:` mapping (YAML)")
+        raise InputError(f"{path}: expected a [task] table (TOML) or a `task:` mapping (YAML)")
     return dict(data["task"])

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from evalm.config_toolkit import InputError, MissingInput
 from evalm.storage import read_json
 
 
@@ -22,11 +23,11 @@ def fit_unigram(folder: str | Path, vocab_size: int) -> np.ndarray:
     folder = Path(folder)
     manifest_path = folder / "manifest.json"
     if not manifest_path.is_file():
-        raise FileNotFoundError(f"{manifest_path}: not a token-shard folder (written by `evalm train tokenizer`); "
-                                "pass the folder the model was pretrained on")
+        raise MissingInput(f"{manifest_path}: not a token-shard folder (written by `evalm train tokenizer`); "
+                           "pass the folder the model was pretrained on")
     manifest = read_json(manifest_path)
     if manifest["vocab_size"] > vocab_size:
-        raise ValueError(f"{folder}: its tokenizer has {manifest['vocab_size']} ids but the model only {vocab_size}; "
+        raise InputError(f"{folder}: its tokenizer has {manifest['vocab_size']} ids but the model only {vocab_size}; "
                          "pass the shards of the model's own tokenizer")
     counts = np.ones(vocab_size, dtype=np.float64)
     for shard in manifest["shards"]:

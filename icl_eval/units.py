@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from evalm.config_toolkit import ConfigError
+from evalm.config_toolkit import ConfigError, UserError, is_user_error, note_folder
 from evalm.storage import folder_lock
 
 WAIT = datetime.timedelta(hours=72)
@@ -62,8 +62,8 @@ class World:
 
     def share(self, fn: Callable[[], Any]) -> Any:
         """`fn()` run on rank 0 only and its value given to every rank; an error there is raised on every rank
-        (the others would otherwise wait for rank 0 forever): rank 0's own, elsewhere its message as a user
-        error (OSError for a busy folder or a full disk, else ConfigError)."""
+        (the others would otherwise wait for rank 0 forever): rank 0's own, elsewhere its message, as a user
+        error when it was one on rank 0 (config_toolkit.is_user_error), else as a bug naming rank 0."""
         error, value = None, None
         if self.rank == 0:
             try:
@@ -73,11 +73,12 @@ class World:
         if self.size > 1:
             import torch.distributed as dist
 
-            box = [(None if error is None else (type(error).__name__, str(error)), value)]
+            box = [(None if error is None else (type(error).__name__, str(error), is_user_error(error)), value)]
             dist.broadcast_object_list(box, src=0)
             failure, value = box[0]
             if failure is not None and error is None:
-                raise (OSError if failure[0] in ("FolderBusy", "OSError", "NoSpace") else ConfigError)(failure[1])
+                name, message, user = failure
+                raise UserError(message) if user else RuntimeError(f"rank 0 failed with {name}: {message}")
         if error is not None:
             raise error
         return value
@@ -113,7 +114,11 @@ def hold(folder: str | Path, command: str, world: World) -> Iterator[None]:
     a folder busy with another run is refused on every rank."""
     with ExitStack() as stack:
         world.share(lambda: stack.enter_context(folder_lock(folder, command)) and None)
-        yield
+        try:
+            yield
+        except Exception as err:
+            note_folder(err, folder)  # every rank's bug log goes to FOLDER/logs (only rank 0 holds the lock)
+            raise
 
 
 def stamp(path: str | Path) -> Any:

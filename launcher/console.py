@@ -12,10 +12,11 @@ import os
 import sys
 from pathlib import Path
 
+from evalm.config_toolkit import UserError
 from evalm.launcher.commands import dispatch
 
 
-class StageFailed(RuntimeError):
+class StageFailed(UserError, RuntimeError):
     """A stage's command exited with an error, which it printed to the stage's log."""
 
 
@@ -30,6 +31,9 @@ def call(argv: list, log: Path) -> None:
             code = dispatch(argv)
     if code == 130:  # Ctrl-C inside the command (a training stage keeps its last complete checkpoint)
         raise KeyboardInterrupt
+    if code == 1:  # config_toolkit.report: a bug of ours, its traceback in a file the log names
+        raise StageFailed(f"`evalm {' '.join(argv)}` stopped on an internal error (a bug, not your input); "
+                          f"its output in {log} names the file with the traceback; please report it with that file")
     if code:
         raise StageFailed(f"`evalm {' '.join(argv)}` exited with {code}; its output is in {log}; "
                            f"fix the error, then rerun `evalm run`")

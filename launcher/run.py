@@ -24,19 +24,17 @@ from __future__ import annotations
 import shutil
 import sys
 import time
-import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
-from evalm.config_toolkit import ConfigError, Parser, debug, shipped
-from evalm.data_pipeline.samples.packages import SampleError
-from evalm.launcher.console import StageFailed, call
+from evalm.config_toolkit import ConfigError, Parser, report, shipped
+from evalm.launcher.console import call
 from evalm.launcher.keys import stage_key
 from evalm.launcher.markers import mark_stale, peak_rss_gib, read_marker, write_marker
 from evalm.launcher.report import stage_result, write_report
 from evalm.launcher.run_file import Run, load_run
 from evalm.launcher.stages import RESUMABLE, STAGES, stage_commands
-from evalm.storage import DamagedFile, FolderBusy, NoSpace, folder_lock
+from evalm.storage import folder_lock
 
 DEFAULT_CONFIG = shipped("configs/tiny.toml")
 
@@ -126,35 +124,20 @@ def run_all(r: Run, start: str | None, only: str | None) -> Path:
     return write_report(r, timings, wall_seconds=time.perf_counter() - t0, peak_rss_gib=peak_rss_gib())
 
 
-USER_ERRORS = (ConfigError, StageFailed, FolderBusy, NoSpace, DamagedFile, SampleError)
-"""What a user can act on from its message alone: one line. Anything else is a bug of ours: its
-traceback goes to ROOT/NAME/logs/error.log and the console names that file."""
-
-
 def main(argv: Sequence[str] | None = None) -> int:
+    """A user error (config_toolkit.UserError: a bad run file, a failed stage, a busy folder) is one
+    line; anything else is a bug of ours, its traceback kept in ROOT/NAME/logs/error.log (the run
+    folder it escaped from) and named on the console (config_toolkit.report, as every command)."""
     args = _parser().parse_args(argv)
-    r = None
     try:
         r = load_run(args.config)
         with folder_lock(r.dir, "evalm run"):  # one main job per run folder
-            report = run_all(r, args.start, args.only)
+            folder = run_all(r, args.start, args.only)
     except KeyboardInterrupt:
         print(f"evalm run: interrupted; rerun `evalm run {args.config}` to resume: complete stages are skipped, "
               "data and training stages continue from where they stopped", file=sys.stderr)
         return 130
-    except USER_ERRORS as err:
-        if debug():
-            raise
-        print(f"evalm run: error: {err}", file=sys.stderr)
-        return 2
-    except Exception as err:  # noqa: BLE001 - a bug: say so, keep the traceback
-        if debug() or r is None:
-            raise
-        log = r.dir / "logs" / "error.log"
-        log.parent.mkdir(parents=True, exist_ok=True)
-        log.write_text(traceback.format_exc())
-        print(f"evalm run: internal error (a bug, not your input; please report it with {log}): "
-              f"{type(err).__name__}: {err}", file=sys.stderr)
-        return 1
-    print(f"\nreport: {report / 'summary.md'}")
+    except Exception as err:  # noqa: BLE001 - the one rule of every command
+        return report("evalm run", err)
+    print(f"\nreport: {folder / 'summary.md'}")
     return 0

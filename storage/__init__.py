@@ -1,4 +1,5 @@
-"""How runs keep their files, on the ground floor (it imports nothing of ours).
+"""How runs keep their files, on the ground floor (of ours it imports only the user-error types of
+`config_toolkit.errors`, its floor-mate).
 
 - `lock`: one owner per output folder, an OS lock released when its holder dies;
 - `digest`: a folder's files with their sizes and SHA-256, written last and verified before use;

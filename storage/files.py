@@ -13,16 +13,18 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from evalm.config_toolkit import UserError
+
 MAX_UNDECODABLE = 0.001
 """Share of a text file's bytes that may be invalid UTF-8 (old scans carry a stray byte or two);
 past it the file is not text in any encoding we read."""
 
 
-class DamagedFile(ValueError):
+class DamagedFile(UserError, ValueError):
     """A file that exists but cannot be what it claims to be; the message names it."""
 
 
-class NoSpace(OSError):
+class NoSpace(UserError, OSError):
     """A write failed because its filesystem is full; the message names the file."""
 
 

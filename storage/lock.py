@@ -8,6 +8,9 @@ next run takes it at once. Its text (pid, host, command, start) exists only so t
 can name the holder. Linux emulates flock with byte-range locks on NFS, so the lock also holds
 between hosts that share the folder.
 
+An error that escapes the held block is tagged with the folder, so that a bug's traceback is kept
+in FOLDER/logs/error.log, beside the run it broke.
+
 Within one process the lock is re-entrant (`evalm run` holds a folder whose stages lock it again),
 because a second flock on a new file description would refuse its own process.
 """
@@ -24,12 +27,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from evalm.config_toolkit import UserError, note_folder
+
 LOCK_FILE = ".evalm.lock"
 _HELD: dict[Path, int] = {}
 """Folders this process holds -> how many nested `folder_lock`s hold each."""
 
 
-class FolderBusy(OSError):
+class FolderBusy(UserError, OSError):
     """Another live process writes this folder; the message names it."""
 
 
@@ -63,6 +68,9 @@ def folder_lock(folder: str | Path, command: str) -> Iterator[Path]:
     _HELD[key] = 1
     try:
         yield folder
+    except Exception as err:
+        note_folder(err, folder)  # a bug's traceback goes to FOLDER/logs/error.log (config_toolkit.errors)
+        raise
     finally:
         del _HELD[key]
         fcntl.flock(handle, fcntl.LOCK_UN)

@@ -22,7 +22,7 @@ import namespace, `evalm` (pyproject.toml)."""
 
 FLOORS = {
     "config_toolkit": set(),
-    "storage": set(),
+    "storage": {"config_toolkit"},  # only its user-error types (config_toolkit.errors)
     "configs": set(),
     "text": {"config_toolkit", "storage"},
     "evalm": {"config_toolkit", "storage"},

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 from pydantic.dataclasses import dataclass
 
-from evalm.config_toolkit import FROZEN
+from evalm.config_toolkit import ConfigError, FROZEN
 
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 LABEL_LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
@@ -65,9 +65,9 @@ class SyntheticConfig:
 
     def __post_init__(self) -> None:
         if not 2 <= self.n_inputs <= 26 or not 2 <= self.n_labels <= 26:
-            raise ValueError("n_inputs and n_labels must lie in 2..26")
+            raise ConfigError("n_inputs and n_labels must lie in 2..26")
         if self.dominant_prob is not None and not 0.0 <= self.dominant_prob <= 1.0:
-            raise ValueError(f"dominant_prob must be None (uniform rule) or lie in [0, 1], got {self.dominant_prob}")
+            raise ConfigError(f"dominant_prob must be None (uniform rule) or lie in [0, 1], got {self.dominant_prob}")
 
 
 def draw_rule(rng: random.Random, config: SyntheticConfig) -> dict[str, int]:

@@ -11,6 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol
 
+from evalm.config_toolkit import InputError, MissingExtra, MissingInput
+
 
 class Tokenizer(Protocol):
     vocab_size: int
@@ -35,7 +37,7 @@ class HFTokenizer:
         ids = [self._tok.token_to_id(name) for name in self.EOS_NAMES]
         found = [i for i in ids if i is not None]
         if not found:
-            raise ValueError(f"{self.path}: no end-of-document token among {self.EOS_NAMES}")
+            raise InputError(f"{self.path}: no end-of-document token among {self.EOS_NAMES}")
         self.eos_id = found[0]
 
     def encode(self, text: str) -> list[int]:
@@ -55,13 +57,13 @@ class SentencePieceTokenizer:
         try:
             import sentencepiece as spm
         except ImportError as err:  # optional dependency: fail with what to do
-            raise ImportError("loading a .model needs: pip install 'evalm[sentencepiece]'") from err
+            raise MissingExtra("loading a .model needs: pip install 'evalm[sentencepiece]'") from err
         self.path = Path(path)
         self._sp = spm.SentencePieceProcessor(model_file=str(self.path))
         self.vocab_size = self._sp.get_piece_size()
         self.eos_id = self._sp.eos_id()
         if self.eos_id < 0:
-            raise ValueError(f"{self.path}: the SentencePiece model has no eos piece")
+            raise InputError(f"{self.path}: the SentencePiece model has no eos piece")
 
     def encode(self, text: str) -> list[int]:
         return self._sp.encode(text)
@@ -97,7 +99,7 @@ def load_tokenizer(path: str | Path | None) -> Tokenizer:
     if path.is_dir():
         path = path / "tokenizer.json"
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: tokenizer not found (train one with `evalm train tokenizer`)")
+        raise MissingInput(f"{path}: tokenizer not found (train one with `evalm train tokenizer`)")
     if path.suffix == ".model":
         return SentencePieceTokenizer(path)
     return HFTokenizer(path)

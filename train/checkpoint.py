@@ -45,6 +45,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
+from evalm.config_toolkit import UserError
 from evalm.config import architecture_differences
 from evalm.storage import read_json, space_error, verify_digest, write_digest
 from evalm.train.identity import identity_differences
@@ -54,7 +55,7 @@ MARKER = ".complete"
 STEP_DIR = re.compile(r"^step-(\d{8})$")
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError, RuntimeError):
     """A checkpoint that cannot be used; the message names it and says what to do."""
 
 

@@ -35,7 +35,7 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         if self.seq_len < 1:
-            raise ValueError(f"seq_len must be >= 1, got {self.seq_len}")
+            raise ConfigError(f"seq_len must be >= 1, got {self.seq_len}")
 
     @property
     def structure(self) -> Literal["packed"]:
@@ -92,21 +92,21 @@ class MsitDataConfig:
 
     def __post_init__(self) -> None:
         if self.structure == "saicl" and (self.pretrain_fraction or self.saicl_queries < 1):
-            raise ValueError("structure 'saicl' needs saicl_queries >= 1 and pretrain_fraction = 0 (pretraining lines "
-                             "hold no examples to split into demonstrations and tests)")
+            raise ConfigError("structure 'saicl' needs saicl_queries >= 1 and pretrain_fraction = 0 (pretraining lines "
+                              "hold no examples to split into demonstrations and tests)")
         if self.seq_len < 2:
-            raise ValueError(f"seq_len must be >= 2, got {self.seq_len}")
+            raise ConfigError(f"seq_len must be >= 2, got {self.seq_len}")
         for name in ("default_template", *self.templates):
             pair = self.default_template if name == "default_template" else self.templates[name]
             if len(pair) != 2 or "{output}" not in pair[1]:
-                raise ValueError(f"template {name!r} must be [prompt, answer] with {{output}} in the answer")
+                raise ConfigError(f"template {name!r} must be [prompt, answer] with {{output}} in the answer")
         if not 0.0 <= self.pretrain_fraction < 1.0 or (self.pretrain_fraction and not self.pretrain_shards):
-            raise ValueError("pretrain_fraction must lie in [0, 1) and needs pretrain_shards (a token-shard folder)")
+            raise ConfigError("pretrain_fraction must lie in [0, 1) and needs pretrain_shards (a token-shard folder)")
         if set(self.columns) != set(MSIT_COLUMNS):
-            raise ValueError(f"columns must map exactly {sorted(MSIT_COLUMNS)} to data columns, got {self.columns}")
+            raise ConfigError(f"columns must map exactly {sorted(MSIT_COLUMNS)} to data columns, got {self.columns}")
         unknown = sorted(set(self.held_out_clusters) - set(self.clusters))
         if unknown:
-            raise ValueError(f"held_out_clusters {unknown} are not in clusters {sorted(self.clusters)}")
+            raise ConfigError(f"held_out_clusters {unknown} are not in clusters {sorted(self.clusters)}")
 
 
 @dataclass(config=FROZEN, frozen=True)
@@ -132,9 +132,9 @@ class OptimConfig:
 
     def __post_init__(self) -> None:
         if self.lr <= 0 or self.warmup_steps < 0 or not 0 <= self.min_lr_ratio <= 1:
-            raise ValueError("need lr > 0, warmup_steps >= 0 and 0 <= min_lr_ratio <= 1")
+            raise ConfigError("need lr > 0, warmup_steps >= 0 and 0 <= min_lr_ratio <= 1")
         if self.clip_norm < 0 or self.eps <= 0 or self.weight_decay < 0:
-            raise ValueError("need clip_norm >= 0 (0 disables), eps > 0 and weight_decay >= 0")
+            raise ConfigError("need clip_norm >= 0 (0 disables), eps > 0 and weight_decay >= 0")
 
 
 @dataclass(config=FROZEN, frozen=True)
@@ -168,9 +168,9 @@ class TrainConfig:
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "grad_accum", "log_every"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_nonfinite_skips < 0:
-            raise ValueError(f"max_nonfinite_skips must be >= 0, got {self.max_nonfinite_skips}")
+            raise ConfigError(f"max_nonfinite_skips must be >= 0, got {self.max_nonfinite_skips}")
 
 
 @dataclass(config=FROZEN, frozen=True)
@@ -186,7 +186,7 @@ class CheckpointConfig:
 
     def __post_init__(self) -> None:
         if self.save_every < 0 or self.keep_latest_k < 0:
-            raise ValueError("save_every and keep_latest_k must be >= 0")
+            raise ConfigError("save_every and keep_latest_k must be >= 0")
 
 
 @_std_dataclass(frozen=True)

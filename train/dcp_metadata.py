@@ -20,6 +20,8 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
+from evalm.config_toolkit import UserError
+
 _DCP = "torch.distributed.checkpoint"
 ALLOWED = {
     *((f"{_DCP}.metadata", name) for name in (
@@ -34,7 +36,7 @@ ALLOWED = {
 """(module, name) a `.metadata` written by `dcp.save` refers to, besides `torch.<dtype>`."""
 
 
-class UnsafeMetadata(pickle.UnpicklingError):
+class UnsafeMetadata(UserError, pickle.UnpicklingError):
     """A `.metadata` that names something a checkpoint never holds."""
 
 

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import orjson
 
+from evalm.config_toolkit import InputError
+
 MSIT_COLUMNS = {"task": "task", "input": "input", "output": "output"}
 """The fields of an instruction example and their default data columns."""
 ROW_FORMAT = "{" + ", ".join(f'"{c}"' for c in MSIT_COLUMNS.values()) + "}"
@@ -37,7 +39,7 @@ def iter_examples(source: str | Path, columns: dict[str, str] = MSIT_COLUMNS) ->
         values = {field: row.get(column) for field, column in columns.items()}
         missing = sorted(f"{columns[f]!r}" for f, v in values.items() if v is None)
         if missing:
-            raise ValueError(f"{source}: row {number} has no {', '.join(missing)} (it has {sorted(row)}); "
+            raise InputError(f"{source}: row {number} has no {', '.join(missing)} (it has {sorted(row)}); "
                              f"map data.columns (task/input/output) to its columns")
         yield Example(str(values["task"]), str(values["input"]), str(values["output"]))
 

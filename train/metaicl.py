@@ -84,7 +84,7 @@ class MetaIclConfig:
 
     def __post_init__(self) -> None:
         if self.train_k < 1 or self.steps < 1 or self.batch_size < 1:
-            raise ValueError("train_k, steps and batch_size must be >= 1")
+            raise ConfigError("train_k, steps and batch_size must be >= 1")
 
 
 def episodes(rng: random.Random, syn, n: int) -> list[dict]:
@@ -208,7 +208,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         (out / "metaicl.json").write_text(json.dumps({"model": to_dict(model_cfg), "metaicl": to_dict(cfg),
                                                       "optim": to_dict(optim), "synthetic": to_dict(syn)}, indent=2))
         train(model_cfg, cfg, optim, syn, out)
-    except (ConfigError, FileNotFoundError, ValueError) as err:
+    except Exception as err:  # noqa: BLE001 - the one rule: a user error in one line, else a bug with its log
         return report("evalm train metaicl", err)
     print(f"wrote {args.out} (evaluate: evalm eval icl --hf-model {args.out} --tokenizer bytes --task synthetic)")
     return 0

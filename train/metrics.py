@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from evalm.config_toolkit import MissingExtra
+
 # Dense bf16 peak FLOP/s by device-name fragment (vendor data sheets, no sparsity).
 PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "A10G": 125e12, "L40S": 362e12,
               "L4": 121e12, "V100": 125e12}
@@ -62,7 +64,7 @@ class MetricsLogger:
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError as err:
-                raise ImportError("train.tensorboard = true needs: pip install 'evalm[tensorboard]'") from err
+                raise MissingExtra("train.tensorboard = true needs: pip install 'evalm[tensorboard]'") from err
             self._tb = SummaryWriter(str(Path(out) / "tensorboard"))
 
     def log(self, record: dict[str, Any]) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
+from evalm.config_toolkit import ConfigError
 from evalm.text.tokenizer import load_tokenizer
 from evalm.train.command import run_command
 from evalm.train.config import MsitDataConfig
@@ -31,8 +32,8 @@ def make_source(config: MsitDataConfig, model_vocab: int):
     def source(runtime: Runtime) -> PackedLines | MixedLines:
         tokenizer = load_tokenizer(config.tokenizer)
         if tokenizer.vocab_size > model_vocab:
-            raise ValueError(f"{config.tokenizer}: {tokenizer.vocab_size} ids but model.vocab_size is "
-                             f"{model_vocab}; raise model.vocab_size")
+            raise ConfigError(f"{config.tokenizer}: {tokenizer.vocab_size} ids but model.vocab_size is "
+                              f"{model_vocab}; raise model.vocab_size")
         lines, stats = build_lines(config, tokenizer)
         if config.structure == "saicl":  # the trainer feeds these lines under the SAICL mask
             lines.structure = SaiclMask(tokenizer.eos_id, config.saicl_queries)

@@ -21,7 +21,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from evalm.config_toolkit import Parser, report
+from evalm.config_toolkit import ConfigError, InputError, MissingInput, Parser, report
 
 DEFAULTS = {"episodes": 1200, "examples": 160, "inputs": (2, 4, 8, 16), "seed": 10**6}
 """The embedded run's tuning data (configs/tiny.toml [msit])."""
@@ -31,9 +31,9 @@ def _rule_sizes(text: str) -> tuple[int, ...]:
     try:
         sizes = tuple(int(v) for v in text.split(","))
     except ValueError:
-        raise ValueError(f"--inputs {text!r}: give comma-separated integers, e.g. 2,4,8,16") from None
+        raise ConfigError(f"--inputs {text!r}: give comma-separated integers, e.g. 2,4,8,16") from None
     if not sizes or any(not 2 <= n <= 26 for n in sizes):
-        raise ValueError(f"--inputs {text!r}: every rule size must lie in 2..26 (one letter per input)")
+        raise ConfigError(f"--inputs {text!r}: every rule size must lie in 2..26 (one letter per input)")
     return sizes
 
 
@@ -59,7 +59,7 @@ def _parser() -> Parser:
 def read_instructions(path: Path, limit: int) -> list[dict]:
     """The first `limit` rows (all with 0) of a jsonl file; a bad line is an error naming it."""
     if not path.is_file():
-        raise FileNotFoundError(f"--instructions {path}: no such file; give a jsonl file of task/input/output rows")
+        raise MissingInput(f"--instructions {path}: no such file; give a jsonl file of task/input/output rows")
     rows = []
     with path.open(encoding="utf-8") as f:
         for number, line in enumerate(f, 1):
@@ -68,7 +68,7 @@ def read_instructions(path: Path, limit: int) -> list[dict]:
             try:
                 rows.append(json.loads(line))
             except json.JSONDecodeError as err:
-                raise ValueError(f"--instructions {path}:{number}: not a JSON row ({err.msg}); "
+                raise InputError(f"--instructions {path}:{number}: not a JSON row ({err.msg}); "
                                  "each line must be one JSON object") from None
     return rows
 
@@ -79,9 +79,9 @@ def write_msit_data(out: Path, *, episodes: int, examples: int, inputs: Sequence
     from evalm.text.synthetic import SyntheticConfig, instruction_examples
 
     if episodes < 0 or examples < 1 or instructions_limit < 0:
-        raise ValueError("--episodes and --instructions-limit must be >= 0 and --examples >= 1")
+        raise ConfigError("--episodes and --instructions-limit must be >= 0 and --examples >= 1")
     if not episodes and instructions is None:
-        raise ValueError("--episodes 0 and no --instructions: nothing to write; give either")
+        raise ConfigError("--episodes 0 and no --instructions: nothing to write; give either")
     rows = instruction_examples(SyntheticConfig(), episodes, examples, seed=seed, inputs_per_episode=inputs)
     n_synthetic = len(rows)
     if instructions is not None:
@@ -98,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  inputs=_rule_sizes(args.inputs), seed=args.seed,
                                  instructions=Path(args.instructions) if args.instructions else None,
                                  instructions_limit=args.instructions_limit)
-    except (FileNotFoundError, ValueError) as err:
+    except Exception as err:  # noqa: BLE001 - the one rule: a user error in one line, else a bug with its log
         return report("evalm train msit-data", err)
     print(f"wrote {args.out}: {counts['synthetic']} synthetic rows ({args.episodes} episodes), "
           f"{counts['instructions']} instruction rows")

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from evalm.config_toolkit import ConfigError
 from evalm.train.config import MsitDataConfig
 from evalm.train.instructions import Example, iter_examples
 
@@ -111,7 +112,7 @@ def pack(encoded: list[Encoded], config: MsitDataConfig, pad_id: int) -> tuple[n
         if used:
             close_line()
     if not lines:
-        raise ValueError("no instruction example fits a line: raise data.seq_len or set data.oversize='truncate'")
+        raise ConfigError("no instruction example fits a line: raise data.seq_len or set data.oversize='truncate'")
     stats["lines"] = len(lines)
     ids = np.stack([line for line, _ in lines])
     masks = np.stack([mask for _, mask in lines])
@@ -146,7 +147,7 @@ class MixedLines:
 
     def __init__(self, tuning, pretraining, fraction: float):
         if not 0.0 < fraction < 1.0:
-            raise ValueError(f"pretrain_fraction must lie in (0, 1), got {fraction}")
+            raise ConfigError(f"pretrain_fraction must lie in (0, 1), got {fraction}")
         if pretraining.seq_len != tuning.seq_len:
             raise ValueError("pretraining and tuning lines must have the same seq_len")
         self.tuning, self.pretraining, self.fraction = tuning, pretraining, fraction

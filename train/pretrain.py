@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
+from evalm.config_toolkit import ConfigError
 from evalm.train.command import run_command
 from evalm.train.parallelize import Runtime
 from evalm.train.shards import PretrainLines, TokenShards
@@ -25,8 +26,8 @@ def make_source(config, model_vocab: int):
     def source(runtime: Runtime) -> PretrainLines:
         shards = TokenShards(config.shards)
         if shards.vocab_size > model_vocab:
-            raise ValueError(f"{config.shards}: the tokenizer has {shards.vocab_size} ids but "
-                             f"model.vocab_size is {model_vocab}; raise model.vocab_size")
+            raise ConfigError(f"{config.shards}: the tokenizer has {shards.vocab_size} ids but "
+                              f"model.vocab_size is {model_vocab}; raise model.vocab_size")
         return PretrainLines(shards, config.seq_len)
 
     return source

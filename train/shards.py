@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from evalm.config_toolkit import InputError, MissingInput
 from evalm.storage import read_json
 
 FORMAT = "evalm-token-shards/1"
@@ -93,12 +94,12 @@ class TokenShards:
         self.folder = Path(folder)
         path = self.folder / MANIFEST
         if not path.is_file():
-            raise FileNotFoundError(
+            raise MissingInput(
                 f"{path}: no manifest, so {self.folder} is not a complete token-shard folder; "
                 "write one with `evalm train tokenizer --input DOCS --output DIR`")
         self.manifest = read_json(path)
         if self.manifest.get("format") != FORMAT:
-            raise ValueError(f"{path}: format {self.manifest.get('format')!r}, expected {FORMAT!r}")
+            raise InputError(f"{path}: format {self.manifest.get('format')!r}, expected {FORMAT!r}")
         dtype = np.dtype(self.manifest["dtype"])
         self.arrays = [np.memmap(self.folder / f"{s['name']}.bin", dtype=dtype, mode="r")
                        for s in self.manifest["shards"]]
@@ -135,7 +136,7 @@ class PretrainLines:
         self.shards, self.seq_len = shards, seq_len
         self.n_lines = (len(shards) - 1) // seq_len
         if self.n_lines < 1:
-            raise ValueError(
+            raise InputError(
                 f"{shards.folder}: {len(shards)} tokens cannot fill one line of {seq_len}+1 tokens; "
                 "use more documents or a smaller data.seq_len")
 

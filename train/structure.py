@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from evalm.config_toolkit import ConfigError
 from evalm.cache import Cache
 from evalm.train.data import IGNORE
 
@@ -50,8 +51,8 @@ class SaiclMask:
         answer[:, 1:] = targets[:, :-1] != IGNORE  # line position p is a target of the logit at p - 1
         n = min(complete_examples(inputs, answer, width, self.eos_id))
         if n < self.queries + 1:
-            raise ValueError(f"data.structure='saicl': a line holds {n} whole examples of {width} tokens, "
-                             f"fewer than data.saicl_queries + 1 = {self.queries + 1}; raise data.seq_len")
+            raise ConfigError(f"data.structure='saicl': a line holds {n} whole examples of {width} tokens, "
+                              f"fewer than data.saicl_queries + 1 = {self.queries + 1}; raise data.seq_len")
         B = inputs.shape[0]
         units = inputs[:, : n * width].reshape(B, n, width)
         flags = answer[:, : n * width].reshape(B, n, width)
@@ -90,11 +91,11 @@ def example_length(inputs: Tensor, eos_id: int) -> int:
     for row in inputs:
         ends = (row == eos_id).nonzero().flatten()
         if len(ends) == 0:
-            raise ValueError("data.structure='saicl': a line has no eos, so it holds no whole example")
+            raise ConfigError("data.structure='saicl': a line has no eos, so it holds no whole example")
         lengths.add(int(ends[0]) + 1)
     if len(lengths) != 1:
-        raise ValueError(f"data.structure='saicl' needs examples of one token length; this batch has "
-                         f"{sorted(lengths)} (use the synthetic family with a one-token-per-letter template)")
+        raise ConfigError(f"data.structure='saicl' needs examples of one token length; this batch has "
+                          f"{sorted(lengths)} (use the synthetic family with a one-token-per-letter template)")
     return lengths.pop()
 
 
@@ -106,8 +107,8 @@ def complete_examples(inputs: Tensor, answer: Tensor, width: int, eos_id: int) -
         while (n + 1) * width <= len(row) and row[(n + 1) * width - 1] == eos_id and flags[n * width: (n + 1) * width].any():
             n += 1
         if n < (row[: len(row) - len(row) % width] != eos_id).reshape(-1, width)[:, :-1].any(-1).sum():
-            raise ValueError(f"data.structure='saicl' needs examples of one token length ({width} read off the "
-                             "first); a line breaks that pattern (use the synthetic family's one-letter template)")
+            raise ConfigError(f"data.structure='saicl' needs examples of one token length ({width} read off the "
+                              "first); a line breaks that pattern (use the synthetic family's one-letter template)")
         counts.append(n)
     return counts
 

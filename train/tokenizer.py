@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from evalm.config_toolkit import Parser
+from evalm.config_toolkit import InputError, MissingInput, Parser
 from evalm.text.tokenizer import load_tokenizer
 from evalm.train.shards import ShardWriter
 
@@ -36,7 +36,7 @@ def document_files(folder: str | Path) -> list[Path]:
     files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name.endswith(SUFFIXES)
                    and not SKIPPED_FOLDERS & set(p.relative_to(folder).parts[:-1]))
     if not files:
-        raise FileNotFoundError(f"{folder}: no document files ({', '.join(SUFFIXES)}) found")
+        raise MissingInput(f"{folder}: no document files ({', '.join(SUFFIXES)}) found")
     return files
 
 
@@ -79,7 +79,7 @@ def read_documents(files: Sequence[Path]) -> Iterator[tuple[str, str]]:
                 doc = json.loads(line)
                 text = doc["text"]
             except (json.JSONDecodeError, KeyError, TypeError):
-                raise ValueError(f"{path}:{number}: not a JSON document with a 'text' field") from None
+                raise InputError(f"{path}:{number}: not a JSON document with a 'text' field") from None
             yield text, subset_of(doc)
 
 

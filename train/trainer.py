@@ -31,7 +31,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from evalm.config_toolkit import to_dict
+from evalm.config_toolkit import ConfigError, UserError, note_folder, to_dict
 from evalm.storage import folder_lock, read_json
 from evalm.train import checkpoint, interrupt
 from evalm.train.identity import run_identity
@@ -72,6 +72,9 @@ def run(config: RunConfig, out: str | Path, make_source: Callable[[Runtime], Lin
             logger = MetricsLogger(out, enabled=runtime.is_main, tensorboard=config.train.tensorboard)
             resume_path = _resume_path(out, resume, runtime, logger)
             return _train(config, out, make_source, resume_path, command, runtime, logger)
+    except Exception as err:
+        note_folder(err, out)  # every rank's bug log goes to OUT/logs (only rank 0 holds the lock)
+        raise
     finally:  # no barrier here: after an error on one rank, the others must not wait for it
         logger.close()
         dist.destroy_process_group()
@@ -82,8 +85,8 @@ def _train(config: RunConfig, out: Path, make_source: Callable[[Runtime], LineSo
     tcfg = config.train
     grouped = config.data.structure == "saicl"  # train.structure: one FSDP unit
     if grouped and tcfg.activation_checkpointing:
-        raise ValueError("data.structure='saicl' encodes through caches that the test pass reads inside "
-                         "each block; set train.activation_checkpointing=false")
+        raise ConfigError("data.structure='saicl' encodes through caches that the test pass reads inside "
+                          "each block; set train.activation_checkpointing=false")
     model = build_model(config.model, runtime, seed=tcfg.seed, bf16=tcfg.mixed_precision == "bf16",
                         activation_checkpointing=tcfg.activation_checkpointing, shard_blocks=not grouped)
     optimizer = make_optimizer(model, config.optim)
@@ -200,7 +203,7 @@ def _truncate_metrics(path: Path, step: int) -> None:
         path.write_text("".join(f"{line}\n" for line in kept))
 
 
-class NonFiniteLoss(RuntimeError):
+class NonFiniteLoss(UserError, RuntimeError):
     """Training produced a non-finite loss, gradient or weight; the message names the step."""
 
 

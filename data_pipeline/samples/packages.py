@@ -10,13 +10,15 @@ import platform
 import sys
 from dataclasses import dataclass
 
+from evalm.config_toolkit import UserError
+
 BUILD_VERSION = 1
 """Bump when the extraction changes: a cached OUT built by another version is rebuilt."""
 SEED = 0
 """Of the one generator every sampling, split and shuffle draws from, in build order."""
 
 
-class SampleError(RuntimeError):
+class SampleError(UserError, RuntimeError):
     """The samples cannot be built; the message names the file and says what to do."""
 
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from evalm.launcher.console import call
+import pytest
+
+from evalm.launcher.console import StageFailed, call
 
 
 def _corpus(folder: Path) -> Path:
@@ -42,3 +44,21 @@ def test_a_closed_progress_bar_ends_its_console_line():
     err.write("\n")  # tqdm's close
     err.write("a log line\n")
     assert console.getvalue() == "\rbar:  50%\rbar: 100%\n" and log.getvalue() == "a log line\n"
+
+
+def test_a_stage_that_hit_a_bug_says_so_and_its_log_names_the_traceback(tmp_path, monkeypatch):
+    """`evalm run` reports a stage's user error as the stage's one line; a bug (exit 1) is not
+    dressed as something to fix: the stage says it stopped on an internal error, and its log holds
+    the line naming the file with the traceback."""
+    def broken(*args, **kwargs):
+        raise IndexError("list index out of range")
+
+    monkeypatch.delenv("EVALM_DEBUG", raising=False)
+    monkeypatch.setattr("evalm.data_pipeline.cli.record_settings", broken)
+    corpus = _corpus(tmp_path / "pile")
+    log = tmp_path / "logs" / "filter.log"
+    with pytest.raises(StageFailed, match="stopped on an internal error \\(a bug, not your input\\)"):
+        call(["data", "filter", "--input", str(corpus), "--output", str(tmp_path / "out")], log)
+    trace = tmp_path / "out" / "logs" / "error.log"
+    assert "evalm data filter: bug: IndexError: list index out of range" in log.read_text()
+    assert f"traceback in {trace};" in log.read_text() and "in broken" in trace.read_text()
