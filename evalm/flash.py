@@ -39,11 +39,13 @@ Legend:
 from __future__ import annotations
 
 import functools
+import math
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
+from evalm import dropout_mask
 from evalm.tiling import Tiling
 
 # Rows per remote group in forward. From 768 query rows on, the kernel works in 256-row query
@@ -210,13 +212,16 @@ def _merge(acc_o: Tensor, acc_l: Tensor, o: Tensor, lse: Tensor) -> None:
     ℓ' = log(e^ℓ_acc + e^ℓ_p), o' = e^(ℓ_acc − ℓ')·o_acc + e^(ℓ_p − ℓ')·o_p."""
     lse = lse.transpose(1, 2)
     total = torch.logaddexp(acc_l, lse)
-    acc_o.mul_((acc_l - total).exp_().unsqueeze(-1))
-    acc_o.add_(o.transpose(1, 2) * (lse - total).exp_().unsqueeze(-1))
+    # nan_to_num: with dropout a row may keep no key of either side (ℓ = −inf on both), its output 0
+    acc_o.mul_((acc_l - total).exp_().nan_to_num_(0.0).unsqueeze(-1))
+    acc_o.add_(o.transpose(1, 2) * (lse - total).exp_().nan_to_num_(0.0).unsqueeze(-1))
     acc_l.copy_(total)
 
 
 def forward(t: Tiling, q: Tensor, k: Tensor, v: Tensor, rk: Tensor, rv: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor]:
     """q, k, v (B, N, H, D) contiguous, N a multiple of w; k̃, β (B, H, C, D) -> out (B, N, H, D), ℓ (B, N, H)."""
+    if t.dropout > 0:
+        return _forward_dropout(t, q, k, v, rk, rv, bias)
     B, N, H, D = q.shape
     w = t.window
     work = accumulation_dtype(q)  # out: fp32 for bf16 q, so the merges accumulate in fp32
@@ -245,6 +250,107 @@ def forward(t: Tiling, q: Tensor, k: Tensor, v: Tensor, rk: Tensor, rv: Tensor, 
     return out.to(q.dtype), lse  # bf16: one rounding of the fp32 merge
 
 
+def _local_base(t: Tiling, bias: Tensor | None, call: Local, like: Tensor) -> Tensor:
+    """`_local_mask` written out even where the kernel's own causal mask would do: the dropout
+    mask is added to it."""
+    mask = t.local_mask(bias, like.device, accumulation_dtype(like))
+    return mask[:, t.ext :] if call.b0 == 0 else mask
+
+
+def _local_drop_mask(t: Tiling, bias: Tensor | None, call: Local, like: Tensor) -> Tensor:
+    """The call's (G, H, w, keys) additive mask with attention dropout: the block mask where the
+    key is kept (evalm/dropout_mask.py), −inf where dropped. Block g of the call is block
+    b0 + g % (b1 − b0) of sequence g // (b1 − b0) (or of `call.seq`), as `_rows` lays them out."""
+    B, _, H, _ = like.shape
+    w, n = t.window, call.b1 - call.b0
+    base = _local_base(t, bias, call, like)
+    seqs = torch.arange(B) if call.seq is None else torch.tensor([call.seq])
+    blocks = torch.arange(call.b0, call.b1).repeat(len(seqs))
+    first_key = blocks * w + w - base.shape[-1]  # ext before the block, or the block's own first row
+    keep = dropout_mask.keep(t.seed, t.dropout, seqs.repeat_interleave(n).view(-1, 1, 1, 1), torch.arange(H).view(1, H, 1, 1),
+                             (blocks * w).view(-1, 1, 1, 1) + torch.arange(w).view(w, 1),
+                             first_key.view(-1, 1, 1, 1) + torch.arange(base.shape[-1]))
+    return torch.where(keep, base, float("-inf"))
+
+
+def _remote_drop_mask(t: Tiling, g: Remote, chunks: slice, mask: Tensor | None, like: Tensor) -> Tensor:
+    """The (B, H, R, chunks) additive mask of a remote part with attention dropout: the part's own
+    mask (none for the prefix, the staircase for the tail) where kept, −inf where dropped."""
+    B, H = like.shape[:2]
+    keep = dropout_mask.keep(t.seed, t.dropout, torch.arange(B).view(B, 1, 1, 1), torch.arange(H).view(1, H, 1, 1),
+                             torch.arange(g.r0, g.r1).view(-1, 1),
+                             dropout_mask.chunk_key(torch.arange(chunks.start, chunks.stop)))
+    return torch.where(keep, mask if mask is not None else like.new_zeros((), dtype=accumulation_dtype(like)), float("-inf"))
+
+
+def _kept_lse(lse: Tensor, drop: Tensor) -> Tensor:
+    """ℓ of the kept keys, −inf for a row that keeps none (the kernel reports 0 there)."""
+    return lse.masked_fill_(drop.amax(-1) == float("-inf"), float("-inf"))
+
+
+def _forward_dropout(t: Tiling, q: Tensor, k: Tensor, v: Tensor, rk: Tensor, rv: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor]:
+    """`forward` with attention dropout on the joint probabilities P (docs/eva.md, "Attention dropout").
+
+    The kernel has no dropout, but a dropped key is a −inf in its additive mask. Each part runs twice:
+    with the dropout mask, for the kept keys' output o′_p and log-sum-exp ℓ′_p, and as without
+    dropout, for ℓ_p (its output unused). Then o = e^(ℓ′ − ℓ)/(1 − p) · o′, with o′, ℓ′ merged over the
+    parts like the outputs without dropout, and ℓ = log Σ_p e^ℓ_p the joint softmax's: every kept
+    probability is P_ij/(1 − p), every dropped one 0. The masks are built a range (local) or a
+    backward-sized group (remote) at a time, so they stay as small as backward's transients.
+    """
+    B, N, H, D = q.shape
+    w = t.window
+    work = accumulation_dtype(q)
+    kept_out, kept_lse, lse = q.new_empty(B, N, H, D, dtype=work), q.new_empty(B, N, H, dtype=work), q.new_empty(B, N, H, dtype=work)
+    for r in _ranges(t, N // w)[::-1]:
+        for call in _local_calls(t, B, r.b0, r.b1, N // w):
+            q_c, k_c, v_c = _rows(q, call, w).to(work), _keys(k, t, call).to(work), _keys(v, t, call).to(work)
+            drop = _local_drop_mask(t, bias, call, q)
+            o, part_kept = _FWD(q_c, k_c, v_c, attn_mask=drop, scale=t.scale)
+            _rows(kept_out, call, w).copy_(o)
+            _rows(kept_lse, call, w).copy_(_kept_lse(part_kept, drop))
+            del drop
+            _rows(lse, call, w).copy_(_local_forward(t, call, q, k, v, bias)[1])
+    rk, rv = rk.to(q.dtype), rv.to(q.dtype)
+    for g in _remote_groups(t, 0, N, rk.shape[-2], BACKWARD_ROWS):
+        q_g = q[:, g.r0 : g.r1].transpose(1, 2)
+        for chunks, mask, seen in _parts(t, g, q, piece=BACKWARD_CHUNKS):
+            drop = _remote_drop_mask(t, g, chunks, mask, q_g)
+            o, part_kept = _FWD(q_g, rk[..., chunks, :], rv[..., chunks, :], attn_mask=drop, scale=t.scale)
+            _merge(kept_out[:, g.r0 : g.r1], kept_lse[:, g.r0 : g.r1], o, _kept_lse(part_kept, drop))
+            del drop
+            _, part_lse = _FWD(q_g, rk[..., chunks, :], rv[..., chunks, :], attn_mask=mask, scale=t.scale)
+            if seen is not None:
+                part_lse.masked_fill_(~seen, float("-inf"))
+            lse[:, g.r0 : g.r1] = torch.logaddexp(lse[:, g.r0 : g.r1], part_lse.transpose(1, 2))
+    factor = (kept_lse - lse).exp_().mul_(dropout_mask.scale(t.dropout))  # a row that kept nothing: 0
+    return kept_out.mul_(factor.unsqueeze(-1)).to(q.dtype), lse
+
+
+def _dropped_backward(t: Tiling, d_out, q, k, v, out, lse, mask: Tensor | None, causal: bool, drop: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """A part's dq, dk, dv with attention dropout, from two kernel backward calls.
+
+    With o = Σ_j P_ij m_ij v_j (m: 0 or 1/(1 − p)), the gradient of the logits is
+    dS_ij = P_ij (m_ij dP_ij − D_i), D_i = dO_i·o_i. The kernel computes P̂ ∘ (dP − rowsum(dO ∘ O))
+    with P̂ = exp(s + mask − L) for the O and L it is given, so
+      the dropout mask, L = ℓ + log(1 − p) and O = 0:  P̂ = P·m, D = 0 → P m dP, and dv = (P m)ᵀ dO;
+      the part's own mask, L = ℓ, O = o and v = 0:      P̂ = P, dP = 0 → −P D.
+    `causal`: the part's own mask is the kernel's causal one (the local part without T5 bias or overlap)."""
+    d_q, d_k, d_v = _BWD(d_out, q, k, v, torch.zeros_like(out), lse + math.log1p(-t.dropout), 0.0, False,
+                         attn_mask=drop, scale=t.scale)
+    d_q2, d_k2, _ = _BWD(d_out, q, k, torch.zeros_like(v), out, lse, 0.0, causal, attn_mask=mask, scale=t.scale)
+    return d_q.add_(d_q2), d_k.add_(d_k2), d_v
+
+
+def _local_backward_dropout(t: Tiling, call: Local, q, k, v, bias, out, lse, d_out) -> tuple[Tensor, Tensor, Tensor]:
+    """`_local_backward` with attention dropout (`_dropped_backward`)."""
+    w, work = t.window, accumulation_dtype(q)
+    mask = _local_mask(t, bias, call, q)
+    return _dropped_backward(t, _rows(d_out, call, w).to(work), _rows(q, call, w).to(work), _keys(k, t, call).to(work),
+                             _keys(v, t, call).to(work), _rows(out, call, w).to(work), _rows(lse, call, w),
+                             mask, mask is None, _local_drop_mask(t, bias, call, q))
+
+
 class Range(NamedTuple):
     """Blocks b0 … b1−1 of a backward pass: rows b0·w … b1·w − 1, written back when complete."""
 
@@ -268,8 +374,9 @@ def _local_range_backward(t: Tiling, r: Range, q, k, v, bias, out, lse, d_out, d
     for rows b0·w …, dk_r and dv_r (B, ext + R, H, D) for rows b0·w − ext … (the previous block's
     keys, with overlap)."""
     w, shift = t.window, t.ext // t.window
+    local_backward = _local_backward_dropout if t.dropout > 0 else _local_backward
     for call in _local_calls(t, q.shape[0], r.b0, r.b1, q.shape[1] // w):
-        d_q, d_k, d_v = _local_backward(t, call, q, k, v, bias, out, lse, d_out)
+        d_q, d_k, d_v = local_backward(t, call, q, k, v, bias, out, lse, d_out)
         _rows(dq_r, _relative(call, r.b0), w).add_(d_q)
         own = _relative(call, r.b0 - shift)  # key rows of the call's own blocks in dk_r
         for acc, grad in ((dk_r, d_k), (dv_r, d_v)):
@@ -290,8 +397,12 @@ def _remote_range_backward(t: Tiling, r: Range, q, rk, rv, out, lse, d_out, dq_r
         # for bf16 inputs: the kernel's bf16 backward measured several times slower than its fp32 one
         d_out_g, q_g, out_g, lse_g = (x[:, rows].transpose(1, 2).to(accumulation_dtype(x)) for x in (d_out, q, out, lse))
         for chunks, mask, _ in _parts(t, g, q, piece=BACKWARD_CHUNKS):
-            d_q, d_k_tilde, d_beta = _BWD(d_out_g, q_g, rk[..., chunks, :], rv[..., chunks, :], out_g, lse_g, 0.0,
-                                          False, attn_mask=mask, scale=t.scale)
+            if t.dropout > 0:
+                d_q, d_k_tilde, d_beta = _dropped_backward(t, d_out_g, q_g, rk[..., chunks, :], rv[..., chunks, :], out_g,
+                                                           lse_g, mask, False, _remote_drop_mask(t, g, chunks, mask, q_g))
+            else:
+                d_q, d_k_tilde, d_beta = _BWD(d_out_g, q_g, rk[..., chunks, :], rv[..., chunks, :], out_g, lse_g, 0.0,
+                                              False, attn_mask=mask, scale=t.scale)
             dq_r[:, g.r0 - start : g.r1 - start] += d_q.transpose(1, 2)
             drk[..., chunks, :] += d_k_tilde
             drv[..., chunks, :] += d_beta

@@ -76,8 +76,6 @@ class EvaRecompute(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, bias, t: Tiling, maps: AdaptiveMaps | None, n_chunks: int, consume: bool, *map_params):
-        if t.fused and t.dropout > 0:  # a bug in the caller, not a user error: the kernel would drop nothing
-            raise ValueError("the fused EVA path has no attention dropout; take the plain path (Tiling.fused = False)")
         q_w, k_w, v_w, bias_w = _work(t, q, k, v, bias)
         with torch.autocast(q.device.type, enabled=False):  # else bf16 autocast recasts every matmul
             chunk = ChunkKeys.of(t, maps, n_chunks, q_w, k_w)

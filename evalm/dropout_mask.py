@@ -1,0 +1,72 @@
+"""Attention dropout's keep mask on EVA's joint probabilities: one definition, a pure function of
+indices, so any tiling of the work (and an oracle) regenerates the same mask.
+
+For the query at position i of sequence b, head h, every key it may see gets one keep decision:
+  key id   a token key at position j is j; the summary of chunk r is −1 − r (the two never meet)
+  keep     u(seed, b, h, i, id) ≥ p, with u a 32-bit counter-based hash read as uniform in [0, 1)
+and a kept probability is scaled by 1/(1 − p) (inverted dropout, as `torch.nn.Dropout`). The
+decision depends on nothing but these five integers: not on which kernel call, group, range or
+piece of chunks computes the logit, so the forward, the backward that recomputes the
+probabilities, every path and the per-token oracle draw one mask per query row, shared by the
+row's local keys and chunk summaries. Storing it instead would cost a bit per logit,
+O(n·(w + n/c)) per head, more than EVA's whole training peak at long n.
+
+The hash: a row key mix(seed, b, h, i) and a key mix(id) (both small tensors, 64-bit
+arithmetic on 32-bit values), then per logit one xor and a multiply–xorshift–multiply round in
+int32 (wrapping), read as a signed integer against the threshold. The keep probability is
+1 − ⌈p·2³²⌉/2³², p to within 2⁻³².
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+_M32 = 0xFFFFFFFF
+# odd multipliers below 2^31, so a 32-bit value times one stays inside int64 (no signed overflow)
+_MUL = (0x7FEB352D, 0x31848BAB, 0x2C1B3C6D, 0x297A2D39)
+# the per-logit round in int32: the same odd constants as signed 32-bit values (products wrap)
+_MUL32 = (0x7FEB352D, 0x31848BAB)
+
+
+def _mix(x: Tensor) -> Tensor:
+    """A 32-bit avalanche of x (int64, any value): its low 32 bits, xorshift-multiply twice."""
+    x = x & _M32
+    x = x ^ (x >> 16)
+    x = (x * _MUL[0]) & _M32
+    x = x ^ (x >> 15)
+    x = (x * _MUL[1]) & _M32
+    return x ^ (x >> 16)
+
+
+def chunk_key(r: Tensor) -> Tensor:
+    """The key id of chunk summaries r (token keys are their positions)."""
+    return -1 - r
+
+
+def _signed32(x: Tensor) -> Tensor:
+    """int64 values in [0, 2^32) as the int32 with the same bits."""
+    return torch.where(x >= 1 << 31, x - (1 << 32), x).to(torch.int32)
+
+
+def keep(seed: int, p: float, seq: Tensor, head: Tensor, row: Tensor, key: Tensor) -> Tensor:
+    """The keep decisions (bool) of the logits at broadcast (seq, head, row) × key: seq, head and
+    row index the query (sequence, head, absolute position), key the key ids (module docstring).
+    seq, head, row and key are integer tensors broadcastable together; the work is one 64-bit
+    mix of the rows' and the keys' own shapes, then four int32 passes over the logits' shape."""
+    row_key = _mix(_mix(_mix(torch.as_tensor(seed & _M32) ^ seq.long() * _MUL[2]) ^ head.long() * _MUL[3]) ^ row.long())
+    row_key = _mix(row_key ^ (seed >> 32))  # all 62 bits of the seed
+    col_key = _mix(key.long() * _MUL[2] + 0x9E3779B9)
+    x = _signed32(row_key) ^ _signed32(col_key)
+    x.mul_(_MUL32[0])
+    x.bitwise_xor_(x.bitwise_right_shift(15).bitwise_and_(0x1FFFF))  # a logical shift of the int32 bits
+    x.mul_(_MUL32[1])
+    threshold = -(1 << 31) + math.ceil(p * (1 << 32))  # the ⌈p·2³²⌉ lowest values are dropped
+    return x >= threshold if threshold < 1 << 31 else torch.zeros_like(x, dtype=torch.bool)
+
+
+def scale(p: float) -> float:
+    """The factor of a kept probability."""
+    return 1.0 / (1.0 - p)
