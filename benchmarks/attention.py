@@ -9,7 +9,10 @@ Rows (each one module as a user builds it, `ModelConfig` then the module, fwd + 
           128, chunk 8 (the EVA LM recipe), fp32, attention dropout 0;
   block   one pre-LN `Block` at that shape with its MLP (d_ff = 4·d_model): the layer a model is
           made of, projections and MLP included; the speed targets are read here;
-  drop    `attn` at the paper's attention dropout 0.1, training mode;
+  drop    `attn` at the paper's attention dropout 0.1, training mode: exact attention, EVA on its
+          fused path (dropout as −inf in the kernel's mask, the mask regenerated in backward) and
+          EVA on the plain-PyTorch path ("eva-plain", the path dropout took before: the same
+          hashed mask), so the three print side by side with their ratios;
   bf16    `block` under bf16 autocast (EVA's fused path takes bf16 inputs);
   tiny, 350m  the whole model (embeddings, one block, LM head, loss) at the shape of
           configs/pretrain-tiny.toml or configs/evalm-350m.toml with n_layer = 1, bf16 autocast
@@ -65,7 +68,7 @@ def _config(variant: str, method: str):
     from evalm import ModelConfig
     from evalm.config_toolkit import build, read_toml
 
-    method = "full" if method == "proj" else method
+    method = {"proj": "full", "eva-plain": "eva"}.get(method, method)
     if variant in MODELS:
         fields = {**read_toml(MODELS[variant])["model"], "n_layer": 1}
         return build(ModelConfig, {**fields, "attention": method, "dropout": 0.0, "attn_dropout": 0.0}, where=MODELS[variant])
@@ -82,6 +85,8 @@ def _build(variant: str, method: str):
 
     torch.manual_seed(0)
     config = _config(variant, method)
+    if method == "eva-plain":  # as if the fused kernel were unavailable: the plain recompute path
+        _route_plain()
     low = variant in ("bf16", *MODELS) and bf16_supported()
     if variant in MODELS:
         module = EvalmModel(config)
@@ -98,7 +103,7 @@ def _build(variant: str, method: str):
 
         module.forward = projections
     else:
-        module = ATTENTION[method](config)
+        module = ATTENTION[config.attention](config)
         module.init_weights()
     module.train(variant == "drop")
 
@@ -122,6 +127,20 @@ def _build(variant: str, method: str):
         return step
 
     return module, make, "bf16" if low else "fp32"
+
+
+def _route_plain() -> None:
+    """Route every EVA call of this (child) process as if the fused CPU kernel were unavailable."""
+    import dataclasses
+
+    from evalm import eva_paths
+
+    real = eva_paths.choose
+
+    def plain(call):
+        return real(dataclasses.replace(call, kernel=False))
+
+    eva_paths.choose = plain
 
 
 def _peak_live_bytes(step) -> int:
@@ -166,7 +185,7 @@ def run_child(variant: str, method: str, length: int, mode: str) -> dict:
 def compare(variant: str, length: int, repeats: int) -> dict:
     """Best CPU time and peak live MiB of each method, the methods alternating process by process;
     an attn row also times the projections alone (its `proj_s`), so the attention's own share is known."""
-    runs = {"full": [], "eva": []}
+    runs = {"full": [], "eva": [], **({"eva-plain": []} if variant == "drop" else {})}
     shared = []
     for _ in range(repeats):
         for method in runs:
@@ -217,6 +236,27 @@ def print_row(variant: str, length: int, row: dict) -> None:
     print(f"{variant:>5} {e['dtype']:>5} {length:>6} {f['cpu_s']:>8.2f} {e['cpu_s']:>8.2f} {f['cpu_s'] / e['cpu_s']:>8.2f}x "
           f"{row['flop_limit']:>8.2f}x {f['wall_s']:>7.2f} {e['wall_s']:>7.2f} "
           f"{f['live_mib']:>9.1f} {e['live_mib']:>9.1f} {e['live_mib'] / f['live_mib']:>8.2f}x", flush=True)
+    if "eva-plain" in row:
+        print(f"{'':>5} {'':>5} {length:>6} {'plain path':>17} {row['eva-plain']['cpu_s']:>8.2f} "
+              f"{f['cpu_s'] / row['eva-plain']['cpu_s']:>8.2f}x {'':>9} {'':>7} {row['eva-plain']['wall_s']:>7.2f} "
+              f"{'':>9} {row['eva-plain']['live_mib']:>9.1f} {row['eva-plain']['live_mib'] / f['live_mib']:>8.2f}x", flush=True)
+
+
+def dropout_lines(rows: dict[tuple[str, int], dict]) -> list[str]:
+    """One line per dropout row: the fused path against the plain path it replaces and exact attention,
+    and against the same layer without dropout where that row ran too."""
+    out = []
+    for (variant, n), row in sorted(rows.items()):
+        if variant != "drop":
+            continue
+        f, e, plain = row["full"]["cpu_s"], row["eva"]["cpu_s"], row["eva-plain"]["cpu_s"]
+        line = (f"drop {n}: attention dropout 0.1, EVA fused {e:.2f} s vs EVA plain path {plain:.2f} s ({plain / e:.2f}x) "
+                f"vs exact {f:.2f} s ({f / e:.2f}x); peak live MiB {row['eva']['live_mib']:.1f} / "
+                f"{row['eva-plain']['live_mib']:.1f} / {row['full']['live_mib']:.1f}")
+        if ("attn", n) in rows:
+            line += f"; the fused path without dropout {rows[('attn', n)]['eva']['cpu_s']:.2f} s"
+        out.append(line)
+    return out
 
 
 def verdicts(rows: dict[tuple[str, int], dict]) -> list[str]:
@@ -251,7 +291,7 @@ def main() -> None:
                         help="layer rows at --lengths (default attn block)")
     parser.add_argument("--lengths", type=int, nargs="*", default=[8192, 32768], help="tokens of the layer rows (default 8192 32768)")
     parser.add_argument("--dropout-lengths", type=int, nargs="*", default=[8192],
-                        help="attn rows at the paper's attention dropout 0.1 (default 8192); no target")
+                        help="attn rows at the paper's attention dropout 0.1: exact, EVA fused, EVA plain path (default 8192); no target")
     parser.add_argument("--bf16-lengths", type=int, nargs="*", default=[8192],
                         help="block rows under bf16 autocast (default 8192; skipped without AVX512-BF16)")
     parser.add_argument("--models", nargs="*", default=["tiny", "350m"], choices=sorted(MODELS),
@@ -275,7 +315,7 @@ def main() -> None:
     for variant, n in plan:
         rows[(variant, n)] = compare(variant, n, args.repeats)
         print_row(variant, n, rows[(variant, n)])
-    print("\n".join(verdicts(rows)))
+    print("\n".join(verdicts(rows) + dropout_lines(rows)))
 
 
 if __name__ == "__main__":

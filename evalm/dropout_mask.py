@@ -51,20 +51,34 @@ def _signed32(x: Tensor) -> Tensor:
     return torch.where(x >= 1 << 31, x - (1 << 32), x).to(torch.int32)
 
 
-def keep(seed: int, p: float, seq: Tensor, head: Tensor, row: Tensor, key: Tensor) -> Tensor:
-    """The keep decisions (bool) of the logits at broadcast (seq, head, row) × key: seq, head and
-    row index the query (sequence, head, absolute position), key the key ids (module docstring).
-    seq, head, row and key are integer tensors broadcastable together; the work is one 64-bit
-    mix of the rows' and the keys' own shapes, then four int32 passes over the logits' shape."""
-    row_key = _mix(_mix(_mix(torch.as_tensor(seed & _M32) ^ seq.long() * _MUL[2]) ^ head.long() * _MUL[3]) ^ row.long())
-    row_key = _mix(row_key ^ (seed >> 32))  # all 62 bits of the seed
-    col_key = _mix(key.long() * _MUL[2] + 0x9E3779B9)
-    x = _signed32(row_key) ^ _signed32(col_key)
+def row_keys(seed: int, seq: Tensor, head: Tensor, row: Tensor) -> Tensor:
+    """The int32 key of each query (broadcast seq, head, row): sequence, head, absolute position."""
+    key = _mix(_mix(_mix(torch.as_tensor(seed & _M32) ^ seq.long() * _MUL[2]) ^ head.long() * _MUL[3]) ^ row.long())
+    return _signed32(_mix(key ^ (seed >> 32)))  # all 62 bits of the seed
+
+
+def key_keys(key: Tensor) -> Tensor:
+    """The int32 key of each key id (a token's position, or `chunk_key` of a chunk)."""
+    return _signed32(_mix(key.long() * _MUL[2] + 0x9E3779B9))
+
+
+def keep_of(rows: Tensor, keys: Tensor, p: float) -> Tensor:
+    """The keep decisions of broadcast `row_keys` × `key_keys`: one xor, then multiply–xorshift–
+    multiply in int32 (wrapping), the result read as signed against the threshold."""
+    x = rows ^ keys
     x.mul_(_MUL32[0])
     x.bitwise_xor_(x.bitwise_right_shift(15).bitwise_and_(0x1FFFF))  # a logical shift of the int32 bits
     x.mul_(_MUL32[1])
     threshold = -(1 << 31) + math.ceil(p * (1 << 32))  # the ⌈p·2³²⌉ lowest values are dropped
     return x >= threshold if threshold < 1 << 31 else torch.zeros_like(x, dtype=torch.bool)
+
+
+def keep(seed: int, p: float, seq: Tensor, head: Tensor, row: Tensor, key: Tensor) -> Tensor:
+    """The keep decisions (bool) of the logits at broadcast (seq, head, row) × key: seq, head and
+    row index the query (sequence, head, absolute position), key the key ids (module docstring).
+    The definition; a caller that draws many tiles computes `row_keys` and `key_keys` once and
+    calls `keep_of` per tile, which is the same function."""
+    return keep_of(row_keys(seed, seq, head, row), key_keys(key), p)
 
 
 def scale(p: float) -> float:

@@ -250,37 +250,51 @@ def forward(t: Tiling, q: Tensor, k: Tensor, v: Tensor, rk: Tensor, rv: Tensor, 
     return out.to(q.dtype), lse  # bf16: one rounding of the fp32 merge
 
 
-def _local_base(t: Tiling, bias: Tensor | None, call: Local, like: Tensor) -> Tensor:
-    """`_local_mask` written out even where the kernel's own causal mask would do: the dropout
-    mask is added to it."""
-    mask = t.local_mask(bias, like.device, accumulation_dtype(like))
-    return mask[:, t.ext :] if call.b0 == 0 else mask
+class MaskKeys(NamedTuple):
+    """The dropout mask's per-query and per-key hashes of one sequence batch, computed once per pass
+    (evalm/dropout_mask.py), so each kernel call's mask is one `keep_of` over its tile."""
+
+    rows: Tensor  # (B, H, N) int32: `row_keys` of every (sequence, head, position)
+    tokens: Tensor  # (N,) int32: `key_keys` of every token position
+    chunks: Tensor  # (C,) int32: `key_keys` of every chunk summary
+    dtype: torch.dtype  # of the additive masks: fp32 for bf16 inputs, as every mask here
+    zeros: dict  # zero tensors by (shape, dtype): the O or v a backward call reads as zero (`_dropped_backward`)
+
+    def zero(self, like: Tensor) -> Tensor:
+        """A zero tensor of like's shape and dtype, allocated once per pass (the kernel only reads it;
+        a stride-0 expanded zero gives it wrong results)."""
+        key = (tuple(like.shape), like.dtype)
+        if key not in self.zeros:
+            self.zeros[key] = like.new_zeros(like.shape)
+        return self.zeros[key]
+
+    @classmethod
+    def of(cls, t: Tiling, q: Tensor, C: int) -> MaskKeys:
+        B, N, H, _ = q.shape
+        rows = dropout_mask.row_keys(t.seed, torch.arange(B).view(B, 1, 1), torch.arange(H).view(1, H, 1), torch.arange(N))
+        return cls(rows, dropout_mask.key_keys(torch.arange(N)), dropout_mask.key_keys(dropout_mask.chunk_key(torch.arange(C))),
+                   accumulation_dtype(q), {})
 
 
-def _local_drop_mask(t: Tiling, bias: Tensor | None, call: Local, like: Tensor) -> Tensor:
+def _local_drop_mask(t: Tiling, bias: Tensor | None, call: Local, keys: MaskKeys) -> Tensor:
     """The call's (G, H, w, keys) additive mask with attention dropout: the block mask where the
     key is kept (evalm/dropout_mask.py), −inf where dropped. Block g of the call is block
     b0 + g % (b1 − b0) of sequence g // (b1 − b0) (or of `call.seq`), as `_rows` lays them out."""
-    B, _, H, _ = like.shape
     w, n = t.window, call.b1 - call.b0
-    base = _local_base(t, bias, call, like)
-    seqs = torch.arange(B) if call.seq is None else torch.tensor([call.seq])
-    blocks = torch.arange(call.b0, call.b1).repeat(len(seqs))
-    first_key = blocks * w + w - base.shape[-1]  # ext before the block, or the block's own first row
-    keep = dropout_mask.keep(t.seed, t.dropout, seqs.repeat_interleave(n).view(-1, 1, 1, 1), torch.arange(H).view(1, H, 1, 1),
-                             (blocks * w).view(-1, 1, 1, 1) + torch.arange(w).view(w, 1),
-                             first_key.view(-1, 1, 1, 1) + torch.arange(base.shape[-1]))
-    return torch.where(keep, base, float("-inf"))
+    base = t.local_mask(bias, keys.rows.device, keys.dtype)
+    base = base[:, t.ext :] if call.b0 == 0 else base  # as `_local_mask`
+    rows = keys.rows[:, :, call.b0 * w : call.b1 * w] if call.seq is None else keys.rows[call.seq : call.seq + 1, :, call.b0 * w : call.b1 * w]
+    rows = rows.unflatten(-1, (n, w)).transpose(1, 2).flatten(0, 1)  # (G, H, w)
+    first_key = torch.arange(call.b0, call.b1) * w + w - base.shape[-1]  # ext before the block, or its own first row
+    cols = keys.tokens[first_key[:, None] + torch.arange(base.shape[-1])].repeat(len(rows) // n, 1)  # (G, keys)
+    return torch.where(dropout_mask.keep_of(rows.unsqueeze(-1), cols[:, None, None, :], t.dropout), base, float("-inf"))
 
 
-def _remote_drop_mask(t: Tiling, g: Remote, chunks: slice, mask: Tensor | None, like: Tensor) -> Tensor:
+def _remote_drop_mask(t: Tiling, g: Remote, chunks: slice, mask: Tensor | None, keys: MaskKeys) -> Tensor:
     """The (B, H, R, chunks) additive mask of a remote part with attention dropout: the part's own
     mask (none for the prefix, the staircase for the tail) where kept, −inf where dropped."""
-    B, H = like.shape[:2]
-    keep = dropout_mask.keep(t.seed, t.dropout, torch.arange(B).view(B, 1, 1, 1), torch.arange(H).view(1, H, 1, 1),
-                             torch.arange(g.r0, g.r1).view(-1, 1),
-                             dropout_mask.chunk_key(torch.arange(chunks.start, chunks.stop)))
-    return torch.where(keep, mask if mask is not None else like.new_zeros((), dtype=accumulation_dtype(like)), float("-inf"))
+    keep = dropout_mask.keep_of(keys.rows[..., g.r0 : g.r1, None], keys.chunks[chunks], t.dropout)
+    return torch.where(keep, mask if mask is not None else torch.zeros((), dtype=keys.dtype), float("-inf"))
 
 
 def _kept_lse(lse: Tensor, drop: Tensor) -> Tensor:
@@ -302,10 +316,11 @@ def _forward_dropout(t: Tiling, q: Tensor, k: Tensor, v: Tensor, rk: Tensor, rv:
     w = t.window
     work = accumulation_dtype(q)
     kept_out, kept_lse, lse = q.new_empty(B, N, H, D, dtype=work), q.new_empty(B, N, H, dtype=work), q.new_empty(B, N, H, dtype=work)
+    keys = MaskKeys.of(t, q, rk.shape[-2])
     for r in _ranges(t, N // w)[::-1]:
         for call in _local_calls(t, B, r.b0, r.b1, N // w):
             q_c, k_c, v_c = _rows(q, call, w).to(work), _keys(k, t, call).to(work), _keys(v, t, call).to(work)
-            drop = _local_drop_mask(t, bias, call, q)
+            drop = _local_drop_mask(t, bias, call, keys)
             o, part_kept = _FWD(q_c, k_c, v_c, attn_mask=drop, scale=t.scale)
             _rows(kept_out, call, w).copy_(o)
             _rows(kept_lse, call, w).copy_(_kept_lse(part_kept, drop))
@@ -315,7 +330,7 @@ def _forward_dropout(t: Tiling, q: Tensor, k: Tensor, v: Tensor, rk: Tensor, rv:
     for g in _remote_groups(t, 0, N, rk.shape[-2], BACKWARD_ROWS):
         q_g = q[:, g.r0 : g.r1].transpose(1, 2)
         for chunks, mask, seen in _parts(t, g, q, piece=BACKWARD_CHUNKS):
-            drop = _remote_drop_mask(t, g, chunks, mask, q_g)
+            drop = _remote_drop_mask(t, g, chunks, mask, keys)
             o, part_kept = _FWD(q_g, rk[..., chunks, :], rv[..., chunks, :], attn_mask=drop, scale=t.scale)
             _merge(kept_out[:, g.r0 : g.r1], kept_lse[:, g.r0 : g.r1], o, _kept_lse(part_kept, drop))
             del drop
@@ -327,7 +342,8 @@ def _forward_dropout(t: Tiling, q: Tensor, k: Tensor, v: Tensor, rk: Tensor, rv:
     return kept_out.mul_(factor.unsqueeze(-1)).to(q.dtype), lse
 
 
-def _dropped_backward(t: Tiling, d_out, q, k, v, out, lse, mask: Tensor | None, causal: bool, drop: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def _dropped_backward(t: Tiling, d_out, q, k, v, out, lse, mask: Tensor | None, causal: bool, drop: Tensor,
+                      keys: MaskKeys) -> tuple[Tensor, Tensor, Tensor]:
     """A part's dq, dk, dv with attention dropout, from two kernel backward calls.
 
     With o = Σ_j P_ij m_ij v_j (m: 0 or 1/(1 − p)), the gradient of the logits is
@@ -336,19 +352,19 @@ def _dropped_backward(t: Tiling, d_out, q, k, v, out, lse, mask: Tensor | None, 
       the dropout mask, L = ℓ + log(1 − p) and O = 0:  P̂ = P·m, D = 0 → P m dP, and dv = (P m)ᵀ dO;
       the part's own mask, L = ℓ, O = o and v = 0:      P̂ = P, dP = 0 → −P D.
     `causal`: the part's own mask is the kernel's causal one (the local part without T5 bias or overlap)."""
-    d_q, d_k, d_v = _BWD(d_out, q, k, v, torch.zeros_like(out), lse + math.log1p(-t.dropout), 0.0, False,
+    d_q, d_k, d_v = _BWD(d_out, q, k, v, keys.zero(out), lse + math.log1p(-t.dropout), 0.0, False,
                          attn_mask=drop, scale=t.scale)
-    d_q2, d_k2, _ = _BWD(d_out, q, k, torch.zeros_like(v), out, lse, 0.0, causal, attn_mask=mask, scale=t.scale)
+    d_q2, d_k2, _ = _BWD(d_out, q, k, keys.zero(v), out, lse, 0.0, causal, attn_mask=mask, scale=t.scale)
     return d_q.add_(d_q2), d_k.add_(d_k2), d_v
 
 
-def _local_backward_dropout(t: Tiling, call: Local, q, k, v, bias, out, lse, d_out) -> tuple[Tensor, Tensor, Tensor]:
+def _local_backward_dropout(t: Tiling, call: Local, q, k, v, bias, out, lse, d_out, keys: MaskKeys) -> tuple[Tensor, Tensor, Tensor]:
     """`_local_backward` with attention dropout (`_dropped_backward`)."""
     w, work = t.window, accumulation_dtype(q)
     mask = _local_mask(t, bias, call, q)
     return _dropped_backward(t, _rows(d_out, call, w).to(work), _rows(q, call, w).to(work), _keys(k, t, call).to(work),
                              _keys(v, t, call).to(work), _rows(out, call, w).to(work), _rows(lse, call, w),
-                             mask, mask is None, _local_drop_mask(t, bias, call, q))
+                             mask, mask is None, _local_drop_mask(t, bias, call, keys), keys)
 
 
 class Range(NamedTuple):
@@ -369,14 +385,17 @@ def _relative(call: Local, origin: int) -> Local:
     return call._replace(b0=call.b0 - origin, b1=call.b1 - origin)
 
 
-def _local_range_backward(t: Tiling, r: Range, q, k, v, bias, out, lse, d_out, dq_r: Tensor, dk_r: Tensor, dv_r: Tensor) -> None:
+def _local_range_backward(t: Tiling, r: Range, q, k, v, bias, out, lse, d_out, dq_r: Tensor, dk_r: Tensor, dv_r: Tensor,
+                          keys: MaskKeys | None) -> None:
     """The local part's gradients of the range's queries, added into range buffers: dq_r (B, R, H, D)
     for rows b0·w …, dk_r and dv_r (B, ext + R, H, D) for rows b0·w − ext … (the previous block's
     keys, with overlap)."""
     w, shift = t.window, t.ext // t.window
-    local_backward = _local_backward_dropout if t.dropout > 0 else _local_backward
     for call in _local_calls(t, q.shape[0], r.b0, r.b1, q.shape[1] // w):
-        d_q, d_k, d_v = local_backward(t, call, q, k, v, bias, out, lse, d_out)
+        if keys is not None:
+            d_q, d_k, d_v = _local_backward_dropout(t, call, q, k, v, bias, out, lse, d_out, keys)
+        else:
+            d_q, d_k, d_v = _local_backward(t, call, q, k, v, bias, out, lse, d_out)
         _rows(dq_r, _relative(call, r.b0), w).add_(d_q)
         own = _relative(call, r.b0 - shift)  # key rows of the call's own blocks in dk_r
         for acc, grad in ((dk_r, d_k), (dv_r, d_v)):
@@ -387,7 +406,8 @@ def _local_range_backward(t: Tiling, r: Range, q, k, v, bias, out, lse, d_out, d
             _rows(acc, own, w).add_(grad[..., t.ext :, :])
 
 
-def _remote_range_backward(t: Tiling, r: Range, q, rk, rv, out, lse, d_out, dq_r: Tensor, drk: Tensor, drv: Tensor) -> None:
+def _remote_range_backward(t: Tiling, r: Range, q, rk, rv, out, lse, d_out, dq_r: Tensor, drk: Tensor, drv: Tensor,
+                           keys: MaskKeys | None) -> None:
     """The remote parts' gradients of the range's queries: into dq_r, and d k̃, d β (B, H, C, D);
     rk, rv and the accumulators in fp32 (or fp64)."""
     start = r.b0 * t.window
@@ -397,9 +417,9 @@ def _remote_range_backward(t: Tiling, r: Range, q, rk, rv, out, lse, d_out, dq_r
         # for bf16 inputs: the kernel's bf16 backward measured several times slower than its fp32 one
         d_out_g, q_g, out_g, lse_g = (x[:, rows].transpose(1, 2).to(accumulation_dtype(x)) for x in (d_out, q, out, lse))
         for chunks, mask, _ in _parts(t, g, q, piece=BACKWARD_CHUNKS):
-            if t.dropout > 0:
-                d_q, d_k_tilde, d_beta = _dropped_backward(t, d_out_g, q_g, rk[..., chunks, :], rv[..., chunks, :], out_g,
-                                                           lse_g, mask, False, _remote_drop_mask(t, g, chunks, mask, q_g))
+            if keys is not None:
+                d_q, d_k_tilde, d_beta = _dropped_backward(t, d_out_g, q_g, rk[..., chunks, :], rv[..., chunks, :], out_g, lse_g,
+                                                           mask, False, _remote_drop_mask(t, g, chunks, mask, keys), keys)
             else:
                 d_q, d_k_tilde, d_beta = _BWD(d_out_g, q_g, rk[..., chunks, :], rv[..., chunks, :], out_g, lse_g, 0.0,
                                               False, attn_mask=mask, scale=t.scale)
@@ -423,6 +443,7 @@ def backward(t: Tiling, q, k, v, rk, rv, bias, out, lse, d_out, drk: Tensor, drv
     w, ext = t.window, t.ext
     d_out = d_out.contiguous()
     carry = None  # with overlap: key gradients of the rows before the last range, (B, w, H, D)
+    keys = MaskKeys.of(t, q, rk.shape[-2]) if t.dropout > 0 else None  # before q's rows turn into dq's
     for r in _ranges(t, N // w):
         r0, r1 = r.b0 * w, r.b1 * w
         dq_r = torch.zeros(B, r1 - r0, H, D, dtype=accumulation_dtype(q))  # fp32 sums for bf16 gradients
@@ -430,8 +451,8 @@ def backward(t: Tiling, q, k, v, rk, rv, bias, out, lse, d_out, drk: Tensor, drv
         if carry is not None:
             dk_r[:, -w:] += carry[0]
             dv_r[:, -w:] += carry[1]
-        _local_range_backward(t, r, q, k, v, bias, out, lse, d_out, dq_r, dk_r, dv_r)
-        _remote_range_backward(t, r, q, rk, rv, out, lse, d_out, dq_r, drk, drv)
+        _local_range_backward(t, r, q, k, v, bias, out, lse, d_out, dq_r, dk_r, dv_r, keys)
+        _remote_range_backward(t, r, q, rk, rv, out, lse, d_out, dq_r, drk, drv, keys)
         carry = (dk_r[:, :ext], dv_r[:, :ext]) if ext else None
         finish(r0, r1, dk_r[:, ext:], dv_r[:, ext:])
         q[:, r0:r1] = dq_r
