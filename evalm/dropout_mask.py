@@ -13,8 +13,10 @@ O(n·(w + n/c)) per head, more than EVA's whole training peak at long n.
 
 The hash: a row key mix(seed, b, h, i) and a key mix(id) (both small tensors, 64-bit
 arithmetic on 32-bit values), then per logit one xor and a multiply–xorshift–multiply round in
-int32 (wrapping), read as a signed integer against the threshold. The keep probability is
-1 − ⌈p·2³²⌉/2³², p to within 2⁻³².
+int32 (wrapping), whose low 31 bits are kept where they are at least ⌈p·2³¹⌉: the keep
+probability is 1 − ⌈p·2³¹⌉/2³¹, p to within 2⁻³¹. `keep_of` gives the decisions as booleans (the
+plain path, the oracle), `additive_of` as the 0 / −inf mask the fused kernel adds to its logits,
+computed in place without a boolean or a `where`; both read the one hash.
 """
 
 from __future__ import annotations
@@ -62,15 +64,46 @@ def key_keys(key: Tensor) -> Tensor:
     return _signed32(_mix(key.long() * _MUL[2] + 0x9E3779B9))
 
 
-def keep_of(rows: Tensor, keys: Tensor, p: float) -> Tensor:
-    """The keep decisions of broadcast `row_keys` × `key_keys`: one xor, then multiply–xorshift–
-    multiply in int32 (wrapping), the result read as signed against the threshold."""
-    x = rows ^ keys
+def _hash(rows: Tensor, keys: Tensor, scratch: tuple[Tensor, Tensor] | None = None) -> Tensor:
+    """The 31-bit hash (int32, non-negative) of broadcast `row_keys` × `key_keys`: one xor, then
+    multiply–xorshift–multiply in int32 (wrapping). `scratch`: two flat int32 buffers of at least
+    the broadcast size to compute in (fresh tensors of a tile's size cost more than the arithmetic)."""
+    if scratch is None:
+        x, y = rows ^ keys, None
+    else:
+        shape = torch.broadcast_shapes(rows.shape, keys.shape)
+        x, y = (buffer[: math.prod(shape)].view(shape) for buffer in scratch)
+        torch.bitwise_xor(rows, keys, out=x)
     x.mul_(_MUL32[0])
-    x.bitwise_xor_(x.bitwise_right_shift(15).bitwise_and_(0x1FFFF))  # a logical shift of the int32 bits
+    y = torch.bitwise_right_shift(x, 15, out=y) if y is not None else x.bitwise_right_shift(15)
+    x.bitwise_xor_(y.bitwise_and_(0x1FFFF))  # a logical shift of the int32 bits
     x.mul_(_MUL32[1])
-    threshold = -(1 << 31) + math.ceil(p * (1 << 32))  # the ⌈p·2³²⌉ lowest values are dropped
-    return x >= threshold if threshold < 1 << 31 else torch.zeros_like(x, dtype=torch.bool)
+    return x.bitwise_and_(0x7FFFFFFF)
+
+
+def _cut(p: float) -> int:
+    """Hashes below it are dropped: ⌈p·2³¹⌉ of the 2³¹ values."""
+    return math.ceil(p * (1 << 31))
+
+
+def keep_of(rows: Tensor, keys: Tensor, p: float) -> Tensor:
+    """The keep decisions (bool) of broadcast `row_keys` × `key_keys`."""
+    return _hash(rows, keys) >= _cut(p)
+
+
+_NEG_INF_BITS = {torch.float32: -(1 << 23), torch.float64: -(1 << 52)}  # 0xFF800000, 0xFFF0000000000000
+
+
+def additive_of(rows: Tensor, keys: Tensor, p: float, dtype: torch.dtype,
+                scratch: tuple[Tensor, Tensor] | None = None) -> Tensor:
+    """The same decisions as an additive mask of `dtype` (fp32 or fp64): 0 where kept, −inf where
+    dropped, in place: the sign of hash − cut, spread by an arithmetic shift over the bits of −inf.
+    With `scratch`, a view of its first buffer (valid until the next call that uses it)."""
+    x = _hash(rows, keys, scratch)
+    if dtype == torch.float64:
+        x = x.long()
+    x.sub_(_cut(p)).bitwise_right_shift_(8 * x.element_size() - 1)  # −1 where dropped, 0 where kept
+    return x.bitwise_and_(_NEG_INF_BITS[dtype]).view(dtype)
 
 
 def keep(seed: int, p: float, seq: Tensor, head: Tensor, row: Tensor, key: Tensor) -> Tensor:

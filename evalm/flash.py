@@ -259,6 +259,14 @@ class MaskKeys(NamedTuple):
     chunks: Tensor  # (C,) int32: `key_keys` of every chunk summary
     dtype: torch.dtype  # of the additive masks: fp32 for bf16 inputs, as every mask here
     zeros: dict  # zero tensors by (shape, dtype): the O or v a backward call reads as zero (`_dropped_backward`)
+    scratch: list  # two flat int32 buffers the masks are computed in, grown to the largest tile
+
+    def buffers(self, shape: tuple[int, ...]) -> tuple[Tensor, Tensor]:
+        """The scratch buffers, at least as large as a tile of `shape`."""
+        n = math.prod(shape)
+        if self.scratch[0].numel() < n:
+            self.scratch[:] = [torch.empty(n, dtype=torch.int32) for _ in range(2)]
+        return self.scratch[0], self.scratch[1]
 
     def zero(self, like: Tensor) -> Tensor:
         """A zero tensor of like's shape and dtype, allocated once per pass (the kernel only reads it;
@@ -273,12 +281,12 @@ class MaskKeys(NamedTuple):
         B, N, H, _ = q.shape
         rows = dropout_mask.row_keys(t.seed, torch.arange(B).view(B, 1, 1), torch.arange(H).view(1, H, 1), torch.arange(N))
         return cls(rows, dropout_mask.key_keys(torch.arange(N)), dropout_mask.key_keys(dropout_mask.chunk_key(torch.arange(C))),
-                   accumulation_dtype(q), {})
+                   accumulation_dtype(q), {}, [torch.empty(0, dtype=torch.int32)] * 2)
 
 
 def _local_drop_mask(t: Tiling, bias: Tensor | None, call: Local, keys: MaskKeys) -> Tensor:
     """The call's (G, H, w, keys) additive mask with attention dropout: the block mask where the
-    key is kept (evalm/dropout_mask.py), −inf where dropped. Block g of the call is block
+    key is kept (evalm/dropout_mask.py), −inf where dropped (a view of the scratch buffers). Block g of the call is block
     b0 + g % (b1 − b0) of sequence g // (b1 − b0) (or of `call.seq`), as `_rows` lays them out."""
     w, n = t.window, call.b1 - call.b0
     base = t.local_mask(bias, keys.rows.device, keys.dtype)
@@ -287,14 +295,19 @@ def _local_drop_mask(t: Tiling, bias: Tensor | None, call: Local, keys: MaskKeys
     rows = rows.unflatten(-1, (n, w)).transpose(1, 2).flatten(0, 1)  # (G, H, w)
     first_key = torch.arange(call.b0, call.b1) * w + w - base.shape[-1]  # ext before the block, or its own first row
     cols = keys.tokens[first_key[:, None] + torch.arange(base.shape[-1])].repeat(len(rows) // n, 1)  # (G, keys)
-    return torch.where(dropout_mask.keep_of(rows.unsqueeze(-1), cols[:, None, None, :], t.dropout), base, float("-inf"))
+    shape = (*rows.shape, base.shape[-1])
+    drop = dropout_mask.additive_of(rows.unsqueeze(-1), cols[:, None, None, :], t.dropout, keys.dtype, keys.buffers(shape))
+    return drop.add_(base)  # −inf + anything stays −inf
 
 
 def _remote_drop_mask(t: Tiling, g: Remote, chunks: slice, mask: Tensor | None, keys: MaskKeys) -> Tensor:
     """The (B, H, R, chunks) additive mask of a remote part with attention dropout: the part's own
-    mask (none for the prefix, the staircase for the tail) where kept, −inf where dropped."""
-    keep = dropout_mask.keep_of(keys.rows[..., g.r0 : g.r1, None], keys.chunks[chunks], t.dropout)
-    return torch.where(keep, mask if mask is not None else torch.zeros((), dtype=keys.dtype), float("-inf"))
+    mask (none for the prefix, the staircase for the tail) where kept, −inf where dropped; a view of
+    the scratch buffers, valid until the next mask."""
+    rows = keys.rows[..., g.r0 : g.r1, None]
+    drop = dropout_mask.additive_of(rows, keys.chunks[chunks], t.dropout, keys.dtype,
+                                    keys.buffers((*rows.shape[:-1], chunks.stop - chunks.start)))
+    return drop.add_(mask) if mask is not None else drop
 
 
 def _kept_lse(lse: Tensor, drop: Tensor) -> Tensor:
@@ -309,14 +322,29 @@ def _forward_dropout(t: Tiling, q: Tensor, k: Tensor, v: Tensor, rk: Tensor, rv:
     with the dropout mask, for the kept keys' output o′_p and log-sum-exp ℓ′_p, and as without
     dropout, for ℓ_p (its output unused). Then o = e^(ℓ′ − ℓ)/(1 − p) · o′, with o′, ℓ′ merged over the
     parts like the outputs without dropout, and ℓ = log Σ_p e^ℓ_p the joint softmax's: every kept
-    probability is P_ij/(1 − p), every dropped one 0. The masks are built a range (local) or a
-    backward-sized group (remote) at a time, so they stay as small as backward's transients.
+    probability is P_ij/(1 − p), every dropped one 0. The calls for ℓ_p are `forward`'s own (no
+    mask to build); the masked ones run a range (local) or a backward-sized group (remote) at a
+    time, so each mask stays as small as backward's transients.
     """
     B, N, H, D = q.shape
     w = t.window
     work = accumulation_dtype(q)
     kept_out, kept_lse, lse = q.new_empty(B, N, H, D, dtype=work), q.new_empty(B, N, H, dtype=work), q.new_empty(B, N, H, dtype=work)
     keys = MaskKeys.of(t, q, rk.shape[-2])
+    # ℓ_p: the kernel calls of `forward` without dropout (their outputs unused), in its call sizes
+    low = work != q.dtype
+    for call in _local_calls(t, B, 0, N // w, N // w) if not low else \
+            [call for r in _ranges(t, N // w) for call in _local_calls(t, B, r.b0, r.b1, N // w)]:
+        _rows(lse, call, w).copy_(_local_forward(t, call, q, k, v, bias)[1])
+    rk, rv = rk.to(q.dtype), rv.to(q.dtype)
+    for g in _remote_groups(t, 0, N, rk.shape[-2], ROWS):
+        q_g = q[:, g.r0 : g.r1].transpose(1, 2)
+        for chunks, mask, seen in _parts(t, g, q):
+            _, part_lse = _FWD(q_g, rk[..., chunks, :], rv[..., chunks, :], attn_mask=mask, scale=t.scale)
+            if seen is not None:
+                part_lse.masked_fill_(~seen, float("-inf"))
+            lse[:, g.r0 : g.r1] = torch.logaddexp(lse[:, g.r0 : g.r1], part_lse.transpose(1, 2))
+    # o′_p, ℓ′_p: the same parts with the dropout mask, in tiles as small as backward's
     for r in _ranges(t, N // w)[::-1]:
         for call in _local_calls(t, B, r.b0, r.b1, N // w):
             q_c, k_c, v_c = _rows(q, call, w).to(work), _keys(k, t, call).to(work), _keys(v, t, call).to(work)
@@ -324,20 +352,12 @@ def _forward_dropout(t: Tiling, q: Tensor, k: Tensor, v: Tensor, rk: Tensor, rv:
             o, part_kept = _FWD(q_c, k_c, v_c, attn_mask=drop, scale=t.scale)
             _rows(kept_out, call, w).copy_(o)
             _rows(kept_lse, call, w).copy_(_kept_lse(part_kept, drop))
-            del drop
-            _rows(lse, call, w).copy_(_local_forward(t, call, q, k, v, bias)[1])
-    rk, rv = rk.to(q.dtype), rv.to(q.dtype)
     for g in _remote_groups(t, 0, N, rk.shape[-2], BACKWARD_ROWS):
         q_g = q[:, g.r0 : g.r1].transpose(1, 2)
-        for chunks, mask, seen in _parts(t, g, q, piece=BACKWARD_CHUNKS):
+        for chunks, mask, _ in _parts(t, g, q, piece=BACKWARD_CHUNKS):
             drop = _remote_drop_mask(t, g, chunks, mask, keys)
             o, part_kept = _FWD(q_g, rk[..., chunks, :], rv[..., chunks, :], attn_mask=drop, scale=t.scale)
             _merge(kept_out[:, g.r0 : g.r1], kept_lse[:, g.r0 : g.r1], o, _kept_lse(part_kept, drop))
-            del drop
-            _, part_lse = _FWD(q_g, rk[..., chunks, :], rv[..., chunks, :], attn_mask=mask, scale=t.scale)
-            if seen is not None:
-                part_lse.masked_fill_(~seen, float("-inf"))
-            lse[:, g.r0 : g.r1] = torch.logaddexp(lse[:, g.r0 : g.r1], part_lse.transpose(1, 2))
     factor = (kept_lse - lse).exp_().mul_(dropout_mask.scale(t.dropout))  # a row that kept nothing: 0
     return kept_out.mul_(factor.unsqueeze(-1)).to(q.dtype), lse
 

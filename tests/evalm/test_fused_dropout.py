@@ -129,6 +129,20 @@ def test_the_mask_drops_p_of_the_logits_independently():
     assert abs(both - P * P) < 5 * (P * P / n) ** 0.5
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_kernel_mask_and_the_keep_decisions_are_one_mask(dtype):
+    """`additive_of` (0 / −inf, what the fused kernel adds to its logits, built in scratch buffers)
+    and `keep_of` (booleans: the plain path, the oracle) decide alike on every logit."""
+    rows = dropout_mask.row_keys(SEED, torch.arange(2).view(2, 1, 1, 1), torch.arange(4).view(1, 4, 1, 1), torch.arange(300).view(-1, 1))
+    keys = dropout_mask.key_keys(torch.arange(-40, 90))
+    keep = dropout_mask.keep_of(rows, keys, P)
+    scratch = (torch.empty(2 * 4 * 300 * 130 + 7, dtype=torch.int32), torch.empty(2 * 4 * 300 * 130 + 7, dtype=torch.int32))
+    for buffers in (None, scratch):
+        additive = dropout_mask.additive_of(rows, keys, P, dtype, buffers)
+        assert additive.dtype == dtype
+        assert torch.equal(additive, torch.where(keep, 0.0, float("-inf")).to(dtype))
+
+
 @pytest.mark.parametrize("name", ["w16c4-t5", "w8c4-overlap-t5"])
 def test_bf16_dropout_on_the_fused_path_within_bf16_of_the_float64_oracle(name, monkeypatch):
     """Under bf16 autocast the fused path with dropout keeps bf16 kernel inputs, and its output and
