@@ -19,8 +19,9 @@ The parts, none of which copies a key or a value:
 So the work runs at the fused kernel's speed on views of q, k, v and the summaries, and the
 forward keeps only the output and ℓ, as the plain-PyTorch path (evalm/recompute.py) does.
 
-That path remains for what the kernel cannot do: attention dropout (the CPU kernel refuses
-dropout_p > 0) and non-CPU tensors (see docs/model.md, "On a GPU"). The kernel returns no
+Attention dropout (the kernel refuses dropout_p > 0) is a −inf per dropped key in its mask, each
+part run twice (evalm/flash_dropout.py). The plain path remains for non-CPU tensors (see
+docs/model.md, "On a GPU"). The kernel returns no
 gradient for its mask, so the T5 bias's gradient comes from recompute.local_bias_grad.
 The two operators are the ones `F.scaled_dot_product_attention` dispatches to on the CPU; they
 are called directly because the public function neither returns ℓ nor takes it in backward.
@@ -39,13 +40,12 @@ Legend:
 from __future__ import annotations
 
 import functools
-import math
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
-from evalm import dropout_mask
 from evalm.tiling import Tiling
 
 # Rows per remote group in forward. From 768 query rows on, the kernel works in 256-row query
@@ -220,8 +220,6 @@ def _merge(acc_o: Tensor, acc_l: Tensor, o: Tensor, lse: Tensor) -> None:
 
 def forward(t: Tiling, q: Tensor, k: Tensor, v: Tensor, rk: Tensor, rv: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor]:
     """q, k, v (B, N, H, D) contiguous, N a multiple of w; k̃, β (B, H, C, D) -> out (B, N, H, D), ℓ (B, N, H)."""
-    if t.dropout > 0:
-        return _forward_dropout(t, q, k, v, rk, rv, bias)
     B, N, H, D = q.shape
     w = t.window
     work = accumulation_dtype(q)  # out: fp32 for bf16 q, so the merges accumulate in fp32
@@ -250,143 +248,6 @@ def forward(t: Tiling, q: Tensor, k: Tensor, v: Tensor, rk: Tensor, rv: Tensor, 
     return out.to(q.dtype), lse  # bf16: one rounding of the fp32 merge
 
 
-class MaskKeys(NamedTuple):
-    """The dropout mask's per-query and per-key hashes of one sequence batch, computed once per pass
-    (evalm/dropout_mask.py), so each kernel call's mask is one `keep_of` over its tile."""
-
-    rows: Tensor  # (B, H, N) int32: `row_keys` of every (sequence, head, position)
-    tokens: Tensor  # (N,) int32: `key_keys` of every token position
-    chunks: Tensor  # (C,) int32: `key_keys` of every chunk summary
-    dtype: torch.dtype  # of the additive masks: fp32 for bf16 inputs, as every mask here
-    zeros: dict  # zero tensors by (shape, dtype): the O or v a backward call reads as zero (`_dropped_backward`)
-    scratch: list  # two flat int32 buffers the masks are computed in, grown to the largest tile
-
-    def buffers(self, shape: tuple[int, ...]) -> tuple[Tensor, Tensor]:
-        """The scratch buffers, at least as large as a tile of `shape`."""
-        n = math.prod(shape)
-        if self.scratch[0].numel() < n:
-            self.scratch[:] = [torch.empty(n, dtype=torch.int32) for _ in range(2)]
-        return self.scratch[0], self.scratch[1]
-
-    def zero(self, like: Tensor) -> Tensor:
-        """A zero tensor of like's shape and dtype, allocated once per pass (the kernel only reads it;
-        a stride-0 expanded zero gives it wrong results)."""
-        key = (tuple(like.shape), like.dtype)
-        if key not in self.zeros:
-            self.zeros[key] = like.new_zeros(like.shape)
-        return self.zeros[key]
-
-    @classmethod
-    def of(cls, t: Tiling, q: Tensor, C: int) -> MaskKeys:
-        B, N, H, _ = q.shape
-        rows = dropout_mask.row_keys(t.seed, torch.arange(B).view(B, 1, 1), torch.arange(H).view(1, H, 1), torch.arange(N))
-        return cls(rows, dropout_mask.key_keys(torch.arange(N)), dropout_mask.key_keys(dropout_mask.chunk_key(torch.arange(C))),
-                   accumulation_dtype(q), {}, [torch.empty(0, dtype=torch.int32)] * 2)
-
-
-def _local_drop_mask(t: Tiling, bias: Tensor | None, call: Local, keys: MaskKeys) -> Tensor:
-    """The call's (G, H, w, keys) additive mask with attention dropout: the block mask where the
-    key is kept (evalm/dropout_mask.py), −inf where dropped (a view of the scratch buffers). Block g of the call is block
-    b0 + g % (b1 − b0) of sequence g // (b1 − b0) (or of `call.seq`), as `_rows` lays them out."""
-    w, n = t.window, call.b1 - call.b0
-    base = t.local_mask(bias, keys.rows.device, keys.dtype)
-    base = base[:, t.ext :] if call.b0 == 0 else base  # as `_local_mask`
-    rows = keys.rows[:, :, call.b0 * w : call.b1 * w] if call.seq is None else keys.rows[call.seq : call.seq + 1, :, call.b0 * w : call.b1 * w]
-    rows = rows.unflatten(-1, (n, w)).transpose(1, 2).flatten(0, 1)  # (G, H, w)
-    first_key = torch.arange(call.b0, call.b1) * w + w - base.shape[-1]  # ext before the block, or its own first row
-    cols = keys.tokens[first_key[:, None] + torch.arange(base.shape[-1])].repeat(len(rows) // n, 1)  # (G, keys)
-    shape = (*rows.shape, base.shape[-1])
-    drop = dropout_mask.additive_of(rows.unsqueeze(-1), cols[:, None, None, :], t.dropout, keys.dtype, keys.buffers(shape))
-    return drop.add_(base)  # −inf + anything stays −inf
-
-
-def _remote_drop_mask(t: Tiling, g: Remote, chunks: slice, mask: Tensor | None, keys: MaskKeys) -> Tensor:
-    """The (B, H, R, chunks) additive mask of a remote part with attention dropout: the part's own
-    mask (none for the prefix, the staircase for the tail) where kept, −inf where dropped; a view of
-    the scratch buffers, valid until the next mask."""
-    rows = keys.rows[..., g.r0 : g.r1, None]
-    drop = dropout_mask.additive_of(rows, keys.chunks[chunks], t.dropout, keys.dtype,
-                                    keys.buffers((*rows.shape[:-1], chunks.stop - chunks.start)))
-    return drop.add_(mask) if mask is not None else drop
-
-
-def _kept_lse(lse: Tensor, drop: Tensor) -> Tensor:
-    """ℓ of the kept keys, −inf for a row that keeps none (the kernel reports 0 there)."""
-    return lse.masked_fill_(drop.amax(-1) == float("-inf"), float("-inf"))
-
-
-def _forward_dropout(t: Tiling, q: Tensor, k: Tensor, v: Tensor, rk: Tensor, rv: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor]:
-    """`forward` with attention dropout on the joint probabilities P (docs/eva.md, "Attention dropout").
-
-    The kernel has no dropout, but a dropped key is a −inf in its additive mask. Each part runs twice:
-    with the dropout mask, for the kept keys' output o′_p and log-sum-exp ℓ′_p, and as without
-    dropout, for ℓ_p (its output unused). Then o = e^(ℓ′ − ℓ)/(1 − p) · o′, with o′, ℓ′ merged over the
-    parts like the outputs without dropout, and ℓ = log Σ_p e^ℓ_p the joint softmax's: every kept
-    probability is P_ij/(1 − p), every dropped one 0. The calls for ℓ_p are `forward`'s own (no
-    mask to build); the masked ones run a range (local) or a backward-sized group (remote) at a
-    time, so each mask stays as small as backward's transients.
-    """
-    B, N, H, D = q.shape
-    w = t.window
-    work = accumulation_dtype(q)
-    kept_out, kept_lse, lse = q.new_empty(B, N, H, D, dtype=work), q.new_empty(B, N, H, dtype=work), q.new_empty(B, N, H, dtype=work)
-    keys = MaskKeys.of(t, q, rk.shape[-2])
-    # ℓ_p: the kernel calls of `forward` without dropout (their outputs unused), in its call sizes
-    low = work != q.dtype
-    for call in _local_calls(t, B, 0, N // w, N // w) if not low else \
-            [call for r in _ranges(t, N // w) for call in _local_calls(t, B, r.b0, r.b1, N // w)]:
-        _rows(lse, call, w).copy_(_local_forward(t, call, q, k, v, bias)[1])
-    rk, rv = rk.to(q.dtype), rv.to(q.dtype)
-    for g in _remote_groups(t, 0, N, rk.shape[-2], ROWS):
-        q_g = q[:, g.r0 : g.r1].transpose(1, 2)
-        for chunks, mask, seen in _parts(t, g, q):
-            _, part_lse = _FWD(q_g, rk[..., chunks, :], rv[..., chunks, :], attn_mask=mask, scale=t.scale)
-            if seen is not None:
-                part_lse.masked_fill_(~seen, float("-inf"))
-            lse[:, g.r0 : g.r1] = torch.logaddexp(lse[:, g.r0 : g.r1], part_lse.transpose(1, 2))
-    # o′_p, ℓ′_p: the same parts with the dropout mask, in tiles as small as backward's
-    for r in _ranges(t, N // w)[::-1]:
-        for call in _local_calls(t, B, r.b0, r.b1, N // w):
-            q_c, k_c, v_c = _rows(q, call, w).to(work), _keys(k, t, call).to(work), _keys(v, t, call).to(work)
-            drop = _local_drop_mask(t, bias, call, keys)
-            o, part_kept = _FWD(q_c, k_c, v_c, attn_mask=drop, scale=t.scale)
-            _rows(kept_out, call, w).copy_(o)
-            _rows(kept_lse, call, w).copy_(_kept_lse(part_kept, drop))
-    for g in _remote_groups(t, 0, N, rk.shape[-2], BACKWARD_ROWS):
-        q_g = q[:, g.r0 : g.r1].transpose(1, 2)
-        for chunks, mask, _ in _parts(t, g, q, piece=BACKWARD_CHUNKS):
-            drop = _remote_drop_mask(t, g, chunks, mask, keys)
-            o, part_kept = _FWD(q_g, rk[..., chunks, :], rv[..., chunks, :], attn_mask=drop, scale=t.scale)
-            _merge(kept_out[:, g.r0 : g.r1], kept_lse[:, g.r0 : g.r1], o, _kept_lse(part_kept, drop))
-    factor = (kept_lse - lse).exp_().mul_(dropout_mask.scale(t.dropout))  # a row that kept nothing: 0
-    return kept_out.mul_(factor.unsqueeze(-1)).to(q.dtype), lse
-
-
-def _dropped_backward(t: Tiling, d_out, q, k, v, out, lse, mask: Tensor | None, causal: bool, drop: Tensor,
-                      keys: MaskKeys) -> tuple[Tensor, Tensor, Tensor]:
-    """A part's dq, dk, dv with attention dropout, from two kernel backward calls.
-
-    With o = Σ_j P_ij m_ij v_j (m: 0 or 1/(1 − p)), the gradient of the logits is
-    dS_ij = P_ij (m_ij dP_ij − D_i), D_i = dO_i·o_i. The kernel computes P̂ ∘ (dP − rowsum(dO ∘ O))
-    with P̂ = exp(s + mask − L) for the O and L it is given, so
-      the dropout mask, L = ℓ + log(1 − p) and O = 0:  P̂ = P·m, D = 0 → P m dP, and dv = (P m)ᵀ dO;
-      the part's own mask, L = ℓ, O = o and v = 0:      P̂ = P, dP = 0 → −P D.
-    `causal`: the part's own mask is the kernel's causal one (the local part without T5 bias or overlap)."""
-    d_q, d_k, d_v = _BWD(d_out, q, k, v, keys.zero(out), lse + math.log1p(-t.dropout), 0.0, False,
-                         attn_mask=drop, scale=t.scale)
-    d_q2, d_k2, _ = _BWD(d_out, q, k, keys.zero(v), out, lse, 0.0, causal, attn_mask=mask, scale=t.scale)
-    return d_q.add_(d_q2), d_k.add_(d_k2), d_v
-
-
-def _local_backward_dropout(t: Tiling, call: Local, q, k, v, bias, out, lse, d_out, keys: MaskKeys) -> tuple[Tensor, Tensor, Tensor]:
-    """`_local_backward` with attention dropout (`_dropped_backward`)."""
-    w, work = t.window, accumulation_dtype(q)
-    mask = _local_mask(t, bias, call, q)
-    return _dropped_backward(t, _rows(d_out, call, w).to(work), _rows(q, call, w).to(work), _keys(k, t, call).to(work),
-                             _keys(v, t, call).to(work), _rows(out, call, w).to(work), _rows(lse, call, w),
-                             mask, mask is None, _local_drop_mask(t, bias, call, keys), keys)
-
-
 class Range(NamedTuple):
     """Blocks b0 … b1−1 of a backward pass: rows b0·w … b1·w − 1, written back when complete."""
 
@@ -406,16 +267,13 @@ def _relative(call: Local, origin: int) -> Local:
 
 
 def _local_range_backward(t: Tiling, r: Range, q, k, v, bias, out, lse, d_out, dq_r: Tensor, dk_r: Tensor, dv_r: Tensor,
-                          keys: MaskKeys | None) -> None:
+                          parts: PartBackward) -> None:
     """The local part's gradients of the range's queries, added into range buffers: dq_r (B, R, H, D)
     for rows b0·w …, dk_r and dv_r (B, ext + R, H, D) for rows b0·w − ext … (the previous block's
     keys, with overlap)."""
     w, shift = t.window, t.ext // t.window
     for call in _local_calls(t, q.shape[0], r.b0, r.b1, q.shape[1] // w):
-        if keys is not None:
-            d_q, d_k, d_v = _local_backward_dropout(t, call, q, k, v, bias, out, lse, d_out, keys)
-        else:
-            d_q, d_k, d_v = _local_backward(t, call, q, k, v, bias, out, lse, d_out)
+        d_q, d_k, d_v = parts.local(t, call, q, k, v, bias, out, lse, d_out)
         _rows(dq_r, _relative(call, r.b0), w).add_(d_q)
         own = _relative(call, r.b0 - shift)  # key rows of the call's own blocks in dk_r
         for acc, grad in ((dk_r, d_k), (dv_r, d_v)):
@@ -427,7 +285,7 @@ def _local_range_backward(t: Tiling, r: Range, q, k, v, bias, out, lse, d_out, d
 
 
 def _remote_range_backward(t: Tiling, r: Range, q, rk, rv, out, lse, d_out, dq_r: Tensor, drk: Tensor, drv: Tensor,
-                           keys: MaskKeys | None) -> None:
+                           parts: PartBackward) -> None:
     """The remote parts' gradients of the range's queries: into dq_r, and d k̃, d β (B, H, C, D);
     rk, rv and the accumulators in fp32 (or fp64)."""
     start = r.b0 * t.window
@@ -437,18 +295,31 @@ def _remote_range_backward(t: Tiling, r: Range, q, rk, rv, out, lse, d_out, dq_r
         # for bf16 inputs: the kernel's bf16 backward measured several times slower than its fp32 one
         d_out_g, q_g, out_g, lse_g = (x[:, rows].transpose(1, 2).to(accumulation_dtype(x)) for x in (d_out, q, out, lse))
         for chunks, mask, _ in _parts(t, g, q, piece=BACKWARD_CHUNKS):
-            if keys is not None:
-                d_q, d_k_tilde, d_beta = _dropped_backward(t, d_out_g, q_g, rk[..., chunks, :], rv[..., chunks, :], out_g, lse_g,
-                                                           mask, False, _remote_drop_mask(t, g, chunks, mask, keys), keys)
-            else:
-                d_q, d_k_tilde, d_beta = _BWD(d_out_g, q_g, rk[..., chunks, :], rv[..., chunks, :], out_g, lse_g, 0.0,
-                                              False, attn_mask=mask, scale=t.scale)
+            d_q, d_k_tilde, d_beta = parts.remote(t, g, chunks, mask, d_out_g, q_g, rk[..., chunks, :], rv[..., chunks, :],
+                                                  out_g, lse_g)
             dq_r[:, g.r0 - start : g.r1 - start] += d_q.transpose(1, 2)
             drk[..., chunks, :] += d_k_tilde
             drv[..., chunks, :] += d_beta
 
 
-def backward(t: Tiling, q, k, v, rk, rv, bias, out, lse, d_out, drk: Tensor, drv: Tensor, finish) -> None:
+def _remote_backward(t: Tiling, g: Remote, chunks: slice, mask: Tensor | None, d_out, q, k, v, out, lse) -> tuple[Tensor, Tensor, Tensor]:
+    """The kernel's gradients of one remote part: dq (B, H, R, D), d k̃ and d β (B, H, chunks, D)."""
+    return _BWD(d_out, q, k, v, out, lse, 0.0, False, attn_mask=mask, scale=t.scale)
+
+
+class PartBackward(NamedTuple):
+    """How backward differentiates one part: `_local_backward` and `_remote_backward` here, their
+    attention-dropout versions in evalm/flash_dropout.py."""
+
+    local: Callable  # (t, call, q, k, v, bias, out, lse, d_out) -> dq, d keys, d values
+    remote: Callable  # (t, group, chunks, mask, dO, q, k̃, β, out, ℓ) of one part, head-major -> dq, d k̃, d β
+
+
+PARTS = PartBackward(_local_backward, _remote_backward)
+
+
+def backward(t: Tiling, q, k, v, rk, rv, bias, out, lse, d_out, drk: Tensor, drv: Tensor, finish,
+             parts: PartBackward = PARTS) -> None:
     """Gradients of forward's output from the joint out and ℓ, written over q, k, v (B, N, H, D):
     afterwards they hold dq, dk, dv; d k̃ and d β are added into drk, drv (B, H, C, D).
 
@@ -463,7 +334,6 @@ def backward(t: Tiling, q, k, v, rk, rv, bias, out, lse, d_out, drk: Tensor, drv
     w, ext = t.window, t.ext
     d_out = d_out.contiguous()
     carry = None  # with overlap: key gradients of the rows before the last range, (B, w, H, D)
-    keys = MaskKeys.of(t, q, rk.shape[-2]) if t.dropout > 0 else None  # before q's rows turn into dq's
     for r in _ranges(t, N // w):
         r0, r1 = r.b0 * w, r.b1 * w
         dq_r = torch.zeros(B, r1 - r0, H, D, dtype=accumulation_dtype(q))  # fp32 sums for bf16 gradients
@@ -471,8 +341,8 @@ def backward(t: Tiling, q, k, v, rk, rv, bias, out, lse, d_out, drk: Tensor, drv
         if carry is not None:
             dk_r[:, -w:] += carry[0]
             dv_r[:, -w:] += carry[1]
-        _local_range_backward(t, r, q, k, v, bias, out, lse, d_out, dq_r, dk_r, dv_r, keys)
-        _remote_range_backward(t, r, q, rk, rv, out, lse, d_out, dq_r, drk, drv, keys)
+        _local_range_backward(t, r, q, k, v, bias, out, lse, d_out, dq_r, dk_r, dv_r, parts)
+        _remote_range_backward(t, r, q, rk, rv, out, lse, d_out, dq_r, drk, drv, parts)
         carry = (dk_r[:, :ext], dv_r[:, :ext]) if ext else None
         finish(r0, r1, dk_r[:, ext:], dv_r[:, ext:])
         q[:, r0:r1] = dq_r
