@@ -277,6 +277,8 @@ def verdicts(rows: dict[tuple[str, int], dict]) -> list[str]:
     """One line per target: met, or missed with the measured reason."""
     out = []
     for (variant, n), row in sorted(rows.items()):
+        if "full" not in row:  # a dropeva row: no target
+            continue
         f, e = row["full"], row["eva"]
         if variant in ("attn", "block") and n in TARGET_SPEEDUP:
             target, speed, limit = TARGET_SPEEDUP[n], f["cpu_s"] / e["cpu_s"], row["flop_limit"]
