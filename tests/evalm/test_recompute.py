@@ -262,13 +262,14 @@ def test_bf16_autocast_does_not_reach_inside_the_function():
 
 
 def test_training_on_the_fused_and_plain_paths_follows_one_trajectory():
-    """Thirty AdamW steps (residual dropout and the training noise ε on, fresh each step) give the
-    same losses on the fused kernel and on the plain-PyTorch path: in float64 the two differ only by
-    rounding, so any drift between them would be a difference in what they compute."""
+    """Thirty AdamW steps (residual and attention dropout and the training noise ε on, fresh each
+    step) give the same losses on the fused kernel and on the plain-PyTorch path: in float64 the two
+    differ only by rounding (both draw one attention dropout mask, evalm/dropout_mask.py), so any
+    drift between them would be a difference in what they compute."""
     data = torch.randint(0, BASE.vocab_size, (3, 2, 257), generator=torch.Generator().manual_seed(5))
 
     def losses(fused: bool) -> list[float]:
-        model = make_model(dropout=0.1).train()
+        model = make_model(dropout=0.1, attn_dropout=0.1).train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
         out = []
         for step in range(30):  # three batches, ten times each: enough to learn something
