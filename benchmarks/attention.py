@@ -2,6 +2,7 @@
 memory and the FLOP limit, as same-run ratios with a verdict per target.
 
 Run: python benchmarks/attention.py [--rows attn block] [--lengths 8192 32768] [--dropout-lengths 8192]
+         [--dropout-eva-lengths 32768]
          [--bf16-lengths 8192] [--models tiny 350m] [--model-length 8192] [--repeats 2]
 
 Rows (each one module as a user builds it, `ModelConfig` then the module, fwd + bwd of its sum or loss):
@@ -9,7 +10,12 @@ Rows (each one module as a user builds it, `ModelConfig` then the module, fwd + 
           128, chunk 8 (the EVA LM recipe), fp32, attention dropout 0;
   block   one pre-LN `Block` at that shape with its MLP (d_ff = 4·d_model): the layer a model is
           made of, projections and MLP included; the speed targets are read here;
-  drop    `attn` at the paper's attention dropout 0.1, training mode;
+  drop    `attn` at the paper's attention dropout 0.1, training mode: exact attention, EVA on its
+          fused path (dropout as −inf in the kernel's mask, the mask regenerated in backward) and
+          EVA on the plain-PyTorch path ("eva-plain", the path dropout took before: the same
+          hashed mask), so the three print side by side with their ratios;
+  dropeva `drop` without exact attention, for lengths where its (n, n) probabilities and their
+          dropout mask do not fit in memory (17 GB each at 32k): EVA fused vs EVA plain path;
   bf16    `block` under bf16 autocast (EVA's fused path takes bf16 inputs);
   tiny, 350m  the whole model (embeddings, one block, LM head, loss) at the shape of
           configs/pretrain-tiny.toml or configs/evalm-350m.toml with n_layer = 1, bf16 autocast
@@ -53,6 +59,7 @@ LAYER = dict(d_model=256, n_head=4, window_size=128, chunk_size=8, n_layer=1, vo
 MODELS = {"tiny": "configs/pretrain-tiny.toml", "350m": "configs/evalm-350m.toml"}
 TARGET_SPEEDUP = {8192: 3.5, 32768: 5.5}  # attn and block rows: one layer through the model API
 MEMORY_TARGET_LENGTHS = (8192, 32768)  # EVA's peak live bytes <= exact attention's
+DROPOUT_ROWS = ("drop", "dropeva")  # attention dropout 0.1, training mode
 
 
 def bf16_supported() -> bool:
@@ -65,11 +72,11 @@ def _config(variant: str, method: str):
     from evalm import ModelConfig
     from evalm.config_toolkit import build, read_toml
 
-    method = "full" if method == "proj" else method
+    method = {"proj": "full", "eva-plain": "eva"}.get(method, method)
     if variant in MODELS:
         fields = {**read_toml(MODELS[variant])["model"], "n_layer": 1}
         return build(ModelConfig, {**fields, "attention": method, "dropout": 0.0, "attn_dropout": 0.0}, where=MODELS[variant])
-    return ModelConfig(**LAYER, attention=method, dropout=0.0, attn_dropout=0.1 if variant == "drop" else 0.0)
+    return ModelConfig(**LAYER, attention=method, dropout=0.0, attn_dropout=0.1 if variant in DROPOUT_ROWS else 0.0)
 
 
 def _build(variant: str, method: str):
@@ -82,6 +89,8 @@ def _build(variant: str, method: str):
 
     torch.manual_seed(0)
     config = _config(variant, method)
+    if method == "eva-plain":  # as if the fused kernel were unavailable: the plain recompute path
+        _route_plain()
     low = variant in ("bf16", *MODELS) and bf16_supported()
     if variant in MODELS:
         module = EvalmModel(config)
@@ -98,9 +107,9 @@ def _build(variant: str, method: str):
 
         module.forward = projections
     else:
-        module = ATTENTION[method](config)
+        module = ATTENTION[config.attention](config)
         module.init_weights()
-    module.train(variant == "drop")
+    module.train(variant in DROPOUT_ROWS)
 
     def make(length: int):
         if variant in MODELS:
@@ -122,6 +131,20 @@ def _build(variant: str, method: str):
         return step
 
     return module, make, "bf16" if low else "fp32"
+
+
+def _route_plain() -> None:
+    """Route every EVA call of this (child) process as if the fused CPU kernel were unavailable."""
+    import dataclasses
+
+    from evalm import eva_paths
+
+    real = eva_paths.choose
+
+    def plain(call):
+        return real(dataclasses.replace(call, kernel=False))
+
+    eva_paths.choose = plain
 
 
 def _peak_live_bytes(step) -> int:
@@ -166,7 +189,9 @@ def run_child(variant: str, method: str, length: int, mode: str) -> dict:
 def compare(variant: str, length: int, repeats: int) -> dict:
     """Best CPU time and peak live MiB of each method, the methods alternating process by process;
     an attn row also times the projections alone (its `proj_s`), so the attention's own share is known."""
-    runs = {"full": [], "eva": []}
+    runs = {"full": [], "eva": [], **({"eva-plain": []} if variant in DROPOUT_ROWS else {})}
+    if variant == "dropeva":
+        del runs["full"]
     shared = []
     for _ in range(repeats):
         for method in runs:
@@ -182,6 +207,13 @@ def compare(variant: str, length: int, repeats: int) -> dict:
     return row
 
 
+def print_dropeva(length: int, row: dict) -> None:
+    e, plain = row["eva"], row["eva-plain"]
+    print(f"{'dropeva':>7} {e['dtype']:>5} {length:>6}: EVA fused {e['cpu_s']:.2f} s, plain path {plain['cpu_s']:.2f} s "
+          f"({plain['cpu_s'] / e['cpu_s']:.2f}x); wall {e['wall_s']:.2f} / {plain['wall_s']:.2f} s; "
+          f"peak live MiB {e['live_mib']:.1f} / {plain['live_mib']:.1f}", flush=True)
+
+
 def forward_flops(variant: str, method: str, n: int) -> float:
     """Forward FLOPs of one row (module docstring, "FLOP limit")."""
     from evalm.tiling import Tiling
@@ -189,7 +221,7 @@ def forward_flops(variant: str, method: str, n: int) -> float:
     config = _config(variant, method)
     E = config.d_model
     flops = 4 * n * E * E  # q, k, v, out projections
-    if variant != "attn" and variant != "drop":
+    if variant not in ("attn", *DROPOUT_ROWS):
         flops += 2 * n * E * config.d_ff
     if variant in MODELS:
         flops += n * E * config.vocab_size
@@ -217,12 +249,36 @@ def print_row(variant: str, length: int, row: dict) -> None:
     print(f"{variant:>5} {e['dtype']:>5} {length:>6} {f['cpu_s']:>8.2f} {e['cpu_s']:>8.2f} {f['cpu_s'] / e['cpu_s']:>8.2f}x "
           f"{row['flop_limit']:>8.2f}x {f['wall_s']:>7.2f} {e['wall_s']:>7.2f} "
           f"{f['live_mib']:>9.1f} {e['live_mib']:>9.1f} {e['live_mib'] / f['live_mib']:>8.2f}x", flush=True)
+    if "eva-plain" in row:
+        print(f"{'':>5} {'':>5} {length:>6} {'plain path':>17} {row['eva-plain']['cpu_s']:>8.2f} "
+              f"{f['cpu_s'] / row['eva-plain']['cpu_s']:>8.2f}x {'':>9} {'':>7} {row['eva-plain']['wall_s']:>7.2f} "
+              f"{'':>9} {row['eva-plain']['live_mib']:>9.1f} {row['eva-plain']['live_mib'] / f['live_mib']:>8.2f}x", flush=True)
+
+
+def dropout_lines(rows: dict[tuple[str, int], dict]) -> list[str]:
+    """One line per dropout row: the fused path against the plain path it replaces and exact attention,
+    and against the same layer without dropout where that row ran too."""
+    out = []
+    for (variant, n), row in sorted(rows.items()):
+        if variant not in DROPOUT_ROWS:
+            continue
+        e, plain = row["eva"]["cpu_s"], row["eva-plain"]["cpu_s"]
+        line = (f"{variant} {n}: attention dropout 0.1, EVA fused {e:.2f} s vs EVA plain path {plain:.2f} s ({plain / e:.2f}x); "
+                f"peak live MiB {row['eva']['live_mib']:.1f} / {row['eva-plain']['live_mib']:.1f}")
+        if "full" in row:
+            line += f"; exact {row['full']['cpu_s']:.2f} s ({row['full']['cpu_s'] / e:.2f}x), {row['full']['live_mib']:.1f} MiB"
+        if ("attn", n) in rows:
+            line += f"; the fused path without dropout {rows[('attn', n)]['eva']['cpu_s']:.2f} s"
+        out.append(line)
+    return out
 
 
 def verdicts(rows: dict[tuple[str, int], dict]) -> list[str]:
     """One line per target: met, or missed with the measured reason."""
     out = []
     for (variant, n), row in sorted(rows.items()):
+        if "full" not in row:  # a dropeva row: no target
+            continue
         f, e = row["full"], row["eva"]
         if variant in ("attn", "block") and n in TARGET_SPEEDUP:
             target, speed, limit = TARGET_SPEEDUP[n], f["cpu_s"] / e["cpu_s"], row["flop_limit"]
@@ -251,7 +307,9 @@ def main() -> None:
                         help="layer rows at --lengths (default attn block)")
     parser.add_argument("--lengths", type=int, nargs="*", default=[8192, 32768], help="tokens of the layer rows (default 8192 32768)")
     parser.add_argument("--dropout-lengths", type=int, nargs="*", default=[8192],
-                        help="attn rows at the paper's attention dropout 0.1 (default 8192); no target")
+                        help="attn rows at the paper's attention dropout 0.1: exact, EVA fused, EVA plain path (default 8192); no target")
+    parser.add_argument("--dropout-eva-lengths", type=int, nargs="*", default=[],
+                        help="EVA fused vs EVA plain path at attention dropout 0.1, no exact attention (default none)")
     parser.add_argument("--bf16-lengths", type=int, nargs="*", default=[8192],
                         help="block rows under bf16 autocast (default 8192; skipped without AVX512-BF16)")
     parser.add_argument("--models", nargs="*", default=["tiny", "350m"], choices=sorted(MODELS),
@@ -269,13 +327,17 @@ def main() -> None:
           f"{'eva wl':>7} {'full MiB':>9} {'eva MiB':>9} {'eva/full':>9}")
     plan = [(row, n) for row in args.rows for n in args.lengths]
     plan += [("drop", n) for n in args.dropout_lengths]
+    plan += [("dropeva", n) for n in args.dropout_eva_lengths]
     plan += [("bf16", n) for n in (args.bf16_lengths if bf16_supported() else [])]
     plan += [(name, args.model_length) for name in args.models]
     rows = {}
     for variant, n in plan:
         rows[(variant, n)] = compare(variant, n, args.repeats)
-        print_row(variant, n, rows[(variant, n)])
-    print("\n".join(verdicts(rows)))
+        if variant == "dropeva":
+            print_dropeva(n, rows[(variant, n)])
+        else:
+            print_row(variant, n, rows[(variant, n)])
+    print("\n".join(verdicts(rows) + dropout_lines(rows)))
 
 
 if __name__ == "__main__":

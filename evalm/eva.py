@@ -157,6 +157,11 @@ class EvaAttention(HeadProjections):
         `torch.manual_seed` and activation checkpointing replay it); None in eval: no ε."""
         return int(torch.randint(0, 2**62, (1,))) if self.training else None
 
+    def _dropout_seed(self) -> int:
+        """The seed of this forward's attention dropout mask (evalm/dropout_mask.py), drawn from
+        torch's RNG like ε's, so activation checkpointing replays it."""
+        return int(torch.randint(0, 2**62, (1,)))
+
     def summarize(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Remote (key, value) of whole chunks: q, k, v (B, H, n, c, D) -> k̃, β (B, H, n, D)."""
         k_tilde, omega = summaries.keys(self.maps, q.mean(-2), k.mean(-2), self._noise_seed())
@@ -217,7 +222,7 @@ class EvaAttention(HeadProjections):
             distance = torch.arange(w, device=q.device)[:, None] + self.ext - torch.arange(self.ext + w, device=q.device)
             bias = s * self.rel_pos_bias(distance.clamp(min=0)).to(q.dtype)
         dropout = self.attn_dropout if self.training else 0.0
-        seed = int(torch.randint(0, 2**62, (1,))) if dropout > 0 else 0
+        seed = self._dropout_seed() if dropout > 0 else 0
         t = dataclasses.replace(self.layout, dropout=dropout, seed=seed, group_logits=tiling.GROUP_LOGITS,
                                 fused=fused, noise_seed=self._noise_seed())
         return eva_attention(t, q, k, v, self.maps, bias, consume=True)  # q, k, v: this call's own projections

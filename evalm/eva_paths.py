@@ -4,9 +4,10 @@ All paths compute the same joint softmax over a query's local block and the chun
 may see (docs/eva.md, "The closed form"); they differ in memory, speed and what they support:
 
   fused        a whole sequence (training, one-shot scoring) on PyTorch's fused CPU attention
-               kernel, three parts merged by log-sum-exp; backward recomputes (evalm/flash.py)
-  recompute    the same whole sequence in plain PyTorch ops, backward recomputes: attention
-               dropout, or tensors the CPU kernel does not take (evalm/recompute.py)
+               kernel, three parts merged by log-sum-exp; backward recomputes; attention dropout
+               as −inf in the kernel's mask, one hashed mask per query row (evalm/flash.py)
+  recompute    the same whole sequence in plain PyTorch ops, backward recomputes: tensors the
+               CPU kernel does not take (evalm/recompute.py); the same dropout mask
   tiles        query tiles over a cache's entries, one additive mask per tile group and
                `F.scaled_dot_product_attention`, autograd's own backward (evalm/eva.py, `_attend`)
   tiles-split  the same tiles without a graph, each key set softmaxed apart and joined by one max
@@ -51,13 +52,14 @@ class EvaPath:
 
 
 def choose(call: EvaCall) -> EvaPath:
-    """The path of a call: the whole-sequence kernel where it applies, else the plain recompute;
-    with a cache, tiles, folded forks, and the split softmax where no graph or dropout needs the mask."""
+    """The path of a call: the whole-sequence kernel where it applies (with or without attention
+    dropout), else the plain recompute; with a cache, tiles, folded forks, and the split softmax
+    where no graph or dropout needs the mask."""
     if call.whole:
-        if call.kernel and not call.dropout:
-            return EvaPath("fused", "a whole sequence, and the fused CPU kernel applies")
-        why = "attention dropout (the CPU kernel refuses it)" if call.dropout else "the fused CPU kernel does not take these tensors"
-        return EvaPath("recompute", f"a whole sequence; {why}")
+        if call.kernel:
+            why = "; attention dropout as −inf in its mask, regenerated in backward" if call.dropout else ""
+            return EvaPath("fused", f"a whole sequence, and the fused CPU kernel applies{why}")
+        return EvaPath("recompute", "a whole sequence; the fused CPU kernel does not take these tensors")
     split = call.one_tile_per_group and not call.grad and not call.dropout and call.full_precision
     base = "forks" if call.forks else "tiles"
     if split:

@@ -19,8 +19,9 @@ The parts, none of which copies a key or a value:
 So the work runs at the fused kernel's speed on views of q, k, v and the summaries, and the
 forward keeps only the output and ℓ, as the plain-PyTorch path (evalm/recompute.py) does.
 
-That path remains for what the kernel cannot do: attention dropout (the CPU kernel refuses
-dropout_p > 0) and non-CPU tensors (see docs/model.md, "On a GPU"). The kernel returns no
+Attention dropout (the kernel refuses dropout_p > 0) is a −inf per dropped key in its mask, each
+part run twice (evalm/flash_dropout.py). The plain path remains for non-CPU tensors (see
+docs/model.md, "On a GPU"). The kernel returns no
 gradient for its mask, so the T5 bias's gradient comes from recompute.local_bias_grad.
 The two operators are the ones `F.scaled_dot_product_attention` dispatches to on the CPU; they
 are called directly because the public function neither returns ℓ nor takes it in backward.
@@ -39,6 +40,7 @@ Legend:
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -210,8 +212,9 @@ def _merge(acc_o: Tensor, acc_l: Tensor, o: Tensor, lse: Tensor) -> None:
     ℓ' = log(e^ℓ_acc + e^ℓ_p), o' = e^(ℓ_acc − ℓ')·o_acc + e^(ℓ_p − ℓ')·o_p."""
     lse = lse.transpose(1, 2)
     total = torch.logaddexp(acc_l, lse)
-    acc_o.mul_((acc_l - total).exp_().unsqueeze(-1))
-    acc_o.add_(o.transpose(1, 2) * (lse - total).exp_().unsqueeze(-1))
+    # nan_to_num: with dropout a row may keep no key of either side (ℓ = −inf on both), its output 0
+    acc_o.mul_((acc_l - total).exp_().nan_to_num_(0.0).unsqueeze(-1))
+    acc_o.add_(o.transpose(1, 2) * (lse - total).exp_().nan_to_num_(0.0).unsqueeze(-1))
     acc_l.copy_(total)
 
 
@@ -263,13 +266,14 @@ def _relative(call: Local, origin: int) -> Local:
     return call._replace(b0=call.b0 - origin, b1=call.b1 - origin)
 
 
-def _local_range_backward(t: Tiling, r: Range, q, k, v, bias, out, lse, d_out, dq_r: Tensor, dk_r: Tensor, dv_r: Tensor) -> None:
+def _local_range_backward(t: Tiling, r: Range, q, k, v, bias, out, lse, d_out, dq_r: Tensor, dk_r: Tensor, dv_r: Tensor,
+                          parts: PartBackward) -> None:
     """The local part's gradients of the range's queries, added into range buffers: dq_r (B, R, H, D)
     for rows b0·w …, dk_r and dv_r (B, ext + R, H, D) for rows b0·w − ext … (the previous block's
     keys, with overlap)."""
     w, shift = t.window, t.ext // t.window
     for call in _local_calls(t, q.shape[0], r.b0, r.b1, q.shape[1] // w):
-        d_q, d_k, d_v = _local_backward(t, call, q, k, v, bias, out, lse, d_out)
+        d_q, d_k, d_v = parts.local(t, call, q, k, v, bias, out, lse, d_out)
         _rows(dq_r, _relative(call, r.b0), w).add_(d_q)
         own = _relative(call, r.b0 - shift)  # key rows of the call's own blocks in dk_r
         for acc, grad in ((dk_r, d_k), (dv_r, d_v)):
@@ -280,7 +284,8 @@ def _local_range_backward(t: Tiling, r: Range, q, k, v, bias, out, lse, d_out, d
             _rows(acc, own, w).add_(grad[..., t.ext :, :])
 
 
-def _remote_range_backward(t: Tiling, r: Range, q, rk, rv, out, lse, d_out, dq_r: Tensor, drk: Tensor, drv: Tensor) -> None:
+def _remote_range_backward(t: Tiling, r: Range, q, rk, rv, out, lse, d_out, dq_r: Tensor, drk: Tensor, drv: Tensor,
+                           parts: PartBackward) -> None:
     """The remote parts' gradients of the range's queries: into dq_r, and d k̃, d β (B, H, C, D);
     rk, rv and the accumulators in fp32 (or fp64)."""
     start = r.b0 * t.window
@@ -290,14 +295,31 @@ def _remote_range_backward(t: Tiling, r: Range, q, rk, rv, out, lse, d_out, dq_r
         # for bf16 inputs: the kernel's bf16 backward measured several times slower than its fp32 one
         d_out_g, q_g, out_g, lse_g = (x[:, rows].transpose(1, 2).to(accumulation_dtype(x)) for x in (d_out, q, out, lse))
         for chunks, mask, _ in _parts(t, g, q, piece=BACKWARD_CHUNKS):
-            d_q, d_k_tilde, d_beta = _BWD(d_out_g, q_g, rk[..., chunks, :], rv[..., chunks, :], out_g, lse_g, 0.0,
-                                          False, attn_mask=mask, scale=t.scale)
+            d_q, d_k_tilde, d_beta = parts.remote(t, g, chunks, mask, d_out_g, q_g, rk[..., chunks, :], rv[..., chunks, :],
+                                                  out_g, lse_g)
             dq_r[:, g.r0 - start : g.r1 - start] += d_q.transpose(1, 2)
             drk[..., chunks, :] += d_k_tilde
             drv[..., chunks, :] += d_beta
 
 
-def backward(t: Tiling, q, k, v, rk, rv, bias, out, lse, d_out, drk: Tensor, drv: Tensor, finish) -> None:
+def _remote_backward(t: Tiling, g: Remote, chunks: slice, mask: Tensor | None, d_out, q, k, v, out, lse) -> tuple[Tensor, Tensor, Tensor]:
+    """The kernel's gradients of one remote part: dq (B, H, R, D), d k̃ and d β (B, H, chunks, D)."""
+    return _BWD(d_out, q, k, v, out, lse, 0.0, False, attn_mask=mask, scale=t.scale)
+
+
+class PartBackward(NamedTuple):
+    """How backward differentiates one part: `_local_backward` and `_remote_backward` here, their
+    attention-dropout versions in evalm/flash_dropout.py."""
+
+    local: Callable  # (t, call, q, k, v, bias, out, lse, d_out) -> dq, d keys, d values
+    remote: Callable  # (t, group, chunks, mask, dO, q, k̃, β, out, ℓ) of one part, head-major -> dq, d k̃, d β
+
+
+PARTS = PartBackward(_local_backward, _remote_backward)
+
+
+def backward(t: Tiling, q, k, v, rk, rv, bias, out, lse, d_out, drk: Tensor, drv: Tensor, finish,
+             parts: PartBackward = PARTS) -> None:
     """Gradients of forward's output from the joint out and ℓ, written over q, k, v (B, N, H, D):
     afterwards they hold dq, dk, dv; d k̃ and d β are added into drk, drv (B, H, C, D).
 
@@ -319,8 +341,8 @@ def backward(t: Tiling, q, k, v, rk, rv, bias, out, lse, d_out, drk: Tensor, drv
         if carry is not None:
             dk_r[:, -w:] += carry[0]
             dv_r[:, -w:] += carry[1]
-        _local_range_backward(t, r, q, k, v, bias, out, lse, d_out, dq_r, dk_r, dv_r)
-        _remote_range_backward(t, r, q, rk, rv, out, lse, d_out, dq_r, drk, drv)
+        _local_range_backward(t, r, q, k, v, bias, out, lse, d_out, dq_r, dk_r, dv_r, parts)
+        _remote_range_backward(t, r, q, rk, rv, out, lse, d_out, dq_r, drk, drv, parts)
         carry = (dk_r[:, :ext], dv_r[:, :ext]) if ext else None
         finish(r0, r1, dk_r[:, ext:], dv_r[:, ext:])
         q[:, r0:r1] = dq_r

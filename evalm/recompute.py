@@ -27,9 +27,10 @@ window and the T5 bias (the same for every block: it depends on i − j only). A
 share one read of the remote entries they can see, and a staircase mask keeps each query on the
 chunks r < `Tiling.limit(i)`. Local and remote logits share one softmax: one max, one sum.
 
-Attention dropout acts on the joint probabilities, as in the reference. Its keep masks come from
-a generator seeded per group from one seed drawn at forward time, so the backward replays exactly
-the masks the forward used. Low-precision inputs run in fp32.
+Attention dropout acts on the joint probabilities, as in the reference. Its keep masks are a pure
+function of (seed, sequence, head, query, key) (evalm/dropout_mask.py), the seed drawn at forward
+time, so the backward regenerates exactly the masks the forward used, and the fused path draws
+the same ones. Low-precision inputs run in fp32.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from evalm import dropout_mask
 from evalm.heads import upcast  # softmax work in at least fp32: exp of bf16 logits loses the small weights
 from evalm.tiling import Tiling
 
@@ -139,17 +141,33 @@ def _logits(t: Tiling, q: Tensor, k_pad: Tensor, rk: Tensor, local_mask: Tensor,
     return loc, rem
 
 
-def _keep_masks(t: Tiling, g: int, loc: Tensor, rem: Tensor | None) -> tuple[Tensor, Tensor | None]:
-    """Dropout keep masks of group g, scaled by 1/(1 − p): the same tensors in forward and backward."""
-    gen = torch.Generator(device=loc.device)
-    gen.manual_seed(t.seed + g)
-    scale = 1.0 / (1.0 - t.dropout)
+def _keep_local(t: Tiling, group: Group, like: Tensor, first_block: int = 0) -> Tensor:
+    """Dropout keep mask of a group's local logits (B, H, G, rows, ext + w), scaled by 1/(1 − p)
+    (evalm/dropout_mask.py); its blocks are counted from `first_block`."""
+    B, H = like.shape[:2]
+    w = t.window
+    blocks = torch.arange(first_block + group.b0, first_block + group.b1, device=like.device).view(-1, 1, 1)
+    keep = dropout_mask.keep(t.seed, t.dropout, torch.arange(B, device=like.device).view(B, 1, 1, 1, 1),
+                             torch.arange(H, device=like.device).view(1, H, 1, 1, 1),
+                             blocks * w + torch.arange(group.r0, group.r1, device=like.device).view(-1, 1),
+                             blocks * w - t.ext + torch.arange(t.ext + w, device=like.device))
+    return keep.to(like.dtype).mul_(dropout_mask.scale(t.dropout))
 
-    def one(like: Tensor) -> Tensor:
-        u = torch.rand(like.shape, generator=gen, device=like.device, dtype=like.dtype)
-        return (u >= t.dropout).to(like.dtype).mul_(scale)
 
-    return one(loc), (one(rem) if rem is not None else None)
+def _keep_remote(t: Tiling, group: Group, like: Tensor) -> Tensor:
+    """Dropout keep mask of a group's remote logits (B, H, G·rows, n_vis), scaled by 1/(1 − p)."""
+    B, H = like.shape[:2]
+    rows = group.rows(t.window)
+    keep = dropout_mask.keep(t.seed, t.dropout, torch.arange(B, device=like.device).view(B, 1, 1, 1),
+                             torch.arange(H, device=like.device).view(1, H, 1, 1),
+                             torch.arange(rows.start, rows.stop, device=like.device).view(-1, 1),
+                             dropout_mask.chunk_key(torch.arange(group.n_vis, device=like.device)))
+    return keep.to(like.dtype).mul_(dropout_mask.scale(t.dropout))
+
+
+def _keep_masks(t: Tiling, group: Group, loc: Tensor, rem: Tensor | None) -> tuple[Tensor, Tensor | None]:
+    """Dropout keep masks of a group's local and remote logits: the same in forward and backward."""
+    return _keep_local(t, group, loc), (_keep_remote(t, group, rem) if rem is not None else None)
 
 
 class Prologue(NamedTuple):
@@ -172,7 +190,7 @@ def attention_forward(t: Tiling, q, k, v, rk, rv, bias) -> tuple[Tensor, Tensor]
     w = t.window
     pro = Prologue.of(t, k, v, bias)
     out, lse = torch.empty_like(q), q.new_empty(B, H, N)
-    for g, group in enumerate(groups(t, B * H, N // w, rk.shape[-2])):
+    for group in groups(t, B * H, N // w, rk.shape[-2]):
         rows = group.rows(w)
         loc, rem = _logits(t, q, pro.k_pad, rk, pro.local_mask, group)
         top = loc.amax(-1).flatten(2, 3)  # (B, H, G·rows): the row maximum over both parts
@@ -186,7 +204,7 @@ def attention_forward(t: Tiling, q, k, v, rk, rv, bias) -> tuple[Tensor, Tensor]
             rem = rem.exp_()
             total = total + rem.sum(-1)
         if t.dropout > 0:
-            keep_loc, keep_rem = _keep_masks(t, g, loc, rem)
+            keep_loc, keep_rem = _keep_masks(t, group, loc, rem)
             loc = loc.mul_(keep_loc)
             rem = rem.mul_(keep_rem) if rem is not None else None
         o = torch.matmul(loc, _windows(pro.v_pad, t, group.b0, group.b1)).flatten(2, 3)
@@ -215,14 +233,14 @@ def attention_backward(t: Tiling, q, k, v, rk, rv, bias, out, lse, d_out):
     dq, dk_pad, dv_pad = torch.empty_like(q), torch.zeros_like(pro.k_pad), torch.zeros_like(pro.v_pad)
     drk, drv = torch.zeros_like(rk), torch.zeros_like(rv)
     d_bias = torch.zeros(w, t.ext + w, dtype=q.dtype, device=q.device)
-    for g, group in enumerate(groups(t, B * H, N // w, rk.shape[-2])):
+    for group in groups(t, B * H, N // w, rk.shape[-2]):
         b0, b1, r0, r1, n_vis = group
         rows = group.rows(w)
         loc, rem = _logits(t, q, pro.k_pad, rk, pro.local_mask, group)
         loc = loc.sub_(lse[..., rows].view(*loc.shape[:-1], 1))
         p_loc = loc.exp_()  # P, before dropout
         p_rem = rem.sub_(lse[..., rows].unsqueeze(-1)).exp_() if rem is not None else None
-        keep_loc, keep_rem = _keep_masks(t, g, p_loc, p_rem) if t.dropout > 0 else (None, None)
+        keep_loc, keep_rem = _keep_masks(t, group, p_loc, p_rem) if t.dropout > 0 else (None, None)
         # D_i per group: no (B, N, H) temporary of dO·O
         row_dot = (d_out[:, rows] * out[:, rows]).sum(-1).transpose(1, 2).unsqueeze(-1)  # (B, H, G·rows, 1)
         do_blocks = _queries(d_out, group, w)  # (B, H, G, rows, D)
@@ -267,5 +285,6 @@ def local_bias_grad(t: Tiling, q, k, v, bias, out, lse, d_out, b0: int, b1: int)
         p = loc.exp_()
         row_dot = (d_out[:, rows] * out[:, rows]).sum(-1).transpose(1, 2).reshape(*loc.shape[:-1], 1)
         dp = torch.matmul(_queries(d_out, group, w), _windows(pro.v_pad, t, group.b0, group.b1).transpose(-1, -2))
-        d_bias[group.r0 : group.r1] += _softmax_grad(p, dp, None, row_dot).sum((0, 1, 2))
+        keep = _keep_local(t, group, p, first_block=b0) if t.dropout > 0 else None
+        d_bias[group.r0 : group.r1] += _softmax_grad(p, dp, keep, row_dot).sum((0, 1, 2))
     return d_bias

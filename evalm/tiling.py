@@ -28,7 +28,7 @@ class Tiling:
     exclude_window_chunks: bool
     scale: float  # s = D^-1/2
     dropout: float = 0.0  # attention dropout on the joint probabilities (0 outside training)
-    seed: int = 0  # dropout masks of group g come from a generator seeded with seed + g
+    seed: int = 0  # the dropout mask's seed: keep decisions are a hash of it and the logit's indices (evalm/dropout_mask.py)
     group_logits: int = GROUP_LOGITS
     fused: bool = True  # PyTorch's fused CPU attention kernel (evalm/flash.py), else plain PyTorch
     noise_seed: int | None = None  # training noise ε of the chunk summaries, replayed in backward (None: no ε)

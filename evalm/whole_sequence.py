@@ -18,7 +18,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from evalm import flash, summaries
+from evalm import flash, flash_dropout, summaries
 from evalm.heads import upcast  # softmax work in at least fp32: exp of bf16 logits loses the small weights
 from evalm.recompute import attention_backward, attention_forward, local_bias_grad
 from evalm.summaries import AdaptiveMaps
@@ -76,13 +76,11 @@ class EvaRecompute(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, bias, t: Tiling, maps: AdaptiveMaps | None, n_chunks: int, consume: bool, *map_params):
-        if t.fused and t.dropout > 0:  # a bug in the caller, not a user error: the kernel would drop nothing
-            raise ValueError("the fused EVA path has no attention dropout; take the plain path (Tiling.fused = False)")
         q_w, k_w, v_w, bias_w = _work(t, q, k, v, bias)
         with torch.autocast(q.device.type, enabled=False):  # else bf16 autocast recasts every matmul
             chunk = ChunkKeys.of(t, maps, n_chunks, q_w, k_w)
             beta, _ = summaries.sequence_values(k_w, v_w, chunk.omega, t.chunk, t.scale)
-            attend = flash.forward if t.fused else attention_forward
+            attend = (flash_dropout.forward if t.dropout > 0 else flash.forward) if t.fused else attention_forward
             out, lse = attend(t, q_w, k_w, v_w, chunk.k_tilde, beta, bias_w)
         out = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, bias, out, lse)
@@ -137,7 +135,8 @@ def _fused_backward(t: Tiling, q, k, v, rk, beta, omega, weights, bias_for_grad,
         if d_bias is not None:
             d_bias.add_(local_bias_grad(t, q, k, v, bias_for_grad, out, lse, d_out, r0 // t.window, r1 // t.window))
 
-    flash.backward(t, q, k, v, rk, beta, bias, out, lse, d_out, drk, d_beta, finish)
+    parts = flash_dropout.parts(t, q, n) if t.dropout > 0 else flash.PARTS
+    flash.backward(t, q, k, v, rk, beta, bias, out, lse, d_out, drk, d_beta, finish, parts)
     return q, k, v, drk, d_beta, d_omega, d_bias
 
 

@@ -1,7 +1,8 @@
 """An independent per-token implementation of causal EVA (docs/eva.md, "The closed form"), in NumPy float64.
 
 It shares no code with evalm/eva.py: loops over queries, keys and chunks exactly as the closed
-form reads, with the module's parameters read out as plain arrays.
+form reads, with the module's parameters read out as plain arrays. The one definition it takes
+from the package is attention dropout's keep mask (evalm/dropout_mask.py), to replay it.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ import math
 
 import numpy as np
 import torch
+
+from evalm import dropout_mask
 
 
 def _np(t):
@@ -97,9 +100,13 @@ def _adaptive_t(x, seq):
     return y
 
 
-def eva_per_token_torch(attn, x):
+def eva_per_token_torch(attn, x, dropout: tuple[int, float] | None = None):
     """The same closed form in differentiable torch ops, one query (all heads) at a time: the
-    gradient oracle. Reads the module's parameters, so autograd reaches every one of them."""
+    gradient oracle. Reads the module's parameters, so autograd reaches every one of them.
+
+    `dropout` (seed, p) replays attention dropout: each query's joint probabilities times the keep
+    decisions of evalm/dropout_mask.py for its keys (token keys by position, chunk r as −1 − r),
+    scaled by 1/(1 − p). Only the mask's definition is shared with the module, not its use."""
     B, T, E = x.shape
     H, D = attn.n_head, attn.head_dim
     w, c, ext, s = attn.window_size, attn.chunk_size, attn.ext, D**-0.5
@@ -127,7 +134,13 @@ def eva_per_token_torch(attn, x):
                 kr, vr = torch.stack(k_tilde[:n_remote]), torch.stack(beta[:n_remote])
                 logits = torch.cat([logits, s * (kr * q[b, i]).sum(-1)])
                 values = torch.cat([values, vr])
-            rows.append((torch.softmax(logits, 0)[..., None] * values).sum(0).reshape(E))
+            p = torch.softmax(logits, 0)  # (keys, H)
+            if dropout is not None:
+                seed, rate = dropout
+                ids = torch.tensor([*range(lo, i + 1), *(-1 - r for r in range(n_remote))])
+                kept = dropout_mask.keep(seed, rate, torch.tensor(b), torch.arange(H)[None, :], torch.tensor(i), ids[:, None])
+                p = p * kept / (1 - rate)
+            rows.append((p[..., None] * values).sum(0).reshape(E))
     return _affine_t(torch.stack(rows).view(B, T, E), attn.out_proj)
 
 

@@ -1,6 +1,7 @@
 """EVA's recomputing training attention against two gradient oracles, on both of its paths: PyTorch's
-fused CPU kernel (evalm/flash.py, path "fused", the default) and the plain-PyTorch recomputation
-(evalm/recompute.py, path "recompute"; the path attention dropout always takes).
+fused CPU kernel (evalm/flash.py, path "fused", the default, attention dropout included) and the
+plain-PyTorch recomputation (evalm/recompute.py, path "recompute"). Dropout against the per-token
+oracle: tests/evalm/test_fused_dropout.py.
 
 Oracles, float64, every parameter's gradient and the input's:
 1. the autograd path through `EvaAttention._attend` (path "tiles", the implementation before
@@ -141,13 +142,16 @@ def _function_inputs(ext: int, n_blocks: int = 5):
     return w, c, maps, [torch.randn(*shape, dtype=torch.float64, generator=gen, requires_grad=True) for shape in shapes]
 
 
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "ops"])
 @pytest.mark.parametrize("ext, budget", [(0, 2 * 2 * 8 * 30), (8, 2 * 2 * 8 * 30), (8, 2 * 2 * 3 * 30)])
-def test_dropout_masks_and_noise_are_replayed_exactly_in_backward(ext, budget, monkeypatch):
+def test_dropout_masks_and_noise_are_replayed_exactly_in_backward(ext, budget, fused, monkeypatch):
     """gradcheck: backward equals the numerical derivative of the very forward whose dropout masks
     and training noise ε (both from seeds) it must replay while recomputing the chunk state."""
     monkeypatch.setattr(evalm.recompute, "MIN_PIECE", 3)  # the smallest budget cuts blocks into pieces
+    _flash_groups(monkeypatch, rows=16)  # the fused path in several groups, ranges and prefix pieces
+    monkeypatch.setattr(evalm.flash, "BACKWARD_CHUNKS", 3)
     w, c, maps, inputs = _function_inputs(ext)
-    tiling = Tiling(w, c, ext, False, 0.4, dropout=0.3, seed=11, group_logits=budget, fused=False, noise_seed=5)
+    tiling = Tiling(w, c, ext, False, 0.4, dropout=0.3, seed=11, group_logits=budget, fused=fused, noise_seed=5)
 
     def attend(*x, t=tiling):
         return eva_attention(t, *x[:3], maps, x[3])
@@ -258,13 +262,14 @@ def test_bf16_autocast_does_not_reach_inside_the_function():
 
 
 def test_training_on_the_fused_and_plain_paths_follows_one_trajectory():
-    """Thirty AdamW steps (residual dropout and the training noise ε on, fresh each step) give the
-    same losses on the fused kernel and on the plain-PyTorch path: in float64 the two differ only by
-    rounding, so any drift between them would be a difference in what they compute."""
+    """Thirty AdamW steps (residual and attention dropout and the training noise ε on, fresh each
+    step) give the same losses on the fused kernel and on the plain-PyTorch path: in float64 the two
+    differ only by rounding (both draw one attention dropout mask, evalm/dropout_mask.py), so any
+    drift between them would be a difference in what they compute."""
     data = torch.randint(0, BASE.vocab_size, (3, 2, 257), generator=torch.Generator().manual_seed(5))
 
     def losses(fused: bool) -> list[float]:
-        model = make_model(dropout=0.1).train()
+        model = make_model(dropout=0.1, attn_dropout=0.1).train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
         out = []
         for step in range(30):  # three batches, ten times each: enough to learn something
@@ -317,9 +322,9 @@ def test_bf16_runs_natively_on_the_fused_path_within_bf16_of_the_float64_path(na
         assert error < 3e-2, (key, error)
 
 
-def test_the_fused_backward_leaves_a_direct_callers_inputs_intact_and_refuses_dropout():
+def test_the_fused_backward_leaves_a_direct_callers_inputs_intact():
     """Without `consume`, the fused backward writes its gradients over copies: q, k, v keep their
-    values (they would hold dq, dk, dv otherwise). Dropout on the fused path is refused, not ignored."""
+    values (they would hold dq, dk, dv otherwise)."""
     w, c, maps, inputs = _function_inputs(0)
     before = [x.detach().clone() for x in inputs]
     tiling = Tiling(w, c, 0, False, 0.4)
@@ -327,5 +332,3 @@ def test_the_fused_backward_leaves_a_direct_callers_inputs_intact_and_refuses_dr
     for x, kept in zip(inputs, before):
         torch.testing.assert_close(x.detach(), kept, rtol=0, atol=0)
         assert x.grad is not None and x.grad.abs().max() > 0
-    with pytest.raises(ValueError, match="no attention dropout"):
-        eva_attention(dataclasses.replace(tiling, dropout=0.1), *inputs[:3], maps, inputs[3])
