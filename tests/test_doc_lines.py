@@ -1,25 +1,28 @@
 """Every command line of the README and the guides runs: taken from the docs, run, and checked covered.
 
-    python -m pytest tests/test_doc_lines.py -q            (the slow plans: -m slow)
+    python -m pytest tests/test_doc_lines.py -q -m "not slow"     (every plan: without -m)
 
-The contract (the coverage test below fails naming the file and the line otherwise): every command
-line that `tests.doc_lines.command_lines()` finds is
-- run by one plan of PLANS here: the plan's patterns select the lines FROM the docs, each line is run
-  as a subprocess in a temporary folder on real files, after only the edits the plan names (EDITS: a
-  pattern, its replacement and the reason) and with only the stand-in inputs it names (INPUTS: files
-  written at the paths the docs name, each with its reason), and must exit 0 leaving its output;
+The contract (test_every_documented_line_is_run_by_a_test_or_excused fails naming the file and the
+line otherwise): every command line that `tests.doc_lines.command_lines()` finds is
+- run by one plan of PLANS here: the plan's patterns select the lines FROM the docs (the text run is
+  the docs' text, never a copy kept here), each line runs as a subprocess in a temporary folder on
+  real files, after only the edits the plan names (EDITS: pattern, replacement, reason) and on only
+  the stand-in inputs it names (INPUTS: files written at the paths the docs name, placeholders such
+  as DIR included, each with its reason; built by tests/doc_inputs.py), and must exit 0 without a
+  traceback, leaving its --out / --output;
 - or run by the test that owns it (OWNERS: the function that test itself reads its lines with);
 - or excused (EXCUSED: the line, exactly, and why it cannot run here; a stale excusal fails).
-A pattern that selects no line, a line two plans claim and an edit that changes nothing fail too.
+A pattern that selects no line, a line two plans (or a plan and an owner) claim, an edit that changes
+none of its plan's lines, and an edit or input no plan uses fail too.
 
-Every line runs from the folder the docs assume (a checkout: `configs/`, `train/samples/` and
+Lines run from the folder the docs assume (a checkout: `configs/`, `train/samples/` and
 `data_pipeline/budgets/` are linked in). `evalm`, `python` and `torchrun` are this interpreter's
-(`python -m evalm.launcher.cli`, `python -m torch.distributed.run` on a free port).
+(`python -m evalm.launcher.cli`, `python -m torch.distributed.run` on a free port). Plans over
+~20 s on 2 cores are marked slow; the default run keeps the quick ones.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
@@ -32,6 +35,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import doc_inputs as inputs
 from tests.doc_lines import ROOT, command_lines
 
 # ---------------------------------------------------------------------------------------------------------
@@ -59,7 +63,8 @@ EDITS: dict[str, tuple[str, str, str]] = {
     "lengths": (r"--lengths \S+", "--lengths 64,128 --max-tokens 128 --ppl.segment_tokens=32 --ppl.max_books=1",
                 "PG-19's lengths to 256k -> 128 tokens (tests/icl_eval/test_ppl_readme.py runs 262,144)"),
     "ppl-small": (r"^((?!.*--lengths).*)$", r"\1 --lengths 64,128 --max-tokens 128 --ppl.segment_tokens=32 --ppl.max_books=1", SMALL),
-    "steps": (r"$", " --set train.steps=2 --set checkpoint.save_every=2 --set data.seq_len=64", SMALL),
+    "steps": (r"^((?:evalm train (?:pretrain|msit)|.*-m evalm\.train\.(?:pretrain|msit)) .*)$",
+              r"\1 --set train.steps=2 --set checkpoint.save_every=2 --set data.seq_len=64", SMALL),
     "steps-200": (r"--set train\.steps=200", "--set train.steps=2", SMALL),
     "episodes": (r"--episodes 1000 --examples 120", "--episodes 10 --examples 20", SMALL),
     "msit-data": (r"$", " --episodes 10 --examples 20", SMALL),
@@ -76,192 +81,34 @@ EDITS: dict[str, tuple[str, str, str]] = {
                "$COMMON as `benchmarks/smollm.py --remap-commands` prints it, with a tiny model for the SmolLM2 GGUF"),
     "loop": (r"\$s\b", "1", "the shell loop's variable: its first value"),
     "saicl-repro": (r"$", " --shots 4 --seeds 1 --items 4 --set metaicl.steps=2 --set metaicl.batch_size=2", SMALL),
-    "saicl-t5": (r"--shots 4 16 64 128 256", "--shots 4 16", SMALL),
+    "saicl-t5": (r"--shots 4 16 64 128 256", "--shots 4 16 --repeats 1", SMALL),
 }
 
 
 # ---------------------------------------------------------------------------------------------------------
 # INPUTS: what a documented line reads that only the user has, written here at the path the docs name
 # (placeholders such as DIR included), CI-sized. Each: (builder, reason).
-def _link_checkout(work: Path) -> None:
-    for rel in ("configs", "train/samples", "data_pipeline/budgets"):
-        (work / rel).parent.mkdir(parents=True, exist_ok=True)
-        (work / rel).symlink_to(ROOT / rel)
-
-
-def _jsonl(path: Path, rows: list[dict]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-
-
-def _labelled_rows(n: int, field: str, n_labels: int) -> list[dict]:
-    from tests.models import WORDS
-
-    return [{field: f"{WORDS[i % len(WORDS)]} {WORDS[(3 * i) % len(WORDS)]} {i}", "label": i % n_labels}
-            for i in range(n)]
-
-
-def _hf_lm(rel: str, kind: str = "gpt2"):
-    def build(work: Path) -> None:
-        from tests.models import hf_causal_lm
-
-        hf_causal_lm(work / rel, kind)
-    return build
-
-
-def _t5(work: Path) -> None:
-    from tests.models import hf_t5
-
-    hf_t5(work / "T5DIR")
-
-
-def _exported(rel: str):
-    def build(work: Path) -> None:
-        from tests.models import byte_model
-
-        byte_model(work / rel)
-    return build
-
-
-def _task(rel: str, n_train: int = 80):
-    def build(work: Path) -> None:
-        from tests.models import two_label_task
-
-        two_label_task(work / rel, n_train=n_train, n_test=4)
-    return build
-
-
-def _agnews(work: Path) -> None:
-    for split, n in (("train", 40), ("test", 4)):
-        _jsonl(work / "data" / "agnews" / f"{split}.jsonl", _labelled_rows(n, "text", 4))
-
-
-def _sst2_folder(work: Path) -> None:
-    for split, n in (("train", 80), ("test", 4)):
-        _jsonl(work / "DATA" / f"{split}.jsonl", _labelled_rows(n, "sentence", 2))
-
-
-def _sst2_cache(work: Path) -> None:
-    from tests.hub_cache import write_hub_cache
-
-    splits = {hub: {k: [r[k] for r in rows] for k in ("sentence", "label")} | {"idx": list(range(len(rows)))}
-              for hub, rows in (("train", _labelled_rows(520, "sentence", 2)), ("validation", _labelled_rows(8, "sentence", 2)))}
-    write_hub_cache(work / "hub", "nyu-mll/glue", "sst2", splits)
-
-
-def _banking77_cache(work: Path) -> None:
-    import datasets
-
-    from tests.hub_cache import write_hub_cache
-
-    names = ["card_arrival", "pin_blocked", "top_up_failed"]
-    features = datasets.Features({"text": datasets.Value("string"), "label": datasets.ClassLabel(names=names)})
-    splits = {split: {k: [r[k] for r in rows] for k in ("text", "label")}
-              for split, rows in (("train", _labelled_rows(120, "text", 3)), ("test", _labelled_rows(4, "text", 3)))}
-    write_hub_cache(work / "hub", "PolyAI/banking77", None, splits, features=features)
-
-
-def _books(work: Path) -> list[Path]:
-    from tests.launcher.samples_fixture import document
-
-    import random
-
-    rng = random.Random(0)
-    return [(f"book{k}", "\n".join(document(rng, 12) for _ in range(6))) for k in range(2)]
-
-
-def _pg19_cache(work: Path) -> None:
-    from tests.hub_cache import write_hub_cache
-
-    books = _books(work)
-    write_hub_cache(work / "hub", "deepmind/pg19", None, {"test": {
-        "short_book_title": [b for b, _ in books], "publication_date": [1900] * len(books),
-        "url": [f"local://{b}" for b, _ in books], "text": [t for _, t in books]}})
-
-
-def _pg19_folder(work: Path) -> None:
-    for b, text in _books(work):
-        (work / "pg19" / "test").mkdir(parents=True, exist_ok=True)
-        (work / "pg19" / "test" / f"{b}.txt").write_text(text)
-
-
-def _pile(work: Path) -> None:
-    import zstandard
-
-    from tests.launcher.samples_fixture import write_samples
-
-    samples = write_samples(work / "stand-in")
-    shards = sorted((samples / "pile").glob("*.jsonl"))
-    (work / "data" / "pile" / "train").mkdir(parents=True)
-    for k, shard in enumerate(shards):
-        (work / "data" / "pile" / "train" / f"{k:02d}.jsonl.zst").write_bytes(
-            zstandard.ZstdCompressor().compress(shard.read_bytes()))
-    (samples / "pile").rename(work / "data" / "corpus")
-
-
-def _data_toml(work: Path) -> None:
-    """The guide's own defaults block, as the file `--config data.toml` names."""
-    text = (ROOT / "docs" / "data_pipeline.md").read_text()
-    block = text.split("## Configuration (`--config data.toml`)", 1)[1].split("```toml\n", 1)[1].split("```", 1)[0]
-    (work / "data.toml").write_text(block)
-
-
-def _samples(work: Path) -> None:
-    from tests.launcher.samples_fixture import write_samples
-
-    write_samples(work / "data" / "samples")
-    _task("data/samples/tasks/rotten_tomatoes")(work)
-
-
-def _harness_task(work: Path) -> None:
-    for split, n in (("train", 20), ("test", 4)):
-        _jsonl(work / "tasks" / f"{split}.jsonl", _labelled_rows(n, "text", 2))
-    (work / "tasks" / "my_task.yaml").write_text(
-        f"task: my_task\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    train: {work}/tasks/train.jsonl\n"
-        f"    test: {work}/tasks/test.jsonl\ntraining_split: train\ntest_split: test\nfewshot_split: train\n"
-        "output_type: multiple_choice\ndoc_to_text: \"Text: {{text}} Label:\"\ndoc_to_choice: [\"no\", \"yes\"]\n"
-        "doc_to_target: \"{{label}}\"\nmetric_list:\n  - metric: acc\n")
-
-
-def _tokenizer_json(work: Path) -> None:
-    from tests.models import hf_tokenizer
-
-    hf_tokenizer(work / "stand-in-tokenizer")
-    (work / "stand-in-tokenizer" / "tokenizer.json").rename(work / "tokenizer.json")
-
-
-def _docs(work: Path) -> None:
-    (work / "DOCS").mkdir()
-    (work / "DOCS" / "documents.jsonl").symlink_to(ROOT / "train" / "samples" / "documents.jsonl")
-
-
-def _samples_cache(work: Path) -> None:
-    from evalm.data_pipeline.samples.fetch import default_cache
-
-    (work / "DIR").symlink_to(default_cache()) if default_cache().is_dir() else (work / "DIR").mkdir()
-
-
 INPUTS = {
-    "models/my-lm": (_hf_lm("models/my-lm"), "your Hugging Face model: a tiny random GPT-2 with a BPE tokenizer"),
-    "DIR=model": (_hf_lm("DIR"), "the placeholder of your model folder: the same tiny GPT-2"),
-    "models/opt-350m": (_hf_lm("models/opt-350m", "opt"), "OPT-350M: a tiny random OPT of the same class"),
-    "T5DIR": (_t5, "the placeholder of a T5 folder: a tiny random T5 with a BPE tokenizer"),
-    "DATA": (_sst2_folder, "the placeholder of an sst2 folder: train/test jsonl with `sentence`, `label`"),
-    "my_task": (_task("my_task"), "your task: a two-label task file with its split files"),
-    "data/agnews": (_agnews, "AG News's split files: 4-label rows"),
-    "sst2": (_sst2_cache, "GLUE sst2 in the offline datasets cache (hub layout)"),
-    "banking77": (_banking77_cache, "PolyAI/banking77 in the offline datasets cache, ClassLabel names"),
-    "deepmind/pg19": (_pg19_cache, "PG-19's test books in the offline datasets cache"),
-    "pg19/test": (_pg19_folder, "PG-19's split folder of .txt books: two books"),
-    "runs/export": (_exported("runs/export"), "an exported EVALM: a one-layer byte-level model"),
-    "export/evalm": (_exported("export/evalm"), "an exported EVALM: a one-layer byte-level model"),
-    "pile": (_pile, "the Pile's shards (/data/pile/train/NN.jsonl.zst, /data/corpus): seeded Pile-format text"),
-    "data.toml": (_data_toml, "the data config: the guide's own block of defaults"),
-    "data/samples": (_samples, "`evalm data samples`' folder in its layout (seeded), with a rotten_tomatoes task"),
-    "tasks/my_task.yaml": (_harness_task, "your lm-eval task: a local two-choice task"),
-    "tokenizer.json": (_tokenizer_json, "your tokenizer.json: a BPE trained here"),
-    "DOCS": (_docs, "the placeholder of your documents: a folder holding the shipped sample documents"),
-    "DIR=cache": (_samples_cache, "the placeholder of the samples download cache: the user's cache"),
+    "models/my-lm": (inputs.hf_lm("models/my-lm"), "your Hugging Face model: a tiny random GPT-2 with a BPE tokenizer"),
+    "DIR=model": (inputs.hf_lm("DIR"), "the placeholder of your model folder: the same tiny GPT-2"),
+    "models/opt-350m": (inputs.hf_lm("models/opt-350m", "opt"), "OPT-350M: a tiny random OPT of the same class"),
+    "T5DIR": (inputs.t5, "the placeholder of a T5 folder: a tiny random T5 with a BPE tokenizer"),
+    "DATA": (inputs.sst2_folder, "the placeholder of an sst2 folder: train/test jsonl with `sentence`, `label`"),
+    "my_task": (inputs.task("my_task"), "your task: a two-label task file with its split files"),
+    "data/agnews": (inputs.agnews, "AG News's split files: 4-label rows"),
+    "sst2": (inputs.sst2_cache, "GLUE sst2 in the offline datasets cache (hub layout)"),
+    "banking77": (inputs.banking77_cache, "PolyAI/banking77 in the offline datasets cache, ClassLabel names"),
+    "deepmind/pg19": (inputs.pg19_cache, "PG-19's test books in the offline datasets cache"),
+    "pg19/test": (inputs.pg19_folder, "PG-19's split folder of .txt books: two books"),
+    "runs/export": (inputs.exported("runs/export"), "an exported EVALM: a one-layer byte-level model"),
+    "export/evalm": (inputs.exported("export/evalm"), "an exported EVALM: a one-layer byte-level model"),
+    "pile": (inputs.pile, "the Pile's shards (/data/pile/train/NN.jsonl.zst, /data/corpus): seeded Pile-format text"),
+    "data.toml": (inputs.data_toml, "the data config: the guide's own block of defaults"),
+    "data/samples": (inputs.samples, "`evalm data samples`' folder in its layout (seeded), with a rotten_tomatoes task"),
+    "tasks/my_task.yaml": (inputs.harness_task, "your lm-eval task: a local two-choice task"),
+    "tokenizer.json": (inputs.tokenizer_json, "your tokenizer.json: a BPE trained here"),
+    "DOCS": (inputs.docs, "the placeholder of your documents: a folder holding the shipped sample documents"),
+    "DIR=cache": (inputs.samples_cache, "the placeholder of the samples download cache: the user's cache"),
 }
 
 
@@ -288,11 +135,11 @@ PLANS = [
     Plan("your-model-banking77", (r"evalm eval icl --hf-model models/my-lm --task banking77",),
          ("models/my-lm", "banking77"), ("budgets", "few-items")),
     Plan("your-model-on-n-ranks", (r"torchrun --nproc_per_node=8 -m evalm\.icl_eval icl --hf-model models/my-lm",),
-         ("models/my-lm", "banking77"), ("ranks", "shots", "few-items")),
+         ("models/my-lm", "banking77"), ("ranks", "shots", "few-items"), slow=True),
     Plan("your-corpus", (r"evalm data (filter|dedup|blend) +--input (/data/corpus|out/(filter|dedup)) --output out/\w+ --(tasks 8|budgets)",),
          ("pile",), ("abs-paths", "redis", "table5")),
     Plan("data-stages-synopsis", (r"evalm data (filter|dedup|blend) +--input \S+( /data/\S+)? +--output out/\w+ --tasks (30|64)\b",),
-         ("pile", "data.toml"), ("abs-paths", "tasks", "workers", "optional", "optional-outer", "redis", "table5")),
+         ("pile", "data.toml"), ("abs-paths", "tasks", "workers", "optional", "optional-outer", "redis", "table5"), slow=True),
     Plan("training-quick-start", (TOKENS, r"evalm train pretrain --config configs/pretrain-tiny\.toml --out runs/pretrain-tiny$",
                                   r"evalm train msit --config configs/msit-tiny\.toml", r"evalm export --checkpoint runs/msit-tiny"),
          edits=("steps",), slow=True),
@@ -300,30 +147,31 @@ PLANS = [
          edits=("steps",), first=(TOKENS,)),
     Plan("pretrain-entry-points", (r"python -m evalm\.train\.pretrain", r"torchrun --nproc_per_node=2 -m evalm\.train\.pretrain",
                                    r"evalm train pretrain --config configs/pretrain-tiny\.toml --set"),
-         edits=("steps", "steps-200"), first=(TOKENS,), alternatives=True),
+         edits=("steps", "steps-200"), first=(TOKENS,), alternatives=True, slow=True),
     Plan("tokenizer-synopsis", (r"evalm train tokenizer --input DOCS",), ("DOCS", "tokenizer.json"), ("optional",),
          alternatives=True),
     Plan("msit-data", (r"evalm train msit-data",), ("data/samples",), ("episodes", "msit-data")),
-    Plan("built-in-icl", (r"evalm eval icl$", r"evalm eval icl --config configs/eval-tiny\.toml"), slow=True),
+    Plan("built-in-icl", (r"evalm eval icl$", r"evalm eval icl --config configs/eval-tiny\.toml"), (), ("few-items",),
+         slow=True, alternatives=True),
     Plan("built-in-ppl", (r"evalm eval ppl --books train/samples",), slow=True),
     Plan("exported-on-sst2", (r"evalm eval icl --checkpoint runs/export --task sst2", r"python -m evalm\.icl_eval icl --checkpoint export/evalm",
                               r"torchrun --nproc_per_node=8 -m evalm\.icl_eval icl --checkpoint", r"srun "),
          ("runs/export", "export/evalm", "sst2"), ("slurm", "shots", "seeds", "few-items", "ranks", "cpu", "abs-paths"),
-         alternatives=True),
+         alternatives=True, slow=True),
     Plan("opt-on-agnews", (r"evalm eval icl --hf-model models/opt-350m",), ("models/opt-350m", "data/agnews"),
-         ("few-items",)),
+         ("few-items",), slow=True),
     Plan("perplexity", (r"evalm eval ppl --checkpoint runs/export", r"torchrun --nproc_per_node=8 -m evalm\.icl_eval ppl"),
          ("runs/export", "export/evalm", "deepmind/pg19", "pg19/test"), ("lengths", "ppl-small", "ranks", "cpu"),
          alternatives=True),
     Plan("budgets-and-diagnostics", (r"evalm eval icl --hf-model DIR", r"evalm eval icl \.\.\."),
-         ("DIR=model", "models/my-lm", "banking77"), ("budgets", "seeds", "items", "ellipsis")),
-    Plan("harness", (r"evalm eval harness",), ("runs/export", "tasks/my_task.yaml"), ("harness", "optional", "first-of")),
-    Plan("t5", (r"evalm eval icl --hf-model T5DIR",), ("T5DIR", "DATA"), ("shots", "few-items")),
+         ("DIR=model", "models/my-lm", "banking77"), ("budgets", "seeds", "items", "ellipsis"), slow=True),
+    Plan("harness", (r"evalm eval harness",), ("runs/export", "tasks/my_task.yaml"), ("harness", "optional", "first-of"), slow=True),
+    Plan("t5", (r"evalm eval icl --hf-model T5DIR",), ("T5DIR", "DATA"), ("shots", "few-items"), slow=True),
     Plan("metaicl", (r"evalm train metaicl", r"evalm eval icl --hf-model runs/metaicl/saicl"), (),
          ("metaicl", "shots", "few-items")),
     Plan("saicl-benchmarks", (r"python benchmarks/saicl_(repro|t5)\.py",), (), ("saicl-repro", "saicl-t5"), slow=True),
     Plan("smollm-remap-commands", (r"evalm eval icl \$COMMON",), ("models/my-lm", "data/samples"),
-         ("common", "loop", "items", "budgets", "seeds")),
+         ("common", "loop", "items", "budgets", "seeds"), slow=True),
     Plan("samples", (r"evalm data samples",), ("DIR=cache",), ("optional",), slow=True,
          alternatives=True),
 ]
@@ -436,7 +284,7 @@ def run_plan(plan: Plan, work: Path, redis: str | None) -> list[str]:
 
     lines = command_lines()
     work.mkdir()
-    _link_checkout(work)
+    inputs.link_checkout(work)
     for name in plan.inputs:
         INPUTS[name][0](work)
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1"}
