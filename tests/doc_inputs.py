@@ -12,7 +12,7 @@ from tests.doc_lines import ROOT
 
 
 def link_checkout(work: Path) -> None:
-    for rel in ("configs", "train/samples", "data_pipeline/budgets"):
+    for rel in ("configs", "train/samples", "data_pipeline/budgets", "benchmarks"):
         (work / rel).parent.mkdir(parents=True, exist_ok=True)
         (work / rel).symlink_to(ROOT / rel)
 
@@ -89,7 +89,8 @@ def banking77_cache(work: Path) -> None:
     write_hub_cache(work / "hub", "PolyAI/banking77", None, splits, features=features)
 
 
-def books(work: Path) -> list[tuple[str, str]]:
+def seeded_books() -> list[tuple[str, str]]:
+    """Two (title, text) books of seeded sentences."""
     from tests.launcher.samples_fixture import document
 
     rng = random.Random(0)
@@ -99,14 +100,14 @@ def books(work: Path) -> list[tuple[str, str]]:
 def pg19_cache(work: Path) -> None:
     from tests.hub_cache import write_hub_cache
 
-    books = books(work)
+    books = seeded_books()
     write_hub_cache(work / "hub", "deepmind/pg19", None, {"test": {
         "short_book_title": [b for b, _ in books], "publication_date": [1900] * len(books),
         "url": [f"local://{b}" for b, _ in books], "text": [t for _, t in books]}})
 
 
 def pg19_folder(work: Path) -> None:
-    for b, text in books(work):
+    for b, text in seeded_books():
         (work / "pg19" / "test").mkdir(parents=True, exist_ok=True)
         (work / "pg19" / "test" / f"{b}.txt").write_text(text)
 

@@ -15,10 +15,10 @@ line otherwise): every command line that `tests.doc_lines.command_lines()` finds
 A pattern that selects no line, a line two plans (or a plan and an owner) claim, an edit that changes
 none of its plan's lines, and an edit or input no plan uses fail too.
 
-Lines run from the folder the docs assume (a checkout: `configs/`, `train/samples/` and
-`data_pipeline/budgets/` are linked in). `evalm`, `python` and `torchrun` are this interpreter's
-(`python -m evalm.launcher.cli`, `python -m torch.distributed.run` on a free port). Plans over
-~20 s on 2 cores are marked slow; the default run keeps the quick ones.
+Lines run from the folder the docs assume (a checkout: `configs/`, `train/samples/`,
+`data_pipeline/budgets/` and `benchmarks/` are linked in). `evalm`, `python` and `torchrun` are this
+interpreter's (`python -m evalm.launcher.cli`, `python -m torch.distributed.run` on a free port).
+Plans over ~20 s on 2 cores are marked slow; the default run keeps the quick ones.
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ EDITS: dict[str, tuple[str, str, str]] = {
                "incremental --eval.method.scoring=answer-sum --eval.method.on_overflow=drop_left",
                "$COMMON as `benchmarks/smollm.py --remap-commands` prints it, with a tiny model for the SmolLM2 GGUF"),
     "loop": (r"\$s\b", "1", "the shell loop's variable: its first value"),
-    "saicl-repro": (r"$", " --shots 4 --seeds 1 --items 4 --set metaicl.steps=2 --set metaicl.batch_size=2", SMALL),
+    "saicl-repro": (r"^(python benchmarks/saicl_repro\.py.*)$", r"\1 --shots 4 --seeds 1 --items 4 --set metaicl.steps=2 --set metaicl.batch_size=2", SMALL),
     "saicl-t5": (r"--shots 4 16 64 128 256", "--shots 4 16 --repeats 1", SMALL),
 }
 
@@ -108,7 +108,7 @@ INPUTS = {
     "tasks/my_task.yaml": (inputs.harness_task, "your lm-eval task: a local two-choice task"),
     "tokenizer.json": (inputs.tokenizer_json, "your tokenizer.json: a BPE trained here"),
     "DOCS": (inputs.docs, "the placeholder of your documents: a folder holding the shipped sample documents"),
-    "DIR=cache": (inputs.samples_cache, "the placeholder of the samples download cache: the user's cache"),
+    "DIR=cache": (inputs.samples_cache, "the placeholder of the download cache: the user's (else empty: pip downloads)"),
 }
 
 
