@@ -165,4 +165,7 @@ def docs(work: Path) -> None:
 def samples_cache(work: Path) -> None:
     from evalm.data_pipeline.samples.fetch import default_cache
 
-    (work / "DIR").symlink_to(default_cache()) if default_cache().is_dir() else (work / "DIR").mkdir()
+    if default_cache().is_dir():
+        (work / "DIR").symlink_to(default_cache())
+    else:
+        (work / "DIR").mkdir()

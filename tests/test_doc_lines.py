@@ -176,7 +176,7 @@ PLANS = [
          alternatives=True),
 ]
 
-# Lines whose own test runs them: that test's function that reads them from the docs.
+
 def _ci_lines() -> list[str]:
     """The README lines .ci/run runs as written (the set-up's venv, the test command itself)."""
     return [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()
@@ -184,6 +184,7 @@ def _ci_lines() -> list[str]:
 
 
 def _owners() -> dict[str, list[str]]:
+    """OWNERS: the lines another test runs, each read by the function that test itself reads them with."""
     from tests.launcher.test_run import readme_main_job
     from tests.test_paper_chain import readme_block
 
