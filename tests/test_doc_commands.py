@@ -6,7 +6,7 @@ This is the fast first check (a renamed flag or command fails here, in the line 
 every such line also RUNS is the contract of tests/test_doc_lines.py: each line (as
 tests.doc_lines.command_lines() reads it) is run there from the docs' own text with only declared
 edits and stand-in inputs, or by the test that owns it (the paper-scale block:
-tests/test_paper_chain.py; the main job: tests/launcher/test_run.py; the set-up and test command:
+tests/test_paper_chain.py; the main job: tests/launcher/test_run.py; the test command:
 .ci/run), or is excused there with its reason; a line none of them runs fails there, named.
 """
 
