@@ -49,3 +49,58 @@ def two_label_task(folder: Path, n_train: int = 8, n_test: int = 4) -> Path:
     path.write_text('[task]\ntemplate = "{text} {label}"\nlabels = ["no", "yes"]\n'
                     'train = "train.jsonl"\ntest = "test.jsonl"\n')
     return path
+
+
+WORDS = ("the a of and to in is was it on review movie film good bad great poor news sport market world "
+         "label text item yes no positive negative story game team price city").split()
+
+
+def hf_tokenizer(folder: Path):
+    """A byte-level BPE trained here on a few sentences (no hub), saved to `folder`; `<pad>` is id 0 (T5's)
+    and `</s>` the eos."""
+    import transformers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    corpus = [" ".join(WORDS[i:] + WORDS[:i]) for i in range(len(WORDS))]
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(
+        vocab_size=400, special_tokens=["<pad>", "</s>"], show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="</s>", pad_token="<pad>")
+    fast.save_pretrained(folder)
+    return fast
+
+
+def hf_causal_lm(folder: Path, kind: str = "gpt2", n_positions: int = 2048) -> Path:
+    """A tiny random decoder (`gpt2` or `opt`) with `hf_tokenizer`, saved as a Hugging Face model folder."""
+    import transformers
+
+    tok = hf_tokenizer(folder)
+    torch.manual_seed(0)
+    if kind == "opt":
+        config = transformers.OPTConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, ffn_dim=64,
+                                        num_attention_heads=4, max_position_embeddings=n_positions, word_embed_proj_dim=32,
+                                        pad_token_id=tok.pad_token_id, bos_token_id=tok.eos_token_id,
+                                        eos_token_id=tok.eos_token_id)
+        model = transformers.OPTForCausalLM(config)
+    else:
+        config = transformers.GPT2Config(vocab_size=len(tok), n_positions=n_positions, n_embd=32, n_layer=2, n_head=4,
+                                         bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id)
+        model = transformers.GPT2LMHeadModel(config)
+    model.save_pretrained(folder)
+    return folder
+
+
+def hf_t5(folder: Path) -> Path:
+    """A tiny random T5 (icl_eval.t5's shape) with `hf_tokenizer`, saved as a Hugging Face model folder."""
+    import transformers
+
+    from evalm.icl_eval.t5 import tiny_t5_config
+
+    tok = hf_tokenizer(folder)
+    torch.manual_seed(0)
+    model = transformers.T5ForConditionalGeneration(tiny_t5_config(vocab_size=len(tok), eos_id=tok.eos_token_id))
+    model.save_pretrained(folder)
+    return folder

@@ -2,16 +2,19 @@
 subcommands exist, every `--flag` they use is an option of that command (or an override), every
 `python -m` / `torchrun -m` module resolves, and every `python benchmarks/X.py` exists with its flags.
 
-Running each of them is left to the tests that own them (the cluster block: tests/test_paper_chain.py;
-the PG-19 line: tests/icl_eval/test_ppl_readme.py; the main job: tests/launcher); this test keeps the
-rest from drifting: a renamed flag or command fails here, in the line that names it."""
+This is the fast first check (a renamed flag or command fails here, in the line that names it). That
+every such line also RUNS is the contract of tests/test_doc_lines.py: each line (as
+tests.doc_lines.command_lines() reads it) is run there from the docs' own text with only declared
+edits and stand-in inputs, or by the test that owns it (the paper-scale block:
+tests/test_paper_chain.py; the main job: tests/launcher/test_run.py; the test command:
+.ci/run), or is excused there with its reason; a line none of them runs fails there, named.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import importlib.util
 import io
-import re
 import shlex
 import subprocess
 import sys
@@ -20,23 +23,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.doc_lines import command_lines
+
 ROOT = Path(__file__).resolve().parent.parent
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-
-
-def command_lines() -> list[tuple[str, str]]:
-    """(where, command) for each command of a ```bash block, continuation lines joined, comments dropped."""
-    found = []
-    for path in DOCS:
-        text = path.read_text(encoding="utf-8")
-        for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
-            for line in block.replace("\\\n", " ").splitlines():
-                line = line.split("  #")[0].split(" # ")[0].strip()
-                for part in re.split(r"\s+(?:&&|\|\||\|)\s+", line):
-                    part = re.sub(r"^(?:[A-Z_]+=\S+\s+)+", "", part.strip())  # VAR=value prefixes
-                    if re.match(r"(evalm|python3?|torchrun|srun)\b", part) and not re.match(r"python3? -c", part):
-                        found.append((path.name, part))
-    return found
 
 
 @cache

@@ -33,7 +33,8 @@ from typing import Literal
 import torch
 from pydantic.dataclasses import dataclass
 
-from evalm.config_toolkit import ConfigError, FROZEN, Parser, apply_overrides, build, read_toml, report, shipped, to_dict
+from evalm.config_toolkit import (ConfigError, FROZEN, Parser, apply_overrides, build, read_toml, report, shipped,
+                                  split_overrides, to_dict)
 from evalm.train.config import OptimConfig
 from evalm.train.schedule import set_lr
 
@@ -176,11 +177,6 @@ def _train(model_cfg: T5ModelConfig, cfg: MetaIclConfig, optim: OptimConfig, syn
     return lm, records
 
 
-def _split(argv: Sequence[str]) -> tuple[list[str], list[str]]:
-    overrides = [a[2:] for a in argv if a.startswith("--") and "=" in a and "." in a.split("=", 1)[0]]
-    return overrides, [a for a in argv if a[2:] not in overrides]
-
-
 def load_configs(path: str | Path | None, overrides: Sequence[str]):
     """([model], [metaicl], [optim], [synthetic]) of a TOML file with `section.key=value` overrides."""
     from evalm.text.synthetic import SyntheticConfig
@@ -194,9 +190,12 @@ def load_configs(path: str | Path | None, overrides: Sequence[str]):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    overrides, rest = _split(list(sys.argv[1:] if argv is None else argv))
+    try:  # the one override syntax of every command: --set section.key=value, or --section.key=value
+        overrides, rest = split_overrides(sys.argv[1:] if argv is None else argv)
+    except ConfigError as err:
+        return report("evalm train metaicl", err)
     p = Parser(prog="evalm train metaicl", description=__doc__.split("\n")[0],
-                                epilog="Any field: --section.key=value (e.g. --metaicl.encoder=fid).")
+               epilog="Any field: --set section.key=value, or --section.key=value (e.g. --metaicl.encoder=fid).")
     p.add_argument("--config", default=str(DEFAULT_CONFIG) if DEFAULT_CONFIG.is_file() else None,
                    help=f"TOML with [model] [metaicl] [optim] [synthetic] (default: {DEFAULT_CONFIG.name})")
     p.add_argument("--out", required=True, help="output folder: a Hugging Face T5 folder plus metrics.jsonl (required)")

@@ -2,19 +2,24 @@
 
     python -m pytest tests/launcher/test_run.py -q
 
-The samples are written by the test (no network); the stages are the real commands.
+The samples are written by the test (no network); the stages are the real commands. The first test
+runs the README's main-job line (`evalm run`, read from README.md) with one edit: the CI-sized run
+file below is named after it (the README's default is the tiny config, minutes on a CPU).
 """
 
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import pytest
 
+from evalm.launcher.cli import main as evalm
 from evalm.launcher.markers import MARKER
 from evalm.launcher.run import main
 from evalm.launcher.stages import STAGES
+from tests.doc_lines import command_lines
 from tests.launcher.samples_fixture import write_samples
 
 REPO = Path(__file__).resolve().parents[2]
@@ -82,12 +87,19 @@ args = ["--lengths", "64,256", "--max-tokens", "256", "--ppl.segment_tokens=64",
     return path
 
 
+def readme_main_job() -> str:
+    """The README's main-job line, as command_lines() reads it."""
+    lines = [line for where, line in command_lines() if where == "README.md" and line.startswith("evalm run")]
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
 def markers(run_dir: Path) -> dict[str, float]:
     return {stage: (run_dir / stage / MARKER).stat().st_mtime_ns for stage in STAGES}
 
 
 def test_every_stage_runs_and_writes_its_outputs(run_file):
-    assert main([str(run_file)]) == 0
+    assert evalm([*shlex.split(readme_main_job())[1:], str(run_file)]) == 0
     run_dir = run_file.parent / "runs" / "ci"
     for stage in STAGES:
         assert (run_dir / stage / MARKER).is_file(), stage
