@@ -6,7 +6,7 @@
     python benchmarks/smollm.py --tasks rotten_tomatoes --shots 0,16 --items 20 --seeds 1,2
 
     python benchmarks/smollm.py --remap-commands     # the remapped-label runs (`evalm eval icl` with --label-map)
-    python benchmarks/smollm.py --tables runs/smollm22/*/results.json   # their markdown tables
+    python benchmarks/smollm.py --tables runs/smollm23/*/results.json   # their markdown tables
 
 Not in CI. `incremental`, `structured` and `saicl` on random test items (a seeded sample, recorded
 by index) as the shots grow past the model's 8,192 positions. Methods that compute the same thing
@@ -243,18 +243,19 @@ def save(path: Path, lm, task, lead, bench: Bench, args, shots, methods) -> str:
 
 REMAP_RUNS = """\
 G=$(python -c "import benchmarks.smollm as b; f, n = b.gguf_location(); print(f / n)")
-COMMON="--hf-model $(dirname $G) --gguf-file $(basename $G) --task data/samples/tasks/rotten_tomatoes/task.toml \\
-  --methods incremental --eval.method.scoring=answer-sum --eval.method.on_overflow=drop_left"
-OMP_NUM_THREADS=1 evalm eval icl $COMMON --seeds 1,2,3 --test-items 200 --shots 0,16 --order-seeds 1,2 --label-map int \\
-  --out runs/smollm22/rt-int-shots
-OMP_NUM_THREADS=1 evalm eval icl $COMMON --seeds 1,2,3 --test-items 200 --shots 0,16 --order-seeds 1,2 --label-map symbols \\
-  --out runs/smollm22/rt-symbols-shots
-for s in 1 2 3; do  # one process per draw seed, side by side (pooled by --tables A+B+C)
-  OMP_NUM_THREADS=1 evalm eval icl $COMMON --seeds $s --test-items 100 --budgets 0,512 --label-map int \\
-    --order random,label-sorted --nearest remove,keep,corrupt --nearest-k 4 --out runs/smollm22/rt-int-diagnostics-seed$s &
-done; wait
-python benchmarks/smollm.py --tables runs/smollm22/rt-int-shots/results.json runs/smollm22/rt-symbols-shots/results.json \\
-  runs/smollm22/rt-int-diagnostics-seed1/results.json+runs/smollm22/rt-int-diagnostics-seed2/results.json+runs/smollm22/rt-int-diagnostics-seed3/results.json"""
+python benchmarks/smollm.py --lead-task    # data/samples/tasks/bbc_news-lead32: bodies cut to 32 words
+COMMON="--hf-model $(dirname $G) --gguf-file $(basename $G) --methods incremental --eval.method.scoring=answer-sum \\
+  --eval.method.on_overflow=drop_left --eval.dtype=bfloat16 --seeds 1,2,3 --test-items 200"
+RT=data/samples/tasks/rotten_tomatoes/task.toml; BBC=data/samples/tasks/bbc_news-lead32/task.toml
+export OMP_NUM_THREADS=1    # one process per core: two side by side
+for m in int symbols; do
+  evalm eval icl $COMMON --task $RT --order-seeds 1,2 --shots 0,4,16,64,256 --label-map $m --out runs/smollm23/rt-$m-shots
+  evalm eval icl $COMMON --task $BBC --order-seeds 1,2 --shots 0,4,16,64,256 --label-map $m --out runs/smollm23/bbc-$m-shots
+done
+evalm eval icl $COMMON --task $RT --order-seeds 1,2 --budgets 0,1024,2048,4096 --label-map int --out runs/smollm23/rt-int-budgets
+evalm eval icl $COMMON --task $RT --budgets 0,2048 --label-map int --order random,label-sorted --nearest remove \\
+  --nearest-k 4 --out runs/smollm23/rt-int-diagnostics
+python benchmarks/smollm.py --tables runs/smollm23/*/results.json"""
 """The remapped-label runs: `evalm eval icl` itself, then `--tables` renders their results.json."""
 
 
@@ -281,13 +282,16 @@ def remap_table(res: dict) -> str:
     summary, ev = res["summary"], res["protocol"]["eval"]
     axis = summary.get("axis", "shots")
     lines = [f"| {res['protocol']['task']} `--label-map {ev['label_map']}` | {axis} | accuracy [95% CI] ± draw std | "
-             "best label baseline | Δ vs 0 [CI] | spread: draws / orders | arm Δ vs main [CI] |",
-             "|---|---|---|---|---|---|---|"]
+             "best label baseline | vs that baseline [CI] | Δ vs 0 [CI] | spread: draws / orders | arm Δ vs main [CI] |",
+             "|---|---|---|---|---|---|---|---|"]
     for name, cells in summary["test"].items():
         for k, c in sorted(cells.items(), key=lambda kv: int(kv[0])):
             base = c["baselines"][c["gain"]["over"]]
             where = k + (f" ({'/'.join(map(str, c['shots_per_seed']))} shots, "
                          f"{'/'.join(map(str, c['prompt_tokens_per_seed']))} tokens)" if "shots_per_seed" in c else "")
+            used = c.get("demos_used_mean_mean")
+            if used is not None and "shots_per_seed" not in c and 0 < used < int(k) - 0.05:  # past the window: drop_left
+                where += f" ({used:.1f} used)"
             d0 = c.get("vs_0_shots")
             spread = c.get("order_split")
             arm = c.get("vs_base")
@@ -295,6 +299,7 @@ def remap_table(res: dict) -> str:
             lines.append(
                 f"| {name} | {where} | {c['accuracy_mean']:.3f} {_ci(c['accuracy_ci95'])} ±{c['accuracy_std']:.3f} | "
                 f"{c['gain']['over']} {base['mean']:.3f} {_ci(base['ci95'])} | "
+                f"{c['gain']['mean']:+.3f} {_ci(c['gain']['ci95'], True)} | "
                 + (f"{d0['mean']:+.3f} {_ci(d0['ci95'], True)}" if d0 else "-") + " | "
                 + (f"{spread['draw_std']:.3f} {_ci(spread['draw_std_ci95'])} / {spread['order_std']:.3f} "
                    f"{_ci(spread['order_std_ci95'])}" if spread else "-") + " | "
