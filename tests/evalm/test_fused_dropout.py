@@ -22,7 +22,8 @@ from evalm.whole_sequence import eva_attention
 from tests.evalm.oracle import eva_per_token_torch
 from tests.evalm.paths import PLAIN, forced
 from tests.evalm.test_eva import VARIANTS, make_attention
-from tests.evalm.test_recompute import EXACT, _assert_same, _flash_groups, _function_inputs, _grads, _inputs, _relative_error
+from tests.evalm.test_recompute import (EXACT, _assert_same, _bf16_autocast_grads, _flash_groups, _function_inputs, _grads,
+                                        _inputs, _relative_error)
 
 P = 0.1  # the paper's attention dropout
 SEED = 1234
@@ -152,19 +153,7 @@ def test_bf16_dropout_on_the_fused_path_within_bf16_of_the_float64_oracle(name, 
     x, weight = _inputs(160)
     want = _grads(attn, lambda x: eva_per_token_torch(attn, x, dropout=(SEED, P)), x, weight)
     low = _dropping(monkeypatch, **VARIANTS[name]).float()
-    kernel_dtypes, real = [], evalm.flash._FWD
-
-    def recording(q, *args, **kwargs):
-        kernel_dtypes.append(q.dtype)
-        return real(q, *args, **kwargs)
-
-    monkeypatch.setattr(evalm.flash, "_FWD", recording)
-
-    def under_autocast(x):
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            return low(x).float()
-
-    got = _grads(low, under_autocast, x.float(), weight.float())
+    got, kernel_dtypes = _bf16_autocast_grads(monkeypatch, low, x, weight)
     assert torch.bfloat16 in kernel_dtypes
     for key in want:
         if want[key] is not None:

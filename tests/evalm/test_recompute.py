@@ -53,6 +53,23 @@ def _assert_same(got: dict, want: dict) -> None:
         torch.testing.assert_close(got[name], want[name], rtol=0, atol=EXACT, msg=name)
 
 
+def _bf16_autocast_grads(monkeypatch, low, x, weight) -> tuple[dict[str, torch.Tensor], list[torch.dtype]]:
+    """`low`'s output and gradients under bf16 autocast, and the dtypes the fused kernel was called with."""
+    kernel_dtypes, real = [], evalm.flash._FWD
+
+    def recording(q, *args, **kwargs):
+        kernel_dtypes.append(q.dtype)
+        return real(q, *args, **kwargs)
+
+    monkeypatch.setattr(evalm.flash, "_FWD", recording)
+
+    def under_autocast(x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return low(x).float()
+
+    return _grads(low, under_autocast, x.float(), weight.float()), kernel_dtypes
+
+
 def _inputs(n: int, batch: int = 2):
     gen = torch.Generator().manual_seed(n)
     x = torch.randn(batch, n, 32, dtype=torch.float64, generator=gen)
@@ -301,19 +318,7 @@ def test_bf16_runs_natively_on_the_fused_path_within_bf16_of_the_float64_path(na
     x, weight = _inputs(300)
     want = _grads(attn, attn, x, weight)
     low = make_attention(**VARIANTS[name]).float()
-    kernel_dtypes, real = [], evalm.flash._FWD
-
-    def recording(q, *args, **kwargs):
-        kernel_dtypes.append(q.dtype)
-        return real(q, *args, **kwargs)
-
-    monkeypatch.setattr(evalm.flash, "_FWD", recording)
-
-    def under_autocast(x):
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            return low(x).float()
-
-    got = _grads(low, under_autocast, x.float(), weight.float())
+    got, kernel_dtypes = _bf16_autocast_grads(monkeypatch, low, x, weight)
     assert torch.bfloat16 in kernel_dtypes  # the remote parts run in bf16: fails if the Function upcasts
     for key in want:
         if want[key] is None:
