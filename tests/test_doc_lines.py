@@ -76,8 +76,8 @@ EDITS: dict[str, tuple[str, str, str]] = {
     "ellipsis": (r"evalm eval icl \.\.\.", "evalm eval icl --hf-model models/my-lm --task banking77 --label-map int "
                  "--seeds 1 --test-items 4",
                  "`...` stands for the arguments of the line above it"),
-    "common": (r"\$COMMON", "--hf-model models/my-lm --task data/samples/tasks/rotten_tomatoes/task.toml --methods "
-               "incremental --eval.method.scoring=answer-sum --eval.method.on_overflow=drop_left",
+    "common": (r"\$COMMON", "--hf-model models/my-lm --methods incremental --eval.method.scoring=answer-sum "
+               "--eval.method.on_overflow=drop_left --eval.dtype=bfloat16 --seeds 1,2,3 --test-items 200",
                "$COMMON as `benchmarks/smollm.py --remap-commands` prints it, with a tiny model for the SmolLM2 GGUF"),
     "loop": (r"\$s\b", "1", "the shell loop's variable: its first value"),
     "saicl-repro": (r"^(python benchmarks/saicl_repro\.py.*)$", r"\1 --shots 4 --seeds 1 --items 4 --set metaicl.steps=2 --set metaicl.batch_size=2", SMALL),
@@ -172,7 +172,7 @@ PLANS = [
          ("metaicl", "shots", "few-items")),
     Plan("saicl-benchmarks", (r"python benchmarks/saicl_(repro|t5)\.py",), (), ("saicl-repro", "saicl-t5"), slow=True),
     Plan("smollm-remap-commands", (r"evalm eval icl \$COMMON",), ("models/my-lm", "data/samples"),
-         ("common", "loop", "items", "budgets", "seeds"), slow=True),
+         ("common", "loop", "items", "budgets", "seeds", "shots"), slow=True),
     Plan("samples", (r"evalm data samples",), ("DIR=cache",), ("optional",), slow=True,
          alternatives=True),
 ]
