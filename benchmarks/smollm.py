@@ -253,7 +253,7 @@ for m in int symbols; do
   evalm eval icl $COMMON --task $BBC --order-seeds 1,2 --shots 0,4,16,64,256 --label-map $m --out runs/smollm23/bbc-$m-shots
 done
 evalm eval icl $COMMON --task $RT --order-seeds 1,2 --budgets 0,1024,2048,4096 --label-map int --out runs/smollm23/rt-int-budgets
-evalm eval icl $COMMON --task $RT --budgets 0,2048 --label-map int --order random,label-sorted --nearest remove \\
+evalm eval icl $COMMON --task $RT --test-items 100 --budgets 0,2048 --label-map int --order random,label-sorted --nearest remove \\
   --nearest-k 4 --out runs/smollm23/rt-int-diagnostics
 python benchmarks/smollm.py --tables runs/smollm23/*/results.json"""
 """The remapped-label runs: `evalm eval icl` itself, then `--tables` renders their results.json."""
