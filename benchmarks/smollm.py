@@ -255,7 +255,13 @@ done
 evalm eval icl $COMMON --task $RT --order-seeds 1,2 --budgets 0,1024,2048,4096 --label-map int --out runs/smollm23/rt-int-budgets
 evalm eval icl $COMMON --task $RT --test-items 100 --budgets 0,2048 --label-map int --order random,label-sorted --nearest remove \\
   --nearest-k 4 --out runs/smollm23/rt-int-diagnostics
-python benchmarks/smollm.py --tables runs/smollm23/*/results.json"""
+for s in 1,2 3; do  # the same at 4,096 tokens, one process per seed group side by side (pooled by --tables A+B)
+  evalm eval icl $COMMON --task $RT --test-items 100 --seeds $s --budgets 0,4096 --label-map int \\
+    --order random,label-sorted --nearest remove --nearest-k 4 --out runs/smollm23/rt-int-diagnostics4096-seed${s/,/} &
+done; wait
+python benchmarks/smollm.py --tables runs/smollm23/*-shots/results.json runs/smollm23/rt-int-budgets/results.json \\
+  runs/smollm23/rt-int-diagnostics/results.json \\
+  runs/smollm23/rt-int-diagnostics4096-seed12/results.json+runs/smollm23/rt-int-diagnostics4096-seed3/results.json"""
 """The remapped-label runs: `evalm eval icl` itself, then `--tables` renders their results.json."""
 
 
@@ -343,6 +349,9 @@ def main(argv=None) -> int:
     if args.tables:
         for group in args.tables:  # FILE, or FILE+FILE+...: one run split by seed over several processes
             paths = group.split("+")
+            missing = [q for q in paths if not Path(q).is_file()]
+            if missing:
+                raise SystemExit(f"{missing[0]}: no such results.json (has its `evalm eval icl` run finished?)")
             res = merged(paths) if len(paths) > 1 else json.loads(Path(paths[0]).read_text())
             if len(paths) > 1:
                 write_json(Path(paths[0]).parent.parent / (Path(paths[0]).parent.name.rsplit("-seed", 1)[0]
