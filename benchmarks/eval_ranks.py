@@ -24,9 +24,9 @@ import sys
 import time
 from pathlib import Path
 
+from evalm.icl_eval.units import without_execution
+
 REPO = Path(__file__).resolve().parents[1]
-EXECUTION = {"seconds", "seconds_per_item", "seconds_per_item_mean", "seconds_per_item_std", "encode_seconds",
-             "marginal_seconds_per_item", "execution"}
 
 
 def _free_port() -> int:
@@ -83,14 +83,6 @@ def timed(args: list[str], world: int) -> float:
     return seconds
 
 
-def _strip(value):
-    if isinstance(value, dict):
-        return {k: _strip(v) for k, v in value.items() if k not in EXECUTION}
-    if isinstance(value, list):
-        return [_strip(v) for v in value]
-    return value
-
-
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ranks", type=int, default=2, help="ranks of the sharded arm (default: 2)")
@@ -113,7 +105,7 @@ def main(argv: list[str] | None = None) -> None:
         t1 = timed([*command, "--out", str(one), "--overwrite"], 1)
         tn = timed([*command, "--out", str(many), "--overwrite"], args.ranks)
         a, b = (json.loads((d / "results.json").read_text()) for d in (one, many))
-        if _strip(a) != _strip(b):
+        if without_execution(a) != without_execution(b):
             raise SystemExit(f"{name}: results.json of {args.ranks} ranks differs from one process")
         print(f"{name:>8} {a['execution']['units']:>6} {t1:>9.1f} {tn:>10.1f} {t1 / tn:>5.2f}x")
     print(f"(wall time per command, process start to end; results.json equal; {os.cpu_count()} cores on this machine)")

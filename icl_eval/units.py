@@ -142,6 +142,20 @@ def _native(value: Any) -> Any:
     return str(value)
 
 
+EXECUTION = {"seconds", "seconds_per_item", "seconds_per_item_mean", "seconds_per_item_std", "encode_seconds",
+             "marginal_seconds_per_item", "execution"}
+"""Fields that say how long the run took or how it ran (ranks, resumed units), not what it measured:
+the only fields in which a results.json merged from N ranks may differ from the one-process file."""
+
+
+def without_execution(value: Any) -> Any:
+    """`value` (a results.json's content) with every EXECUTION field removed, at any depth."""
+    if isinstance(value, dict):
+        return {k: without_execution(v) for k, v in value.items() if k not in EXECUTION}
+    if isinstance(value, list):
+        return [without_execution(v) for v in value]
+    return value
+
 def canonical(value: Any) -> Any:
     """`value` as JSON would give it back (tuples as lists, numpy as Python), for comparing keys."""
     return json.loads(json.dumps(value, default=_native, sort_keys=True))

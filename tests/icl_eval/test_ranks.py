@@ -3,7 +3,7 @@
 Every rank is its own process, started with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT as torchrun
 would; OMP_NUM_THREADS=1 in every process (one rank or two), so a unit's floats do not depend on
 how many threads a process got and the files can be compared exactly. What may differ is listed
-in EXECUTION: how long things took and how the run was executed (ranks, units resumed).
+in `evalm.icl_eval.units.EXECUTION`: how long things took and how the run was executed (ranks, units resumed).
 
 Run: python -m pytest tests/icl_eval/test_ranks.py -q
 """
@@ -21,13 +21,11 @@ from pathlib import Path
 
 import pytest
 
+from evalm.icl_eval.units import without_execution
 from tests import models
 from tests.train.helpers import free_port
 
 REPO = Path(__file__).resolve().parents[2]
-EXECUTION = {"seconds", "seconds_per_item", "seconds_per_item_mean", "seconds_per_item_std", "encode_seconds",
-             "marginal_seconds_per_item", "execution"}
-"""Fields that say how long the run took or how it ran (ranks, resumed units), not what it measured."""
 GRID = ["--methods", "incremental,concat", "--budgets", "0,40,80", "--seeds", "1,2", "--order", "random,label-sorted",
         "--order-seeds", "1,2", "--nearest", "remove", "--nearest-k", "1", "--save-predictions",
         "--eval.choose_shot_on_validation=true", "--eval.validation_items=4"]
@@ -86,14 +84,6 @@ def run(args: list[str], world: int) -> list[tuple[str, str]]:
 
 def results(out: Path) -> dict:
     return without_execution(json.loads((out / "results.json").read_text()))
-
-
-def without_execution(value):
-    if isinstance(value, dict):
-        return {k: without_execution(v) for k, v in value.items() if k not in EXECUTION}
-    if isinstance(value, list):
-        return [without_execution(v) for v in value]
-    return value
 
 
 def icl_args(model: Path, task: Path, out: Path, *extra: str) -> list[str]:
