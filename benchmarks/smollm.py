@@ -271,8 +271,8 @@ def _ci(pair, signed: bool = False) -> str:
 
 
 def merged(paths) -> dict:
-    """One results.json from runs that differ only in their draw seeds (one process per seed, side by side):
-    the records and baseline records pooled and summarised again, so the intervals resample every seed."""
+    """One results.json from runs that differ only in their draw or order seeds (one process per seed, side by
+    side): the records and baseline records pooled and summarised again, so the intervals resample every seed."""
     runs = [json.loads(Path(p).read_text()) for p in paths]
     records = [r for res in runs for r in res["records"]]
     baselines = [b for res in runs for b in res["baseline_records"]]
@@ -310,7 +310,8 @@ def remap_table(res: dict) -> str:
                 + (f"{spread['draw_std']:.3f} {_ci(spread['draw_std_ci95'])} / {spread['order_std']:.3f} "
                    f"{_ci(spread['order_std_ci95'])}" if spread else "-") + " | "
                 + (f"{arm['mean']:+.3f} {_ci(arm['ci95'], True)}" if arm else "-")
-                + (f"; SLR {slr:.2f}" if slr is not None else "") + " |")
+                + (f"; SLR {slr:.2f}" if slr is not None else "; SLR undefined" if "sample_learning_ratio" in c else "")
+                + " |")
     return "\n".join(lines)
 
 
@@ -352,7 +353,7 @@ def main(argv=None) -> int:
             missing = [q for q in paths if not Path(q).is_file()]
             if missing:
                 raise SystemExit(f"{missing[0]}: no such results.json (has its `evalm eval icl` run finished?)")
-            res = merged(paths) if len(paths) > 1 else json.loads(Path(paths[0]).read_text())
+            res = merged(paths)  # summarised again: one run's table reads its records under the current rules
             if len(paths) > 1:
                 write_json(Path(paths[0]).parent.parent / (Path(paths[0]).parent.name.rsplit("-seed", 1)[0]
                                                            + "-merged.json"), res)

@@ -16,7 +16,8 @@ then gives `order_split` (`spread.py`). Arms scored on the same draws (another o
 `<method>+label-sorted`; a nearest-demonstration diagnostic, `<method>+remove-nearest`) are
 cells of their own name with their own baselines (the in-context majority of the context they
 showed) and `vs_base`: the paired difference to the same method on the same draws in the main
-order with the full context; `remove-nearest` cells add the `sample_learning_ratio`.
+order with the full context; `remove-nearest` cells add the `sample_learning_ratio`, defined only
+where the full context's gain over 0 shots is significant (else None and the reason).
 The headline of a report is `gain`, never a raw accuracy alone. `best_shot` picks the shot with
 the best validation accuracy per method (EVALM §4.1) and reports test accuracy there.
 """
@@ -137,8 +138,7 @@ def summarize(records: list[dict], baselines: list[dict]) -> dict[str, Any]:
                     ref = [r for r in main if r[axis] == k]
                     cell["vs_base"] = _paired(cell_rows, ref, "correct", "correct")
                     if arm == "remove-nearest" and zero:
-                        cell["sample_learning_ratio"] = sample_learning_ratio(
-                            _mean(ref), _mean(cell_rows), _mean(zero))
+                        cell.update(_learning_ratio(ref, cell_rows, zero))
                 else:
                     ref = [r for r in rows if arm_name(r) == first and r[axis] == k]
                     if name != first and ref:
@@ -148,6 +148,20 @@ def summarize(records: list[dict], baselines: list[dict]) -> dict[str, Any]:
     if "validation" in out:
         out["best_shot"] = _best_shot(out)
     return out
+
+
+def _learning_ratio(full: list[dict], removed: list[dict], zero: list[dict]) -> dict[str, Any]:
+    """`sample_learning_ratio` of a remove-nearest cell, or None with the reason when the full
+    context's gain over 0 shots is not significant (its paired interval reaches 0): a ratio over a
+    gain that may be nil is noise (ManyICLBench reports it only for tasks that gain; SmolLM2's
+    +0.003 [+0.000, +0.020] gave -5.00)."""
+    gain = _paired(full, zero, "correct", "correct")
+    if gain["ci95"][0] > 0:
+        return {"sample_learning_ratio": sample_learning_ratio(_mean(full), _mean(removed), _mean(zero))}
+    lo, hi = gain["ci95"]
+    return {"sample_learning_ratio": None,
+            "sample_learning_ratio_undefined": f"the full context's gain over 0 shots, {gain['mean']:+.3f} "
+                                               f"[{lo:+.3f}, {hi:+.3f}], is not above zero: no gain to split"}
 
 
 def _mean(rows: list[dict]) -> float:

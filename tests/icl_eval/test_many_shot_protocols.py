@@ -13,6 +13,7 @@ import random
 import numpy as np
 import pytest
 
+from evalm.icl_eval.baselines import NAMES as BASELINES
 from evalm.icl_eval.budget import BudgetTooSmall, fit
 from evalm.icl_eval.config import EvalConfig
 from evalm.icl_eval.label_map import SYMBOLS, mapped_words, remap
@@ -284,3 +285,32 @@ def test_nearest_by_a_local_encoder_removes_the_k_highest_cosines(tmp_path):
     assert 3 in top3 and TopK(train).similarities("hen pig")[3] == 0  # an item TF-IDF finds unrelated: they differ
     removed = next(r for r in runner.records if r["arm"] == "remove-nearest")["context_ids"][0]
     assert set(range(8)) - set(removed) == top3
+
+
+def _cell_records(arm: str, shots: int, correct_per_seed: list[list[int]]) -> list[dict]:
+    n = len(correct_per_seed[0])
+    return [{"method": "m", "split": "test", "seed": s + 1, "shots": shots, "arm": arm, "order_seed": None,
+             "item_set": 0, "item_ids": list(range(n)), "correct": c, "accuracy": sum(c) / n, "macro_f1": 0.0,
+             "seconds_per_item": 0.0, "demos_used_mean": float(shots)} for s, c in enumerate(correct_per_seed)]
+
+
+def test_the_sample_learning_ratio_needs_a_significant_gain_over_0_shots():
+    """By hand: 0 shots gets 4 of 20 items right in every draw. A full context that gets 16 right
+    (+0.6, interval above zero) with 10 right once the nearest are removed has SLR (0.8 - 0.5) / 0.6 = 0.5;
+    a full context that gets 5 right (+0.05, one item: the interval reaches zero) has none, and says why."""
+    from evalm.icl_eval.summary import summarize
+
+    def run(full_right: int, removed_right: int) -> dict:
+        zero = [[1] * 4 + [0] * 16] * 3
+        full = [[1] * full_right + [0] * (20 - full_right)] * 3
+        removed = [[1] * removed_right + [0] * (20 - removed_right)] * 3
+        records = (_cell_records("", 0, zero) + _cell_records("", 8, full)
+                   + _cell_records("remove-nearest", 8, removed))
+        baselines = [{"split": "test", "seed": r["seed"], "shots": r["shots"], "arm": r["arm"], "item_set": 0,
+                      "item_ids": r["item_ids"], **{b: [0.5] * 20 for b in BASELINES}} for r in records]
+        return summarize(records, baselines)["test"]["m+remove-nearest"]["8"]
+
+    assert run(16, 10)["sample_learning_ratio"] == pytest.approx(0.5)
+    weak = run(5, 4)
+    assert weak["sample_learning_ratio"] is None  # the plain ratio would be (0.25 - 0.2) / 0.05 = 1.0
+    assert "+0.050 [+0.000, " in weak["sample_learning_ratio_undefined"]
