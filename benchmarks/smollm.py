@@ -275,7 +275,10 @@ def merged(paths) -> dict:
     side): the records and baseline records pooled and summarised again, so the intervals resample every seed."""
     runs = [json.loads(Path(p).read_text()) for p in paths]
     records = [r for res in runs for r in res["records"]]
-    baselines = [b for res in runs for b in res["baseline_records"]]
+    first: dict[tuple, dict] = {}  # a run per order seed repeats its draw's baselines: the first order's, as one run
+    for b in (b for res in runs for b in res["baseline_records"]):
+        first.setdefault((b["split"], b["seed"], b["shots"], b.get("budget"), b.get("arm", ""), b.get("item_set", 0)), b)
+    baselines = list(first.values())
     protocol = {**runs[0]["protocol"], "label_maps": {k: v for res in runs for k, v in res["protocol"]["label_maps"].items()}}
     protocol["eval"] = {**protocol["eval"], "seeds": sorted({r["seed"] for r in records})}
     return {"protocol": protocol, "summary": summarize(records, baselines), "records": records,

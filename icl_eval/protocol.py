@@ -257,12 +257,16 @@ class Runner:
                         result = self._score(name, per_item, items, rows, cell["shots"])
                         zero_shot.setdefault(name, result)
                     self._record(name, split, seed, cell, items, per_item, result, arm=arm, order_seed=order_seed)
-        if ids and self.config.nearest:
-            main = arrange(ids, labels, self.config.order[0], order_seeds[0], seed)
-            self._run_nearest(split, seed, cell, main, items, rows, demo, labels, train, order_seeds[0])
+        for n, order_seed in enumerate(order_seeds if ids and self.config.nearest else ()):
+            # every order of the main arm, so that `vs_base` and the sample learning ratio pair each
+            # order's full context with the same order less its nearest (the draw averages both sides)
+            main = arrange(ids, labels, self.config.order[0], order_seed, seed)
+            self._run_nearest(split, seed, cell, main, items, rows, demo, labels, train, order_seed, n == 0)
 
-    def _run_nearest(self, split, seed, cell, main: list[int], items, rows, demo, labels, train, order_seed) -> None:
-        """Per item, the k demonstrations of `main` most similar to it removed, kept alone or mislabelled."""
+    def _run_nearest(self, split, seed, cell, main: list[int], items, rows, demo, labels, train, order_seed,
+                     first: bool) -> None:
+        """Per item, the k demonstrations of `main` most similar to it removed, kept alone or mislabelled;
+        the baselines once per draw (`first`), as the main arm's."""
         k = self.config.nearest_k
         self._check_nearest(len(main), f"{len(main)} shots")
         sims = self._similarities(train, rows, main)
@@ -275,7 +279,8 @@ class Runner:
                 ctx, over = apply_nearest(mode, main, close, labels, n_labels, random.Random(f"{seed}-{it.item_id}"))
                 contexts.append([demo(j, over.get(j)) for j in ctx])
                 shown.append([over.get(j, labels[j]) for j in ctx])
-            self._record_baselines(split, seed, cell, arm, items, shown)
+            if first:
+                self._record_baselines(split, seed, cell, arm, items, shown)
             for name in self.config.methods:
                 result = self._score(name, contexts, items, rows, cell["shots"], per_item_context=True)
                 self._record(name, split, seed, cell, items, contexts, result, arm=arm, order_seed=order_seed,

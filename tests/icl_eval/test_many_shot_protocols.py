@@ -314,3 +314,33 @@ def test_the_sample_learning_ratio_needs_a_significant_gain_over_0_shots():
     weak = run(5, 4)
     assert weak["sample_learning_ratio"] is None  # the plain ratio would be (0.25 - 0.2) / 0.05 = 1.0
     assert "+0.050 [+0.000, " in weak["sample_learning_ratio_undefined"]
+
+
+def test_runs_split_by_draw_and_order_seed_pool_to_the_single_runs_summary(tmp_path):
+    """`benchmarks/smollm.py --tables A+B+...` pools runs made one seed per process: pooled, runs of
+    (draw 1, order 1), (draw 1, order 2) and (draw 2, orders 1-2) summarise exactly as one run of
+    draws 1-2 x orders 1-2, the nearest arms and their baselines included (each split repeats its
+    draw's baseline records once per run; counted twice they would pose as extra draws)."""
+    from benchmarks.smollm import merged
+    from evalm.icl_eval.units import changes, without_execution
+
+    train = ["zebra lion tiger", "zebra lion cow", "cat dog", "fish bird", "owl hen", "cow pig", "ant bee", "elk yak"]
+    splits = _splits(train, [0, 1, 2, 0, 1, 2, 0, 1], ["zebra lion", "ant bee", "cat owl"], [0, 1, 2])
+    lm = tiny_evalm("full")
+
+    def run(seeds, order_seeds) -> dict:
+        runner = _runner(splits, lm=lm, seeds=seeds, order_seeds=order_seeds, shots=(0, 6),
+                         nearest=("remove", "keep"), nearest_k=2)
+        runner.run()
+        return runner.results({}, {}, 0.0)
+
+    whole = run((1, 2), (1, 2))
+    paths = []
+    for i, (seeds, orders) in enumerate((((1,), (1,)), ((1,), (2,)), ((2,), (1, 2)))):
+        (tmp_path / str(i)).mkdir()
+        paths.append(tmp_path / str(i) / "results.json")
+        paths[-1].write_text(json.dumps(run(seeds, orders)))
+    pooled = merged(paths)
+    assert len(pooled["baseline_records"]) == len(whole["baseline_records"])
+    diff = changes(without_execution(whole["summary"]), without_execution(pooled["summary"]))
+    assert diff == [], "\n".join(diff)
