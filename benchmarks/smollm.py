@@ -252,16 +252,25 @@ for m in int symbols; do
   evalm eval icl $COMMON --task $RT --order-seeds 1,2 --shots 0,4,16,64,256 --label-map $m --out runs/smollm23/rt-$m-shots
   evalm eval icl $COMMON --task $BBC --order-seeds 1,2 --shots 0,4,16,64,256 --label-map $m --out runs/smollm23/bbc-$m-shots
 done
-evalm eval icl $COMMON --task $RT --order-seeds 1,2 --budgets 0,1024,2048,4096 --label-map int --out runs/smollm23/rt-int-budgets
+for m in int symbols; do  # the same items, draws and orders by token budget
+  evalm eval icl $COMMON --task $RT --order-seeds 1,2 --budgets 0,1024,2048,4096 --label-map $m --out runs/smollm23/rt-$m-budgets
+  evalm eval icl $COMMON --task $BBC --order-seeds 1,2 --budgets 0,1024,2048,4096 --label-map $m --out runs/smollm23/bbc-$m-budgets
+done
 evalm eval icl $COMMON --task $RT --test-items 100 --budgets 0,2048 --label-map int --order random,label-sorted --nearest remove \\
   --nearest-k 4 --out runs/smollm23/rt-int-diagnostics
 for s in 1,2 3; do  # the same at 4,096 tokens, one process per seed group side by side (pooled by --tables A+B)
   evalm eval icl $COMMON --task $RT --test-items 100 --seeds $s --budgets 0,4096 --label-map int \\
     --order random,label-sorted --nearest remove --nearest-k 4 --out runs/smollm23/rt-int-diagnostics4096-seed${s/,/} &
 done; wait
-python benchmarks/smollm.py --tables runs/smollm23/*-shots/results.json runs/smollm23/rt-int-budgets/results.json \\
+for s in 1 2 3; do  # 4,096 tokens, order seed 1, 200 items: label-sorted and the three nearest modes
+  evalm eval icl $COMMON --task $RT --seeds $s --order-seeds 1 --budgets 0,4096 --label-map int \\
+    --order random,label-sorted --nearest remove,keep,corrupt --nearest-k 4 --out runs/smollm23/rt-int-nearest4096-seed$s &
+done; wait  # a process per draw, pooled by --tables A+B+C
+python benchmarks/smollm.py --tables runs/smollm23/*-shots/results.json runs/smollm23/*-budgets/results.json \\
   runs/smollm23/rt-int-diagnostics/results.json \\
-  runs/smollm23/rt-int-diagnostics4096-seed12/results.json+runs/smollm23/rt-int-diagnostics4096-seed3/results.json"""
+  runs/smollm23/rt-int-diagnostics4096-seed12/results.json+runs/smollm23/rt-int-diagnostics4096-seed3/results.json \\
+  runs/smollm23/rt-int-nearest4096-seed1/results.json+runs/smollm23/rt-int-nearest4096-seed2/results.json\\
++runs/smollm23/rt-int-nearest4096-seed3/results.json"""
 """The remapped-label runs: `evalm eval icl` itself, then `--tables` renders their results.json."""
 
 
