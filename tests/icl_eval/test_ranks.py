@@ -109,8 +109,8 @@ def test_icl_on_two_ranks_writes_the_one_process_results(byte_model, two_label_t
     assert rank_units(out) == [6, 6]  # the 12 units were split between the ranks
     one = results(icl_one_process)
     assert results(out) == one
-    # seeds x splits x budgets x methods x (2 orders x 2 order seeds, + remove-nearest past budget 0)
-    assert len(one["records"]) == 2 * 2 * 2 * (4 + 5 + 5)
+    # seeds x splits x methods x budgets (2 orders x 2 order seeds, + remove-nearest in each order seed past budget 0)
+    assert len(one["records"]) == 2 * 2 * 2 * (4 + 6 + 6)
     assert (out / "predictions.jsonl").read_text() == (icl_one_process / "predictions.jsonl").read_text()
     execution = json.loads((out / "results.json").read_text())["execution"]
     assert execution == {"ranks": 2, "units": 12, "units_resumed": 0, "units_computed": 12}
