@@ -144,8 +144,9 @@ def protocol_options(p: Parser) -> None:
                    "(default: none, one order per draw)")
     p.add_argument("--nearest", type=csv(str, ("remove", "keep", "corrupt")), metavar="M1,M2", help="nearest-"
                    "demonstration diagnostics: per test item remove, keep only, or mislabel the --nearest-k "
-                   "demonstrations most similar to it (TF-IDF); with 0 shots in the grid, remove gives the sample "
-                   "learning ratio (default: none)")
+                   "demonstrations most similar to it (TF-IDF), in every order seed, each item re-encoding its own "
+                   "context; with 0 shots in the grid, remove gives the sample learning ratio where the gain over 0 "
+                   "shots is significant (default: none)")
     p.add_argument("--nearest-embedding", metavar="DIR", help="a local Hugging Face encoder folder: the --nearest "
                    "similarity is the cosine of its mean-pooled hidden states (default: none, TF-IDF)")
     p.add_argument("--nearest-k", type=int, metavar="K", help="demonstrations the --nearest diagnostics touch; more "
