@@ -257,19 +257,20 @@ class Runner:
                         result = self._score(name, per_item, items, rows, cell["shots"])
                         zero_shot.setdefault(name, result)
                     self._record(name, split, seed, cell, items, per_item, result, arm=arm, order_seed=order_seed)
-        for n, order_seed in enumerate(order_seeds if ids and self.config.nearest else ()):
-            # every order of the main arm, so that `vs_base` and the sample learning ratio pair each
-            # order's full context with the same order less its nearest (the draw averages both sides)
-            main = arrange(ids, labels, self.config.order[0], order_seed, seed)
-            self._run_nearest(split, seed, cell, main, items, rows, demo, labels, train, order_seed, n == 0)
+        if ids and self.config.nearest:
+            self._check_nearest(len(ids), f"{len(ids)} shots")
+            sims = self._similarities(train, rows, ids)  # by training id: the same in every order
+            for n, order_seed in enumerate(order_seeds):
+                # every order of the main arm, so that `vs_base` and the sample learning ratio pair each
+                # order's full context with the same order less its nearest (the draw averages both sides)
+                main = arrange(ids, labels, self.config.order[0], order_seed, seed)
+                self._run_nearest(split, seed, cell, main, sims, items, rows, demo, labels, order_seed, n == 0)
 
-    def _run_nearest(self, split, seed, cell, main: list[int], items, rows, demo, labels, train, order_seed,
+    def _run_nearest(self, split, seed, cell, main: list[int], sims, items, rows, demo, labels, order_seed,
                      first: bool) -> None:
-        """Per item, the k demonstrations of `main` most similar to it removed, kept alone or mislabelled;
-        the baselines once per draw (`first`), as the main arm's."""
+        """Per item, the k demonstrations of `main` most similar to it (`sims`, per test row) removed, kept
+        alone or mislabelled; the baselines once per draw (`first`), as the main arm's."""
         k = self.config.nearest_k
-        self._check_nearest(len(main), f"{len(main)} shots")
-        sims = self._similarities(train, rows, main)
         near = [nearest(s, main, k) for s in sims]
         n_labels = self.task.n_candidates()
         for mode in self.config.nearest:

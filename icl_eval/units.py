@@ -156,6 +156,7 @@ def without_execution(value: Any) -> Any:
         return [without_execution(v) for v in value]
     return value
 
+
 def canonical(value: Any) -> Any:
     """`value` as JSON would give it back (tuples as lists, numpy as Python), for comparing keys."""
     return json.loads(json.dumps(value, default=_native, sort_keys=True))
