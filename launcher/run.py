@@ -21,7 +21,6 @@ one; `--only STAGE` marks the later stages stale.
 
 from __future__ import annotations
 
-import shutil
 import sys
 import time
 from collections.abc import Sequence
@@ -30,39 +29,39 @@ from pathlib import Path
 from evalm.config_toolkit import ConfigError, Parser, report, shipped
 from evalm.launcher.console import call
 from evalm.launcher.keys import stage_key
-from evalm.launcher.markers import mark_stale, peak_rss_gib, read_marker, write_marker
+from evalm.launcher.markers import discard_stage, mark_stale, peak_rss_gib, read_marker, write_marker
 from evalm.launcher.report import stage_result, write_report
 from evalm.launcher.run_file import Run, load_run
 from evalm.launcher.stages import RESUMABLE, STAGES, stage_commands
-from evalm.storage import folder_lock
+from evalm.storage import RunFolder
 
 DEFAULT_CONFIG = shipped("configs/tiny.toml")
 
 
-def run_stage(r: Run, stage: str, position: str = "", previous: str = "") -> tuple[float, str]:
+def run_stage(r: Run, stage: str, position: str = "", previous: str = "", folder: RunFolder | None = None
+              ) -> tuple[float, str]:
     """Run one stage unless complete with the same key; returns its seconds (0 when skipped) and its key.
 
     A complete stage whose key changed (or that `--only` marked stale) is redone from scratch."""
     commands = stage_commands(r, stage)
-    key = stage_key(r, stage, commands, previous)
+    key = stage_key(r, stage, commands, previous, identity=(folder or RunFolder(r.dir, "evalm run")).identity)
     done = read_marker(r, stage)
-    folder = r.stage_dir(stage)
     if done is not None and done.get("key") == key and not done.get("stale"):
         print(f"stage {position} {stage}: complete, skipped ({done['seconds']:.0f} s when it ran)")
         return 0.0, key
     if done is not None:  # changed settings or inputs: the old outputs must not be resumed
         why = "marked stale by --only" if done.get("stale") else "its settings or inputs changed"
         print(f"stage {position} {stage}: {why}; redoing it")
-        shutil.rmtree(folder)
-    elif folder.exists() and stage not in RESUMABLE:
-        shutil.rmtree(folder)
+        discard_stage(r, stage)
+    elif stage not in RESUMABLE:
+        discard_stage(r, stage)
+    RunFolder(r.stage_dir(stage), "evalm run").mark()  # made by this run: what discard_stage may delete later
     print(f"stage {position} {stage} ...", flush=True)
     t0 = time.perf_counter()
     log = r.dir / "logs" / f"{stage}.log"
     for argv in commands:
         call(argv, log)
     seconds = time.perf_counter() - t0
-    folder.mkdir(parents=True, exist_ok=True)
     write_marker(r, stage, {"stage": stage, "key": key, "commands": commands, "seconds": seconds,
                             "peak_rss_gib_so_far": peak_rss_gib()})
     print(f"stage {position} {stage}: {stage_result(r, stage)} ({seconds:.0f} s; log {log})", flush=True)
@@ -105,12 +104,13 @@ def _stages_to_run(r: Run, start: str | None, only: str | None) -> list[str]:
                           f"run `evalm run {r.path}` first")
     stages = stages[first:] if start else [only]
     for stage in stages:
-        shutil.rmtree(r.stage_dir(stage), ignore_errors=True)
+        discard_stage(r, stage)
     return stages
 
 
 def run_all(r: Run, start: str | None, only: str | None) -> Path:
     """Run the chosen stages in order, chaining their keys; returns the report folder."""
+    folder = RunFolder(r.dir, "evalm run")  # its digest cache: the stage keys' inputs, read once per change
     stages = _stages_to_run(r, start, only)
     t0 = time.perf_counter()
     ensure_samples(r)
@@ -118,7 +118,7 @@ def run_all(r: Run, start: str | None, only: str | None) -> Path:
     previous = (read_marker(r, order[order.index(stages[0]) - 1]) or {}).get("key", "") if stages[0] != order[0] else ""
     timings = {}
     for i, stage in enumerate(stages, 1):
-        timings[stage], previous = run_stage(r, stage, f"{i}/{len(stages)}", previous)
+        timings[stage], previous = run_stage(r, stage, f"{i}/{len(stages)}", previous, folder)
     if only:
         mark_stale(r, order[order.index(only) + 1:])
     return write_report(r, timings, wall_seconds=time.perf_counter() - t0, peak_rss_gib=peak_rss_gib())
@@ -131,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         r = load_run(args.config)
-        with folder_lock(r.dir, "evalm run"):  # one main job per run folder
+        with RunFolder(r.dir, "evalm run").held():  # one main job per run folder
             folder = run_all(r, args.start, args.only)
     except KeyboardInterrupt:
         print(f"evalm run: interrupted; rerun `evalm run {args.config}` to resume: complete stages are skipped, "
