@@ -71,7 +71,8 @@ def _launch(args: argparse.Namespace, stage: str, extra: dict, build_steps: Call
         if args.overwrite:
             folder.discard(inputs=given)
         settings = {"stage": stage, "tasks": args.tasks, "input_root": str(root), "inputs": files,
-                    "input_sha256": {name: folder.identity(root / name) for name in files}, **extra(config, output)}
+                    "input_sha256": dict(zip(files, folder.identities([root / name for name in files]))),
+                    **extra(config, output)}
         fresh = record_settings(folder, settings, files)
         run_steps(output, build_steps(output, config, args, fresh), args.executor, options)
     if args.executor in BLOCKING:

@@ -93,11 +93,12 @@ class RunFolder:
                 stack.enter_context(folder_lock(self.path, self.command))
                 self.mark()
 
-            self.ranks.share(take)
             try:
+                self.ranks.share(take)
                 yield self
             except Exception as err:
-                note_folder(err, self.path)  # every rank's bug log goes to FOLDER/logs (only rank 0 holds the lock)
+                if self.path.is_dir():  # every rank's bug log goes to FOLDER/logs (only rank 0 holds the lock)
+                    note_folder(err, self.path)
                 raise
 
     def share(self, action: Callable[[], Any]) -> Any:
@@ -157,10 +158,14 @@ class RunFolder:
 
     def identity(self, path: str | Path) -> str | None:
         """`sha256:HEX` of a file or folder the run reads (None when missing), cached in FOLDER/.evalm-digests.json."""
+        return self.identities([path])[0]
+
+    def identities(self, paths: Sequence[str | Path]) -> list[str | None]:
+        """`identity` of each path, the cache written once for all of them (a stage may read thousands of files)."""
         if self._digests is None:
             self._digests = DigestCache(self.path / DIGESTS)
         try:
-            return self._digests.identity(path)
+            return [self._digests.identity(p) for p in paths]
         finally:
             if self.path.is_dir():
                 self._digests.save()
