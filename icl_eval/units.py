@@ -147,7 +147,8 @@ def icl_inputs(args, data_info: dict) -> list:
 def ppl_key(args, folder: RunFolder, settings: dict, config) -> dict[str, Any]:
     """What `evalm eval ppl`'s units are computed from: the settings, the books and unigram shards by content,
     the model by its weights (a book id of the datasets cache by its name)."""
-    books = {str(b): folder.identity(b) if Path(str(b)).exists() else str(b) for b in config.books}
+    on_disk = [b for b in config.books if Path(str(b)).exists()]
+    books = {**{str(b): str(b) for b in config.books}, **dict(zip(map(str, on_disk), folder.identities(on_disk)))}
     unigram = folder.identity(config.unigram_shards) if config.unigram_shards else None
     return {"command": "ppl", "settings": settings, "model": model_key(args, folder), "books": books, "unigram": unigram}
 
