@@ -35,7 +35,9 @@ import statistics
 import time
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+from evalm.config_toolkit.environment import command_environment  # noqa: E402
+
+command_environment()  # before transformers is imported: it reads HF_HUB_OFFLINE once
 
 from evalm.icl_eval.config import EvalConfig  # noqa: E402
 from evalm.icl_eval.methods import METHODS, MethodOptions  # noqa: E402

@@ -9,7 +9,9 @@ into units over the ranks (`icl_eval.units`) and rank 0 writes the one results.j
 
 import sys
 
+from evalm.config_toolkit.environment import command_environment
 from evalm.icl_eval.cli import main
 
 if __name__ == "__main__":
+    command_environment()
     sys.exit(main())

@@ -46,11 +46,11 @@ def _flags(layers, section: str, args, names: dict[str, str]) -> None:
 def _tiny_sections(layers, args, where: str, need_synthetic: bool):
     """`[model]` of the built-in tiny model (no --checkpoint/--hf-model) and `[synthetic]`, when used."""
     from evalm import ModelConfig
-    from evalm.icl_eval.settings import TINY_MODEL, TINY_SYNTHETIC_TRAINING
+    from evalm.icl_eval.settings import TINY_SYNTHETIC_TRAINING, tiny_model
     from evalm.icl_eval.synthetic import SyntheticConfig
 
     tiny = not (args.checkpoint or args.hf_model)
-    model = build(ModelConfig, {**TINY_MODEL, **layers.section("model")}, where=f"{where} [model]") if tiny else None
+    model = build(ModelConfig, {**tiny_model(), **layers.section("model")}, where=f"{where} [model]") if tiny else None
     syn = build(SyntheticConfig, {**TINY_SYNTHETIC_TRAINING, **layers.section("synthetic")},
                 where=f"{where} [synthetic]") if tiny or need_synthetic else None
     return model, syn
