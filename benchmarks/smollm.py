@@ -123,7 +123,7 @@ class Bench:
         records = runner.run()
         for b in runner.baselines:
             self.baselines.setdefault((b["split"], b["seed"], b["shots"]), b)
-        self.bos = runner.prompt.describe_bos()
+        self.bos = runner.prompt_for(runner.config.seeds[-1]).describe_bos()
         return records
 
     def context_tokens(self, shots: int) -> int:
@@ -131,7 +131,7 @@ class Bench:
         from evalm.icl_eval.selection import dataset_level
 
         prompt = Runner(self.lm, self.task, self.config((), shots, self.seeds), MethodOptions(),
-                        SeedSplits(lambda s: self.splits, True)).prompt
+                        SeedSplits(lambda s: self.splits, True)).prompt_for(self.seeds[0])
         train = self.splits["train"]
         return max(len(prompt.context([prompt.demo(i, train[i]) for i in dataset_level(len(train), shots, seed)]))
                    for seed in self.seeds)

@@ -108,7 +108,7 @@ def _run_icl(args, config, options, model_cfg, syn, task, splits_for_seed, data_
     lm = load_lm(args, world.device(config.device), config.dtype, model_cfg, syn, config.context_window)
     runner = Runner(lm, task, config, options, splits_for_seed)
     runner.check_budgets()  # a budget below one demonstration is refused before any scoring
-    label_tokens = runner.prompt.label_token_counts()
+    label_tokens = runner.prompt_for(config.seeds[0]).label_token_counts()
     if world.rank == 0 and len(set(label_tokens.values())) > 1 and options.scoring.endswith("-sum"):
         print(f"warning: the labels tokenize to unequal lengths {label_tokens}: {options.scoring} scores favour the "
               "shorter ones; consider --eval.method.scoring=answer-mean or another verbalizer", file=sys.stderr)

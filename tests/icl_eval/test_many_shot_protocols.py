@@ -67,7 +67,7 @@ def test_budget_grid_records_the_largest_fitting_count_per_seed_and_its_tokens()
     splits = _splits(texts, [0, 1, 2, 0, 1, 2, 0, 1, 2, 0], ["yy", "zzzz"], [0, 1])
     runner = _runner(splits, seeds=(1, 2), budgets=(0, 40, 70))
     runner.run()
-    prompt = runner.prompt
+    prompt = runner.prompt_for(2)
     longest = max(len(c.tokens) for r in splits["test"] for c in prompt.test_item(0, r, 1).candidates)
     from evalm.icl_eval.selection import dataset_level
 
@@ -125,7 +125,7 @@ def test_a_remap_scores_as_the_hand_written_task_with_the_mapped_words_and_keeps
     for b_map, b_none in zip(mapped.baselines, none.baselines):
         assert {k: b_map[k] for k in ("chance", "test_majority", "in_context_majority")} == \
             {k: b_none[k] for k in ("chance", "test_majority", "in_context_majority")}
-    item = mapped.prompt.test_item(0, splits["test"][0], 3)
+    item = mapped.prompt_for(2).test_item(0, splits["test"][0], 3)
     assert ByteTokenizer().decode(list(item.candidates[0].tokens)).endswith("=" + mapped_words(TASK.labels, "int", 2)[0])
 
 

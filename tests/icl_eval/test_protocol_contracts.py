@@ -56,7 +56,7 @@ def test_topk_calibration_uses_each_items_own_demonstrations():
     runner.run()
     scores = {p["item"]: np.array(p["scores"]) for p in runner.predictions}
     topk = TopK([f"{r['text']}" for r in TRAIN])
-    method, prompt = METHODS["concat"], runner.prompt
+    method, prompt = METHODS["concat"], runner.prompt_for(1)
     chosen = [topk.select(r["text"], 2, exclude=[]) for r in TEST]
     assert chosen[0] != chosen[1]  # the items' contexts differ, so item 0's would be wrong for item 1
     for i, row in enumerate(TEST):
