@@ -4,7 +4,7 @@
     python -m evalm.icl_eval ppl --checkpoint DIR --books PG19/test --out runs/ppl   # one process
 
 The arguments are exactly those of `evalm eval icl|ppl|harness`; `icl` and `ppl` split their work
-into units over the ranks (`icl_eval.units`) and rank 0 writes the one results.json.
+into units over the ranks (`icl_eval.protocol.units`) and rank 0 writes the one results.json.
 """
 
 import sys

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from evalm.icl_eval.books import iter_books
-from evalm.icl_eval.perplexity import bucket_report, cached_nll, evaluate, window_nll
+from evalm.icl_eval.perplexity.books import iter_books
+from evalm.icl_eval.perplexity.lengths import bucket_report, cached_nll, evaluate, window_nll
 from tests.icl_eval.conftest import tiny_evalm
 
 
@@ -71,7 +71,7 @@ def _write_shards(folder, ids, vocab_size=257):
 
 
 def test_references_bits_per_byte_and_fixed_positions_against_direct_computations(tmp_path):
-    from evalm.icl_eval.unigram import fit_unigram
+    from evalm.icl_eval.perplexity.unigram import fit_unigram
 
     lm = tiny_evalm("eva", dtype=torch.float64)
     text = "the cat sat on the mat and the dog ate the bone " * 12
@@ -107,8 +107,8 @@ def test_references_bits_per_byte_and_fixed_positions_against_direct_computation
 
 
 def test_fixed_position_spans_spread_without_overlap_and_paired_interval():
-    from evalm.icl_eval.bootstrap import hierarchical_interval
-    from evalm.icl_eval.perplexity import target_starts
+    from evalm.icl_eval.stats.bootstrap import hierarchical_interval
+    from evalm.icl_eval.perplexity.lengths import target_starts
 
     starts = target_starts(10_000, 4096, 128, 8)
     assert starts[0] == 4096 and starts[-1] == 10_000 - 128 and len(starts) == 8

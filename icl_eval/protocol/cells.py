@@ -11,8 +11,8 @@ from typing import Any
 
 from evalm.config_toolkit import ConfigError
 from evalm.icl_eval.config import EvalConfig
-from evalm.icl_eval.prompts import Demo, PromptBuilder, TestItem
-from evalm.icl_eval.tasks import Task
+from evalm.icl_eval.tasks.prompts import Demo, PromptBuilder, TestItem
+from evalm.icl_eval.tasks.task import Task
 
 Splits = dict[str, list[dict[str, Any]]]
 

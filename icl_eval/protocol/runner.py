@@ -22,23 +22,23 @@ from typing import Any
 import numpy as np
 
 from evalm.config_toolkit import ConfigError, to_dict
-from evalm.icl_eval.baselines import label_baselines
-from evalm.icl_eval.budget import fit
-from evalm.icl_eval.cells import Arm, Cell, SplitState, hold_out_validation, select_items
-from evalm.icl_eval.label_map import remap
+from evalm.icl_eval.stats.baselines import label_baselines
+from evalm.icl_eval.protocol.budget import fit
+from evalm.icl_eval.protocol.cells import Arm, Cell, SplitState, hold_out_validation, select_items
+from evalm.icl_eval.protocol.label_map import remap
 from evalm.icl_eval.config import EvalConfig
-from evalm.icl_eval.lm import CausalLM
-from evalm.icl_eval.methods import METHODS, MethodOptions, MethodResult
-from evalm.icl_eval.nearest import Embedder
-from evalm.icl_eval.nearest import apply as apply_nearest
-from evalm.icl_eval.nearest import nearest
-from evalm.icl_eval.order import arrange
-from evalm.icl_eval.prompts import Demo, PromptBuilder, TestItem
-from evalm.icl_eval.scoring import calibrate, metrics
-from evalm.icl_eval.selection import TopK, dataset_level
-from evalm.icl_eval.summary import summarize
-from evalm.icl_eval.task_data import SeedSplits
-from evalm.icl_eval.tasks import Task
+from evalm.icl_eval.models.lm import CausalLM
+from evalm.icl_eval.methods.decoder import METHODS, MethodOptions, MethodResult
+from evalm.icl_eval.protocol.nearest import Embedder
+from evalm.icl_eval.protocol.nearest import apply as apply_nearest
+from evalm.icl_eval.protocol.nearest import nearest
+from evalm.icl_eval.protocol.order import arrange
+from evalm.icl_eval.tasks.prompts import Demo, PromptBuilder, TestItem
+from evalm.icl_eval.methods.scoring import calibrate, metrics
+from evalm.icl_eval.protocol.selection import TopK, dataset_level
+from evalm.icl_eval.stats.summary import summarize
+from evalm.icl_eval.tasks.data import SeedSplits
+from evalm.icl_eval.tasks.task import Task
 
 SUMMED = ("seconds", "encode_seconds", "context_encodings")
 """Per-item info fields that add up over items scored one context each (Top-k)."""
@@ -87,7 +87,7 @@ class Runner:
         self._topk: tuple[SplitState, TopK] | None = None
 
     def run(self) -> list[dict]:
-        """Every unit in order, in this process (the sharded path is `icl_eval.units`)."""
+        """Every unit in order, in this process (the sharded path is `icl_eval.protocol.units`)."""
         for unit in self.units():
             self.run_unit(unit)
         return self.records
@@ -151,7 +151,7 @@ class Runner:
     def results(self, model: dict, data_info: dict, seconds: float) -> dict[str, Any]:
         """results.json of a finished run: what was run (`protocol`), the summary, every record.
 
-        `model`: icl_eval.loading.describe of the scored model; `data_info`: where the task's rows came
+        `model`: icl_eval.models.loading.describe of the scored model; `data_info`: where the task's rows came
         from. Label tokens and bos are the last seed's prompt's (they differ between seeds only in the
         label spellings, which `label_maps` gives for every seed)."""
         prompt = self.prompt_for(self.config.seeds[-1])

@@ -28,8 +28,8 @@ import numpy as np
 import torch
 
 from evalm.config_toolkit import ConfigError
-from evalm.icl_eval.bootstrap import REPLICATES, hierarchical_interval
-from evalm.icl_eval.lm import CausalLM
+from evalm.icl_eval.stats.bootstrap import REPLICATES, hierarchical_interval
+from evalm.icl_eval.models.lm import CausalLM
 
 
 def _nll(logits: torch.Tensor, targets: torch.Tensor) -> np.ndarray:
@@ -167,7 +167,7 @@ def fixed_report(books: list[tuple[str, dict[int, list[float]], np.ndarray]], co
     rows = []
     for L in contexts:
         per_span = np.asarray(span_nll[L])
-        deltas = per_span - shortest  # paired on the spans: one "seed", spans resampled (icl_eval.bootstrap)
+        deltas = per_span - shortest  # paired on the spans: one "seed", spans resampled (icl_eval.stats.bootstrap)
         delta, (lo, hi) = float(deltas.mean()), hierarchical_interval([deltas], [range(len(deltas))])
         rows.append({"context": L, "tokens": len(per_span) * target_tokens, "mean_nll": float(per_span.mean()),
                      "token_ppl": math.exp(float(per_span.mean())),
