@@ -61,7 +61,7 @@ def test_an_edited_task_file_is_never_resumed_from_units_of_the_old_one(icl, tmp
     assert execution["units_resumed"] == 0 and execution["units_computed"] == 2
     fresh = tmp_path / "fresh"  # the edited task in a new folder: the same numbers
     assert _eval(*flags, "--out", fresh) == 0
-    from evalm.icl_eval.units import without_execution
+    from evalm.icl_eval.protocol.units import without_execution
 
     assert without_execution(_results(out)) == without_execution(_results(fresh))
 
@@ -198,7 +198,7 @@ def test_an_output_that_is_a_file_is_one_line_for_every_command(tmp_path, capsys
 
 
 def test_a_truncated_unit_is_named_and_computed_again(icl, tmp_path, capsys):
-    from evalm.icl_eval.units import without_execution
+    from evalm.icl_eval.protocol.units import without_execution
 
     model, task, flags = icl
     out = tmp_path / "o"
