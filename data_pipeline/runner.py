@@ -151,11 +151,10 @@ def record_settings(folder: RunFolder, settings: dict[str, Any], files: Sequence
         return (f"To continue it, relaunch with the recorded {flags} (all in its config.json); to start over, add "
                 "--overwrite (deletes the folder)")
 
-    # input_sha256: folders made before inputs were hashed lack it
-    fresh = folder.record("config.json", settings, ignore=RUN_ONLY, added=("input_sha256",), advice=advice)
-    if fresh:
+    if not (folder.path / "config.json").is_file():  # inputs.txt first: a recorded config.json implies it
         write_atomic(folder.path / "inputs.txt", "".join(f"{f}\n" for f in files))
-    return fresh
+    # input_sha256: folders made before inputs were hashed lack it
+    return folder.record("config.json", settings, ignore=RUN_ONLY, added=("input_sha256",), advice=advice)
 
 
 # ---------------------------------------------------------------- executors
