@@ -47,3 +47,15 @@ def test_run_seed_reaches_every_training_stage_and_wins_over_the_run_files_own(t
     # Another seed is another stage key, so a rerun in the same folder redoes training, never skips it.
     assert stage_key(plain, "pretrain", stage_commands(plain, "pretrain"), "") != \
         stage_key(seeded, "pretrain", stage_commands(seeded, "pretrain"), "")
+
+
+def test_evalm_run_reads_set_and_its_dotted_alias(tmp_path, capsys):
+    """The command line reaches the run file: `--set run.name=...` and `--run.seed=...` (the alias)
+    name the folder the refusal speaks of (`--only` needs the earlier stages of THAT folder)."""
+    from evalm.launcher.run import main
+
+    assert main([str(_run_file(tmp_path)), "--set", "run.name=tiny-seed7", "--run.seed=7", "--only", "pretrain"]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'runs' / 'tiny-seed7'}: stage(s)" in err and len(err.strip().splitlines()) == 1, err
+    assert main([str(_run_file(tmp_path)), "--set", "run.seed=two"]) == 2
+    assert "seed" in capsys.readouterr().err
