@@ -1,6 +1,6 @@
 """`evalm run [CONFIG]`: every stage in order, from raw text to a many-shot evaluation report.
 
-    evalm run                                 # configs/tiny.toml: shipped sample data, a tiny model, CPU, minutes
+    evalm run                                 # configs/tiny.toml: sample data from pinned PyPI packages, a tiny model, CPU
     evalm run configs/tiny.toml --from pretrain   # rerun pretrain and everything after it
     evalm run configs/tiny.toml --only icl        # rerun one stage (earlier ones must be complete)
     evalm run --set run.seed=2 --set run.name=tiny-seed2   # another training seed, in its own folder
