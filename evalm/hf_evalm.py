@@ -29,7 +29,7 @@ from evalm.eva import EvaAttention
 from evalm.heads import upcast
 from evalm.hf_attention import NAME, register_attention, transformers_module
 from evalm.hf_cache import EvaCache
-from evalm.model import Block
+from evalm.model import EvalmModel
 from evalm.positions import CircularPositionalEmbedding
 
 tf = transformers_module()
@@ -108,12 +108,10 @@ class EvalmForCausalLM(tf.PreTrainedModel, tf.GenerationMixin):
         if model.attention != "eva":
             raise ConfigError(f"config.json [evalm]: attention={model.attention!r}: only EVA models load through "
                               "evalm's transformers classes (evaluate a full-attention model with --checkpoint)")
-        self.embed_tokens = nn.Embedding(model.vocab_size, model.d_model)
-        self.embed_positions = CircularPositionalEmbedding(model.circular_period, model.d_model, model.positions)
-        self.drop = nn.Dropout(model.dropout)
-        self.blocks = nn.ModuleList(_block(model, i) for i in range(model.n_layer))
-        self.final_norm = nn.LayerNorm(model.d_model)
-        self.lm_head = nn.Linear(model.d_model, model.vocab_size, bias=False)
+        for name, module in EvalmModel(model).named_children():  # its modules under its names: its weights load
+            self.add_module(name, module)
+        for i, block in enumerate(self.blocks):
+            block.attn = InterfaceEva(model, i)  # the same parameters, called through the interface
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Embedding:
@@ -155,13 +153,6 @@ class EvalmForCausalLM(tf.PreTrainedModel, tf.GenerationMixin):
         if labels is not None:
             loss = F.cross_entropy(upcast(logits[:, :-1]).flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
         return _output(loss, logits, cache)
-
-
-def _block(model: ModelConfig, layer_idx: int) -> Block:
-    """`EvalmModel`'s block with its attention called through the interface (same parameter names)."""
-    block = Block(model, layer_idx)
-    block.attn = InterfaceEva(model, layer_idx)
-    return block
 
 
 def _check_positions(position_ids: Tensor, start: int, T: int) -> None:

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from evalm.config_toolkit import InputError, MissingExtra, MissingInput
+from evalm.config_toolkit import ConfigError, InputError, MissingExtra, MissingInput
 
 
 def _transformers():
@@ -199,9 +199,12 @@ def load_hf(folder: str | Path, tokenizer=None, dtype: str = "float32", device: 
     kwargs: dict[str, Any] = {"local_files_only": True, "trust_remote_code": False}  # never code from a folder
     if gguf_file:
         kwargs["gguf_file"] = gguf_file
-    model = tf.AutoModelForCausalLM.from_pretrained(
-        folder, dtype=getattr(torch, dtype), attn_implementation=attn_implementation, **kwargs
-    ).to(device)
+    try:
+        model = tf.AutoModelForCausalLM.from_pretrained(
+            folder, dtype=getattr(torch, dtype), attn_implementation=attn_implementation, **kwargs
+        ).to(device)
+    except ConfigError as err:  # an EVA config's refusal names its field; here also the folder
+        raise ConfigError(str(err).replace("config.json", str(folder / "config.json"), 1)) from None
     if tokenizer is None:
         tokenizer = HFTokenizerAdapter(tf.AutoTokenizer.from_pretrained(folder, **kwargs))
     if eva:

@@ -11,6 +11,9 @@ One tiny EVALM (T5 bias, windows of 8, a circular period of 64 that long prompts
   harness backend's loglikelihoods (to 1e-9) and generations over the exported EVALM, and its
   rolling loglikelihoods over the folder loaded by `--hf-model`, request by request; and `lm_eval --model hf --model_args pretrained=folder,trust_remote_code=True` run for
   real on a local task logs the loglikelihoods the harness backend computes for the same requests.
+A Llama with EVA saved by `save_pretrained` scores alike through `--hf-model` on every path (one
+shot, in segments, one merged group), and a head layout EVA cannot take is one line naming the
+folder's config.json and the field.
 """
 
 from __future__ import annotations
@@ -142,3 +145,43 @@ def test_the_lm_eval_command_on_a_local_task(folders, tmp_path):
     ours = harness_lm(EvalmLM(load_model(model, dtype=torch.float64), ByteTokenizer()), batch_size=4)
     got = [ll for ll, _ in ours.loglikelihood(_instances("loglikelihood", requests), disable_tqdm=True)]
     assert max(abs(g - float(w)) for g, w in zip(got, logged)) <= TOL
+
+
+@pytest.fixture(scope="module")
+def llama_folder(tmp_path_factory):
+    """A tiny Llama with EVA (grouped-query heads, RoPE, circular positions of period 64) saved by
+    `save_pretrained`: model_type "eva_llama", the `evalm` settings in its config.json."""
+    from evalm.hf_llama import EvaLlamaForCausalLM
+    from tests.models import hf_llama
+
+    folder = tmp_path_factory.mktemp("eva-llama") / "model"
+    model = EvaLlamaForCausalLM.from_llama(hf_llama(vocab_size=300), window_size=8, chunk_size=4, use_t5_bias=True,
+                                           positions="circular", circular_period=64)
+    model.save_pretrained(folder)
+    return folder
+
+
+def test_an_eva_llama_folder_through_hf_model_scores_alike_on_every_path(llama_folder, synth):
+    from evalm.icl_eval.models.hf import load_hf
+
+    lm = load_hf(llama_folder, tokenizer=ByteTokenizer(), dtype="float64")
+    assert type(lm).__name__ == "EvaHFCausalLM" and lm.model.config._attn_implementation == "eva"
+    prompt, splits = synth
+    demos, items = demos_and_items(prompt, splits, 24)
+    scores = {name: np.array(METHODS[name](lm, prompt, demos, items, MethodOptions(**opts)).scores)
+              for name, opts in (("concat", {}), ("incremental", {"segment_tokens": 5}), ("structured", {"n_groups": 1}))}
+    assert np.abs(scores["incremental"] - scores["concat"]).max() <= TOL
+    assert np.abs(scores["structured"] - scores["concat"]).max() <= TOL and np.ptp(scores["concat"]) > 1e-3
+
+
+def test_a_layout_eva_cannot_take_is_one_line_through_evalm_eval(llama_folder, tmp_path, capsys):
+    import shutil
+
+    folder = tmp_path / "model"
+    shutil.copytree(llama_folder, folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "num_key_value_heads": 3}))
+    assert evalm(["eval", "icl", "--hf-model", str(folder), "--tokenizer", "bytes", "--shots", "0",
+                  "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"{folder / 'config.json'}: num_key_value_heads=3 does not divide" in err
