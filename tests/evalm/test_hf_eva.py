@@ -128,6 +128,10 @@ def test_llama_attention_is_eva_of_its_rotated_grouped_heads(settings):
     tokens = ids(T=30)
     seen, out = _attention_inputs(model, 1, tokens)
     attn = model.model.layers[1].self_attn
+    if settings.get("positions") == "circular":  # RoPE at i mod 16: the rotation of token i + 16 is token i's
+        cos, sin = seen["rope"]
+        assert torch.equal(cos[:, 16:], cos[:, :-16]) and torch.equal(sin[:, 16:], sin[:, :-16])
+        assert not torch.equal(cos[:, 8:], cos[:, :-8])
     q, k, v = _oracle_heads(attn, seen["x"], seen["rope"])
     heads = torch.from_numpy(eva_heads_per_token(attn.eva, q, k, v))
     want = attn.o_proj(heads.reshape(*heads.shape[:2], -1))
