@@ -242,10 +242,7 @@ def _run_ppl(lm, config, store) -> dict | None:
 
     t0 = time.perf_counter()
     unigram = fit_unigram(config.unigram_shards, lm.tokenizer.vocab_size) if config.unigram_shards else None
-    fixed = {"contexts": config.fixed_contexts, "target_tokens": config.fixed_target_tokens,
-             "targets_per_book": config.fixed_targets_per_book} if config.fixed_contexts else None
-    protocols = Protocols(lm, config.max_tokens, config.segment_tokens, config.buckets, config.baselines,
-                          config.window_tokens, config.stride_tokens, unigram, fixed)
+    protocols = Protocols(lm, config, unigram)
     world = store.world
     names = [f"{i:05d}-book" for i, _ in enumerate(iter_books(config.books, config.max_books))]
     resumed = store.finished(names)
