@@ -92,6 +92,20 @@ def test_transformers_path_equals_evalm_model_logits_and_gradients(variant):
     assert cache.get_seq_length() == 45
 
 
+def test_in_training_the_transformers_path_draws_the_same_dropout_and_noise():
+    """Residual and attention dropout and the summaries' noise ε come from torch's RNG in the same
+    order: one seed, the same training forward (what fine-tuning through transformers relies on)."""
+    ref, hf = evalm_pair(dropout=0.1, attn_dropout=0.1, use_t5_bias=True)
+    tokens = ids()
+    outs = []
+    for model in (ref.train(), hf.train()):
+        torch.manual_seed(7)
+        outs.append(model(tokens) if model is ref else model(tokens, use_cache=False).logits)
+    assert (outs[0] - outs[1]).abs().max() <= EXACT
+    torch.manual_seed(8)
+    assert (hf(tokens, use_cache=False).logits - outs[1]).abs().max() > 1e-3  # the draws matter
+
+
 def _attention_inputs(model, layer: int, tokens):
     """The hidden states entering layer `layer`'s attention and the module's output, captured by a hook."""
     seen = {}
