@@ -40,6 +40,8 @@ from evalm.tiling import Tiling
 def t5_bucket(distance: Tensor, num_buckets: int, max_distance: int) -> Tensor:
     """Causal T5 bucketing of non-negative distances: exact below num_buckets/2, then log-spaced."""
     max_exact = num_buckets // 2
+    if max_distance <= max_exact:  # the whole span is exact (w + ext <= 8); farther keys, masked anyway, take the last
+        return distance.clamp(max=num_buckets - 1)
     large = max_exact + (
         torch.log(distance.float().clamp(min=1) / max_exact)
         / math.log(max_distance / max_exact)
@@ -148,16 +150,21 @@ class EvaAttention(HeadProjections):
         B, T, _ = x.shape
         heads = (B, T, self.n_head, self.head_dim)  # the projections' own layout, not transposed
         q, k, v = (proj(x).view(heads) for proj in (self.q_proj, self.k_proj, self.v_proj))
+        return self.out_proj(self.attend(q, k, v, cache).reshape(B, T, -1))
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, cache: Cache | None = None) -> Tensor:
+        """EVA of projected heads q, k, v (B, T, H, D) -> (B, T, H, D), without the projections:
+        `forward`'s, and a Hugging Face attention's (evalm/hf_attention.py, q and k already rotated).
+        q, k, v must be the caller's own tensors: the whole-sequence backward writes gradients over them."""
         plan, call = self._describe(q, cache)
         path = eva_paths.choose(call)
         eva_paths.report(self.layer_idx, path)
         t = self._tiling()
         if path.route.whole:
-            out = self._attend_whole(t, path, q, k, v)
-            return self.out_proj(out.reshape(B, T, -1))
+            return self._attend_whole(t, path, q, k, v)
         out = self._encode(tiles.TiledCall(t, plan, path, self._entries(cache), self.rel_pos_bias),
                            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), cache)
-        return self.merge(out)
+        return out.transpose(1, 2)
 
     def _tiling(self) -> Tiling:
         """This call's `Tiling`: the layer's rule with this forward's attention dropout rate and mask

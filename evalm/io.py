@@ -35,7 +35,8 @@ def save_model(model: EvalmModel, folder: str | Path) -> Path:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     config = to_dict(model.config)
-    _save_weights(model, str(folder / WEIGHTS), metadata={META_KEY: json.dumps(config, sort_keys=True)})
+    metadata = {META_KEY: json.dumps(config, sort_keys=True), "format": "pt"}  # "format": transformers reads it too
+    _save_weights(model, str(folder / WEIGHTS), metadata=metadata)
     (folder / CONFIG).write_text(json.dumps({"model": config}, indent=2) + "\n")
     return folder
 
@@ -45,6 +46,8 @@ def load_config(folder: str | Path) -> ModelConfig:
     if not path.is_file():
         raise MissingInput(f"{path}: no config.json (is {folder} an exported model? see `evalm export --help`)")
     data = read_json(path)
+    if "evalm" in data and "model" not in data:  # a transformers folder of `evalm export --hf`
+        return build(ModelConfig, data["evalm"], where=f"{path} [evalm]")
     return build(ModelConfig, data.get("model", data), where=f"{path} [model]")
 
 

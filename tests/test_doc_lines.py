@@ -144,6 +144,7 @@ PLANS = [
     Plan("training-quick-start", (TOKENS, r"evalm train pretrain --config configs/pretrain-tiny\.toml --out runs/pretrain-tiny$",
                                   r"evalm train msit --config configs/msit-tiny\.toml", r"evalm export --checkpoint runs/msit-tiny"),
          edits=("steps",), slow=True),
+    Plan("export-hf", (r"evalm export --hf --checkpoint runs/export --out models/evalm-hf",), ("runs/export",)),
     Plan("resume-a-run", (r"evalm train pretrain --config configs/pretrain-tiny\.toml --out runs/mine --resume auto",),
          edits=("steps",), first=(TOKENS,)),
     Plan("pretrain-entry-points", (r"python -m evalm\.train\.pretrain", r"torchrun --nproc_per_node=2 -m evalm\.train\.pretrain",

@@ -50,10 +50,17 @@ def eva_per_token(attn, x) -> np.ndarray:
     x = _np(x)
     B, T, E = x.shape
     H, D = attn.n_head, attn.head_dim
-    w, c, ext, s = attn.window_size, attn.chunk_size, attn.ext, D**-0.5
     q = _affine(x, attn.q_proj).reshape(B, T, H, D)
     k = _affine(x, attn.k_proj).reshape(B, T, H, D)
     v = _affine(x, attn.v_proj).reshape(B, T, H, D)
+    return _affine(eva_heads_per_token(attn, q, k, v).reshape(B, T, E), attn.out_proj)
+
+
+def eva_heads_per_token(attn, q, k, v) -> np.ndarray:
+    """EVA of heads q, k, v (B, T, H, D) arrays (already projected, any rotation applied) with the
+    window, chunk, A_q/A_k and T5 table of `attn` -> (B, T, H, D), one query at a time."""
+    B, T, H, D = q.shape
+    w, c, ext, s = attn.window_size, attn.chunk_size, attn.ext, D**-0.5
     table = None
     if attn.rel_pos_bias is not None:
         table = _np(attn.rel_pos_bias.relative_attention_bias.weight)[:, 0]
@@ -85,7 +92,7 @@ def eva_per_token(attn, x) -> np.ndarray:
                     values.append(beta[r])
                 p = _softmax(logits)
                 out[b, i, h] = sum(pi * vi for pi, vi in zip(p, values))
-    return _affine(out.reshape(B, T, E), attn.out_proj)
+    return out
 
 
 def _affine_t(x, lin):
