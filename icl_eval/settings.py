@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from evalm.config_toolkit import apply_overrides, read_toml, to_dict
+from evalm.config_toolkit import ConfigError, apply_overrides, check_sections, read_toml, to_dict
 
 TINY_MODEL: dict[str, Any] = {**read_toml("configs/model-tiny.toml")["model"], "vocab_size": 257,
                               "circular_period": 512, "dropout": 0.0, "attn_dropout": 0.0}
@@ -24,20 +24,29 @@ TINY_SYNTHETIC_TRAINING: dict[str, Any] = {"train_steps": 500, "batch_size": 16,
 class Layers:
     """Raw sections (nested dicts) with the source of every value that is not a built-in default."""
 
-    def __init__(self, config: str | None, overrides: Sequence[str]):
-        self.config = config
+    def __init__(self, config: str | None, overrides: Sequence[str], sections: Sequence[str]):
+        """`sections`: the command's sections (dotted for a sub-section, `eval.method`); any other name,
+        from the file or a flag, is refused as training refuses it (`config_toolkit.check_sections`)."""
+        self.config, self.sections = config, tuple(sections)
         self.data: dict[str, Any] = read_toml(config) if config else {}
         self.sources: dict[str, str] = {key: "config" for key in _leaves(self.data)}
         self.data = apply_overrides(self.data, overrides)
         for item in overrides:
             self.sources[item.partition("=")[0].strip()] = "--" + item.partition("=")[0].strip()
+        tops = {s.split(".")[0] for s in self.sections}
+        flags = sorted(how for key, how in self.sources.items() if how != "config" and key.split(".")[0] not in tops)
+        check_sections(self.data, self.sections, " and ".join([f"--config {config}"] * bool(config) + flags) or "flags")
 
     def section(self, dotted: str) -> dict[str, Any]:
-        """A copy of one section (`eval.method` is the table inside `[eval]`), without sub-tables."""
+        """A copy of one section (`eval.method` is the table inside `[eval]`) without its sub-sections;
+        a table that is no sub-section (`--eval.methd.scoring=...`) stays, for `build` to refuse as an
+        unknown key."""
         node: Any = self.data
         for name in dotted.split("."):
-            node = node.get(name, {}) if isinstance(node, Mapping) else {}
-        return {k: v for k, v in dict(node).items() if not isinstance(v, Mapping)}
+            node = node.get(name, {})
+            if not isinstance(node, Mapping):
+                raise ConfigError(f"[{dotted}] must be a table of settings, got {node!r}")
+        return {k: v for k, v in node.items() if f"{dotted}.{k}" not in self.sections}
 
     def set_flag(self, dotted: str, key: str, value: Any, flag: str) -> None:
         """A command-line flag's value: it wins over the file."""
