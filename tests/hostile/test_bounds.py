@@ -1,4 +1,4 @@
-"""Inputs without bounds (issue 38, item 5): each once hung or took all memory; now each is refused
+"""Inputs without bounds: each once hung or took all memory; now each is refused
 in one line naming the file, within a memory cap and a time limit, and nothing is left running.
 
 Every command runs in its own process under `tests.hostile.limits` (3 GiB of address space), so the

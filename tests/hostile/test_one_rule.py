@@ -1,4 +1,4 @@
-"""The one error rule's gaps (issue 38, item 7): user mistakes that ended in a `bug:` line (exit 1) or in
+"""The one error rule's gaps: user mistakes that ended in a `bug:` line (exit 1) or in
 DCP's raw traceback; now each is one line naming the file (exit 2), run as the user runs `evalm`, and a
 damaged checkpoint without a digest is skipped for the previous one as a digest mismatch is.
 

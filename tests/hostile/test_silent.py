@@ -1,4 +1,4 @@
-"""Inputs that were silently accepted (issue 38, item 6): each once ran to exit 0 with a wrong or
+"""Inputs that were silently accepted: each once ran to exit 0 with a wrong or
 meaningless result; now each is refused in one line (exit 2) naming what to fix, or, for a book named
 twice, scored once and said so.
 
