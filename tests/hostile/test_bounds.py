@@ -10,7 +10,6 @@ the machine down.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import signal
@@ -23,7 +22,6 @@ import pytest
 import zstandard
 from safetensors.torch import load_file, save_file
 
-from evalm.storage.streams import LongLine, lines, zstd_blocks
 from tests.hostile.conftest import wait_for
 from tests.hostile.limits import GiB, REPO, end_group, evalm, user_error
 
@@ -40,6 +38,8 @@ def one_gib_line(path: Path, after: str = PILE_LINE) -> Path:
 
 
 def test_lines_never_hold_a_line_past_the_limit():
+    from evalm.storage.streams import LongLine, lines
+
     blocks = [b"ab\ncd", b"efgh", b"ijk\n", b"\nlast"]
     got = list(lines(iter(blocks), max_bytes=5))
     # the head is what was held when the line passed the limit (HEAD_BYTES of a real, 256 MiB limit)
@@ -52,6 +52,8 @@ def test_a_small_zst_expanding_to_a_1_gib_line_is_a_bad_record_not_a_crash(tmp_p
     shard = one_gib_line(tmp_path / "in" / "bomb.jsonl.zst")
     assert shard.stat().st_size < 40_000
     # the reader's own view: the line is skipped with its length, the next one is read
+    from evalm.storage.streams import LongLine, lines, zstd_blocks
+
     with open(shard, "rb") as f:
         got = [x.length if isinstance(x, LongLine) else json.loads(x)["text"][:9] for x in lines(zstd_blocks(f))]
     assert got == [(1 << 30) + 12, "the quick"]
