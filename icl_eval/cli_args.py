@@ -86,7 +86,7 @@ def _keys(*own: str) -> str:
     """Every settable key of the command's sections with its built-in default (`--help`'s epilog)."""
     from evalm.config import ModelConfig
     from evalm.icl_eval.config import EvalConfig, PerplexityConfig
-    from evalm.icl_eval.method_options import MethodOptions
+    from evalm.icl_eval.methods.options import MethodOptions
     from evalm.text.synthetic import SyntheticConfig
 
     classes = {"eval": EvalConfig, "eval.method": MethodOptions, "ppl": PerplexityConfig}
@@ -96,8 +96,8 @@ def _keys(*own: str) -> str:
 
 def icl_parser() -> Parser:
     from evalm.icl_eval.config import EvalConfig
-    from evalm.icl_eval.methods import METHODS
-    from evalm.icl_eval.tasks import TEMPLATE_SETS
+    from evalm.icl_eval.methods.decoder import METHODS
+    from evalm.icl_eval.tasks.task import TEMPLATE_SETS
 
     tasks = "; ".join(f"{name}: {' '.join(sorted(t))}" for name, t in TEMPLATE_SETS.items())
     p = Parser(prog="evalm eval icl", epilog=_keys("eval", "eval.method"), description=_describe(

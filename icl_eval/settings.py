@@ -11,11 +11,16 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from evalm.config_toolkit import ConfigError, apply_overrides, check_sections, read_toml, to_dict
+from evalm.config_toolkit.shipped import package_config
 
-TINY_MODEL: dict[str, Any] = {**read_toml("configs/model-tiny.toml")["model"], "vocab_size": 257,
-                              "circular_period": 512, "dropout": 0.0, "attn_dropout": 0.0}
-"""`[model]` of the built-in default (no --checkpoint/--hf-model): a byte-level EVALM small enough
-to train on the synthetic family in about 30 s on a CPU."""
+
+def tiny_model() -> dict[str, Any]:
+    """`[model]` of the built-in default (no --checkpoint/--hf-model): a byte-level EVALM small enough
+    to train on the synthetic family in about 30 s on a CPU. Its shape is the shipped
+    `configs/model-tiny.toml`, read from the package, never from the working directory."""
+    return {**read_toml(package_config("model-tiny.toml"))["model"], "vocab_size": 257,
+            "circular_period": 512, "dropout": 0.0, "attn_dropout": 0.0}
+
 
 TINY_SYNTHETIC_TRAINING: dict[str, Any] = {"train_steps": 500, "batch_size": 16, "train_shots": 32}
 """`[synthetic]` training knobs of that built-in default (the family itself keeps its defaults)."""

@@ -94,10 +94,10 @@ def hf_causal_lm(folder: Path, kind: str = "gpt2", n_positions: int = 2048) -> P
 
 
 def hf_t5(folder: Path) -> Path:
-    """A tiny random T5 (icl_eval.t5's shape) with `hf_tokenizer`, saved as a Hugging Face model folder."""
+    """A tiny random T5 (icl_eval.models.t5's shape) with `hf_tokenizer`, saved as a Hugging Face model folder."""
     import transformers
 
-    from evalm.icl_eval.t5 import tiny_t5_config
+    from evalm.icl_eval.models.t5 import tiny_t5_config
 
     tok = hf_tokenizer(folder)
     torch.manual_seed(0)

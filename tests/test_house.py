@@ -33,13 +33,13 @@ FLOORS = {
 }
 """What each folder may import besides itself."""
 
-SIDEWAYS = {("evalm.train.metaicl", "icl_eval"), ("evalm.icl_eval.synthetic", "train")}
+SIDEWAYS = {("evalm.train.metaicl", "icl_eval"), ("evalm.icl_eval.tasks.synthetic", "train")}
 """Known exceptions to the floors, each with its reason (both inside functions, so neither package
 loads the other at import):
 - `evalm train metaicl` meta-trains a T5 on episodes laid out exactly as the evaluator lays out a
   prompt (the same PromptBuilder and segment split, SAICL §3.3): copying that code would let the
   two drift;
-- `icl_eval.synthetic.train_tiny_model` (the built-in model of `evalm eval icl` without a
+- `icl_eval.tasks.synthetic.train_tiny_model` (the built-in model of `evalm eval icl` without a
   checkpoint) trains through `train.local`, so that the project has one training step."""
 
 MAX_FILE_LINES, MAX_FUNCTION_LINES = 400, 60
@@ -239,6 +239,23 @@ def test_the_file_map_lists_every_module():
                      if path.name != "__init__.py" and str(path.relative_to(ROOT)) not in layout)
     assert missing == [], "add a line for each to docs/layout.md"
     assert set(FOLDERS) <= {line.split("/")[0] for line in layout.splitlines() if "/" in line.split(" ")[0]}
+
+
+ICL_EVAL_TOP = {"__init__", "__main__", "cli", "cli_args", "settings", "config", "report", "harness"}
+"""The evaluator's top level: its command line and what every group shares; the rest lives in the
+group of what it holds (models, tasks, methods, protocol, stats, perplexity), as lm-evaluation-
+harness groups `api/`, `models/`, `tasks/`."""
+
+
+def test_the_evaluator_is_grouped_by_what_it_holds():
+    icl_eval = ROOT / "icl_eval"
+    flat = sorted(p.stem for p in icl_eval.glob("*.py") if p.stem not in ICL_EVAL_TOP)
+    assert flat == [], f"icl_eval/{flat}: put each into the group of what it holds (docs/layout.md)"
+    for group in sorted(p for p in icl_eval.iterdir() if p.is_dir() and p.name != "__pycache__"):
+        init = group / "__init__.py"
+        assert init.is_file() and ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))), \
+            f"{group.relative_to(ROOT)}: a package whose __init__ says in one line what it holds"
+        assert len(list(group.glob("*.py"))) >= 3, f"{group.relative_to(ROOT)}: a group of one module is a folder too many"
 
 
 def test_the_readme_and_evalm_help_agree_on_every_command():

@@ -67,7 +67,7 @@ def test_a_book_that_is_not_text_is_refused_naming_the_file(tmp_path, capsys, co
 
 
 def test_a_text_book_with_a_stray_bad_byte_is_read(tmp_path):
-    from evalm.icl_eval.books import iter_books
+    from evalm.icl_eval.perplexity.books import iter_books
 
     book = tmp_path / "old.txt"
     book.write_bytes(b"an old scan " * 1000 + b"\xff" + b" ends here")

@@ -17,9 +17,9 @@ from collections.abc import Sequence
 
 import torch
 
-from evalm.icl_eval.lm import CausalLM, right_pad
-from evalm.icl_eval.prompts import Candidate, TestItem
-from evalm.icl_eval.scoring import score_after_prefix, score_candidates
+from evalm.icl_eval.models.lm import CausalLM, right_pad
+from evalm.icl_eval.tasks.prompts import Candidate, TestItem
+from evalm.icl_eval.methods.scoring import score_after_prefix, score_candidates
 
 
 def shared_prefix_length(candidates: Sequence[Candidate]) -> int:

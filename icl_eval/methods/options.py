@@ -13,7 +13,7 @@ import numpy as np
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from evalm.config_toolkit import ConfigError, FROZEN, UserError
-from evalm.icl_eval.scoring import RULES
+from evalm.icl_eval.methods.scoring import RULES
 
 
 class PromptTooLong(UserError, ValueError):
@@ -42,12 +42,12 @@ class MethodOptions:
     """saicl: also add log M (SAICL has no rescale; this is the Structured-Prompting hybrid)."""
     test_prefix: Literal["shared", "reencode"] = "shared"
     """After a cache: encode the candidates' shared test prefix once per item and fork it per candidate
-    (`icl_eval/item_scoring.py`), or feed every candidate whole (the old way; same scores, K times the work)."""
+    (`icl_eval/methods/item_scoring.py`), or feed every candidate whole (the old way; same scores, K times the work)."""
     ensemble_reduce: Literal["mean_score", "mean_prob", "mean_logits"] = "mean_score"
     """ensemble: mean of the per-group scores (log-probabilities or logits), log of the mean probability,
     or SAICL §5.3's mean of the groups' logits at every position, scored once (`mean_logits`)."""
     t5_cross: Literal["none", "aligned"] = "none"
-    """saicl on T5 (icl_eval/t5.py): no position bias between a demonstration and the test (Appendix B),
+    """saicl on T5 (icl_eval/models/t5.py): no position bias between a demonstration and the test (Appendix B),
     or the stock bias with each demonstration right before the test (then k = 1 equals concat)."""
 
     def __post_init__(self) -> None:

@@ -29,10 +29,10 @@ from typing import Any
 
 import numpy as np
 
-from evalm.icl_eval.baselines import NAMES as BASELINES
-from evalm.icl_eval.bootstrap import hierarchical_interval, interval_summary
-from evalm.icl_eval.nearest import sample_learning_ratio
-from evalm.icl_eval.spread import order_split
+from evalm.icl_eval.stats.baselines import NAMES as BASELINES
+from evalm.icl_eval.stats.bootstrap import hierarchical_interval, interval_summary
+from evalm.icl_eval.protocol.nearest import sample_learning_ratio
+from evalm.icl_eval.stats.spread import order_split
 
 AVERAGED = ("accuracy", "macro_f1", "seconds_per_item", "demos_used_mean")
 

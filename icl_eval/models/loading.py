@@ -32,16 +32,16 @@ def load_lm(args, device: str, dtype: str, model_section: dict | None, synthetic
     import torch
 
     from evalm.text.tokenizer import load_tokenizer
-    from evalm.icl_eval.lm import EvalmLM
+    from evalm.icl_eval.models.lm import EvalmLM
 
     if args.hf_model:
-        from evalm.icl_eval.hf import load_hf
-        from evalm.icl_eval.t5 import is_t5_folder, load_t5
+        from evalm.icl_eval.models.hf import load_hf
+        from evalm.icl_eval.models.t5 import is_t5_folder, load_t5
 
         if not Path(args.hf_model).is_dir():
             raise ConfigError(f"--hf-model {args.hf_model}: no such folder; give a local Hugging Face model folder")
         tok = load_tokenizer(args.tokenizer) if args.tokenizer else None
-        if is_t5_folder(args.hf_model):  # encoder-decoder: concat | saicl | fid | ensemble (icl_eval/encdec_methods.py)
+        if is_t5_folder(args.hf_model):  # encoder-decoder: concat | saicl | fid | ensemble (icl_eval/methods/encoder_decoder.py)
             return load_t5(args.hf_model, tokenizer=tok, dtype=dtype, device=device)
         lm = load_hf(args.hf_model, tokenizer=tok, dtype=dtype, device=device, gguf_file=args.gguf_file)
         if context_window:
@@ -74,8 +74,8 @@ def tiny_default(model_cfg, syn, context_window: int | None):
 
     from evalm import EvalmModel
     from evalm.text.tokenizer import ByteTokenizer
-    from evalm.icl_eval.lm import EvalmLM
-    from evalm.icl_eval.synthetic import train_tiny_model
+    from evalm.icl_eval.models.lm import EvalmLM
+    from evalm.icl_eval.tasks.synthetic import train_tiny_model
 
     torch.manual_seed(syn.seed)
     model = EvalmModel(model_cfg)

@@ -19,7 +19,7 @@ SKIP_HINT = "or pass --allow-skip to record it as skipped in results.json"
 
 def icl_supply(config, splits: dict, allow_skip: bool) -> tuple[Any, list[dict]]:
     """`icl_grid` for the splits of the first seed: the validation split the shot count is chosen on
-    is the task's own, else `validation_items` held out of train (icl_eval.protocol.hold_out_validation)."""
+    is the task's own, else `validation_items` held out of train (icl_eval.protocol.cells.hold_out_validation)."""
     n_train, n_test = len(splits["train"]), len(splits["test"])
     if not config.choose_shot_on_validation:
         return icl_grid(config, n_train, 0, n_test, allow_skip)

@@ -30,10 +30,10 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from evalm.icl_eval.lm import right_pad
-from evalm.icl_eval.method_options import MethodOptions, MethodResult, Progress, reduce_scores
-from evalm.icl_eval.prompts import Candidate, Demo, PromptBuilder, TestItem
-from evalm.icl_eval.scoring import score_candidates
+from evalm.icl_eval.models.lm import right_pad
+from evalm.icl_eval.methods.options import MethodOptions, MethodResult, Progress, reduce_scores
+from evalm.icl_eval.tasks.prompts import Candidate, Demo, PromptBuilder, TestItem
+from evalm.icl_eval.methods.scoring import score_candidates
 
 Segment = tuple[int, ...]
 

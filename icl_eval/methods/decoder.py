@@ -2,7 +2,7 @@
 
     method(lm, prompt, demos, items, options) -> MethodResult
 
-`lm` is a `CausalLM` (icl_eval/lm.py: EvalmModel or a Hugging Face model), `prompt` the
+`lm` is a `CausalLM` (icl_eval/models/lm.py: EvalmModel or a Hugging Face model), `prompt` the
 `PromptBuilder` (tokenizer, separator), `demos` the ordered demonstrations, `items` the test items
 with their candidates. Every method returns a score per item and candidate, computed by the one
 scoring function (`scoring.score_candidates`), plus what it actually used (`info`).
@@ -17,7 +17,7 @@ scoring function (`scoring.score_candidates`), plus what it actually used (`info
 
 [test prefix note] After a cache, an item's candidates share `lead` and I(x) up to the label: that
 prefix is encoded once on a fork, each candidate's remaining tokens on a fork of it
-(`icl_eval/item_scoring.py`, `test_prefix="shared"`; `"reencode"` feeds each candidate whole).
+(`icl_eval/methods/item_scoring.py`, `test_prefix="shared"`; `"reencode"` feeds each candidate whole).
 [window note] A prompt longer than the model's window is never cut silently: `on_overflow="error"`
 raises `PromptTooLong`; `"drop_left"` drops whole demonstrations from the left, per item (room =
 window minus that item's longest candidate, in `concat` and `incremental` alike), and records how
@@ -38,10 +38,10 @@ import numpy as np
 import torch
 
 from evalm.config_toolkit import ConfigError
-from evalm.icl_eval.encdec_methods import ENCDEC_METHODS
-from evalm.icl_eval.lm import CausalLM, right_pad
-from evalm.icl_eval.item_scoring import SCORERS
-from evalm.icl_eval.method_options import (  # noqa: F401  (re-exported: the methods' public signature)
+from evalm.icl_eval.methods.encoder_decoder import ENCDEC_METHODS
+from evalm.icl_eval.models.lm import CausalLM, right_pad
+from evalm.icl_eval.methods.item_scoring import SCORERS
+from evalm.icl_eval.methods.options import (  # noqa: F401  (re-exported: the methods' public signature)
     Method,
     MethodOptions,
     MethodResult,
@@ -49,8 +49,8 @@ from evalm.icl_eval.method_options import (  # noqa: F401  (re-exported: the met
     PromptTooLong,
     reduce_scores,
 )
-from evalm.icl_eval.prompts import Demo, PromptBuilder, TestItem
-from evalm.icl_eval.scoring import score_candidates
+from evalm.icl_eval.tasks.prompts import Demo, PromptBuilder, TestItem
+from evalm.icl_eval.methods.scoring import score_candidates
 
 
 # ----------------------------------------------------------------------------------------------
@@ -311,7 +311,7 @@ def fid(lm, prompt, demos, items, options: MethodOptions, progress: Progress = N
 
 
 def _encoder_decoder_aware(name: str, method: Method) -> Method:
-    """An encoder-decoder model (icl_eval/t5.py) runs the method's encoder-decoder form (icl_eval/encdec_methods.py)."""
+    """An encoder-decoder model (icl_eval/models/t5.py) runs the method's encoder-decoder form (icl_eval/methods/encoder_decoder.py)."""
 
     def dispatch(lm, prompt, demos, items, options: MethodOptions, progress: Progress = None) -> MethodResult:
         if getattr(lm, "encoder_decoder", False):

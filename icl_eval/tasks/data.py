@@ -22,7 +22,7 @@ from typing import Any
 
 from evalm.config_toolkit import ConfigError
 from evalm.text.data_source import FILE_BUILDERS, DataSourceError, is_dataset_dict, is_saved_dataset, open_source
-from evalm.icl_eval.tasks import SPLITS, Task, _task_table, get_task
+from evalm.icl_eval.tasks.task import SPLITS, Task, _task_table, get_task
 
 Splits = dict[str, "Rows"]
 
@@ -120,7 +120,7 @@ def resolve_task(config, synthetic, tiny_model: bool) -> tuple[Task, SeedSplits,
     `synthetic` (a SyntheticConfig) draws a fresh rule per seed; any other task reads its splits once
     and every seed shares them. The built-in tiny model (`tiny_model`) knows only `synthetic`."""
     if config.task == "synthetic":
-        from evalm.icl_eval.synthetic import episode, synthetic_task
+        from evalm.icl_eval.tasks.synthetic import episode, synthetic_task
 
         return (synthetic_task(synthetic), SeedSplits(partial(_episode, synthetic=synthetic, make=episode), False),
                 {"source": "synthetic"})

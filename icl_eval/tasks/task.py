@@ -3,7 +3,7 @@
 Two built-in template sets: EVALM's Table 8 (`evalm`, the paper's ten tasks, each with the
 Hugging Face dataset it is usually read from) and Structured Prompting's Appendix A
 (`structured`). A user task comes from a small TOML or YAML file. Reading the data is
-`icl_eval.task_data`'s job (through `datasets`, offline).
+`icl_eval.tasks.data`'s job (through `datasets`, offline).
 
 A template is a string with `{field}` slots and one `{label}` slot. For multiple-choice tasks
 (COPA) the candidates are item fields (`choice_fields`) and the label is the index of the correct
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from evalm.config_toolkit import ConfigError, InputError, parse_toml
-from evalm.icl_eval.task_yaml import read_yaml
+from evalm.icl_eval.tasks.task_yaml import read_yaml
 
 SPLITS = ("train", "validation", "test")
 
@@ -85,7 +85,7 @@ class Task:
     label-index order (`task_data.with_data_labels`), for label sets too long to write out (banking77)."""
     spelled: tuple[str, ...] = ()
     """How each label is written in prompts when it differs from `labels` (label remapping,
-    `icl_eval.label_map`); `labels` still reads the data's gold values. Empty: `labels` as written."""
+    `icl_eval.protocol.label_map`); `labels` still reads the data's gold values. Empty: `labels` as written."""
 
     def __post_init__(self) -> None:
         slots = template_fields(self.template)

@@ -99,7 +99,7 @@ class HFTokenizerAdapter:
 
 
 class HFCausalLM:
-    """`CausalLM` (icl_eval/lm.py) over a `transformers` causal LM."""
+    """`CausalLM` (icl_eval/models/lm.py) over a `transformers` causal LM."""
 
     def __init__(self, model, tokenizer, name: str = "hf", max_positions: int | None = None):
         self.model, self.tokenizer, self.name = model.eval(), tokenizer, name

@@ -87,7 +87,7 @@ def tiny_t5(seed: int = 0, dtype=torch.float32, init_std: float | None = None, *
 
 def load_t5(folder: str | Path, tokenizer=None, dtype: str = "float32", device: str = "cpu") -> T5LM:
     """A T5ForConditionalGeneration (and its tokenizer unless given) from a local folder; never the network."""
-    from evalm.icl_eval.hf import HFTokenizerAdapter
+    from evalm.icl_eval.models.hf import HFTokenizerAdapter
 
     tf = _transformers()
     folder = Path(folder)
@@ -102,7 +102,7 @@ def load_t5(folder: str | Path, tokenizer=None, dtype: str = "float32", device: 
 
 
 class T5LM:
-    """An encoder-decoder model the methods of `icl_eval.encdec_methods` drive."""
+    """An encoder-decoder model the methods of `icl_eval.methods.encoder_decoder` drive."""
 
     encoder_decoder = True
     max_positions = None  # relative positions only: no window (SAICL §3.1 "extensibility")

@@ -26,7 +26,7 @@ import itertools
 import random
 
 from evalm.config_toolkit import ConfigError
-from evalm.icl_eval.tasks import Task
+from evalm.icl_eval.tasks.task import Task
 
 MODES = ("none", "int", "symbols", "flip")
 

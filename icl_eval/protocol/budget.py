@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from evalm.config_toolkit import UserError
-from evalm.icl_eval.prompts import Demo, PromptBuilder
+from evalm.icl_eval.tasks.prompts import Demo, PromptBuilder
 
 
 class BudgetTooSmall(UserError, ValueError):

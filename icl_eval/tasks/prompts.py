@@ -11,7 +11,7 @@ and feeds test(y) after their merge. With one group the token stream is identica
 
 [bos] is the model's own (`resolve_bos`): for EVALM the end-of-document `</s>` (documents are
 separated by it in pretraining, docs/training.md); for a Hugging Face model what its tokenizer says
-(`icl_eval.hf.HFTokenizerAdapter.default_bos`: Llama's `<s>`, SmolLM2-Instruct's `<|im_start|>`,
+(`icl_eval.models.hf.HFTokenizerAdapter.default_bos`: Llama's `<s>`, SmolLM2-Instruct's `<|im_start|>`,
 nothing for GPT-2); `none` or a token spelled out overrides it (`--bos`). With no bos, a 0-shot
 test's first token has no prediction and is not scored.
 
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from evalm.config_toolkit import ConfigError
-from evalm.icl_eval.tasks import Task, split_at_label
+from evalm.icl_eval.tasks.task import Task, split_at_label
 
 SEPARATORS: dict[str, str | None] = {
     "newline": "\n",

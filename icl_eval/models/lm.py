@@ -3,7 +3,7 @@
 Every method is written once against `CausalLM`: a one-shot `forward`, and a cache that can be
 extended, forked (copy-on-write; a batch of children broadcast from one parent) and merged
 (Structured Prompting / SAICL). `EvalmLM` maps it onto `EvalmModel` and `evalm.cache`; `HFCausalLM`
-(`icl_eval/hf.py`) onto a Hugging Face causal LM's `past_key_values`.
+(`icl_eval/models/hf.py`) onto a Hugging Face causal LM's `past_key_values`.
 
 Caches are mutable: `extend(state, tokens)` advances `state`. Always `fork` before extending a
 state that must be reused. Everything runs under `torch.no_grad()` in eval mode.

@@ -25,7 +25,7 @@ import random
 import torch
 
 from evalm.text.synthetic import LABEL_LETTERS, LETTERS, SyntheticConfig, draw_rule, episode, instruction_examples
-from evalm.icl_eval.tasks import Task
+from evalm.icl_eval.tasks.task import Task
 
 __all__ = ["LABEL_LETTERS", "LETTERS", "SyntheticConfig", "SyntheticBatches", "draw_rule", "episode",
            "instruction_examples", "synthetic_task", "train_tiny_model", "training_batch"]
@@ -34,7 +34,7 @@ __all__ = ["LABEL_LETTERS", "LETTERS", "SyntheticConfig", "SyntheticBatches", "d
 def synthetic_task(config: SyntheticConfig = SyntheticConfig()) -> Task:
     return Task(
         "synthetic", config.template, tuple(LABEL_LETTERS[: config.n_labels]),
-        source=f"icl_eval.synthetic ({config.n_inputs} inputs -> {config.n_labels} labels, fresh rule per episode)",
+        source=f"icl_eval.tasks.synthetic ({config.n_inputs} inputs -> {config.n_labels} labels, fresh rule per episode)",
     )
 
 

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from evalm.config_toolkit import ConfigError
-from evalm.icl_eval.prompts import Candidate
+from evalm.icl_eval.tasks.prompts import Candidate
 
 
 def token_logprobs(logits: Tensor, tokens: Tensor) -> Tensor:

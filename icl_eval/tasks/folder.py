@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from evalm.icl_eval.tasks import SPLITS, Task
+from evalm.icl_eval.tasks.task import SPLITS, Task
 
 TASK_FILE = "task.toml"
 
