@@ -16,8 +16,8 @@ One narrow rule admits built-in errors as user errors: an OSError that the opera
 about a path it names (`err.filename`): no such file, permission denied, a directory where a file
 was expected, a full disk, a read-only filesystem, a loop of symbolic links. The user passed that
 path, or owns that disk, and the path in the message is what they need; wrapping every `open()` of
-a path a user gave would say the same thing in more code. A deliberate refusal about a missing file (which the OS did not
-name) is a `MissingInput`.
+a path a user gave would say the same thing in more code. A deliberate refusal about a missing file
+(which the OS did not name) is a `MissingInput`.
 
 `evalm --debug` (EVALM_DEBUG=1) shows the traceback of either on the console instead.
 """

@@ -68,6 +68,7 @@ class Header:
 
 
 def read_header(weights: Path) -> Header:
+    """The header of `weights`, or DamagedFile naming it (safetensors checks the offsets against the file)."""
     try:
         with safe_open(str(weights), framework="pt") as f:
             meta = f.metadata() or {}

@@ -26,21 +26,27 @@ TINY_SYNTHETIC_TRAINING: dict[str, Any] = {"train_steps": 500, "batch_size": 16,
 """`[synthetic]` training knobs of that built-in default (the family itself keeps its defaults)."""
 
 
+FILE_SECTIONS = ("eval", "eval.method", "ppl", "model", "synthetic")
+"""The sections of an `evalm eval` settings file: one file serves `icl` and `ppl` (configs/eval-tiny.toml),
+so each command reads its own sections of it and leaves the other's."""
+
+
 class Layers:
     """Raw sections (nested dicts) with the source of every value that is not a built-in default."""
 
     def __init__(self, config: str | None, overrides: Sequence[str], sections: Sequence[str]):
-        """`sections`: the command's sections (dotted for a sub-section, `eval.method`); any other name,
-        from the file or a flag, is refused as training refuses it (`config_toolkit.check_sections`)."""
+        """`sections`: the command's own sections (dotted for a sub-section, `eval.method`). A file section
+        outside FILE_SECTIONS, or a flag's outside the command's own, is refused as training refuses it
+        (`config_toolkit.check_sections`): a misspelled `--evl.seeds` was once ignored, and ran the defaults."""
         self.config, self.sections = config, tuple(sections)
         self.data: dict[str, Any] = read_toml(config) if config else {}
+        check_sections(self.data, FILE_SECTIONS, f"--config {config}")
+        names = [item.partition("=")[0].strip() for item in overrides]
+        stray = [n for n in names if n.split(".")[0] not in {s.split(".")[0] for s in self.sections}]
+        check_sections({n.split(".")[0]: None for n in stray}, self.sections, ", ".join(f"--{n}" for n in stray))
         self.sources: dict[str, str] = {key: "config" for key in _leaves(self.data)}
         self.data = apply_overrides(self.data, overrides)
-        for item in overrides:
-            self.sources[item.partition("=")[0].strip()] = "--" + item.partition("=")[0].strip()
-        tops = {s.split(".")[0] for s in self.sections}
-        flags = sorted(how for key, how in self.sources.items() if how != "config" and key.split(".")[0] not in tops)
-        check_sections(self.data, self.sections, " and ".join([f"--config {config}"] * bool(config) + flags) or "flags")
+        self.sources.update({name: f"--{name}" for name in names})
 
     def section(self, dotted: str) -> dict[str, Any]:
         """A copy of one section (`eval.method` is the table inside `[eval]`) without its sub-sections;

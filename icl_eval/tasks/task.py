@@ -88,6 +88,8 @@ class Task:
     `icl_eval.protocol.label_map`); `labels` still reads the data's gold values. Empty: `labels` as written."""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.template, str):
+            raise InputError(f"task {self.name!r}: template must be a string, got {self.template!r}")
         slots = template_fields(self.template)
         if slots.count("label") != 1:
             raise InputError(f"task {self.name!r}: the template needs exactly one {{label}} slot: {self.template!r}")
