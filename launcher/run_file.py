@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pydantic.dataclasses import dataclass
 
-from evalm.config_toolkit import FROZEN, ConfigError, build, read_toml, shipped
+from evalm.config_toolkit import FROZEN, ConfigError, build, check_sections, read_toml, shipped
 
 
 @dataclass(config=FROZEN, frozen=True)
@@ -159,9 +159,7 @@ def _shipped_config(section: TrainSection) -> TrainSection:
 def load_run(path: str | Path) -> Run:
     data = read_toml(path)
     known = {"run", "data", "tokenizer", "pretrain", "msit", "twins", "eval", "ppl"}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise ConfigError(f"{path}: unknown section(s) {unknown}; valid sections: {sorted(known)}")
+    check_sections(data, sorted(known), str(path))
     evals = [build(EvalEntry, e, where=f"{path} [[eval]] #{i + 1}") for i, e in enumerate(data.get("eval", []))]
     names = [e.name for e in evals]
     if len(set(names)) != len(names):
