@@ -4,7 +4,7 @@ Run: python benchmarks/books.py [--books 20,80,320] [--kib 400]
 
 Writes `deepmind/pg19`-shaped splits (short_book_title, publication_date, url, text; books of
 --kib KiB, PG-19's mean is about 400 KiB) into a temporary hub-layout cache, then, in a fresh
-process per measurement, reads every book through `icl_eval.books.iter_books` and prints the
+process per measurement, reads every book through `icl_eval.perplexity.books.iter_books` and prints the
 peak anonymous resident memory (RssAnon, sampled after each book) above its value after imports;
 the memory-mapped Arrow pages are file-backed page cache and not counted. Baseline in the same
 run: the same books kept in a list as they are read (what reading a whole split into memory
@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 READ = """
 import json, sys
-from evalm.icl_eval.books import iter_books
+from evalm.icl_eval.perplexity.books import iter_books
 import datasets  # imports done: measure from here
 def rss():  # anonymous resident memory (MiB): mapped Arrow file pages are page cache, reclaimable
     line = [x for x in open("/proc/self/status") if x.startswith("RssAnon:")][0]

@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from evalm.icl_eval.units import without_execution
+from evalm.icl_eval.protocol.units import without_execution
 
 REPO = Path(__file__).resolve().parents[1]
 

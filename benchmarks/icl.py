@@ -28,11 +28,11 @@ import torch
 
 from evalm import EvalmModel, ModelConfig
 from evalm.text.tokenizer import ByteTokenizer
-from evalm.icl_eval.lm import EvalmLM
-from evalm.icl_eval.methods import METHODS, MethodOptions, encode
-from evalm.icl_eval.prompts import PromptBuilder
-from evalm.icl_eval.synthetic import SyntheticConfig, episode, synthetic_task
-from evalm.icl_eval.tasks import Task
+from evalm.icl_eval.models.lm import EvalmLM
+from evalm.icl_eval.methods.decoder import METHODS, MethodOptions, encode
+from evalm.icl_eval.tasks.prompts import PromptBuilder
+from evalm.icl_eval.tasks.synthetic import SyntheticConfig, episode, synthetic_task
+from evalm.icl_eval.tasks.task import Task
 
 WORDS = ("terrible", "bad", "okay", "good", "great", "outstanding")
 """Multi-token (byte) labels: SST-5's verbalizer plus one, for the 6-label (Trec-sized) row."""

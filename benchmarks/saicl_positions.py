@@ -28,11 +28,11 @@ import torch  # noqa: E402
 
 from evalm.io import load_model  # noqa: E402
 from evalm.text.tokenizer import load_tokenizer  # noqa: E402
-from evalm.icl_eval.lm import EvalmLM  # noqa: E402
-from evalm.icl_eval.methods import METHODS, MethodOptions, _score_after, encode, make_groups  # noqa: E402
-from evalm.icl_eval.prompts import PromptBuilder  # noqa: E402
-from evalm.icl_eval.selection import dataset_level  # noqa: E402
-from evalm.icl_eval.synthetic import SyntheticConfig, episode, synthetic_task  # noqa: E402
+from evalm.icl_eval.models.lm import EvalmLM  # noqa: E402
+from evalm.icl_eval.methods.decoder import METHODS, MethodOptions, _score_after, encode, make_groups  # noqa: E402
+from evalm.icl_eval.tasks.prompts import PromptBuilder  # noqa: E402
+from evalm.icl_eval.protocol.selection import dataset_level  # noqa: E402
+from evalm.icl_eval.tasks.synthetic import SyntheticConfig, episode, synthetic_task  # noqa: E402
 
 
 def isolated_sequential(lm, prompt, demos, items, options: MethodOptions) -> list[list[float]]:

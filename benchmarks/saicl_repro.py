@@ -4,7 +4,7 @@
 
 1. `train.metaicl` meta-trains one tiny T5 per encoder (full attention, SAICL, FiD) with the same
    recipe (configs/metaicl-tiny.toml) on source rules of the synthetic family.
-2. The evaluation protocol of `evalm eval icl` (`icl_eval.protocol.Runner`) scores held-out rules
+2. The evaluation protocol of `evalm eval icl` (`icl_eval.protocol.runner.Runner`) scores held-out rules
    (`episode(seed)`) at k = 4 ... 256: concat on the full-attention model (the T5 baseline), saicl
    on the SAICL model, fid on the FiD model, ensemble on the full-attention model (SAICL App. D.1:
    ensembles of single-shot T5 baseline prompts), and, as a control, saicl on the full-attention
@@ -109,7 +109,7 @@ def plot(summary: dict, path: Path, title: str) -> None:
 def train_models(out: Path, config: str | None, overrides: Sequence[str]) -> tuple[dict, object]:
     """One meta-trained T5 per encoder under out/models/<encoder> (reused when already there)."""
     import evalm.train.metaicl as metaicl
-    from evalm.icl_eval.t5 import load_t5
+    from evalm.icl_eval.models.t5 import load_t5
 
     models, syn = {}, None
     for enc in sorted({enc for _, enc, _ in RUNS}):
@@ -127,11 +127,11 @@ def train_models(out: Path, config: str | None, overrides: Sequence[str]) -> tup
 def main(argv: Sequence[str] | None = None) -> int:
     from evalm.config_toolkit import ConfigError
     from evalm.icl_eval.config import EvalConfig
-    from evalm.icl_eval.methods import MethodOptions
-    from evalm.icl_eval.protocol import Runner
-    from evalm.icl_eval.task_data import SeedSplits
-    from evalm.icl_eval.summary import summarize
-    from evalm.icl_eval.synthetic import episode, synthetic_task
+    from evalm.icl_eval.methods.decoder import MethodOptions
+    from evalm.icl_eval.protocol.runner import Runner
+    from evalm.icl_eval.tasks.data import SeedSplits
+    from evalm.icl_eval.stats.summary import summarize
+    from evalm.icl_eval.tasks.synthetic import episode, synthetic_task
 
     p = argparse.ArgumentParser(allow_abbrev=False, prog="python benchmarks/saicl_repro.py", description=__doc__.split("\n")[0])
     p.add_argument("--out", default="runs/saicl-repro", help="output folder (default runs/saicl-repro)")

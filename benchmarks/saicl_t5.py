@@ -30,7 +30,7 @@ def measure(kind: str, k: int, args) -> dict:
     """One child: a random T5 encoder, one prompt of k demos + test, min time over repeats, peak RSS."""
     import torch
 
-    from evalm.icl_eval.t5 import encode, tiny_t5
+    from evalm.icl_eval.models.t5 import encode, tiny_t5
 
     torch.manual_seed(0)
     lm = tiny_t5(d_model=args.d_model, layers=args.layers, heads=args.heads, d_ff=2 * args.d_model)

@@ -35,16 +35,18 @@ import statistics
 import time
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+from evalm.config_toolkit.environment import command_environment  # noqa: E402
+
+command_environment()  # before transformers is imported: it reads HF_HUB_OFFLINE once
 
 from evalm.icl_eval.config import EvalConfig  # noqa: E402
-from evalm.icl_eval.methods import METHODS, MethodOptions  # noqa: E402
-from evalm.icl_eval.protocol import Runner  # noqa: E402
-from evalm.icl_eval.task_data import SeedSplits
+from evalm.icl_eval.methods.decoder import METHODS, MethodOptions  # noqa: E402
+from evalm.icl_eval.protocol.runner import Runner  # noqa: E402
+from evalm.icl_eval.tasks.data import SeedSplits
 from evalm.icl_eval.report import write_json  # noqa: E402
-from evalm.icl_eval.summary import summarize  # noqa: E402
-from evalm.icl_eval.task_data import load_splits, task_data_files  # noqa: E402
-from evalm.icl_eval.tasks import read_task_file  # noqa: E402
+from evalm.icl_eval.stats.summary import summarize  # noqa: E402
+from evalm.icl_eval.tasks.data import load_splits, task_data_files  # noqa: E402
+from evalm.icl_eval.tasks.task import read_task_file  # noqa: E402
 
 OVERFLOW = {"incremental": "drop_left", "structured": "error", "saicl": "error"}
 """What each method does past the window (see the module docstring)."""
@@ -121,15 +123,15 @@ class Bench:
         records = runner.run()
         for b in runner.baselines:
             self.baselines.setdefault((b["split"], b["seed"], b["shots"]), b)
-        self.bos = runner.prompt.describe_bos()
+        self.bos = runner.prompt_for(runner.config.seeds[-1]).describe_bos()
         return records
 
     def context_tokens(self, shots: int) -> int:
         """The longest context any seed draws at `shots` (an alias must hold for every seed)."""
-        from evalm.icl_eval.selection import dataset_level
+        from evalm.icl_eval.protocol.selection import dataset_level
 
         prompt = Runner(self.lm, self.task, self.config((), shots, self.seeds), MethodOptions(),
-                        SeedSplits(lambda s: self.splits, True)).prompt
+                        SeedSplits(lambda s: self.splits, True)).prompt_for(self.seeds[0])
         train = self.splits["train"]
         return max(len(prompt.context([prompt.demo(i, train[i]) for i in dataset_level(len(train), shots, seed)]))
                    for seed in self.seeds)
@@ -170,8 +172,8 @@ TOPICS = ("business", "entertainment", "politics", "sports", "tech", "science")
 def prefix_speed(lm, samples: Path, args) -> list[dict]:
     """Marginal seconds per item after a 16-shot cache, per candidate re-encoding vs the shared test
     prefix, with 2, 5 and 6 labels on bbc_news leads; both measured here, same items."""
-    from evalm.icl_eval.prompts import PromptBuilder
-    from evalm.icl_eval.tasks import Task
+    from evalm.icl_eval.tasks.prompts import PromptBuilder
+    from evalm.icl_eval.tasks.task import Task
 
     base, splits = load_task(samples, "bbc_news", args.bbc_words)
     out = []
@@ -374,7 +376,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from evalm.icl_eval.hf import load_hf
+    from evalm.icl_eval.models.hf import load_hf
 
     torch.set_num_threads(args.threads)
     folder, name = gguf_location()

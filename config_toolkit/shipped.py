@@ -15,6 +15,13 @@ from pathlib import Path
 PACKAGE = "evalm.configs"
 
 
+def package_config(name: str) -> Path:
+    """The config `name` shipped in the package, whatever the working directory holds: the built-in
+    defaults of a command read this, so that a file of the same name where the command runs cannot
+    change them (a user's own file is used only when they name it)."""
+    return Path(str(resources.files(PACKAGE).joinpath(name)))
+
+
 def shipped(path: str | Path) -> Path:
     """`path` itself, or the shipped config that `configs/NAME` names when `path` is not a file here."""
     path = Path(path)

@@ -27,8 +27,8 @@ import numpy as np
 
 from evalm.config_toolkit import ConfigError, Dispatcher, Parser, build, split_overrides, to_dict
 from evalm.storage import folder_lock
-from evalm.icl_eval.units import Progress, UnitStore, hold, join, run_units, stamp
-from evalm.icl_eval.cli_args import common, csv, icl_parser, ppl_parser
+from evalm.icl_eval.protocol.units import Progress, UnitStore, hold, join, run_units, stamp
+from evalm.icl_eval.cli_args import ICL_SECTIONS, PPL_SECTIONS, common, csv, icl_parser, ppl_parser
 
 
 def _where(args) -> str:
@@ -46,11 +46,11 @@ def _flags(layers, section: str, args, names: dict[str, str]) -> None:
 def _tiny_sections(layers, args, where: str, need_synthetic: bool):
     """`[model]` of the built-in tiny model (no --checkpoint/--hf-model) and `[synthetic]`, when used."""
     from evalm import ModelConfig
-    from evalm.icl_eval.settings import TINY_MODEL, TINY_SYNTHETIC_TRAINING
-    from evalm.icl_eval.synthetic import SyntheticConfig
+    from evalm.icl_eval.settings import TINY_SYNTHETIC_TRAINING, tiny_model
+    from evalm.icl_eval.tasks.synthetic import SyntheticConfig
 
     tiny = not (args.checkpoint or args.hf_model)
-    model = build(ModelConfig, {**TINY_MODEL, **layers.section("model")}, where=f"{where} [model]") if tiny else None
+    model = build(ModelConfig, {**tiny_model(), **layers.section("model")}, where=f"{where} [model]") if tiny else None
     syn = build(SyntheticConfig, {**TINY_SYNTHETIC_TRAINING, **layers.section("synthetic")},
                 where=f"{where} [synthetic]") if tiny or need_synthetic else None
     return model, syn
@@ -58,16 +58,16 @@ def _tiny_sections(layers, args, where: str, need_synthetic: bool):
 
 def icl(argv: Sequence[str]) -> int:
     from evalm.icl_eval.config import EvalConfig
-    from evalm.icl_eval.methods import MethodOptions
+    from evalm.icl_eval.methods.decoder import MethodOptions
     from evalm.icl_eval.settings import Layers, record, render
-    from evalm.icl_eval.supply import icl_supply
-    from evalm.icl_eval.task_data import resolve_task
+    from evalm.icl_eval.protocol.supply import icl_supply
+    from evalm.icl_eval.tasks.data import resolve_task
 
     overrides, rest = split_overrides(argv)
     args = icl_parser().parse_args(rest)
     if args.budgets and args.shots:
         raise ConfigError("--budgets and --shots: the grid is by token budget or by shot count; give one of them")
-    layers = Layers(args.config, overrides)
+    layers = Layers(args.config, overrides, ICL_SECTIONS)
     _flags(layers, "eval", args, {"task": "task", "data": "data", "methods": "methods", "shots": "shots",
                                   "seeds": "seeds", "test_items": "test_items", "bos": "bos",
                                   "save_predictions": "save_predictions", "budgets": "budgets",
@@ -101,14 +101,14 @@ def icl(argv: Sequence[str]) -> int:
 
 def _run_icl(args, config, options, model_cfg, syn, task, splits_for_seed, data_info, store) -> dict | None:
     """This rank's units of the grid; on rank 0 then every unit merged in order into the results."""
-    from evalm.icl_eval.loading import describe, load_lm
-    from evalm.icl_eval.protocol import Runner
+    from evalm.icl_eval.models.loading import describe, load_lm
+    from evalm.icl_eval.protocol.runner import Runner
 
     world = store.world
     lm = load_lm(args, world.device(config.device), config.dtype, model_cfg, syn, config.context_window)
     runner = Runner(lm, task, config, options, splits_for_seed)
     runner.check_budgets()  # a budget below one demonstration is refused before any scoring
-    label_tokens = runner.prompt.label_token_counts()
+    label_tokens = runner.prompt_for(config.seeds[0]).label_token_counts()
     if world.rank == 0 and len(set(label_tokens.values())) > 1 and options.scoring.endswith("-sum"):
         print(f"warning: the labels tokenize to unequal lengths {label_tokens}: {options.scoring} scores favour the "
               "shorter ones; consider --eval.method.scoring=answer-mean or another verbalizer", file=sys.stderr)
@@ -180,11 +180,11 @@ def _print_summary(summary: dict) -> None:
 def ppl(argv: Sequence[str]) -> int:
     from evalm.icl_eval.config import PerplexityConfig
     from evalm.icl_eval.settings import Layers, record
-    from evalm.icl_eval.supply import ppl_lengths
+    from evalm.icl_eval.protocol.supply import ppl_lengths
 
     overrides, rest = split_overrides(argv)
     args = ppl_parser().parse_args(rest)
-    layers = Layers(args.config, overrides)
+    layers = Layers(args.config, overrides, PPL_SECTIONS)
     if args.books:
         args.books = tuple(args.books)
     _flags(layers, "ppl", args, {"books": "books", "lengths": "buckets", "max_tokens": "max_tokens",
@@ -207,10 +207,10 @@ def ppl(argv: Sequence[str]) -> int:
 
 
 def _ppl(args, config, settings: dict, model_cfg, syn, world) -> int:
-    from evalm.icl_eval.books import iter_books
-    from evalm.icl_eval.loading import load_lm
+    from evalm.icl_eval.perplexity.books import iter_books
+    from evalm.icl_eval.models.loading import load_lm
     from evalm.icl_eval.settings import render
-    from evalm.icl_eval.supply import ppl_reach
+    from evalm.icl_eval.protocol.supply import ppl_reach
 
     if world.rank == 0:
         print(render("evalm eval ppl", settings), flush=True)
@@ -235,19 +235,17 @@ def _ppl(args, config, settings: dict, model_cfg, syn, world) -> int:
 
 def _run_ppl(lm, config, store) -> dict | None:
     """This rank's books (one unit each); on rank 0 then every book's scores reported in book order."""
-    from evalm.icl_eval.books import iter_books
-    from evalm.icl_eval.loading import describe
-    from evalm.icl_eval.perplexity import Protocols
-    from evalm.icl_eval.unigram import fit_unigram
+    from evalm.icl_eval.perplexity.books import iter_books
+    from evalm.icl_eval.models.loading import describe
+    from evalm.icl_eval.perplexity.lengths import Protocols
+    from evalm.icl_eval.perplexity.unigram import fit_unigram
 
     t0 = time.perf_counter()
     unigram = fit_unigram(config.unigram_shards, lm.tokenizer.vocab_size) if config.unigram_shards else None
-    fixed = {"contexts": config.fixed_contexts, "target_tokens": config.fixed_target_tokens,
-             "targets_per_book": config.fixed_targets_per_book} if config.fixed_contexts else None
-    protocols = Protocols(lm, config.max_tokens, config.segment_tokens, config.buckets, config.baselines,
-                          config.window_tokens, config.stride_tokens, unigram, fixed)
+    protocols = Protocols(lm, config, unigram)
     world = store.world
-    names = [f"{i:05d}-book" for i, _ in enumerate(iter_books(config.books, config.max_books))]
+    say = (lambda line: print(line, file=sys.stderr)) if world.rank == 0 else None  # a book named twice
+    names = [f"{i:05d}-book" for i, _ in enumerate(iter_books(config.books, config.max_books, say))]
     resumed = store.finished(names)
     progress = Progress(store, len(names), len(resumed), "evalm eval ppl", unit="books")
     books = iter_books(config.books, config.max_books)  # lazily: one book in memory at a time
@@ -345,7 +343,7 @@ def harness(argv: Sequence[str]) -> int:
     if not (args.checkpoint or args.hf_model):
         raise ConfigError("evalm eval harness needs --checkpoint DIR or --hf-model DIR")
     from evalm.icl_eval.harness import evaluate
-    from evalm.icl_eval.loading import describe, load_lm
+    from evalm.icl_eval.models.loading import describe, load_lm
     from evalm.icl_eval.report import write_json
 
     out = Path(args.out)

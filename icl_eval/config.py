@@ -1,8 +1,8 @@
 """Evaluation configs: `[eval]` (many-shot ICL protocol and method knobs) and `[ppl]` (perplexity).
 
 Built with `evalm.config.build`, so an unknown key names the file, the section and the valid keys.
-The method knobs live in `icl_eval.methods.MethodOptions` (section `[eval.method]`) and the
-synthetic family in `icl_eval.synthetic.SyntheticConfig` (section `[synthetic]`).
+The method knobs live in `icl_eval.methods.decoder.MethodOptions` (section `[eval.method]`) and the
+synthetic family in `icl_eval.tasks.synthetic.SyntheticConfig` (section `[synthetic]`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ class EvalConfig:
     """Folder of train/validation/test files, a save_to_disk folder, or a cached dataset id (`task_data`);
     None: the task file's own files, or the built-in task's dataset from the offline cache."""
     methods: tuple[str, ...] = ("incremental", "concat", "structured", "saicl")
-    """Methods to run (icl_eval.methods.METHODS)."""
+    """Methods to run (icl_eval.methods.decoder.METHODS)."""
     shots: tuple[int, ...] = (0, 1, 4, 16, 32)
     """Demonstrations per prompt (the paper's list is config.PAPER_SHOTS)."""
     seeds: tuple[int, ...] = (1, 2, 3)
@@ -67,27 +67,27 @@ class EvalConfig:
     """Override the model's window (EVALM: no limit; HF: max_position_embeddings)."""
     budgets: tuple[int, ...] = ()
     """Token budgets (HELMET / ManyICLBench): per cell the largest prefix of the seed's demonstration
-    order whose prompt fits, in the model's tokens (`icl_eval.budget`); 0 is the no-demonstration
+    order whose prompt fits, in the model's tokens (`icl_eval.protocol.budget`); 0 is the no-demonstration
     reference. Non-empty: the grid is by budget instead of `shots`. Empty: by shots."""
     label_map: Literal["none", "int", "symbols", "flip"] = "none"
     """Labels spelled as shuffled integers, abstract symbols or another label's word, per draw seed
-    (`icl_eval.label_map`); the mapping is recorded in results.json."""
+    (`icl_eval.protocol.label_map`); the mapping is recorded in results.json."""
     order: tuple[Literal["random", "label-sorted", "interleaved"], ...] = ("random",)
-    """Arrangement of each drawn set (`icl_eval.order`); the first is the main one, any other is scored
+    """Arrangement of each drawn set (`icl_eval.protocol.order`); the first is the main one, any other is scored
     on the same draws as a paired comparison (`<method>+<order>` in the summary)."""
     order_seeds: tuple[int, ...] = ()
     """Order seeds, apart from the draw seeds: every draw is scored in each order, and the summary
     splits the spread into draws and orders (`order_split`). Empty: one order per draw."""
     nearest: tuple[Literal["remove", "keep", "corrupt"], ...] = ()
-    """Nearest-demonstration diagnostics (`icl_eval.nearest`), each scored beside the full context."""
+    """Nearest-demonstration diagnostics (`icl_eval.protocol.nearest`), each scored beside the full context."""
     nearest_k: int = 1
     """How many of the context's demonstrations most similar to the test item the diagnostics touch."""
     nearest_embedding: str | None = None
     """A local Hugging Face encoder folder: the diagnostics' similarity is the cosine of its mean-pooled
-    last hidden states instead of TF-IDF (`icl_eval.nearest.Embedder`). None: TF-IDF."""
+    last hidden states instead of TF-IDF (`icl_eval.protocol.nearest.Embedder`). None: TF-IDF."""
 
     def __post_init__(self) -> None:
-        from evalm.icl_eval.methods import METHODS
+        from evalm.icl_eval.methods.decoder import METHODS
 
         unknown = [m for m in self.methods if m not in METHODS]
         if unknown:
@@ -126,7 +126,7 @@ class PerplexityConfig:
 
     books: tuple[str, ...] = ()
     """Folders of .txt books (PG-19's split folders), .txt or jsonl/parquet files, saved folders, or a
-    cached dataset id with a split (`deepmind/pg19:test`); see `icl_eval.books`."""
+    cached dataset id with a split (`deepmind/pg19:test`); see `icl_eval.perplexity.books`."""
     max_books: int | None = None
     """Read at most this many books (folders: sorted by file name; datasets: in row order); None: all."""
     max_tokens: int | None = None
@@ -136,7 +136,7 @@ class PerplexityConfig:
     """Incremental-encoding segment (the training length)."""
     buckets: tuple[int, ...] = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144)
     """Upper ends of the position buckets; a token at position p falls in the first bucket > p. At least
-    one book must reach the largest (`icl_eval.supply`), else an error or, with --allow-skip, a skip."""
+    one book must reach the largest (`icl_eval.protocol.supply`), else an error or, with --allow-skip, a skip."""
     baselines: tuple[Literal["nonoverlap", "sliding"], ...] = ("nonoverlap", "sliding")
     """Re-encoding baselines on the same books."""
     window_tokens: int | None = None

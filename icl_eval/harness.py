@@ -18,7 +18,7 @@ Otherwise the numbers are lm-eval's HF backend's (`lm_eval --model hf`), request
 (tests/icl_eval/test_harness_hf.py): the same tokenization (`add_bos` unset follows the model's
 tokenizer, as `add_bos_token` unset does there; the prefix token is bos, else eos), lm-eval's own
 rolling windows, and `generate_until` reading `max_gen_toks` / `max_new_tokens` / `do_sample` /
-`temperature` as lm-eval does (icl_eval/decoding.py; sampling is seeded, not HF's draw).
+`temperature` as lm-eval does (icl_eval/models/decoding.py; sampling is seeded, not HF's draw).
 
 The core (`score_requests`, `rolling_requests`, `greedy_generate`) needs only `torch`: the extra
 `harness` (`pip install 'evalm[harness]'`) is imported lazily, by `harness_lm` and `evaluate`.
@@ -38,8 +38,8 @@ from typing import Any
 import torch
 
 from evalm.config_toolkit import ConfigError, MissingExtra, UserError
-from evalm.icl_eval.decoding import GenerationSettings, generate
-from evalm.icl_eval.lm import CausalLM, right_pad
+from evalm.icl_eval.models.decoding import GenerationSettings, generate
+from evalm.icl_eval.models.lm import CausalLM, right_pad
 
 Request = tuple[Sequence[int], Sequence[int]]
 """(context tokens, continuation tokens); the context is never empty (the harness prepends a prefix token)."""
@@ -171,7 +171,7 @@ def default_add_bos(tokenizer) -> bool:
     """What lm-eval's HF backend does with `add_bos_token` unset: whatever the model's own tokenizer does
     by default (a Hugging Face tokenizer's `add_special_tokens=True`: GPT-2 adds nothing, Llama adds <s>).
     An EVALM tokenizer has no such default; EVALM documents start with bos (= eos), so True."""
-    hf = getattr(tokenizer, "_tok", None)  # icl_eval.hf.HFTokenizerAdapter's transformers tokenizer
+    hf = getattr(tokenizer, "_tok", None)  # icl_eval.models.hf.HFTokenizerAdapter's transformers tokenizer
     if hf is None:
         return True
     with_special, plain = hf("a")["input_ids"], hf("a", add_special_tokens=False)["input_ids"]

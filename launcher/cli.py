@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from evalm.config_toolkit import Dispatcher, lazy
+from evalm.config_toolkit.environment import command_environment
 from evalm.launcher.commands import COMMANDS as PACKAGE_COMMANDS
 
 COMMANDS = {"run": ("every stage in order on a config (default: the tiny embedded one)", lazy("evalm.launcher.run:main")),
@@ -40,6 +41,7 @@ def version() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    command_environment()
     while argv and argv[0] in ("--debug", "--version"):
         if argv.pop(0) == "--version":
             print(f"evalm {version()}")

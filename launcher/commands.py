@@ -9,15 +9,10 @@ upward.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
 from evalm.config_toolkit import lazy
 from evalm.config_toolkit.dispatch import Run
-
-# Nothing may reach a hub at run time; without these a hub lookup hangs ~23 s before failing.
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 
 def _data(argv: Sequence[str]) -> int:

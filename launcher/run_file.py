@@ -17,7 +17,7 @@ from pathlib import Path
 
 from pydantic.dataclasses import dataclass
 
-from evalm.config_toolkit import FROZEN, ConfigError, apply_overrides, build, read_toml, shipped
+from evalm.config_toolkit import FROZEN, ConfigError, apply_overrides, build, check_sections, read_toml, shipped
 
 
 @dataclass(config=FROZEN, frozen=True)
@@ -166,9 +166,7 @@ def load_run(path: str | Path, overrides: Sequence[str] = ()) -> Run:
     """The run file with `section.key=value` overrides (`evalm run --set`) on top."""
     data = apply_overrides(read_toml(path), overrides)
     known = {"run", "data", "tokenizer", "pretrain", "msit", "twins", "eval", "ppl"}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise ConfigError(f"{path}: unknown section(s) {unknown}; valid sections: {sorted(known)}")
+    check_sections(data, sorted(known), str(path))
     evals = [build(EvalEntry, e, where=f"{path} [[eval]] #{i + 1}") for i, e in enumerate(data.get("eval", []))]
     names = [e.name for e in evals]
     if len(set(names)) != len(names):

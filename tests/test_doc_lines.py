@@ -147,6 +147,7 @@ PLANS = [
     Plan("training-quick-start", (TOKENS, r"evalm train pretrain --config configs/pretrain-tiny\.toml --out runs/pretrain-tiny$",
                                   r"evalm train msit --config configs/msit-tiny\.toml", r"evalm export --checkpoint runs/msit-tiny"),
          edits=("steps",), slow=True),
+    Plan("export-hf", (r"evalm export --hf --checkpoint runs/tiny/export/msit --out models/evalm-hf",), ("runs/tiny/export/msit",)),
     Plan("resume-a-run", (r"evalm train pretrain --config configs/pretrain-tiny\.toml --set data\.shards=runs/tiny/tokenizer",),
          ("runs/tiny/tokenizer",), ("steps",)),
     Plan("main-job-export-on-a-shipped-task", (r"evalm eval icl --checkpoint runs/tiny/export/msit",),

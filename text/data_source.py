@@ -7,8 +7,8 @@ A *source* is one of:
   `super_glue/boolq`, `SetFit/sst5`, `deepmind/pg19:test`), resolved from the local `datasets`
   cache, where `load_dataset` left it on a machine with network.
 
-Hub access is switched off before `datasets` is imported (`HF_DATASETS_OFFLINE=1`,
-`HF_HUB_OFFLINE=1`): nothing is ever downloaded. A dataset missing from the cache is one error
+Hub access is off (`datasets_module`; the command line sets `HF_HUB_OFFLINE=1` unless the user
+set it, `config_toolkit.environment`): nothing is downloaded. A dataset missing from the cache is one error
 naming the id and the command that fetches it. This module sits on the ground floor
 (`text/`, beside the model) because `train/` (instruction data) and `icl_eval/` (tasks, books)
 both read through it.
@@ -23,10 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from evalm.config_toolkit import ConfigError
-
-# Before any `datasets` / `huggingface_hub` import: both read these once, at import time.
-os.environ["HF_DATASETS_OFFLINE"] = "1"
-os.environ["HF_HUB_OFFLINE"] = "1"
+from evalm.config_toolkit.environment import hub_offline
 
 FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 """File suffix -> `load_dataset` packaged builder."""
@@ -86,12 +83,12 @@ def fetch_command(spec: HubSpec) -> str:
 
 
 def datasets_module():
-    """`datasets`, with hub access off even if something imported it before this module."""
+    """`datasets`, with hub access off (unless the user switched it on) even if it was imported before the
+    command line set its environment (both libraries read the variables once, at import)."""
     import datasets
     import huggingface_hub.constants
 
-    datasets.config.HF_HUB_OFFLINE = True
-    huggingface_hub.constants.HF_HUB_OFFLINE = True
+    datasets.config.HF_HUB_OFFLINE = huggingface_hub.constants.HF_HUB_OFFLINE = hub_offline()
     datasets.utils.logging.set_verbosity_error()  # "Using the latest cached version..." on every read
     datasets.disable_progress_bars()
     return datasets

@@ -9,7 +9,7 @@ synthetic family"). `dominant_prob` restores the old skewed family as an ablatio
 
 [floor note] The family lives here, on the ground floor, because three floors use it: `train/`
 writes tuning rows from it (`evalm train msit-data`, `evalm train metaicl`), `icl_eval/` evaluates
-on its episodes (`icl_eval.synthetic` adds the task, byte batches and the tiny model), and neither
+on its episodes (`icl_eval.tasks.synthetic` adds the task, byte batches and the tiny model), and neither
 may import the other (the floors of tests/test_house.py). It is pure Python: rows, not tensors.
 """
 
@@ -106,7 +106,7 @@ def instruction_examples(config: SyntheticConfig, n_episodes: int, per_episode: 
     """Many-shot instruction data: `{"task", "input", "output"}` rows, one task per episode (rule).
 
     MSIT packs a task's examples into one line (EVALM §3.2), so each line is an episode of one
-    fresh rule and the answer-only loss is exactly the in-context objective of `icl_eval.synthetic.training_batch`.
+    fresh rule and the answer-only loss is exactly the in-context objective of `icl_eval.tasks.synthetic.training_batch`.
     Episodes draw their rules from `seed`, disjoint from the evaluation episodes' small seeds.
     `inputs_per_episode` cycles the episodes through rules of several sizes (e.g. 2, 4, 8, 16
     inputs): in small rules an input recurs within a few examples, inside EVA's exact local

@@ -1,7 +1,7 @@
 """One-process training through the trainer's own step: no process group, no checkpoints, no files.
 
 For a model trained in seconds inside a command or a test (the synthetic family's tiny model,
-`icl_eval.synthetic.train_tiny_model`). The step is `train.trainer.train_step` (the token-weighted
+`icl_eval.tasks.synthetic.train_tiny_model`). The step is `train.trainer.train_step` (the token-weighted
 loss, the clip, AdamW over `weight_decay_groups`) and the LR `train.schedule.set_lr` of an
 `OptimConfig`, exactly as in pretraining and MSIT, so the project has one training loop body; this
 path leaves out only what a short in-memory run has no use for (FSDP, resume, metrics files).

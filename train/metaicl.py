@@ -3,7 +3,7 @@
     evalm train metaicl --config configs/metaicl-tiny.toml --out runs/metaicl/saicl --metaicl.encoder=saicl
 
 Each step draws `batch_size` episodes from the source tasks; an episode is k demonstrations and a
-test item of one task, laid out exactly as `icl_eval.encdec_methods` lays out an evaluation prompt
+test item of one task, laid out exactly as `icl_eval.methods.encoder_decoder` lays out an evaluation prompt
 (the same `PromptBuilder`, the same split at the label slot), and the loss is the decoder's
 cross-entropy on the answer and its end token (MetaICL's objective, SAICL §3.3):
 max E log p(y_test | x_1, y_1, ..., x_k, y_k, x_test). The same recipe trains every encoder.
@@ -33,8 +33,8 @@ from typing import Literal
 import torch
 from pydantic.dataclasses import dataclass
 
-from evalm.config_toolkit import (ConfigError, FROZEN, Parser, apply_overrides, build, read_toml, report, shipped,
-                                  split_overrides, to_dict)
+from evalm.config_toolkit import (ConfigError, FROZEN, Parser, apply_overrides, build, check_sections, read_toml, report,
+                                  shipped, split_overrides, to_dict)
 from evalm.train.config import OptimConfig
 from evalm.train.schedule import set_lr
 
@@ -43,7 +43,7 @@ DEFAULT_CONFIG = shipped("configs/metaicl-tiny.toml")
 
 @dataclass(config=FROZEN, frozen=True)
 class T5ModelConfig:
-    """The tiny T5 built here (`icl_eval.t5.tiny_t5_config`), or a local T5 folder to start from."""
+    """The tiny T5 built here (`icl_eval.models.t5.tiny_t5_config`), or a local T5 folder to start from."""
 
     init_from: str | None = None
     """A local T5 folder (e.g. T5-LM-adapt); when set the shape keys below are ignored."""
@@ -66,7 +66,7 @@ class MetaIclConfig:
     encoder: Literal["full", "saicl", "fid"] = "saicl"
     """The T5 baseline's full attention, SAICL's structured encoder, or Fusion-in-Decoder."""
     cross: Literal["none", "aligned"] = "none"
-    """saicl: demo<->test position bias (icl_eval/t5.py [position note]); none is the paper's."""
+    """saicl: demo<->test position bias (icl_eval/models/t5.py [position note]); none is the paper's."""
     train_k: int = 16
     """Demonstrations per episode (the paper trains at 16 and 64)."""
     steps: int = 400
@@ -99,7 +99,7 @@ def episodes(rng: random.Random, syn, n: int) -> list[dict]:
 
 def make_batch(lm, prompt, syn, rng: random.Random, k: int, batch_size: int):
     """(demo segments, test segments, decoder rows) of `batch_size` episodes, in the evaluation layout."""
-    from evalm.icl_eval.encdec_methods import demo_segments, split_item
+    from evalm.icl_eval.methods.encoder_decoder import demo_segments, split_item
 
     demos, tests, targets = [], [], []
     for _ in range(batch_size):
@@ -114,7 +114,7 @@ def make_batch(lm, prompt, syn, rng: random.Random, k: int, batch_size: int):
 
 def loss_on(lm, kind: str, cross: str, demos, tests, targets) -> torch.Tensor:
     """Mean cross-entropy of the answer tokens and their end token given the encoded episode."""
-    from evalm.icl_eval.t5 import pad_rows
+    from evalm.icl_eval.models.t5 import pad_rows
 
     hidden, mask = lm.encode(kind, demos, tests, cross)
     ids, keep = pad_rows([t[:-1] for t in targets], lm.pad_id)
@@ -126,7 +126,7 @@ def loss_on(lm, kind: str, cross: str, demos, tests, targets) -> torch.Tensor:
 
 
 def build_lm(model_cfg: T5ModelConfig, seed: int):
-    from evalm.icl_eval.t5 import load_t5, tiny_t5
+    from evalm.icl_eval.models.t5 import load_t5, tiny_t5
 
     if model_cfg.init_from:
         return load_t5(model_cfg.init_from)
@@ -145,8 +145,8 @@ def train(model_cfg: T5ModelConfig, cfg: MetaIclConfig, optim: OptimConfig, syn,
 
 
 def _train(model_cfg: T5ModelConfig, cfg: MetaIclConfig, optim: OptimConfig, syn, out: Path | None):
-    from evalm.icl_eval.prompts import PromptBuilder
-    from evalm.icl_eval.synthetic import synthetic_task
+    from evalm.icl_eval.tasks.prompts import PromptBuilder
+    from evalm.icl_eval.tasks.synthetic import synthetic_task
 
     lm = build_lm(model_cfg, cfg.seed)
     prompt = PromptBuilder(synthetic_task(syn), lm.tokenizer)
@@ -183,6 +183,7 @@ def load_configs(path: str | Path | None, overrides: Sequence[str]):
 
     where = str(path or "defaults")
     data = apply_overrides(read_toml(path) if path else {}, overrides)
+    check_sections(data, ("model", "metaicl", "optim", "synthetic"), where)
     return (build(T5ModelConfig, data.get("model"), where=f"{where} [model]"),
             build(MetaIclConfig, data.get("metaicl"), where=f"{where} [metaicl]"),
             build(OptimConfig, data.get("optim"), where=f"{where} [optim]"),

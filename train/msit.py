@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from evalm.config_toolkit import ConfigError
+from evalm.config_toolkit.environment import command_environment
 from evalm.text.tokenizer import load_tokenizer
 from evalm.train.command import run_command
 from evalm.train.config import MsitDataConfig
@@ -58,4 +59,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    command_environment()
     sys.exit(main())

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from evalm.config_toolkit import ConfigError
+from evalm.config_toolkit.environment import command_environment
 from evalm.train.command import run_command
 from evalm.train.parallelize import Runtime
 from evalm.train.shards import PretrainLines, TokenShards
@@ -39,4 +40,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    command_environment()
     sys.exit(main())

@@ -3,7 +3,7 @@ the SAICL mask (each demonstration sees only itself; the test examples see every
 
 `packed` is EVALM §3.2: examples back to back with no attention reset. `saicl` trains the decoder
 for the structure the `saicl` evaluation method gives it (SAICL §3.2, adapted to a decoder in
-icl_eval/methods.py): each demonstration `[eos] I(x, y)` is encoded in a cache of its own from
+icl_eval/methods/decoder.py): each demonstration `[eos] I(x, y)` is encoded in a cache of its own from
 position 0, the last `queries` examples of the line are test examples, each encoded after the
 merged entries of every demonstration (`evalm.cache`), at position `ℓ`, right-aligned as at
 evaluation. The loss is on the test examples' answers only: a demonstration alone cannot predict its

@@ -37,8 +37,6 @@ GENSIM_WHEELS: dict[tuple[str, str], tuple[str, str]] = {
     (f"cp3{minor}", machine): (
         f"gensim-4.4.0-cp3{minor}-cp3{minor}-manylinux_2_24_{machine}.manylinux_2_28_{machine}.whl", sha256)
     for (minor, machine), sha256 in {
-        (10, "x86_64"): "d56613fcb77d4068c1be845843508dcd9d384ede34700a61bbeac32b947d1fc3",
-        (10, "aarch64"): "f0977e5e5df03f829f322662e37ac973b93272c526f1432f865d214c0b573f98",
         (11, "x86_64"): "91a7fa5e814e7b1bad4b2dffa8d62c1e55410d5cbdf930714c1997ffb4404db8",
         (11, "aarch64"): "7e110e2d3533f5b35239850a96cb2016a586ecd85671d655079b3048332b7169",
         (12, "x86_64"): "4b73ff30af6ddd0d2ddf9473b1eb44603cd79ec14c87d93b75291802b991916c",
@@ -54,7 +52,7 @@ member read is the same file in every one. Its sdist would need a compiler to bu
 
 def gensim_package(tag: str = f"cp{sys.version_info.major}{sys.version_info.minor}",
                    machine: str = platform.machine().lower()) -> Package:
-    """The gensim wheel of an interpreter tag and machine (CPython 3.10-3.13 on Linux x86_64/aarch64);
+    """The gensim wheel of an interpreter tag and machine (CPython 3.11-3.13 on Linux x86_64/aarch64);
     elsewhere a package with no hash, which `fetch_verified` refuses naming what is supported."""
     machine = {"amd64": "x86_64", "arm64": "aarch64"}.get(machine, machine)
     filename, sha256 = GENSIM_WHEELS.get((tag, machine), (f"gensim-4.4.0-{tag}-{machine}.whl", ""))

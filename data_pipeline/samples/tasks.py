@@ -2,7 +2,7 @@
 
 The ground floor yields the data (items, labels, the template as a string); the task folder's
 format (task.toml + split files) is icl_eval's, written by the `write_task` passed in
-(`icl_eval.task_folder`, composed by launcher.samples).
+(`icl_eval.tasks.folder`, composed by launcher.samples).
 """
 
 from __future__ import annotations

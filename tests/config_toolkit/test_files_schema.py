@@ -112,7 +112,7 @@ def test_the_tiny_model_is_written_once():
         assert not {"d_model", "n_layer", "n_head", "d_ff", "window_size", "chunk_size"} & set(raw["model"]), name
         assert {k: read_toml(ROOT / "configs" / f"{name}.toml")["model"][k] for k in ("d_model", "n_layer")} == \
             {"d_model": shape["d_model"], "n_layer": shape["n_layer"]}
-    from evalm.icl_eval.settings import TINY_MODEL
+    from evalm.icl_eval.settings import tiny_model
 
-    assert {k: TINY_MODEL[k] for k in shape if k not in ("vocab_size", "circular_period")} == \
+    assert {k: tiny_model()[k] for k in shape if k not in ("vocab_size", "circular_period")} == \
         {k: v for k, v in shape.items() if k not in ("vocab_size", "circular_period")}

@@ -57,7 +57,7 @@ def test_help_lists_every_settable_key_with_its_default(argv, sections, capsys):
     text = capsys.readouterr().out
     from evalm.config import ModelConfig
     from evalm.icl_eval.config import EvalConfig, PerplexityConfig
-    from evalm.icl_eval.method_options import MethodOptions
+    from evalm.icl_eval.methods.options import MethodOptions
     from evalm.text.synthetic import SyntheticConfig
     from evalm.train.config import CheckpointConfig, DataConfig, OptimConfig, TrainConfig
 

@@ -68,7 +68,7 @@ def test_wikitext_markup_is_removed_and_links_keep_their_label():
     assert wiki_to_text(markup) == "Anarchism is a philosophy\nHistory\n See the site."
 
 
-@pytest.mark.parametrize("minor", [10, 11, 12, 13])
+@pytest.mark.parametrize("minor", [11, 12, 13])
 @pytest.mark.parametrize("machine", ["x86_64", "aarch64", "amd64", "arm64"])
 def test_gensim_has_a_pinned_wheel_for_every_supported_interpreter(minor, machine):
     package = gensim_package(f"cp3{minor}", machine)
@@ -80,7 +80,7 @@ def test_gensim_has_a_pinned_wheel_for_every_supported_interpreter(minor, machin
 
 def test_unsupported_interpreter_is_refused_naming_the_supported_ones(tmp_path):
     package = gensim_package("cp314", "x86_64")
-    with pytest.raises(SampleError, match="supported: cp310 x86_64"):
+    with pytest.raises(SampleError, match="supported: cp311 x86_64"):
         fetch_verified(package, tmp_path, fetch=no_network)
 
 

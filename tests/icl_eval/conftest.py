@@ -10,9 +10,9 @@ import torch
 
 from evalm import ModelConfig
 from evalm.text.tokenizer import ByteTokenizer
-from evalm.icl_eval.lm import EvalmLM
-from evalm.icl_eval.prompts import PromptBuilder
-from evalm.icl_eval.synthetic import SyntheticConfig, episode, synthetic_task
+from evalm.icl_eval.models.lm import EvalmLM
+from evalm.icl_eval.tasks.prompts import PromptBuilder
+from evalm.icl_eval.tasks.synthetic import SyntheticConfig, episode, synthetic_task
 from tests.models import visible_model
 
 

@@ -11,8 +11,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from evalm.icl_eval.baselines import label_baselines
-from evalm.icl_eval.bootstrap import hierarchical_interval, interval_summary
+from evalm.icl_eval.stats.baselines import label_baselines
+from evalm.icl_eval.stats.bootstrap import hierarchical_interval, interval_summary
 
 
 def test_baselines_match_a_hand_count():

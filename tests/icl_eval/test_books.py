@@ -15,7 +15,7 @@ import torch
 from evalm import EvalmModel, ModelConfig
 from evalm.text.data_source import DataSourceError
 from evalm.io import save_model
-from evalm.icl_eval.books import iter_books
+from evalm.icl_eval.perplexity.books import iter_books
 from tests.hub_cache import write_hub_cache
 
 

@@ -14,8 +14,8 @@ import json
 import pytest
 
 from evalm.text.tokenizer import ByteTokenizer
-from evalm.icl_eval.prompts import PromptBuilder, resolve_bos
-from evalm.icl_eval.tasks import Task
+from evalm.icl_eval.tasks.prompts import PromptBuilder, resolve_bos
+from evalm.icl_eval.tasks.task import Task
 
 transformers = pytest.importorskip("transformers")
 from tokenizers import Tokenizer, models, pre_tokenizers, processors  # noqa: E402
@@ -26,7 +26,7 @@ TASK = Task("t", "Review: {text} Sentiment: {label}", ("negative", "positive"))
 
 
 def tiny_tokenizer(folder, bos: str | None, eos: str, prepend: str | None = None):
-    from evalm.icl_eval.hf import HFTokenizerAdapter
+    from evalm.icl_eval.models.hf import HFTokenizerAdapter
 
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(VOCAB)}, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()

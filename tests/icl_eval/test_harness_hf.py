@@ -3,7 +3,7 @@
 Run: python -m pytest tests/icl_eval/test_harness_hf.py -q   (needs the `harness` extra; CI installs it)
 One tiny random GPT-2 (window 64) saved to a temporary folder with two local byte-level BPE
 tokenizers built here (no hub): a GPT-2-style one (adds no bos) and a Llama-style one (adds <s>).
-The same folder is loaded by `lm_eval.models.huggingface.HFLM` and by `icl_eval.hf.load_hf` +
+The same folder is loaded by `lm_eval.models.huggingface.HFLM` and by `icl_eval.models.hf.load_hf` +
 `harness_lm`; every request type is compared: loglikelihood, loglikelihood_rolling on documents
 several windows long, generate_until with lm-eval's `max_new_tokens` alias. float32 on both sides:
 the log-likelihoods agree to float32 rounding (`_bound`: ulps of each summed term, so the bound grows
@@ -92,7 +92,7 @@ def build_model(path, style: str):
 def _pair(folder, add_bos=None):
     from lm_eval.models.huggingface import HFLM
 
-    from evalm.icl_eval.hf import load_hf
+    from evalm.icl_eval.models.hf import load_hf
 
     theirs = HFLM(pretrained=str(folder), device="cpu", batch_size=1, dtype="float32", add_bos_token=add_bos)
     ours = harness_lm(load_hf(folder, attn_implementation="eager"), batch_size=3, add_bos=add_bos)

@@ -12,8 +12,8 @@ import datasets
 import pytest
 
 from evalm.text.data_source import DataSourceError
-from evalm.icl_eval.task_data import task_splits, with_data_labels
-from evalm.icl_eval.tasks import get_task
+from evalm.icl_eval.tasks.data import task_splits, with_data_labels
+from evalm.icl_eval.tasks.task import get_task
 from tests.hub_cache import write_hub_cache
 from tests.icl_eval.test_task_data import _tiny_checkpoint
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from evalm.text.tokenizer import ByteTokenizer
-from evalm.icl_eval.methods import METHODS, MethodOptions, make_groups
+from evalm.icl_eval.methods.decoder import METHODS, MethodOptions, make_groups
 from tests.icl_eval.conftest import demos_and_items, save_tiny_gpt2
 
 transformers = pytest.importorskip("transformers")
@@ -22,7 +22,7 @@ TOL = 1e-6
 
 @pytest.fixture(scope="module")
 def hf_lm(tmp_path_factory):
-    from evalm.icl_eval.hf import load_hf
+    from evalm.icl_eval.models.hf import load_hf
 
     folder = save_tiny_gpt2(tmp_path_factory.mktemp("tiny-gpt2"))
     return load_hf(folder, tokenizer=ByteTokenizer(), dtype="float64", attn_implementation="eager")
@@ -50,7 +50,7 @@ def explicit_structured(hf_lm, groups, item, right_aligned: bool = True) -> list
     each group causal within itself only, the test tokens see every group and themselves (causally)
     with their own logits raised by log M; groups end at L - 1 (right-aligned) or start at 0, the
     test starts at L = the longest group's length."""
-    from evalm.icl_eval.scoring import score_candidates
+    from evalm.icl_eval.methods.scoring import score_candidates
 
     M, L = len(groups), max(len(g.tokens) for g in groups)
     expected = []

@@ -1,4 +1,4 @@
-"""One test prefix per item (icl_eval/item_scoring.py) and the per-item left-drop (methods.incremental).
+"""One test prefix per item (icl_eval/methods/item_scoring.py) and the per-item left-drop (methods.incremental).
 
 Run: python -m pytest tests/icl_eval/test_item_scoring.py -q
 Oracles: the old per-candidate re-encoding (`test_prefix="reencode"`) and `concat` (one forward, no
@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from evalm.text.tokenizer import ByteTokenizer
-from evalm.icl_eval.lm import EvalmLM
-from evalm.icl_eval.methods import METHODS, MethodOptions
-from evalm.icl_eval.prompts import PromptBuilder
-from evalm.icl_eval.tasks import Task
+from evalm.icl_eval.models.lm import EvalmLM
+from evalm.icl_eval.methods.decoder import METHODS, MethodOptions
+from evalm.icl_eval.tasks.prompts import PromptBuilder
+from evalm.icl_eval.tasks.task import Task
 from tests.icl_eval.conftest import save_tiny_gpt2, tiny_evalm
 
 EXACT = 1e-12
@@ -133,7 +133,7 @@ def gpt2_folder(tmp_path_factory):
 
 @pytest.mark.parametrize("task", [SINGLE, MULTI], ids=["single-token", "multi-token"])
 def test_shared_test_prefix_equals_reencoding_on_hf(gpt2_folder, task):
-    from evalm.icl_eval.hf import load_hf
+    from evalm.icl_eval.models.hf import load_hf
 
     prompt, demos, items = setup(task, 7, n_items=3)
     for dtype in ("float64", "float32"):
@@ -151,7 +151,7 @@ def test_shared_test_prefix_equals_reencoding_on_hf(gpt2_folder, task):
 def test_hf_float64_models_score_exactly(gpt2_folder):
     """Logits in the model's own dtype: a float64 model's scores equal a float64
     computation straight from `transformers` to rounding; float32 logits would be ~1e-6 off."""
-    from evalm.icl_eval.hf import load_hf
+    from evalm.icl_eval.models.hf import load_hf
 
     lm = load_hf(gpt2_folder, tokenizer=ByteTokenizer(), dtype="float64", attn_implementation="eager")
     prompt, demos, items = setup(MULTI, 5, n_items=2)

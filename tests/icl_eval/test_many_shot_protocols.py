@@ -13,18 +13,18 @@ import random
 import numpy as np
 import pytest
 
-from evalm.icl_eval.baselines import NAMES as BASELINES
-from evalm.icl_eval.budget import BudgetTooSmall, fit
+from evalm.icl_eval.stats.baselines import NAMES as BASELINES
+from evalm.icl_eval.protocol.budget import BudgetTooSmall, fit
 from evalm.icl_eval.config import EvalConfig
-from evalm.icl_eval.label_map import SYMBOLS, mapped_words, remap
-from evalm.icl_eval.methods import MethodOptions
-from evalm.icl_eval.nearest import TooFewDemonstrations, apply, nearest, sample_learning_ratio
-from evalm.icl_eval.order import arrange
-from evalm.icl_eval.prompts import PromptBuilder
-from evalm.icl_eval.protocol import Runner
-from evalm.icl_eval.task_data import SeedSplits
-from evalm.icl_eval.spread import order_split
-from evalm.icl_eval.tasks import Task
+from evalm.icl_eval.protocol.label_map import SYMBOLS, mapped_words, remap
+from evalm.icl_eval.methods.decoder import MethodOptions
+from evalm.icl_eval.protocol.nearest import TooFewDemonstrations, apply, nearest, sample_learning_ratio
+from evalm.icl_eval.protocol.order import arrange
+from evalm.icl_eval.tasks.prompts import PromptBuilder
+from evalm.icl_eval.protocol.runner import Runner
+from evalm.icl_eval.tasks.data import SeedSplits
+from evalm.icl_eval.stats.spread import order_split
+from evalm.icl_eval.tasks.task import Task
 from evalm.text.tokenizer import ByteTokenizer
 from tests.icl_eval.conftest import tiny_evalm
 
@@ -67,9 +67,9 @@ def test_budget_grid_records_the_largest_fitting_count_per_seed_and_its_tokens()
     splits = _splits(texts, [0, 1, 2, 0, 1, 2, 0, 1, 2, 0], ["yy", "zzzz"], [0, 1])
     runner = _runner(splits, seeds=(1, 2), budgets=(0, 40, 70))
     runner.run()
-    prompt = runner.prompt
+    prompt = runner.prompt_for(2)
     longest = max(len(c.tokens) for r in splits["test"] for c in prompt.test_item(0, r, 1).candidates)
-    from evalm.icl_eval.selection import dataset_level
+    from evalm.icl_eval.protocol.selection import dataset_level
 
     for rec in runner.records:
         if rec["budget"] == 0:
@@ -125,7 +125,7 @@ def test_a_remap_scores_as_the_hand_written_task_with_the_mapped_words_and_keeps
     for b_map, b_none in zip(mapped.baselines, none.baselines):
         assert {k: b_map[k] for k in ("chance", "test_majority", "in_context_majority")} == \
             {k: b_none[k] for k in ("chance", "test_majority", "in_context_majority")}
-    item = mapped.prompt.test_item(0, splits["test"][0], 3)
+    item = mapped.prompt_for(2).test_item(0, splits["test"][0], 3)
     assert ByteTokenizer().decode(list(item.candidates[0].tokens)).endswith("=" + mapped_words(TASK.labels, "int", 2)[0])
 
 
@@ -233,7 +233,7 @@ def test_the_tiny_run_reports_the_order_diagnostic():
     random; its summary.md states the order spread beside the draw spread and the paired difference."""
     from pathlib import Path
 
-    from evalm.icl_eval.synthetic import SyntheticConfig, episode, synthetic_task
+    from evalm.icl_eval.tasks.synthetic import SyntheticConfig, episode, synthetic_task
     from evalm.launcher.report import headline
     from evalm.launcher.run_file import load_run
     from evalm.launcher.summary import _icl_lines
@@ -280,7 +280,7 @@ def test_nearest_by_a_local_encoder_removes_the_k_highest_cosines(tmp_path):
 
     cos = {i: float(embed(t) @ embed("hen pig")) for i, t in enumerate(train)}
     top3 = set(sorted(cos, key=lambda i: -cos[i])[:3])
-    from evalm.icl_eval.selection import TopK
+    from evalm.icl_eval.protocol.selection import TopK
 
     assert 3 in top3 and TopK(train).similarities("hen pig")[3] == 0  # an item TF-IDF finds unrelated: they differ
     removed = next(r for r in runner.records if r["arm"] == "remove-nearest")["context_ids"][0]
@@ -298,7 +298,7 @@ def test_the_sample_learning_ratio_needs_a_significant_gain_over_0_shots():
     """By hand: 0 shots gets 4 of 20 items right in every draw. A full context that gets 16 right
     (+0.6, interval above zero) with 10 right once the nearest are removed has SLR (0.8 - 0.5) / 0.6 = 0.5;
     a full context that gets 5 right (+0.05, one item: the interval reaches zero) has none, and says why."""
-    from evalm.icl_eval.summary import summarize
+    from evalm.icl_eval.stats.summary import summarize
 
     def run(full_right: int, removed_right: int) -> dict:
         zero = [[1] * 4 + [0] * 16] * 3
@@ -322,7 +322,7 @@ def test_runs_split_by_draw_and_order_seed_pool_to_the_single_runs_summary(tmp_p
     draws 1-2 x orders 1-2, the nearest arms and their baselines included (each split repeats its
     draw's baseline records once per run; counted twice they would pose as extra draws)."""
     from benchmarks.smollm import merged
-    from evalm.icl_eval.units import changes, without_execution
+    from evalm.icl_eval.protocol.units import changes, without_execution
 
     train = ["zebra lion tiger", "zebra lion cow", "cat dog", "fish bird", "owl hen", "cow pig", "ant bee", "elk yak"]
     splits = _splits(train, [0, 1, 2, 0, 1, 2, 0, 1], ["zebra lion", "ant bee", "cat owl"], [0, 1, 2])

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from evalm.icl_eval.methods import METHODS, MethodOptions, PromptTooLong, make_groups, structured
+from evalm.icl_eval.methods.decoder import METHODS, MethodOptions, PromptTooLong, make_groups, structured
 from tests.icl_eval.conftest import demos_and_items
 
 TOL = 1e-6
@@ -75,7 +75,7 @@ def test_log_m_boost_equals_repeating_the_group(lm, synth):
     one = scores("concat", lm, prompt, demos, items)
     opts = MethodOptions(n_groups=1)
     group = make_groups(prompt, demos, opts)[0]
-    from evalm.icl_eval.methods import _grouped
+    from evalm.icl_eval.methods.decoder import _grouped
 
     for m in (2, 3):
         copies = [type(group)(list(group.demo_ids), list(group.tokens)) for _ in range(m)]
@@ -171,9 +171,9 @@ def _mean_logits_oracle(lm, prompt, groups, item, rule: str) -> list[float]:
 def test_ensemble_mean_logits_averages_the_groups_logits_then_scores(lm, synth, labels, rule):
     """`ensemble_reduce="mean_logits"` == the hand computation above, for one- and multi-token answers
     (labels "be" .. "gamma ray": 2 to 9 byte tokens), and it is not the mean of the groups' scores."""
-    from evalm.icl_eval.prompts import PromptBuilder
-    from evalm.icl_eval.synthetic import SyntheticConfig
-    from evalm.icl_eval.tasks import Task
+    from evalm.icl_eval.tasks.prompts import PromptBuilder
+    from evalm.icl_eval.tasks.synthetic import SyntheticConfig
+    from evalm.icl_eval.tasks.task import Task
 
     prompt, splits = synth
     if labels:

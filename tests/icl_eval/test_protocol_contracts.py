@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 
 from evalm.icl_eval.config import EvalConfig
-from evalm.icl_eval.methods import METHODS, MethodOptions
-from evalm.icl_eval.protocol import Runner
-from evalm.icl_eval.scoring import calibrate
-from evalm.icl_eval.selection import TopK
-from evalm.icl_eval.task_data import SeedSplits
-from evalm.icl_eval.tasks import Task
+from evalm.icl_eval.methods.decoder import METHODS, MethodOptions
+from evalm.icl_eval.protocol.runner import Runner
+from evalm.icl_eval.methods.scoring import calibrate
+from evalm.icl_eval.protocol.selection import TopK
+from evalm.icl_eval.tasks.data import SeedSplits
+from evalm.icl_eval.tasks.task import Task
 from tests.icl_eval.conftest import tiny_evalm
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -56,7 +56,7 @@ def test_topk_calibration_uses_each_items_own_demonstrations():
     runner.run()
     scores = {p["item"]: np.array(p["scores"]) for p in runner.predictions}
     topk = TopK([f"{r['text']}" for r in TRAIN])
-    method, prompt = METHODS["concat"], runner.prompt
+    method, prompt = METHODS["concat"], runner.prompt_for(1)
     chosen = [topk.select(r["text"], 2, exclude=[]) for r in TEST]
     assert chosen[0] != chosen[1]  # the items' contexts differ, so item 0's would be wrong for item 1
     for i, row in enumerate(TEST):

@@ -3,7 +3,7 @@
 Every rank is its own process, started with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT as torchrun
 would; OMP_NUM_THREADS=1 in every process (one rank or two), so a unit's floats do not depend on
 how many threads a process got and the files can be compared exactly. What may differ is listed
-in `evalm.icl_eval.units.EXECUTION`: how long things took and how the run was executed (ranks, units resumed).
+in `evalm.icl_eval.protocol.units.EXECUTION`: how long things took and how the run was executed (ranks, units resumed).
 
 Run: python -m pytest tests/icl_eval/test_ranks.py -q
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from evalm.icl_eval.units import without_execution
+from evalm.icl_eval.protocol.units import without_execution
 from tests import models
 from tests.train.helpers import free_port
 

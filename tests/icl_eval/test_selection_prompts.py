@@ -10,10 +10,10 @@ import json
 import pytest
 
 from evalm.text.tokenizer import ByteTokenizer
-from evalm.icl_eval.prompts import PromptBuilder
-from evalm.icl_eval.selection import NotEnoughItems, TopK, dataset_level
-from evalm.icl_eval.task_data import read_split, task_data_files
-from evalm.icl_eval.tasks import EVALM_TASKS, get_task
+from evalm.icl_eval.tasks.prompts import PromptBuilder
+from evalm.icl_eval.protocol.selection import NotEnoughItems, TopK, dataset_level
+from evalm.icl_eval.tasks.data import read_split, task_data_files
+from evalm.icl_eval.tasks.task import EVALM_TASKS, get_task
 
 
 def test_dataset_level_is_seeded_ordered_and_excludes():
@@ -88,7 +88,7 @@ def test_builtin_template_sets_cover_the_papers():
 
 
 def test_label_token_counts_reveal_unequal_verbalizers():
-    from evalm.icl_eval.tasks import Task
+    from evalm.icl_eval.tasks.task import Task
 
     uneven = PromptBuilder(Task("t", "Q: {q} A: {label}", ("no", "yes")), ByteTokenizer())
     assert uneven.label_token_counts() == {"no": 3, "yes": 4}  # " no", " yes" in bytes

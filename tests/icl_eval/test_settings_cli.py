@@ -61,7 +61,7 @@ def test_test_items_beyond_the_validation_split_are_an_error():
     --test-items sample is drawn there too: a validation split too small for it is not capped silently."""
     from evalm.icl_eval.config import EvalConfig
     from evalm.config_toolkit import ConfigError
-    from evalm.icl_eval.supply import icl_grid, icl_supply
+    from evalm.icl_eval.protocol.supply import icl_grid, icl_supply
 
     config = EvalConfig(shots=(0, 4), test_items=80, choose_shot_on_validation=True, validation_items=50)
     with pytest.raises(ConfigError, match="--test-items 80: the validation split the shot count is chosen on has 50"):

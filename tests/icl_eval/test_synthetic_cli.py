@@ -12,12 +12,12 @@ import torch
 from evalm import EvalmModel, ModelConfig
 from evalm.text.tokenizer import ByteTokenizer
 from evalm.icl_eval.config import EvalConfig
-from evalm.icl_eval.lm import EvalmLM
-from evalm.icl_eval.methods import MethodOptions
-from evalm.icl_eval.protocol import Runner
-from evalm.icl_eval.task_data import SeedSplits
-from evalm.icl_eval.summary import summarize
-from evalm.icl_eval.synthetic import SyntheticConfig, episode, synthetic_task, train_tiny_model
+from evalm.icl_eval.models.lm import EvalmLM
+from evalm.icl_eval.methods.decoder import MethodOptions
+from evalm.icl_eval.protocol.runner import Runner
+from evalm.icl_eval.tasks.data import SeedSplits
+from evalm.icl_eval.stats.summary import summarize
+from evalm.icl_eval.tasks.synthetic import SyntheticConfig, episode, synthetic_task, train_tiny_model
 
 
 def test_trained_tiny_model_learns_in_context_above_every_label_baseline(one_thread):

@@ -1,4 +1,4 @@
-"""SAICL on T5 (icl_eval/t5.py, icl_eval/encdec_methods.py) against independent oracles, float64.
+"""SAICL on T5 (icl_eval/models/t5.py, icl_eval/methods/encoder_decoder.py) against independent oracles, float64.
 
 Run: python -m pytest tests/icl_eval/test_t5.py -q
 Tolerance 1e-10; the differences are rounding, ~1e-14 in practice. The tiny T5 gets
@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 import torch
 
-from evalm.icl_eval.encdec_methods import demo_segments, split_item
-from evalm.icl_eval.methods import METHODS, MethodOptions
-from evalm.icl_eval.prompts import PromptBuilder
-from evalm.icl_eval.synthetic import SyntheticConfig, episode, synthetic_task
-from evalm.icl_eval.t5 import Segments, structured_encode, tiny_t5
+from evalm.icl_eval.methods.encoder_decoder import demo_segments, split_item
+from evalm.icl_eval.methods.decoder import METHODS, MethodOptions
+from evalm.icl_eval.tasks.prompts import PromptBuilder
+from evalm.icl_eval.tasks.synthetic import SyntheticConfig, episode, synthetic_task
+from evalm.icl_eval.models.t5 import Segments, structured_encode, tiny_t5
 from tests.icl_eval.conftest import demos_and_items
 
 pytest.importorskip("transformers")

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 import evalm.train.metaicl as metaicl
-from evalm.icl_eval.methods import METHODS, MethodOptions
-from evalm.icl_eval.prompts import PromptBuilder
-from evalm.icl_eval.synthetic import SyntheticConfig, synthetic_task
-from evalm.icl_eval.t5 import tiny_t5
+from evalm.icl_eval.methods.decoder import METHODS, MethodOptions
+from evalm.icl_eval.tasks.prompts import PromptBuilder
+from evalm.icl_eval.tasks.synthetic import SyntheticConfig, synthetic_task
+from evalm.icl_eval.models.t5 import tiny_t5
 from tests.icl_eval.test_t5 import one_thread  # noqa: F401 (autouse: one torch thread)
 
 pytest.importorskip("transformers")

@@ -15,8 +15,8 @@ import torch
 from evalm import EvalmModel, ModelConfig
 from evalm.text.data_source import DataSourceError, cache_dir
 from evalm.io import save_model
-from evalm.icl_eval.task_data import Rows, task_splits
-from evalm.icl_eval.tasks import EVALM_TASKS, get_task
+from evalm.icl_eval.tasks.data import Rows, task_splits
+from evalm.icl_eval.tasks.task import EVALM_TASKS, get_task
 from tests.hub_cache import write_hub_cache
 
 HIDDEN = -1  # GLUE / SuperGLUE publish their test splits without labels

@@ -1,4 +1,4 @@
-"""The task folder written by icl_eval.task_folder reads back through icl_eval's own readers.
+"""The task folder written by icl_eval.tasks.folder reads back through icl_eval's own readers.
 
 Run: python -m pytest tests/icl_eval/test_task_folder.py -q
 """
@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from evalm.icl_eval.task_data import task_data_files, task_splits
-from evalm.icl_eval.task_folder import write_task_folder
-from evalm.icl_eval.tasks import EVALM_TASKS, Task, read_task_file
+from evalm.icl_eval.tasks.data import task_data_files, task_splits
+from evalm.icl_eval.tasks.folder import write_task_folder
+from evalm.icl_eval.tasks.task import EVALM_TASKS, Task, read_task_file
 
 
 def test_a_written_task_folder_reads_back_as_the_same_task_and_rows(tmp_path):

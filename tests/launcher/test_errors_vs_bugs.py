@@ -75,7 +75,7 @@ def test_eval_mistakes_are_one_line(capsys, tmp_path):
 
 
 def test_an_eval_bug_names_the_log_in_its_output_folder(capsys, tmp_path, monkeypatch):
-    monkeypatch.setattr("evalm.icl_eval.loading.load_lm", _broken(ValueError("too many values to unpack")))
+    monkeypatch.setattr("evalm.icl_eval.models.loading.load_lm", _broken(ValueError("too many values to unpack")))
     (tmp_path / "book.txt").write_text("a book " * 200)
     out = tmp_path / "out"
     line = a_bug(capsys, out / "logs" / "error.log", "eval", "ppl", "--books", tmp_path / "book.txt",
@@ -86,7 +86,7 @@ def test_an_eval_bug_names_the_log_in_its_output_folder(capsys, tmp_path, monkey
 
 def test_an_icl_bug_deep_in_a_run_is_a_bug(capsys, tmp_path, monkeypatch):
     """A built-in error raised where the refusals of the ICL code are raised too (its protocol)."""
-    monkeypatch.setattr("evalm.icl_eval.protocol.Runner.run_unit", _broken(IndexError("list index out of range")))
+    monkeypatch.setattr("evalm.icl_eval.protocol.runner.Runner.run_unit", _broken(IndexError("list index out of range")))
     ckpt = byte_model(tmp_path / "model")
     task = two_label_task(tmp_path / "task")
     out = tmp_path / "out"

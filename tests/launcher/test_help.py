@@ -69,8 +69,8 @@ def _all_help_text(monkeypatch) -> str:
 
 
 def test_help_lists_methods_tasks_protocols_and_names_no_file_outside_the_repo(monkeypatch):
-    from evalm.icl_eval.methods import METHODS
-    from evalm.icl_eval.tasks import TEMPLATE_SETS
+    from evalm.icl_eval.methods.decoder import METHODS
+    from evalm.icl_eval.tasks.task import TEMPLATE_SETS
 
     icl = _parser(["eval", "icl"], monkeypatch).format_help()
     assert all(name in icl for name in METHODS)

@@ -25,8 +25,8 @@ from evalm.data_pipeline.samples.pile import BOOKS, FOLIO_PAIRS, PILE_PLAYS, PIL
 from evalm.data_pipeline.samples.planted import jaccard
 from evalm.data_pipeline.samples.tasks import TASKS
 from evalm.data_pipeline.wordlists import DEFAULT_FLAGGED, DEFAULT_STOPWORDS, load
-from evalm.icl_eval.task_data import task_splits
-from evalm.icl_eval.tasks import read_task_file
+from evalm.icl_eval.tasks.data import task_splits
+from evalm.icl_eval.tasks.task import read_task_file
 from evalm.launcher import samples as L
 from evalm.train.instructions import iter_examples
 from tests.data_pipeline.sample_packages import make_packages, no_network, pile_records

@@ -1,0 +1,1 @@
+"""The ICL methods behind one signature and candidate scoring."""

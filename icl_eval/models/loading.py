@@ -1,0 +1,92 @@
+"""The model an `evalm eval` command scores: an exported EVALM, a local HF folder, or the built-in tiny one.
+
+A folder that cannot be loaded is one error naming `--checkpoint` and what to do: a
+missing folder, and a training run folder (DCP checkpoints) that has not been exported yet.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from evalm.config_toolkit import ConfigError
+
+
+def check_checkpoint(folder: str | Path) -> Path:
+    """The exported folder, or an error saying how to get one."""
+    folder = Path(folder)
+    export = f"evalm export --checkpoint {folder} --out {folder}-model"
+    if not folder.is_dir():
+        raise ConfigError(f"--checkpoint {folder}: no such folder; give a folder written by `evalm export` "
+                          "(model.safetensors + config.json)")
+    if (folder / "model.safetensors").is_file() and (folder / "config.json").is_file():
+        return folder
+    if (folder / "checkpoints").is_dir() or (folder / ".metadata").is_file() or folder.name.startswith("step-"):
+        raise ConfigError(f"--checkpoint {folder}: a training run (DCP checkpoints), not exported weights; "
+                          f"run `{export}` and pass --checkpoint {folder}-model")
+    missing = [f for f in ("model.safetensors", "config.json") if not (folder / f).is_file()]
+    raise ConfigError(f"--checkpoint {folder}: {' and '.join(missing)} missing; give a folder written by `evalm export`")
+
+
+def load_lm(args, device: str, dtype: str, model_section: dict | None, synthetic, context_window: int | None):
+    """The LM of --hf-model, --checkpoint, or (neither) the built-in tiny model trained on `synthetic`."""
+    import torch
+
+    from evalm.text.tokenizer import load_tokenizer
+    from evalm.icl_eval.models.lm import EvalmLM
+
+    if args.hf_model:
+        from evalm.icl_eval.models.hf import load_hf
+        from evalm.icl_eval.models.t5 import is_t5_folder, load_t5
+
+        if not Path(args.hf_model).is_dir():
+            raise ConfigError(f"--hf-model {args.hf_model}: no such folder; give a local Hugging Face model folder")
+        tok = load_tokenizer(args.tokenizer) if args.tokenizer else None
+        if is_t5_folder(args.hf_model):  # encoder-decoder: concat | saicl | fid | ensemble (icl_eval/methods/encoder_decoder.py)
+            return load_t5(args.hf_model, tokenizer=tok, dtype=dtype, device=device)
+        lm = load_hf(args.hf_model, tokenizer=tok, dtype=dtype, device=device, gguf_file=args.gguf_file)
+        if context_window:
+            lm.max_positions = context_window
+        return lm
+    if args.checkpoint:
+        from evalm.io import load_model
+
+        ckpt = check_checkpoint(args.checkpoint)
+        tok_path = args.tokenizer or (ckpt / "tokenizer.json" if (ckpt / "tokenizer.json").is_file() else None)
+        model = load_model(ckpt, device=device, dtype=getattr(torch, dtype))
+        tokenizer = load_tokenizer(tok_path)
+        check_vocab(tokenizer, tok_path or "bytes", model.config.vocab_size, ckpt)
+        return EvalmLM(model, tokenizer, name=str(ckpt), max_positions=context_window)
+    return tiny_default(model_section, synthetic, context_window)
+
+
+def check_vocab(tokenizer, tok_path, model_vocab: int, ckpt: Path) -> None:
+    """A tokenizer whose ids reach past the model's embedding rows cannot be scored with it (the first id
+    past the table is an index error deep in the model): refused here, naming both."""
+    if tokenizer.vocab_size > model_vocab:
+        raise ConfigError(f"tokenizer {tok_path}: {tokenizer.vocab_size} ids, but the model {ckpt} has {model_vocab} "
+                          "(its vocab_size): not the tokenizer it was trained with; pass that one with --tokenizer "
+                          "(`evalm export` writes it beside the weights as tokenizer.json)")
+
+
+def tiny_default(model_cfg, syn, context_window: int | None):
+    """The built-in default: a tiny EVALM trained here on the synthetic family (seconds on a CPU)."""
+    import torch
+
+    from evalm import EvalmModel
+    from evalm.text.tokenizer import ByteTokenizer
+    from evalm.icl_eval.models.lm import EvalmLM
+    from evalm.icl_eval.tasks.synthetic import train_tiny_model
+
+    torch.manual_seed(syn.seed)
+    model = EvalmModel(model_cfg)
+    model.init_weights()
+    print(f"no --checkpoint: training a tiny EVALM ({model_cfg.attention}) on the synthetic family, {syn.train_steps} steps")
+    losses = train_tiny_model(model, syn, log_every=max(1, syn.train_steps // 5))
+    return EvalmLM(model, ByteTokenizer(), name=f"tiny synthetic-trained EVALM (final loss {losses[-1]:.3f})",
+                   max_positions=context_window)
+
+
+def describe(lm) -> dict:
+    desc = lm.describe()
+    desc["tokenizer"] = getattr(lm.tokenizer, "name", None) or str(getattr(lm.tokenizer, "path", type(lm.tokenizer).__name__))
+    return desc

@@ -1,0 +1,1 @@
+"""Perplexity vs context length: books, the unigram reference."""

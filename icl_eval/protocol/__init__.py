@@ -1,0 +1,1 @@
+"""The many-shot protocol: draws, budgets, label maps, orders, nearest arms, units over ranks."""

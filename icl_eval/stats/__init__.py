@@ -1,0 +1,1 @@
+"""What records become: label baselines, bootstrap intervals, summaries, spread over orders."""

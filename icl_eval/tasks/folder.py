@@ -1,0 +1,61 @@
+"""The task folder: `task.toml` plus one jsonl file per split, written here and read by
+`tasks.read_task_file` (the Task) and `task_data.task_data_files` (the split files).
+
+The `[task]` table holds the Task fields that differ from their defaults, in Task's field order,
+and one key per split naming its file; reading the folder back gives the same Task
+(tests/icl_eval/test_task_folder.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from evalm.icl_eval.tasks.task import SPLITS, Task
+
+TASK_FILE = "task.toml"
+
+
+def toml_value(value: Any) -> str:
+    """A TOML value for a Task field: string, number or bool, array, inline table (JSON escapes are TOML's)."""
+    if isinstance(value, (tuple, list)):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{json.dumps(k)} = {toml_value(v)}" for k, v in value.items()) + " }"
+    return json.dumps(value)
+
+
+def task_toml(task: Task, split_files: dict[str, str], comment: Sequence[str] = ()) -> str:
+    """The `[task]` table of a Task with its split file names, after `# ` comment lines."""
+    if task.dataset is not None:
+        raise ValueError(f"task {task.name!r}: a task file names split files, not a hub dataset ({task.dataset.ids})")
+    lines = [f"# {line}" for line in comment] + ["[task]"]
+    for f in dataclasses.fields(Task):
+        value = getattr(task, f.name)
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        if value != default:
+            lines.append(f"{f.name} = {toml_value(value)}")
+    lines += [f"{split} = {json.dumps(name)}" for split, name in split_files.items()]
+    return "\n".join(lines) + "\n"
+
+
+def write_task_folder(folder: Path, task: Task, splits: dict[str, Sequence[dict[str, Any]]],
+                      comment: Sequence[str] = ()) -> tuple[Path, dict[str, Path]]:
+    """`<split>.jsonl` for each split given (in SPLITS order) and task.toml naming them;
+    returns (task file, split -> file)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    unknown = sorted(set(splits) - set(SPLITS))
+    if unknown:
+        raise ValueError(f"task {task.name!r}: unknown split(s) {unknown}; valid: {list(SPLITS)}")
+    files = {}
+    for split in (s for s in SPLITS if s in splits):
+        files[split] = folder / f"{split}.jsonl"
+        files[split].write_bytes(b"".join(orjson.dumps(row) + b"\n" for row in splits[split]))
+    task_file = folder / TASK_FILE
+    task_file.write_text(task_toml(task, {s: p.name for s, p in files.items()}, comment), encoding="utf-8")
+    return task_file, files
