@@ -29,7 +29,7 @@ from evalm.config_toolkit import ConfigError, Dispatcher, Parser, build, split_o
 from evalm.storage import RunFolder
 from evalm.icl_eval.protocol.units import (Progress, UnitStore, icl_inputs, icl_key, join, ppl_inputs, ppl_key,
                                            run_folder, run_units)
-from evalm.icl_eval.cli_args import common, csv, icl_parser, ppl_parser
+from evalm.icl_eval.cli_args import ICL_SECTIONS, PPL_SECTIONS, common, csv, icl_parser, ppl_parser
 
 
 def _where(args) -> str:
@@ -68,7 +68,7 @@ def icl(argv: Sequence[str]) -> int:
     args = icl_parser().parse_args(rest)
     if args.budgets and args.shots:
         raise ConfigError("--budgets and --shots: the grid is by token budget or by shot count; give one of them")
-    layers = Layers(args.config, overrides)
+    layers = Layers(args.config, overrides, ICL_SECTIONS)
     _flags(layers, "eval", args, {"task": "task", "data": "data", "methods": "methods", "shots": "shots",
                                   "seeds": "seeds", "test_items": "test_items", "bos": "bos",
                                   "save_predictions": "save_predictions", "budgets": "budgets",
@@ -177,7 +177,7 @@ def ppl(argv: Sequence[str]) -> int:
 
     overrides, rest = split_overrides(argv)
     args = ppl_parser().parse_args(rest)
-    layers = Layers(args.config, overrides)
+    layers = Layers(args.config, overrides, PPL_SECTIONS)
     if args.books:
         args.books = tuple(args.books)
     _flags(layers, "ppl", args, {"books": "books", "lengths": "buckets", "max_tokens": "max_tokens",
@@ -236,7 +236,8 @@ def _run_ppl(lm, config, store) -> dict | None:
     unigram = fit_unigram(config.unigram_shards, lm.tokenizer.vocab_size) if config.unigram_shards else None
     protocols = Protocols(lm, config, unigram)
     world = store.world
-    names = [f"{i:05d}-book" for i, _ in enumerate(iter_books(config.books, config.max_books))]
+    say = (lambda line: print(line, file=sys.stderr)) if world.rank == 0 else None  # a book named twice
+    names = [f"{i:05d}-book" for i, _ in enumerate(iter_books(config.books, config.max_books, say))]
     resumed = store.finished(names)
     progress = Progress(store, len(names), len(resumed), "evalm eval ppl", unit="books")
     books = iter_books(config.books, config.max_books)  # lazily: one book in memory at a time

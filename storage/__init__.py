@@ -10,7 +10,8 @@
 - `digest`: a folder's files with their sizes and SHA-256, written last and verified before use;
 - `files`: JSON and text read so that a damaged or foreign file is named, never half-used; writes
   whole or not at all, and that say "no space left" with the file when the disk is full;
-- `secrets`: a URL's password masked (`redis://user:***@host`) wherever a run records or prints text.
+- `secrets`: a URL's password masked (`redis://user:***@host`) wherever a run records or prints text;
+- `streams`: document files read line by line with bounds (zstd frames checked to their end).
 """
 
 from evalm.storage.digest import verify_digest, write_digest
