@@ -25,7 +25,6 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from evalm.config_toolkit import InputError
 from evalm.storage.files import write_atomic
 
 BLOCK = 1 << 20
@@ -72,14 +71,9 @@ class DigestCache:
                 self.entries = {}  # a damaged cache only costs the hashing again
 
     def sha256(self, path: str | Path) -> str:
-        """The file's SHA-256, read again only when its stamp changed; refuses what is not a regular file
-        (a FIFO would block the read forever, a device never ends)."""
+        """The file's SHA-256, read again only when its stamp changed (a regular file only: see `identity`)."""
         path = Path(path).resolve()
-        st = path.stat()
-        if not stat.S_ISREG(st.st_mode):
-            raise InputError(f"{path}: not a regular file (a FIFO, a device or a socket?); give a file or a "
-                             "folder of files")
-        key, stamp = str(path), _stamp(st)
+        key, stamp = str(path), _stamp(path.stat())
         known = self.entries.get(key)
         if known and known.get("stamp") == stamp and isinstance(known.get("sha256"), str):
             return known["sha256"]
@@ -90,11 +84,16 @@ class DigestCache:
 
     def identity(self, path: str | Path) -> str | None:
         """`sha256:HEX` of a file, or of a folder's visible files (relative names and digests); None when
-        the path does not exist."""
+        the path does not exist. What is not a regular file (a FIFO would block the read forever, a device
+        never ends) is never read: `special:KIND`, left to the command that reads it to refuse."""
         path = Path(path)
         if not path.exists():
             return None
         if not path.is_dir():
+            mode = path.stat().st_mode
+            if not stat.S_ISREG(mode):
+                return "special:" + ("fifo" if stat.S_ISFIFO(mode) else "device" if stat.S_ISCHR(mode) or
+                                     stat.S_ISBLK(mode) else "socket")
             return "sha256:" + self.sha256(path)
         h = hashlib.sha256()
         for f in visible_files(path):
