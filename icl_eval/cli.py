@@ -1,4 +1,4 @@
-"""`evalm eval`: many-shot ICL (`icl`), perplexity vs length (`ppl`), lm-eval tasks (`harness`).
+"""`evalm eval`: many-shot ICL (`icl`), perplexity vs length (`ppl`), lm-eval tasks (`harness`), recall (`recall`).
 
     evalm eval icl                                   # the built-in default: trains a tiny EVALM on the synthetic family, evaluates it
     evalm eval icl --checkpoint DIR --task sst2 --methods incremental,concat,structured \\
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from evalm.config_toolkit import ConfigError, Dispatcher, Parser, build, split_overrides, to_dict
+from evalm.config_toolkit import ConfigError, Dispatcher, Parser, build, lazy, split_overrides, to_dict
 from evalm.storage import folder_lock
 from evalm.icl_eval.protocol.units import Progress, UnitStore, hold, join, run_units, stamp
 from evalm.icl_eval.cli_args import common, csv, icl_parser, ppl_parser
@@ -369,6 +369,8 @@ COMMANDS = {
     "icl": ("many-shot ICL: incremental | concat | structured | saicl | ensemble over shots and seeds", icl),
     "ppl": ("perplexity vs context length through the cache, with re-encoding baselines", ppl),
     "harness": ("lm-evaluation-harness tasks via simple_evaluate (extra `harness`), prefix-shared cache", harness),
+    "recall": ("passkey, needles, variable tracking, JSON KV and MQAR at exact lengths and depths, through the cache",
+               lazy("evalm.icl_eval.recall.command:recall")),
 }
 DISPATCHER = Dispatcher("evalm eval", COMMANDS)
 """A user error (config_toolkit.UserError) is one line; anything else is reported as a bug (config_toolkit.report)."""

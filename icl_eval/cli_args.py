@@ -79,9 +79,10 @@ def _keys(*own: str) -> str:
     from evalm.config import ModelConfig
     from evalm.icl_eval.config import EvalConfig, PerplexityConfig
     from evalm.icl_eval.methods.options import MethodOptions
+    from evalm.icl_eval.recall.config import RecallConfig
     from evalm.text.synthetic import SyntheticConfig
 
-    classes = {"eval": EvalConfig, "eval.method": MethodOptions, "ppl": PerplexityConfig}
+    classes = {"eval": EvalConfig, "eval.method": MethodOptions, "ppl": PerplexityConfig, "recall": RecallConfig}
     return settable_keys({**{name: classes[name] for name in own}, "model": ModelConfig,
                           "synthetic": SyntheticConfig})
 
@@ -175,5 +176,35 @@ def ppl_parser() -> Parser:
     p.add_argument("--fixed-contexts", type=csv(int), metavar="C1,C2", help="context lengths of the fixed-position "
                    "protocol (the same targets after each), e.g. 16,256,4096 (default: none, protocol off)")
     allow_skip(p, "--lengths buckets that no book reaches")
+    overwrite(p)
+    return p
+
+
+def recall_parser() -> Parser:
+    from evalm.icl_eval.recall.config import FAMILIES, RecallConfig
+
+    p = Parser(prog="evalm eval recall", epilog=_keys("recall"), description=_describe(
+        "Recall through the cache (docs/evaluation.md, \"Recall\"): seeded needle families at exact lengths in the "
+        "model's own tokens and needle depths, scored by exact match of greedy generation beside chance.", "",
+        "families: passkey (filler haystack), niah_single, niah_multikey, niah_multivalue, niah_multiquery (RULER), "
+        "variable_tracking (RULER), kv_recall (HELMET's JSON KV), mqar (Zoology's MQAR); the haystack before each "
+        "needle is encoded once and forked for every depth"))
+    common(p, "runs/eval-recall", "[recall], [model], [synthetic]")
+    p.add_argument("--tasks", type=csv(str, FAMILIES), metavar="T1,T2", help="families, comma-separated, from "
+                   f"{', '.join(FAMILIES)} (default: all of them)")
+    p.add_argument("--lengths", type=csv(int), metavar="L1,L2", help="prompt lengths in the model's own tokens, up to "
+                   f"262144; each must hold an item's needles and question (default: {_default(RecallConfig, 'lengths')})")
+    p.add_argument("--depths", type=csv(int), metavar="D1,D2", help="needle positions, percent of the haystack before "
+                   f"the needle, 0-100 (default: {_default(RecallConfig, 'depths')})")
+    p.add_argument("--seeds", type=csv(int), metavar="S1,S2", help="one set of items per seed; intervals over seeds "
+                   f"and items (default: {_default(RecallConfig, 'seeds')})")
+    p.add_argument("--items", type=int, metavar="N", help="items per seed, task and length, each at every depth "
+                   f"(default: {_default(RecallConfig, 'items')})")
+    p.add_argument("--haystack", choices=("noise", "filler", "books"), help="what the needles hide in, passkey "
+                   f"aside (always filler) (default: {_default(RecallConfig, 'haystack')})")
+    p.add_argument("--books", nargs="+", metavar="SOURCE", help="with --haystack books: .txt folders or files, "
+                   "jsonl/parquet with `text`, or a cached id such as deepmind/pg19:test (default: none)")
+    p.add_argument("--save-predictions", action="store_true", help="write predictions.jsonl: every prompt's "
+                   "generation, extracted answer and gold (default: off)")
     overwrite(p)
     return p
