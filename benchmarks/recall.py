@@ -1,5 +1,5 @@
 """Zoology's recall protocol at CPU scale: EVA, full attention, window-only attention and Mamba,
-trained from scratch on the same data, steps and width (Arora et al. 2023; issue 33).
+trained from scratch on the same data, steps and width (Arora et al. 2023, "Zoology").
 
     pip install 'evalm[hf]'                              # transformers: the Mamba twin (benchmarks/recall_ssm.py)
     python benchmarks/recall.py --out runs/recall        # the grid: hours on 2 cores, resumable (rerun it)
@@ -46,53 +46,57 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # recall_ssm beside th
 from evalm import EvalmModel, ModelConfig  # noqa: E402
 from evalm.icl_eval.stats.bootstrap import hierarchical_interval  # noqa: E402
 
-VOCAB = 258
-"""Keys 1-127, values 128-255 (Zoology's two halves), PASS = 256, ASK = 257; 0 is unused."""
-KEYS, VALUES, PASS, ASK = (1, 128), (128, 256), 256, 257
 PASSKEY_TOKENS = 4
 ARCHS = ("eva", "full", "window", "mamba")
 SEGMENT = 2048
 
 
-def mqar(rng: np.random.Generator, n: int, seq_len: int, kv: int, power_a: float = 0.01):
+class Vocab:
+    """Zoology's two halves: keys 1 .. v/2 - 1, values v/2 .. v - 1; then PASS = v and ASK = v + 1 (0 unused)."""
+
+    def __init__(self, v: int):
+        self.keys, self.values, self.pass_token, self.ask_token, self.size = (1, v // 2), (v // 2, v), v, v + 1, v + 2
+
+
+def mqar(rng: np.random.Generator, n: int, seq_len: int, kv: int, vocab: Vocab, power_a: float = 0.01):
     """Zoology's multiquery_ar with random non-queries: inputs and labels (n, seq_len), -100 unlabelled."""
     inputs, labels = np.zeros((n, seq_len + 1), np.int64), np.full((n, seq_len + 1), -100, np.int64)
     space = (seq_len - 2 * kv) // 2
     p = power_a * np.arange(1, space + 1) ** (power_a - 1)
     p /= p.sum()
     for i in range(n):
-        keys = rng.choice(np.arange(*KEYS), kv, replace=False)
-        values = rng.choice(np.arange(*VALUES), kv, replace=False)
+        keys = rng.choice(np.arange(*vocab.keys), kv, replace=False)
+        values = rng.choice(np.arange(*vocab.values), kv, replace=False)
         gaps = rng.choice(space, kv, replace=False, p=p)
         inputs[i, 0 : 2 * kv : 2], inputs[i, 1 : 2 * kv : 2] = keys, values
         inputs[i, 2 * kv + 2 * gaps] = keys
         labels[i, 2 * kv + 2 * gaps + 1] = values
-    filler = rng.integers(1, VALUES[1], inputs.shape)
+    filler = rng.integers(1, vocab.values[1], inputs.shape)
     inputs = np.where(inputs == 0, filler, inputs)
     return inputs[:, :-1], labels[:, 1:]
 
 
-def passkey(rng: np.random.Generator, n: int, seq_len: int):
+def passkey(rng: np.random.Generator, n: int, seq_len: int, vocab: Vocab):
     """Random tokens, PASS + passkey at a uniform position, ASK + passkey at the end; labels on the repeat."""
     k = PASSKEY_TOKENS
-    inputs = rng.integers(1, VALUES[1], (n, seq_len + 1))
+    inputs = rng.integers(1, vocab.values[1], (n, seq_len + 1))
     labels = np.full((n, seq_len + 1), -100, np.int64)
     for i in range(n):
-        key = rng.integers(*VALUES, k)
+        key = rng.integers(*vocab.values, k)
         at = int(rng.integers(0, seq_len - 2 * k - 2))
-        inputs[i, at], inputs[i, at + 1 : at + 1 + k] = PASS, key
-        inputs[i, seq_len - k], inputs[i, seq_len - k + 1 :] = ASK, key
+        inputs[i, at], inputs[i, at + 1 : at + 1 + k] = vocab.pass_token, key
+        inputs[i, seq_len - k], inputs[i, seq_len - k + 1 :] = vocab.ask_token, key
         labels[i, seq_len - k + 1 :] = key
     return inputs[:, :-1], labels[:, 1:]
 
 
-def mqar_far(rng: np.random.Generator, n: int, seq_len: int, kv: int = 8):
+def mqar_far(rng: np.random.Generator, n: int, seq_len: int, vocab: Vocab, kv: int = 8):
     """kv pairs at the start, random tokens, every key queried at the end (teacher-forced, Zoology's labels)."""
-    inputs = rng.integers(1, VALUES[1], (n, seq_len + 1))
+    inputs = rng.integers(1, vocab.values[1], (n, seq_len + 1))
     labels = np.full((n, seq_len + 1), -100, np.int64)
     for i in range(n):
-        keys = rng.choice(np.arange(*KEYS), kv, replace=False)
-        values = rng.choice(np.arange(*VALUES), kv, replace=False)
+        keys = rng.choice(np.arange(*vocab.keys), kv, replace=False)
+        values = rng.choice(np.arange(*vocab.values), kv, replace=False)
         inputs[i, 0 : 2 * kv : 2], inputs[i, 1 : 2 * kv : 2] = keys, values
         order = rng.permutation(kv)
         tail = seq_len + 1 - 2 * kv
@@ -102,10 +106,10 @@ def mqar_far(rng: np.random.Generator, n: int, seq_len: int, kv: int = 8):
 
 
 def training_batch(rng: np.random.Generator, args) -> tuple[torch.Tensor, torch.Tensor]:
-    """Half MQAR (kv drawn per sequence from --train-kv), half passkey copy, at the training length."""
-    half = args.batch_size // 2
-    parts = [mqar(rng, 1, args.seq_len, int(rng.choice(args.train_kv))) for _ in range(half)]
-    parts.append(passkey(rng, args.batch_size - half, args.seq_len))
+    """--mqar-share of the batch MQAR (kv drawn per sequence from --train-kv), the rest passkey copy."""
+    vocab, n_mqar = Vocab(args.vocab), round(args.batch_size * args.mqar_share)
+    parts = [mqar(rng, 1, args.seq_len, int(rng.choice(args.train_kv)), vocab) for _ in range(n_mqar)]
+    parts.append(passkey(rng, args.batch_size - n_mqar, args.seq_len, vocab))
     x = np.concatenate([p[0] for p in parts])
     y = np.concatenate([p[1] for p in parts])
     return torch.from_numpy(x), torch.from_numpy(y)
@@ -118,8 +122,8 @@ def build(arch: str, width: int, args) -> torch.nn.Module:
     if arch == "mamba":
         from recall_ssm import MambaTwin
 
-        return MambaTwin(VOCAB, width, 2 * args.n_layer)
-    config = ModelConfig(vocab_size=VOCAB, d_model=width, n_layer=args.n_layer, n_head=max(1, width // 32),
+        return MambaTwin(Vocab(args.vocab).size, width, 2 * args.n_layer)
+    config = ModelConfig(vocab_size=Vocab(args.vocab).size, d_model=width, n_layer=args.n_layer, n_head=max(1, width // 32),
                          d_ff=4 * width, window_size=args.window, chunk_size=args.chunk, attention=arch,
                          circular_period=args.seq_len, dropout=0.0, attn_dropout=0.0, init_std=0.02)
     model = EvalmModel(config)
@@ -194,18 +198,19 @@ def predict(model, x: torch.Tensor, labelled: np.ndarray) -> np.ndarray:
 def evaluate(model, test: str, x_value: int, args) -> dict:
     """One test cell: accuracy over --items sequences with its interval, chance, seconds per item."""
     rng = np.random.default_rng([args.seed, 1_000_003, ARGS_TESTS.index(test), x_value])
-    n = args.items if test == "kv" or x_value <= 8192 else max(2, args.items // 4)
+    n = args.items if test == "kv" or x_value <= args.long_from else args.long_items
+    vocab = Vocab(args.vocab)
     if test == "kv":
-        x, y = mqar(rng, n, args.seq_len, x_value)
+        x, y = mqar(rng, n, args.seq_len, x_value, vocab)
     else:
-        x, y = (passkey if test == "passkey" else mqar_far)(rng, n, x_value)
+        x, y = (passkey if test == "passkey" else mqar_far)(rng, n, x_value, vocab)
     scores, t0 = [], time.perf_counter()
     for i in range(n):
         labelled = np.nonzero(y[i] != -100)[0]
         hit = predict(model, torch.from_numpy(x[i : i + 1]), labelled) == y[i, labelled]
         scores.append(float(hit.all()) if test == "passkey" else float(hit.mean()))
     lo, hi = hierarchical_interval([np.asarray(scores)], [list(range(n))])
-    per_query = 1 / (VALUES[1] - VALUES[0])
+    per_query = 1 / (vocab.values[1] - vocab.values[0])
     chance = per_query**PASSKEY_TOKENS if test == "passkey" else per_query
     return {"test": test, "x": x_value, "accuracy": float(np.mean(scores)), "ci95": [lo, hi], "items": n,
             "chance": chance, "context_guess": None if test == "passkey" else 1 / (x_value if test == "kv" else 8),
@@ -232,20 +237,19 @@ def run_grid(args) -> None:
     out.mkdir(parents=True, exist_ok=True)
     saved.write_text(json.dumps(settings, indent=1))
     torch.set_num_threads(args.threads)
-    order = [(a, w) for w in args.widths for a in args.archs if a != "mamba"]  # attention first: Mamba
-    order += [("mamba", w) for w in args.widths if "mamba" in args.archs]    # costs ~10x per step here
+    order = [(a, w) for w in args.widths for a in sorted(args.archs, key=lambda a: a == "mamba")]  # a width whole,
+    # Mamba last in it: its step costs ~5x an attention step here (benchmarks/recall_ssm.py)
     for arch, width in order:
-        if True:
-            todo = [c for c in cells(arch, width, args) if not _cell_path(out, arch, width, *c).is_file()]
-            if not todo:
-                continue
-            model, log = train(arch, width, args, out)
-            (out / "models" / f"{arch}-{width}.json").write_text(json.dumps(log, indent=1))
-            for test, x_value in todo:
-                cell = {"arch": arch, "width": width, **evaluate(model, test, x_value, args)}
-                _cell_path(out, arch, width, test, x_value).write_text(json.dumps(cell))
-                print(f"{arch}-{width} {test} {x_value}: {cell['accuracy']:.3f} [{cell['ci95'][0]:.2f}, "
-                      f"{cell['ci95'][1]:.2f}] ({cell['seconds_per_item']:.1f} s/item)", flush=True)
+        todo = [c for c in cells(arch, width, args) if not _cell_path(out, arch, width, *c).is_file()]
+        if not todo:
+            continue
+        model, log = train(arch, width, args, out)
+        (out / "models" / f"{arch}-{width}.json").write_text(json.dumps(log, indent=1))
+        for test, x_value in todo:
+            cell = {"arch": arch, "width": width, **evaluate(model, test, x_value, args)}
+            _cell_path(out, arch, width, test, x_value).write_text(json.dumps(cell))
+            print(f"{arch}-{width} {test} {x_value}: {cell['accuracy']:.3f} [{cell['ci95'][0]:.2f}, "
+                  f"{cell['ci95'][1]:.2f}] ({cell['seconds_per_item']:.1f} s/item)", flush=True)
 
 
 def _cell_path(out: Path, arch: str, width: int, test: str, x_value: int) -> Path:
@@ -290,19 +294,23 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--archs", type=lambda t: t.split(","), default=list(ARCHS), help="default: eva,full,window,mamba")
     p.add_argument("--widths", type=ints, default=[64, 128, 256], help="d_model (default: 64,128,256)")
     p.add_argument("--n-layer", type=int, default=2, help="attention blocks; Mamba gets twice as many (default: 2)")
-    p.add_argument("--seq-len", type=int, default=128, help="training length (default: 128)")
-    p.add_argument("--window", type=int, default=32, help="EVA's and window-only's block w (default: 32)")
-    p.add_argument("--chunk", type=int, default=8, help="EVA's chunk c (default: 8)")
-    p.add_argument("--train-kv", type=ints, default=[4, 8, 16, 32], help="MQAR pairs in training (default: 4,8,16,32)")
-    p.add_argument("--steps", type=int, default=1500, help="optimizer steps (default: 1500)")
-    p.add_argument("--batch-size", type=int, default=32, help="sequences per step, half each task (default: 32)")
+    p.add_argument("--seq-len", type=int, default=64, help="training length (default: 64)")
+    p.add_argument("--window", type=int, default=16, help="EVA's and window-only's block w (default: 16)")
+    p.add_argument("--chunk", type=int, default=4, help="EVA's chunk c (default: 4)")
+    p.add_argument("--vocab", type=int, default=128, help="keys and values, half each (Zoology's vocab_size; default: 128)")
+    p.add_argument("--mqar-share", type=float, default=0.75, help="share of each batch that is MQAR (default: 0.75)")
+    p.add_argument("--train-kv", type=ints, default=[4, 8, 16], help="MQAR pairs in training (default: 4,8,16)")
+    p.add_argument("--steps", type=int, default=2500, help="optimizer steps (default: 2500)")
+    p.add_argument("--batch-size", type=int, default=32, help="sequences per step (default: 32)")
     p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (default: 3e-3)")
     p.add_argument("--checkpoint-every", type=int, default=100, help="steps between checkpoints (default: 100)")
-    p.add_argument("--test-kv", type=ints, default=[4, 8, 16, 32], help="MQAR pairs tested (default: 4,8,16,32)")
-    p.add_argument("--lengths", type=ints, default=[128, 512, 2048, 8192, 32768, 131072, 262144],
-                   help="test lengths of passkey and far MQAR (default: 128 ... 262144)")
-    p.add_argument("--full-max-length", type=int, default=8192, help="full attention's longest test (default: 8192)")
-    p.add_argument("--items", type=int, default=64, help="test sequences per cell; a quarter past 8,192 (default: 64)")
+    p.add_argument("--test-kv", type=ints, default=[4, 8, 16], help="MQAR pairs tested (default: 4,8,16)")
+    p.add_argument("--lengths", type=ints, default=[64, 256, 1024, 4096, 16384, 65536, 262144],
+                   help="test lengths of passkey and far MQAR (default: 64,256,1024,4096,16384,65536,262144)")
+    p.add_argument("--full-max-length", type=int, default=16384, help="full attention's longest test (default: 16384)")
+    p.add_argument("--items", type=int, default=64, help="test sequences per cell (default: 64)")
+    p.add_argument("--long-items", type=int, default=4, help="test sequences per cell past --long-from (default: 4)")
+    p.add_argument("--long-from", type=int, default=4096, help="length past which --long-items apply (default: 4096)")
     p.add_argument("--seed", type=int, default=0, help="model init and data seed (default: 0)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
     args = p.parse_args(argv)
