@@ -69,8 +69,10 @@ class WindowAttention(HeadProjections):
         q, k, v = self.qkv(x)
         n_seen = cache.n_seen if cache is not None else 0
         state = cache.layers[self.layer_idx] if cache is not None else None
-        if state is not None:
-            k, v = torch.cat([state.k, k], -2), torch.cat([state.v, v], -2)
+        if state is not None:  # a batch of forks reads its batch-1 parent's rows broadcast
+            B = q.shape[0]
+            k = torch.cat([state.k.expand(B, -1, -1, -1), k], -2)
+            v = torch.cat([state.v.expand(B, -1, -1, -1), v], -2)
         prefix = cache.prefix[self.layer_idx] if cache is not None else None
         bias = cache.own_logit_bias if cache is not None else 0.0
         out = self._attend(q, k, v, n_seen, prefix, bias)
