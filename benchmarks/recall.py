@@ -25,7 +25,9 @@ quadratic and stops at --full-max-length (its per-item cost is recorded).
 
 Resumable: a model's training checkpoints every --checkpoint-every steps (`OUT/models/`, loaded with
 weights_only=True), each test cell is one file in `OUT/cells/`; a rerun skips what is there. The
-settings are `OUT/settings.json`; a rerun with other ones is refused.
+settings are `OUT/settings.json`; a rerun with other ones is refused (--archs, --widths and --threads
+aside: processes on different archs may share one --out, e.g. `--archs mamba` beside
+`--archs eva,full,window` on a second core).
 """
 
 from __future__ import annotations
@@ -230,7 +232,8 @@ def cells(arch: str, width: int, args) -> list[tuple[str, int]]:
 
 def run_grid(args) -> None:
     out = Path(args.out)
-    settings = {k: v for k, v in vars(args).items() if k not in ("out", "tables")}
+    settings = {k: v for k, v in vars(args).items() if k not in ("out", "tables", "archs", "widths", "threads")}
+    # (which models a process trains is not how any is trained: two processes may share --out on other archs)
     saved = out / "settings.json"
     if saved.is_file() and json.loads(saved.read_text()) != json.loads(json.dumps(settings)):
         raise SystemExit(f"{out}: computed with other settings ({saved}); use another --out or the same flags")
