@@ -20,8 +20,10 @@ Tests (fresh seeds, accuracy beside chance, a bootstrap interval over items):
   random depth; exact match of all 4 tokens);
 - `mqar_far`: 8 pairs at the start, random tokens, the 8 queries at the end, at each --lengths.
 Long sequences are read through each model's own state (EVALM's cache in 2,048-token segments; the
-Mamba twin's recurrent state), so EVA, window and Mamba reach 262,144 tokens; full attention is
-quadratic and stops at --full-max-length (its per-item cost is recorded).
+Mamba twin's recurrent state). Window-only attention (n·w key reads) and Mamba (a fixed state) reach
+262,144 tokens; full attention reads n²/2 keys and stops at --full-max-length, EVA n²/(2c) chunk
+summaries (c = 4 here: an eighth of full attention's reads at any length) and stops at
+--eva-max-length; each cell records its seconds per item.
 
 Resumable: a model's training checkpoints every --checkpoint-every steps (`OUT/models/`, loaded with
 weights_only=True), each test cell is one file in `OUT/cells/`; a rerun skips what is there. The
@@ -225,8 +227,9 @@ ARGS_TESTS = ("kv", "passkey", "mqar_far")
 def cells(arch: str, width: int, args) -> list[tuple[str, int]]:
     """The test cells of one model: pairs at the training length, then each length past it."""
     out = [("kv", kv) for kv in args.test_kv]
+    reach = {"full": args.full_max_length, "eva": args.eva_max_length}.get(arch, max(args.lengths))
     for test in ("passkey", "mqar_far"):
-        out += [(test, L) for L in args.lengths if arch != "full" or L <= args.full_max_length]
+        out += [(test, L) for L in args.lengths if L <= reach]
     return out
 
 
@@ -311,6 +314,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--lengths", type=ints, default=[64, 256, 1024, 4096, 16384, 65536, 262144],
                    help="test lengths of passkey and far MQAR (default: 64,256,1024,4096,16384,65536,262144)")
     p.add_argument("--full-max-length", type=int, default=16384, help="full attention's longest test (default: 16384)")
+    p.add_argument("--eva-max-length", type=int, default=65536, help="EVA's longest test: its summaries grow with the "
+                   "length, n²/c pairs in all (default: 65536)")
     p.add_argument("--items", type=int, default=64, help="test sequences per cell (default: 64)")
     p.add_argument("--long-items", type=int, default=4, help="test sequences per cell past --long-from (default: 4)")
     p.add_argument("--long-from", type=int, default=4096, help="length past which --long-items apply (default: 4096)")
