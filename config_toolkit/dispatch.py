@@ -7,9 +7,12 @@ imported only when the command runs, so `--help` loads no torch.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import signal
 import sys
-from collections.abc import Callable, Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from evalm.config_toolkit.errors import report
@@ -65,6 +68,30 @@ class Dispatcher:
                   f"(see {self.prog} --help)", file=sys.stderr)
             return 2
         try:
-            return int(self.commands[name][1](rest) or 0)
+            with terminate_as_exit():
+                return int(self.commands[name][1](rest) or 0)
         except Exception as err:  # noqa: BLE001 - the one rule: a user error in one line, else a bug with its log
             return report(f"{self.prog} {name}", err)
+
+
+@contextlib.contextmanager
+def terminate_as_exit() -> Iterator[None]:
+    """SIGTERM (`kill PID`, `timeout`, a scheduler's stop) ends a command as Ctrl-C does: as an exception
+    (SystemExit 143) raised in this process, so every `with` and `finally` on the way out runs. Without
+    it the process vanishes at once, and the processes it started live on: datatrove's worker pool
+    (`--workers N`) and its manager, decompressing and writing into a folder nobody holds. With it,
+    the pool's `with` terminates and joins its workers and the manager is shut down, then the command
+    exits. Signal handlers belong to the main thread; elsewhere (a command run in a thread) this does
+    nothing, and the previous handler is restored after the command."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, _frame) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -14,10 +14,10 @@ and names that file, and the command exits 1.
 
 One narrow rule admits built-in errors as user errors: an OSError that the operating system raised
 about a path it names (`err.filename`): no such file, permission denied, a directory where a file
-was expected, a full disk or a read-only filesystem. The user passed that path, or owns that disk,
-and the path in the message is what they need; wrapping every `open()` of a path a user gave would
-say the same thing in more code. A deliberate refusal about a missing file (which the OS did not
-name) is a `MissingInput`.
+was expected, a full disk, a read-only filesystem, a loop of symbolic links. The user passed that
+path, or owns that disk, and the path in the message is what they need; wrapping every `open()` of
+a path a user gave would say the same thing in more code. A deliberate refusal about a missing file
+(which the OS did not name) is a `MissingInput`.
 
 `evalm --debug` (EVALM_DEBUG=1) shows the traceback of either on the console instead.
 """
@@ -54,7 +54,7 @@ class MissingExtra(UserError, ImportError):
 
 
 USER_OS_ERRORS = {errno.ENOENT, errno.EACCES, errno.EPERM, errno.EISDIR, errno.ENOTDIR, errno.ENOSPC,
-                  errno.EDQUOT, errno.EROFS, errno.ENAMETOOLONG}
+                  errno.EDQUOT, errno.EROFS, errno.ENAMETOOLONG, errno.ELOOP}
 """Errnos of an OSError about a named path that the user causes and can fix (see the module docstring)."""
 
 LOG_NAME = "error.log"

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 from typing import Any
 
 from evalm.config_toolkit.errors import ConfigError
 from evalm.config_toolkit.shipped import shipped
+from evalm.config_toolkit.toml_text import parse_toml
 
 
 INCLUDE = "include"
@@ -22,10 +22,7 @@ def read_toml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     path = shipped(path)
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found")
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as err:
-        raise ConfigError(f"{path}: not valid TOML: {err}") from None
+    data = parse_toml(path.read_bytes(), str(path))  # a Latin-1 or 3000-deep file is one error naming it
     includes = data.pop(INCLUDE, [])
     if isinstance(includes, str) or not all(isinstance(i, str) for i in includes):
         raise ConfigError(f"{path}: {INCLUDE} must be a list of config files, e.g. [\"configs/model-tiny.toml\"]")

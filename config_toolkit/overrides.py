@@ -27,6 +27,8 @@ def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict[s
             node[key] = tomllib.loads(f"v = {raw}")["v"]
         except tomllib.TOMLDecodeError:
             node[key] = raw
+        except RecursionError:  # tomllib recurses per nesting level: `[[[...]]]` thousands deep
+            raise ConfigError(f"override {item!r}: nested deeper than the TOML reader can follow") from None
     return out
 
 

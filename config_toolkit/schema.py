@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 import pydantic
@@ -48,18 +48,38 @@ def build(cls: type[T], section: Mapping[str, Any] | None, *, where: str) -> T:
         raise ConfigError(f"{where}: {err}") from None
 
 
+def check_sections(data: Mapping[str, Any], known: Sequence[str], where: str) -> None:
+    """The one rule for a command's sections, in every command: a top-level name that is none of
+    `known` (dotted for sub-sections, e.g. `eval.method`) is an error naming it and the valid ones, so
+    a misspelled `[evl]` or `--evl.seeds=[7]` is refused instead of ignored. A misspelled sub-section
+    (`--eval.methd.scoring=...`) reaches `build` as a key of its section and is refused there."""
+    tops = {name.split(".")[0] for name in known}
+    unknown = sorted(set(data) - tops)
+    if unknown:
+        raise ConfigError(f"{where}: unknown section(s) {unknown}; valid sections: {list(known)}")
+
+
 def _number_problem(hint: Any, value: Any) -> str | None:
     """What pydantic would let through but is never meant: a boolean where a number is expected
     (`steps=true` is not 1 step) and an infinite or NaN float (`lr=inf` trains to NaN). Checked on
-    the value and, for tuples and lists, on each element."""
-    values = value if isinstance(value, (list, tuple)) else [value]
+    the value and, through tuples, lists and tables (a dict-valued setting such as the filter's
+    per-subset `overrides`), on each element."""
     kinds = _scalar_kinds(hint)
-    for v in values:
+    for v in _scalars(value):
         if isinstance(v, bool) and bool not in kinds and kinds & {int, float}:
             return f"expected a number, got {str(v).lower()} (booleans are not numbers)"
         if isinstance(v, float) and not math.isfinite(v):
             return f"expected a finite number, got {v}"
     return None
+
+
+def _scalars(value: Any) -> list[Any]:
+    """The leaves of a value: itself, or every element of its lists, tuples and tables, at any depth."""
+    if isinstance(value, Mapping):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        return [leaf for v in value for leaf in _scalars(v)]
+    return [value]
 
 
 def _scalar_kinds(hint: Any) -> set[type]:

@@ -62,6 +62,7 @@ def plan(subsets: Sequence[str], tokens: Sequence[int], budgets: Budgets, seed: 
         epochs = goal[subset] / have if have else 0.0
         if budgets.overflow == "cap":
             epochs = min(epochs, 1.0)
+        _check_epochs(subset, goal[subset], have, len(idx), epochs, budgets.max_epochs)
         whole = int(epochs)
         picked = [np.repeat(idx, whole)] if whole else []
         order = idx[rng.permutation(len(idx))]
@@ -86,6 +87,18 @@ def plan(subsets: Sequence[str], tokens: Sequence[int], budgets: Budgets, seed: 
         raise ConfigError(f"the budgets select no document from {len(tokens_arr)} available "
                           f"(available tokens per subset: {available}); check the budgets file's [tokens] names and scale")
     return Plan(copies=copies[rng.permutation(len(copies))], report=report)
+
+
+def _check_epochs(subset: str, goal: float, have: int, documents: int, epochs: float, max_epochs: float) -> None:
+    """Refuse a repeat factor past `max_epochs` before any copy is made: Table 5's billions of tokens over
+    a few dozen sample documents are millions of copies of each (a MemoryError while planning, or a
+    blend that is a handful of documents on repeat)."""
+    if epochs > max_epochs:
+        raise ConfigError(
+            f"--budgets: subset {subset!r} would repeat each of its {documents} documents {epochs:,.0f} times "
+            f"({goal:,.0f} tokens wanted, {have:,} available), more than max_epochs = {max_epochs:g}; for data "
+            "this small set relative = true in the budgets file (Table 5's proportions at the size the data "
+            "allows), or lower scale, or overflow = \"cap\"")
 
 
 def shard_of(position: np.ndarray, n_copies: int, shards: int) -> np.ndarray:

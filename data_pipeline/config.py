@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic.dataclasses import dataclass
 
-from evalm.config_toolkit import FROZEN, ConfigError, build, read_toml
+from evalm.config_toolkit import FROZEN, ConfigError, build, check_sections, read_toml
 
 # docs/data_pipeline.md: the ten Pile subsets EVALM keeps (Appendix A.1), in survivor priority order.
 PILE_SUBSETS = (
@@ -90,8 +90,12 @@ class FilterConfig:
             unknown = sorted(set(values) - set(valid))
             if unknown:
                 raise ConfigError(f"overrides.{subset!r}: unknown key(s) {unknown}; valid keys: {valid}")
+            self.profile(subset)  # each override's values checked now, not in the middle of a task
         if not 0.0 <= self.max_error_fraction <= 1.0:
             raise ConfigError("max_error_fraction must lie in [0, 1]")
+        for name in ("char_ngram", "word_ngram"):  # 0 would count empty n-grams: every document "repetitive"
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
 
     def profile(self, subset: str) -> FilterProfile:
         return dataclasses.replace(self.default, **self.overrides.get(subset, {}))
@@ -154,10 +158,16 @@ class Budgets:
     to the largest blend the data allows without repeating any subset."""
     overflow: Literal["upsample", "cap"] = "upsample"
     """A subset with fewer tokens than its budget is repeated (epochs > 1) or capped."""
+    max_epochs: float = 100.0
+    """The most copies of a subset's documents an upsampled blend may take. Table 5's billions on a
+    sample of a few documents would be millions of copies of each (a plan too large for memory), never
+    what was meant: past this the blend is refused and the error says how to scale the budgets."""
 
     def __post_init__(self) -> None:
         if not self.tokens or any(v < 0 for v in self.tokens.values()):
             raise ConfigError("tokens must list at least one subset with a budget >= 0")
+        if self.max_epochs < 1:
+            raise ConfigError(f"max_epochs must be >= 1, got {self.max_epochs}")
 
 
 SECTIONS: dict[str, type] = {"filter": FilterConfig, "dedup": DedupConfig, "blend": BlendConfig}
@@ -172,9 +182,7 @@ def load_stage(stage: str, path: str | Path | None) -> Any:
         data, prefix = data["data"], "data."
     else:
         prefix = ""
-    unknown = sorted(set(data) - set(SECTIONS))
-    if unknown:
-        raise ConfigError(f"{path}: unknown section(s) {[prefix + k for k in unknown]}; valid: {list(SECTIONS)}")
+    check_sections(data, list(SECTIONS), f"{path} [data]" if prefix else str(path))
     return build(SECTIONS[stage], data.get(stage), where=f"{path} [{prefix}{stage}]")
 
 

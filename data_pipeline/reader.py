@@ -6,7 +6,9 @@ is ours; the folder handling, fsspec, compression (zstd/gzip by extension) and t
 sharding (`paths_file`, file i goes to task i mod N) are datatrove's.
 
 Bad input kinds: `invalid_json`, `not_an_object`, `missing_text`, `undecodable_bytes`,
-`truncated_file` (a compressed stream that ends early or is corrupt), `unreadable_file`.
+`line_too_long` (more than `storage.streams.MAX_LINE_BYTES`: skipped without being held, so a small
+`.zst` that expands to a 1 GiB line costs no memory), `truncated_file` (a compressed stream that ends
+early or is corrupt), `unreadable_file`.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import zstandard
 from datatrove.pipeline.readers.base import BaseDiskReader
 
 from evalm.data_pipeline.document import Document, from_record
+from evalm.storage.streams import MAX_LINE_BYTES, LongLine, lines, zstd_blocks
 
 _EXCERPT = 2000  # bytes of a bad line kept in the errors file (base64), enough to find it again
 
@@ -36,38 +39,6 @@ def is_data_file(path: str) -> bool:
     return _extension(path) != ""
 
 
-def _zstd_blocks(raw, chunk: int = 1 << 20) -> Iterator[bytes]:
-    """Decompressed blocks of a (multi-frame) zstd stream; EOFError if it ends inside a frame.
-
-    zstandard's stream_reader (what fsspec uses) returns a short read at a truncated end without
-    any error, which would lose the rest of the file silently."""
-    dobj, fed = zstandard.ZstdDecompressor().decompressobj(), False
-    while block := raw.read(chunk):
-        while block:
-            out = dobj.decompress(block)
-            fed = True
-            if out:
-                yield out
-            if dobj.eof:  # frame complete; anything left starts the next frame
-                block = dobj.unused_data
-                dobj, fed = zstandard.ZstdDecompressor().decompressobj(), False
-            else:
-                block = b""
-    if fed:
-        raise EOFError("zstd stream ends inside a frame (truncated file)")
-
-
-def _lines(blocks: Iterator[bytes]) -> Iterator[bytes]:
-    """Lines of a stream of byte blocks."""
-    rest = b""
-    for block in blocks:
-        lines = (rest + block).split(b"\n")
-        rest = lines.pop()
-        yield from lines
-    if rest:
-        yield rest
-
-
 class PileReader(BaseDiskReader):
     """Reads jsonl / jsonl.zst / jsonl.gz / parquet rows with `text` and `meta.pile_set_name`."""
 
@@ -78,12 +49,13 @@ class PileReader(BaseDiskReader):
         self.errors: list[dict[str, Any]] = []
         self.records = 0  # good + bad, the denominator of the error fraction
 
-    def _error(self, path: str, line: int, kind: str, message: str, raw: bytes | None = None) -> None:
+    def _error(self, path: str, line: int, kind: str, message: str, raw: bytes | LongLine | None = None) -> None:
         self.records += 1
         entry = {"file": path, "line": line, "kind": kind, "message": message}
         if raw is not None:
-            entry["raw_base64"] = base64.b64encode(raw[:_EXCERPT]).decode("ascii")
-            entry["raw_bytes"] = len(raw)
+            head = raw.head if isinstance(raw, LongLine) else raw
+            entry["raw_base64"] = base64.b64encode(head[:_EXCERPT]).decode("ascii")
+            entry["raw_bytes"] = raw.length if isinstance(raw, LongLine) else len(raw)
         self.errors.append(entry)
 
     def _document(self, path: str, line: int, record: Any, raw: bytes | None) -> Document | None:
@@ -107,8 +79,12 @@ class PileReader(BaseDiskReader):
         try:
             zstd = _extension(filepath).endswith((".zst", ".zstd"))
             with self.data_folder.open(filepath, "rb", compression=None if zstd else "infer") as f:
-                blocks = _zstd_blocks(f) if zstd else iter(lambda: f.read(1 << 20), b"")
-                for line, raw in enumerate(_lines(blocks), start=1):
+                blocks = zstd_blocks(f) if zstd else iter(lambda: f.read(1 << 20), b"")
+                for line, raw in enumerate(lines(blocks), start=1):
+                    if isinstance(raw, LongLine):
+                        self._error(filepath, line, "line_too_long", f"a line of {raw.length} bytes, more than "
+                                    f"the {MAX_LINE_BYTES} a document may hold; not read", raw)
+                        continue
                     if not raw.strip():
                         continue
                     try:

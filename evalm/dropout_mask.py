@@ -2,14 +2,18 @@
 indices, so any tiling of the work (and an oracle) regenerates the same mask.
 
 For the query at position i of sequence b, head h, every key it may see gets one keep decision:
-  key id   a token key at position j is j; the summary of chunk r is −1 − r (the two never meet)
+  key id   a token key at position j is j; the summary of chunk r is −1 − r; the m-th entry merged
+           from other caches (a cache's prefix, Structured Prompting and SAICL) is 2³⁰ + m: three
+           ranges that never meet (positions and prefix entries below 2³⁰)
   keep     u(seed, b, h, i, id) ≥ p, with u a 32-bit counter-based hash read as uniform in [0, 1)
-and a kept probability is scaled by 1/(1 − p) (inverted dropout, as `torch.nn.Dropout`). The
-decision depends on nothing but these five integers: not on which kernel call, group, range or
-piece of chunks computes the logit, so the forward, the backward that recomputes the
-probabilities, every path and the per-token oracle draw one mask per query row, shared by the
-row's local keys and chunk summaries. Storing it instead would cost a bit per logit,
-O(n·(w + n/c)) per head, more than EVA's whole training peak at long n.
+Positions count from the start of the cache a call continues (its blocks and chunks do), so i and
+j are the positions `Tiling` reads. A kept probability is scaled by 1/(1 − p) (inverted dropout,
+as `torch.nn.Dropout`). The decision depends on nothing but these five integers: not on which
+kernel call, group, range, tile or piece of chunks computes the logit, so the forward, the
+backward that recomputes the probabilities, every path of evalm/eva_paths.py (the whole-sequence
+ones and the cached tiles alike) and the per-token oracle draw one mask per query row, shared by
+the row's local keys, chunk summaries and prefix entries. Storing it instead would cost a bit per
+logit, O(n·(w + n/c)) per head, more than EVA's whole training peak at long n.
 
 The hash: a row key mix(seed, b, h, i) and a key mix(id) (both small tensors, 64-bit
 arithmetic on 32-bit values), then per logit one xor and a multiply–xorshift–multiply round in
@@ -46,6 +50,14 @@ def _mix(x: Tensor) -> Tensor:
 def chunk_key(r: Tensor) -> Tensor:
     """The key id of chunk summaries r (token keys are their positions)."""
     return -1 - r
+
+
+PREFIX_BASE = 1 << 30  # key ids of prefix entries start here: above every token position
+
+
+def prefix_key(m: Tensor) -> Tensor:
+    """The key id of the m-th entry of a merged prefix (`Cache.prefix`)."""
+    return PREFIX_BASE + m
 
 
 def _signed32(x: Tensor) -> Tensor:

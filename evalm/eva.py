@@ -14,10 +14,10 @@ Legend of this file:
   first_row  absolute position of the first cached window row, max(0, ⌊n_seen/w⌋·w − ext)
   seq_k/v    (B, H, n_seen − first_row + T, D): the cached window rows, then the new ones
   chunk_q    (B, H, ·, D) queries from the start of the incomplete chunk: its pending rows, then the new
-  a tile     `rows` queries on a block-aligned grid from ⌊n_seen/w⌋·w, with the ext + rows keys that
-             end with it; G tiles of a group share one mask and one read of the remote entries
 
-`evalm/eva_paths.py` chooses the implementation a call takes and says why; this module runs it.
+`evalm/eva_paths.py` chooses the path a call takes and says why, once; `forward` runs it by the
+path's fields: a whole sequence through evalm/whole_sequence.py (with the path's implementation,
+fused or plain), a cache's tiles or forks through evalm/tiles.py, one `Tiling` for either.
 """
 
 from __future__ import annotations
@@ -25,27 +25,23 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from evalm import eva_paths, flash, summaries, tiling
-from evalm.cache import Cache, Parts, parts_append, parts_bytes, parts_head, parts_len
-from evalm.eva_paths import EvaCall, EvaPath
+from evalm import eva_paths, flash, summaries, tiles, tiling, whole_sequence
+from evalm.cache import Cache, Parts, parts_append, parts_bytes, parts_len
+from evalm.eva_paths import EvaCall, EvaPath, Route
 from evalm.heads import HeadProjections
-from evalm.joint_softmax import joint_softmax
-from evalm.whole_sequence import eva_attention
 from evalm.summaries import AdaptiveMaps
 from evalm.tiling import Tiling
-
-TILE_LOGITS = 1 << 24  # logits per query tile group (B·H·rows·keys): bounds memory on long segments
 
 
 def t5_bucket(distance: Tensor, num_buckets: int, max_distance: int) -> Tensor:
     """Causal T5 bucketing of non-negative distances: exact below num_buckets/2, then log-spaced."""
     max_exact = num_buckets // 2
+    if max_distance <= max_exact:  # the whole span is exact (w + ext <= 8); farther keys, masked anyway, take the last
+        return distance.clamp(max=num_buckets - 1)
     large = max_exact + (
         torch.log(distance.float().clamp(min=1) / max_exact)
         / math.log(max_distance / max_exact)
@@ -103,26 +99,6 @@ class EvaState:
         return dataclasses.replace(self, n_owned=0)
 
 
-
-class Entries(NamedTuple):
-    """What every tile of a cached call may read besides its local rows."""
-
-    remote_k: Parts  # parts (B or 1, H, C_i, D): k̃ of the completed chunks, in order
-    remote_v: Parts  # parts (B or 1, H, C_i, D): β
-    prefix: tuple[Tensor, Tensor] | None  # entries merged from other caches: all visible, no bias
-    own_bias: float  # added to this cache's own logits (merged prompts weigh their parts)
-
-
-class TilePlan(NamedTuple):
-    """The query grid of a cached call."""
-
-    grid_start: int  # ⌊n_seen/w⌋·w: tiles are block-aligned
-    lead: int  # n_seen − grid_start dummy rows before the first query
-    rows: int  # queries per tile
-    n_tiles: int
-    group: int  # tiles per group (one mask and one read of the remote entries each)
-
-
 class EvaAttention(HeadProjections):
     """Causal EVA with the public reference's parameter names, so its weights load strictly."""
 
@@ -162,9 +138,10 @@ class EvaAttention(HeadProjections):
         torch's RNG like ε's, so activation checkpointing replays it."""
         return int(torch.randint(0, 2**62, (1,)))
 
-    def summarize(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Remote (key, value) of whole chunks: q, k, v (B, H, n, c, D) -> k̃, β (B, H, n, D)."""
-        k_tilde, omega = summaries.keys(self.maps, q.mean(-2), k.mean(-2), self._noise_seed())
+    def summarize(self, q: Tensor, k: Tensor, v: Tensor, noise_seed: int | None = None) -> tuple[Tensor, Tensor]:
+        """Remote (key, value) of whole chunks: q, k, v (B, H, n, c, D) -> k̃, β (B, H, n, D), with
+        the training noise ε of `noise_seed` (None: none)."""
+        k_tilde, omega = summaries.keys(self.maps, q.mean(-2), k.mean(-2), noise_seed)
         beta, _ = summaries.values(k, v, omega, self.layout.scale)
         return k_tilde, beta
 
@@ -173,23 +150,39 @@ class EvaAttention(HeadProjections):
         B, T, _ = x.shape
         heads = (B, T, self.n_head, self.head_dim)  # the projections' own layout, not transposed
         q, k, v = (proj(x).view(heads) for proj in (self.q_proj, self.k_proj, self.v_proj))
+        return self.out_proj(self.attend(q, k, v, cache).reshape(B, T, -1))
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, cache: Cache | None = None) -> Tensor:
+        """EVA of projected heads q, k, v (B, T, H, D) -> (B, T, H, D), without the projections:
+        `forward`'s, and a Hugging Face attention's (evalm/hf_attention.py, q and k already rotated).
+        q, k, v must be the caller's own tensors: the whole-sequence backward writes gradients over them."""
         plan, call = self._describe(q, cache)
         path = eva_paths.choose(call)
         eva_paths.report(self.layer_idx, path)
-        if path.name in eva_paths.WHOLE:
-            out = self._attend_whole(q, k, v, fused=path.name == "fused")
-            return self.out_proj(out.reshape(B, T, -1))
-        out = self._encode(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), cache, plan, path)
-        return self.merge(out)
+        t = self._tiling()
+        if path.route.whole:
+            return self._attend_whole(t, path, q, k, v)
+        out = self._encode(tiles.TiledCall(t, plan, path, self._entries(cache), self.rel_pos_bias),
+                           q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), cache)
+        return out.transpose(1, 2)
 
-    def _describe(self, q: Tensor, cache: Cache | None) -> tuple[TilePlan, EvaCall]:
+    def _tiling(self) -> Tiling:
+        """This call's `Tiling`: the layer's rule with this forward's attention dropout rate and mask
+        seed, and the seed of the training noise ε, drawn from torch's RNG in this order (so
+        `torch.manual_seed` and activation checkpointing replay them); in eval none is drawn."""
+        dropout = self.attn_dropout if self.training else 0.0
+        seed = self._dropout_seed() if dropout > 0 else 0
+        return dataclasses.replace(self.layout, dropout=dropout, seed=seed, group_logits=tiling.GROUP_LOGITS,
+                                   noise_seed=self._noise_seed())
+
+    def _describe(self, q: Tensor, cache: Cache | None) -> tuple[tiles.TilePlan, EvaCall]:
         """The query grid of this call and the facts that choose its path (q: (B, T, H, D))."""
         B, T = q.shape[:2]
         n_seen = cache.n_seen if cache is not None else 0
         state = cache.layers[self.layer_idx] if cache is not None else None
         prefix = cache.prefix[self.layer_idx] if cache is not None else None
         n_prefix = prefix[0].shape[-2] if prefix is not None else 0
-        plan = self._plan(B, n_seen, T, (n_seen + T) // self.chunk_size + n_prefix)
+        plan = tiles.plan(self.layout, self.query_tile, B * self.n_head, n_seen, T, (n_seen + T) // self.chunk_size + n_prefix)
         cached = [*(state.remote_k if state is not None else ()), *(prefix or ())]
         no_new_chunk = (n_seen + T) // self.chunk_size == parts_len(state.remote_k if state is not None else ())
         call = EvaCall(
@@ -203,37 +196,30 @@ class EvaAttention(HeadProjections):
         )
         return plan, call
 
-    def _plan(self, B: int, n_seen: int, T: int, n_extra: int) -> TilePlan:
-        """Tiles of at most `query_tile` rows from the block holding n_seen; groups within TILE_LOGITS."""
-        w = self.window_size
-        grid_start = n_seen // w * w
-        lead = n_seen - grid_start
-        rows = min(self.query_tile, -(-(lead + T) // w) * w)  # a short segment gets a short tile
-        n_tiles = -(-(lead + T) // rows)
-        per_tile = B * self.n_head * rows * (self.ext + rows + n_extra)
-        return TilePlan(grid_start, lead, rows, n_tiles, max(1, min(n_tiles, TILE_LOGITS // per_tile)))
-
-    def _attend_whole(self, q: Tensor, k: Tensor, v: Tensor, fused: bool) -> Tensor:
+    def _attend_whole(self, t: Tiling, path: EvaPath, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """A whole sequence (training, one-shot scoring), q, k, v (B, T, H, D): linear memory, the
         chunk state and the logits recomputed in backward (paths fused and recompute)."""
-        w, s = self.window_size, self.layout.scale
+        w = self.window_size
         bias = None
         if self.rel_pos_bias is not None:  # one block's (w, ext + w) bias: it depends on i − j only
             distance = torch.arange(w, device=q.device)[:, None] + self.ext - torch.arange(self.ext + w, device=q.device)
-            bias = s * self.rel_pos_bias(distance.clamp(min=0)).to(q.dtype)
-        dropout = self.attn_dropout if self.training else 0.0
-        seed = self._dropout_seed() if dropout > 0 else 0
-        t = dataclasses.replace(self.layout, dropout=dropout, seed=seed, group_logits=tiling.GROUP_LOGITS,
-                                fused=fused, noise_seed=self._noise_seed())
-        return eva_attention(t, q, k, v, self.maps, bias, consume=True)  # q, k, v: this call's own projections
+            bias = t.scale * self.rel_pos_bias(distance.clamp(min=0)).to(q.dtype)
+        implementation = whole_sequence.FUSED if path.route is Route.FUSED else whole_sequence.PLAIN
+        call = whole_sequence.WholeSequence(t, implementation, self.maps, consume=True)  # q, k, v: this call's own
+        return whole_sequence.eva_attention(call, q, k, v, bias)
 
-    def _encode(self, q: Tensor, k: Tensor, v: Tensor, cache: Cache | None, plan: TilePlan, path: EvaPath) -> Tensor:
+    def _entries(self, cache: Cache | None) -> tiles.Entries:
+        """What a cached call reads besides its window: completed chunks are added in `_encode`."""
+        prefix = cache.prefix[self.layer_idx] if cache is not None else None
+        return tiles.Entries((), (), prefix, cache.own_logit_bias if cache is not None else 0.0)
+
+    def _encode(self, call: tiles.TiledCall, q: Tensor, k: Tensor, v: Tensor, cache: Cache | None) -> Tensor:
         """New queries q, k, v (B, H, T, D) after the cache's n_seen tokens (paths tiles and forks):
         complete chunks become remote entries, then the queries attend, then the cache is updated."""
         B, H, T, D = q.shape
         w, c, ext = self.window_size, self.chunk_size, self.ext
         state: EvaState | None = cache.layers[self.layer_idx] if cache is not None else None
-        n_seen = cache.n_seen if cache is not None else 0
+        n_seen = call.plan.n_seen
         first_row = max(0, n_seen // w * w - ext)
         if state is not None:
             seq_k = torch.cat([state.local_k.expand(B, -1, -1, -1), k], -2)
@@ -253,13 +239,13 @@ class EvaAttention(HeadProjections):
                 chunk_q[..., : n_new * c, :].reshape(shape),
                 seq_k[..., at : at + n_new * c, :].reshape(shape),
                 seq_v[..., at : at + n_new * c, :].reshape(shape),
+                call.t.noise_seed,
             )
             remote_k, _ = parts_append(remote_k, new_k, n_owned)
             remote_v, n_owned = parts_append(remote_v, new_v, n_owned)
 
-        entries = Entries(remote_k, remote_v, cache.prefix[self.layer_idx] if cache is not None else None,
-                          cache.own_logit_bias if cache is not None else 0.0)
-        out = self._attend(q, seq_k, seq_v, entries, n_seen, first_row, plan, path)
+        entries = call.entries._replace(remote_k=remote_k, remote_v=remote_v)
+        out = tiles.attend(dataclasses.replace(call, entries=entries), q, seq_k, seq_v)
         if cache is not None:
             n_after = n_seen + T
             keep = max(0, n_after // w * w - ext) - first_row  # evict rows before the new window start
@@ -272,108 +258,3 @@ class EvaAttention(HeadProjections):
                 n_owned=n_owned,
             )
         return out
-
-    def _attend(self, q, seq_k, seq_v, entries: Entries, n_seen: int, first_row: int, plan: TilePlan,
-                path: EvaPath) -> Tensor:
-        """Queries at n_seen … n_seen+T−1 over their window, the visible chunks and any merged prefix.
-
-        Queries lie on the plan's grid (dummy rows pad the first and last tile and are dropped);
-        tile j's local keys are the ext + rows positions that end with it, so one unfold gives
-        every tile its keys and autograd sees one view, not one slice per tile.
-        """
-        B, H, T, D = q.shape
-        ext, rows, lead, n_tiles = self.ext, plan.rows, plan.lead, plan.n_tiles
-        split = path.name.endswith("-split")
-        q_grid = F.pad(q, (0, 0, lead, n_tiles * rows - lead - T)).unflatten(-2, (n_tiles, rows))
-        key_pad = (first_row - (plan.grid_start - ext), plan.grid_start + n_tiles * rows - (n_seen + T))
-        k_grid = F.pad(seq_k, (0, 0, *key_pad)).unfold(-2, ext + rows, rows)  # (B, H, n_tiles, D, ext + rows)
-        v_grid = F.pad(seq_v, (0, 0, *key_pad)).unfold(-2, ext + rows, rows)
-        arange = torch.arange(max(ext + rows, T), device=q.device)
-        if n_tiles == 1:  # a short segment (a test input): its real rows only, no dummy queries
-            k_pos = (plan.grid_start - ext + arange[: ext + lead + T]).view(1, 1, -1)
-            q_pos = (n_seen + arange[:T]).view(1, T, 1)
-            local = slice(0, ext + lead + T)  # the single tile's local keys, without the trailing pad
-            if path.name.startswith("forks"):
-                return self._attend_folded(q, k_grid[..., local], v_grid[..., local], entries, q_pos, k_pos, split)
-            out = self._attend_group(q.unsqueeze(2), k_grid[..., local], v_grid[..., local], entries, q_pos, k_pos, split)
-            return out.squeeze(2)
-        starts = plan.grid_start + torch.arange(n_tiles, device=q.device) * rows
-        outs = []
-        for q_tiles, k_tiles, v_tiles, start in zip(*(x.split(plan.group, 2) for x in (q_grid, k_grid, v_grid)),
-                                                    starts.split(plan.group)):
-            q_pos = start[:, None, None] + arange[:rows, None]  # (G, rows, 1)
-            k_pos = start[:, None, None] - ext + arange[: ext + rows]  # (G, 1, ext + rows)
-            outs.append(self._attend_group(q_tiles, k_tiles, v_tiles, entries, q_pos, k_pos, split))
-        return torch.cat(outs, 2).flatten(2, 3)[..., lead : lead + T, :]
-
-    def _attend_folded(self, q, k_local, v_local, entries: Entries, q_pos: Tensor, k_pos: Tensor, split: bool) -> Tensor:
-        """A batch of forks scoring short inputs over one shared parent: q (B, H, T, D), local keys
-        and values (B, H, 1, D, L).
-
-        The B sequences' rows are folded into one query block, so the parent's remote entries
-        (thousands of chunk summaries after many demonstrations) are read once instead of being
-        copied per candidate; a sequence mask keeps each row on its own local keys.
-        """
-        B, H, T, D = q.shape
-        L = k_local.shape[-1]
-        k_folded, v_folded = (x.permute(2, 1, 3, 0, 4).reshape(1, H, 1, D, B * L) for x in (k_local, v_local))
-        row_sequence = torch.arange(B, device=q.device).repeat_interleave(T)
-        key_sequence = torch.arange(B, device=q.device).repeat_interleave(L)
-        out = self._attend_group(
-            q.transpose(0, 1).reshape(1, H, 1, B * T, D), k_folded, v_folded, entries,
-            q_pos.repeat(1, B, 1), k_pos.repeat(1, 1, B), split,
-            same_sequence=row_sequence[:, None] == key_sequence[None, :],
-        )
-        return out.view(H, B, T, D).transpose(0, 1)
-
-    def _attend_group(self, q_tiles, k_tiles, v_tiles, entries: Entries, q_pos: Tensor, k_pos: Tensor, split: bool,
-                      same_sequence: Tensor | None = None) -> Tensor:
-        """G tiles: q_tiles (B, H, G, rows, D) at q_pos (G, rows, 1); local k/v_tiles (B, H, G, D, L) at
-        k_pos (G, 1, L) -> (B, H, G, rows, D). `same_sequence` (rows, L), when rows of several
-        sequences share one tile, keeps each row on its own sequence's local keys."""
-        B, H, G, rows, D = q_tiles.shape
-        masks, keys, values = self._group_entries(k_tiles, v_tiles, entries, q_pos, k_pos, same_sequence, q_tiles.dtype)
-        if split:  # one tile, no graph: each key set softmaxed apart (evalm/joint_softmax.py)
-            return joint_softmax(q_tiles[:, :, 0] * self.layout.scale, keys, values, masks).unsqueeze(2)
-        mask = torch.cat(masks, -1).unsqueeze(1)  # (G, 1, rows, K): broadcast over heads
-        n_keys = mask.shape[-1]
-        if B > 1:
-            mask = mask.expand(B, -1, -1, -1, -1).reshape(B * G, 1, rows, n_keys)
-        out = F.scaled_dot_product_attention(
-            q_tiles.transpose(1, 2).reshape(B * G, H, rows, D),
-            torch.cat(keys, -2).reshape(B * G, H, n_keys, D),
-            torch.cat(values, -2).reshape(B * G, H, n_keys, D),
-            attn_mask=mask,
-            dropout_p=self.attn_dropout if self.training else 0.0,
-            scale=self.layout.scale,
-        )
-        return out.view(B, G, H, rows, D).transpose(1, 2)
-
-    def _group_entries(self, k_tiles, v_tiles, entries: Entries, q_pos, k_pos, same_sequence, dtype):
-        """Additive masks (G, rows, K_p), keys and values (B, G, H, K_p, D) of a group's key sets:
-        its local rows, the chunks its queries may see, any merged prefix."""
-        B, H, G = k_tiles.shape[:3]
-        own_bias = entries.own_bias
-        window_start = self.layout.window_start(q_pos)  # (G, rows, 1)
-        local = torch.full((G, q_pos.shape[1], k_pos.shape[-1]), own_bias, dtype=dtype, device=q_pos.device)
-        if self.rel_pos_bias is not None:
-            local = local + self.layout.scale * self.rel_pos_bias((q_pos - k_pos).clamp(min=0)).to(dtype)
-        visible = (k_pos <= q_pos) & (k_pos >= window_start)
-        if same_sequence is not None:
-            visible = visible & same_sequence
-        masks = [local.masked_fill(~visible, float("-inf"))]
-        keys, values = [k_tiles.permute(0, 2, 1, 4, 3)], [v_tiles.permute(0, 2, 1, 4, 3)]  # (B, G, H, L, D)
-
-        limit = self.layout.limit(q_pos)  # (G, rows, 1): chunks r < limit are visible
-        n_vis = min(int(limit.max()), parts_len(entries.remote_k))
-        if n_vis > 0:
-            keys.extend(p.unsqueeze(1).expand(B, G, -1, -1, -1) for p in parts_head(entries.remote_k, n_vis))
-            values.extend(p.unsqueeze(1).expand(B, G, -1, -1, -1) for p in parts_head(entries.remote_v, n_vis))
-            hidden = torch.arange(n_vis, device=q_pos.device) >= limit  # (G, rows, n_vis)
-            masks.append(torch.full(hidden.shape, own_bias, dtype=dtype, device=q_pos.device).masked_fill(hidden, float("-inf")))
-        if entries.prefix is not None:
-            prefix_k, prefix_v = entries.prefix
-            keys.append(prefix_k.unsqueeze(1).expand(B, G, -1, -1, -1))
-            values.append(prefix_v.unsqueeze(1).expand(B, G, -1, -1, -1))
-            masks.append(torch.zeros(G, q_pos.shape[1], prefix_k.shape[-2], dtype=dtype, device=q_pos.device))
-        return masks, keys, values

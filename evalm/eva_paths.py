@@ -5,29 +5,46 @@ may see (docs/eva.md, "The closed form"); they differ in memory, speed and what 
 
   fused        a whole sequence (training, one-shot scoring) on PyTorch's fused CPU attention
                kernel, three parts merged by log-sum-exp; backward recomputes; attention dropout
-               as −inf in the kernel's mask, one hashed mask per query row (evalm/flash.py)
+               as −inf in the kernel's mask (evalm/flash.py, evalm/flash_sweep.py, evalm/flash_dropout.py)
   recompute    the same whole sequence in plain PyTorch ops, backward recomputes: tensors the
-               CPU kernel does not take (evalm/recompute.py); the same dropout mask
+               CPU kernel does not take (evalm/recompute.py)
   tiles        query tiles over a cache's entries, one additive mask per tile group and
-               `F.scaled_dot_product_attention`, autograd's own backward (evalm/eva.py, `_attend`)
+               `F.scaled_dot_product_attention` (with attention dropout, the same softmax written
+               out), autograd's own backward (evalm/tiles.py)
   tiles-split  the same tiles without a graph, each key set softmaxed apart and joined by one max
                and one sum, so thousands of cached summaries are never concatenated (evalm/joint_softmax.py)
   forks        a batch of forks scoring short inputs over one shared parent: their rows folded
-               into one query block, so the parent's entries are read once (`_attend_folded`)
+               into one query block, so the parent's entries are read once (evalm/tiles.py)
   forks-split  the same without a graph, by the split softmax
+Every path that drops draws the one hashed attention dropout mask (evalm/dropout_mask.py).
 
+A path is an `EvaPath` value: its `Route` (an enum) and whether it splits the softmax, with the
+reason it was taken. `EvaAttention` runs it by those fields; nothing reads its printed name.
 `evalm --debug` prints each layer's path and reason the first time it is taken. Tests pin a path
 by changing the facts `choose` reads (tests/evalm/paths.py), never by a switch on the module.
 """
 
 from __future__ import annotations
 
+import enum
 import sys
 from dataclasses import dataclass
 
 from evalm.config_toolkit import debug
 
-WHOLE = ("fused", "recompute")  # the paths that take a whole sequence without a cache
+
+class Route(enum.Enum):
+    """How a call's queries meet their keys; the value is the name `--debug` prints."""
+
+    FUSED = "fused"  # a whole sequence on the fused CPU kernel (evalm/whole_sequence.py, FUSED)
+    RECOMPUTE = "recompute"  # a whole sequence in plain PyTorch ops (evalm/whole_sequence.py, PLAIN)
+    TILES = "tiles"  # query tiles over a cache's entries (evalm/tiles.py)
+    FORKS = "forks"  # forks' rows folded into one block over their parent's entries (evalm/tiles.py)
+
+    @property
+    def whole(self) -> bool:
+        """A whole sequence at once, without a cache."""
+        return self in (Route.FUSED, Route.RECOMPUTE)
 
 
 @dataclass(frozen=True)
@@ -45,10 +62,16 @@ class EvaCall:
 
 @dataclass(frozen=True)
 class EvaPath:
-    """A path's name (one of the module docstring's) and why it was taken."""
+    """The path a call takes, and why."""
 
-    name: str
+    route: Route
     reason: str
+    split: bool = False  # the split softmax (evalm/joint_softmax.py): no graph, no dropout, one tile per group
+
+    @property
+    def name(self) -> str:
+        """The name the module docstring and `--debug` use."""
+        return self.route.value + ("-split" if self.split else "")
 
 
 def choose(call: EvaCall) -> EvaPath:
@@ -58,13 +81,12 @@ def choose(call: EvaCall) -> EvaPath:
     if call.whole:
         if call.kernel:
             why = "; attention dropout as −inf in its mask, regenerated in backward" if call.dropout else ""
-            return EvaPath("fused", f"a whole sequence, and the fused CPU kernel applies{why}")
-        return EvaPath("recompute", "a whole sequence; the fused CPU kernel does not take these tensors")
-    split = call.one_tile_per_group and not call.grad and not call.dropout and call.full_precision
-    base = "forks" if call.forks else "tiles"
-    if split:
-        return EvaPath(f"{base}-split", "no graph or dropout needs one mask; one tile per group: the summaries are not copied")
-    return EvaPath(base, "a cache's entries" + (", forks over one parent" if call.forks else ""))
+            return EvaPath(Route.FUSED, f"a whole sequence, and the fused CPU kernel applies{why}")
+        return EvaPath(Route.RECOMPUTE, "a whole sequence; the fused CPU kernel does not take these tensors")
+    route = Route.FORKS if call.forks else Route.TILES
+    if call.one_tile_per_group and not call.grad and not call.dropout and call.full_precision:
+        return EvaPath(route, "no graph or dropout needs one mask; one tile per group: the summaries are not copied", split=True)
+    return EvaPath(route, "a cache's entries" + (", forks over one parent" if call.forks else ""))
 
 
 _REPORTED: set[tuple[int, str]] = set()

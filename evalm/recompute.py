@@ -42,6 +42,7 @@ from torch import Tensor
 
 from evalm import dropout_mask
 from evalm.heads import upcast  # softmax work in at least fp32: exp of bf16 logits loses the small weights
+from evalm.operands import Gradients, Operands, Outputs
 from evalm.tiling import Tiling
 
 
@@ -121,12 +122,26 @@ def _add_windows(acc_pad: Tensor, grad: Tensor, t: Tiling, b0: int, b1: int) -> 
         acc_pad[:, b0 * w + at : b1 * w + at] += grad[..., at : at + w, :].permute(0, 2, 3, 1, 4).flatten(1, 2)
 
 
-def _logits(t: Tiling, q: Tensor, k_pad: Tensor, rk: Tensor, local_mask: Tensor, g: Group,
-            starts_sequence: bool = True) -> tuple[Tensor, Tensor | None]:
+class Prologue(NamedTuple):
+    """What every pass over the groups reads besides q: keys and values padded in front by ext
+    zero rows (block 0's previous block), and the (w, ext + w) local mask of every block."""
+
+    k_pad: Tensor
+    v_pad: Tensor
+    local_mask: Tensor
+
+    @classmethod
+    def of(cls, t: Tiling, k: Tensor, v: Tensor, bias: Tensor | None) -> Prologue:
+        k_pad, v_pad = (torch.nn.functional.pad(x, (0, 0, 0, 0, t.ext, 0)) if t.ext else x for x in (k, v))
+        return cls(k_pad, v_pad, t.local_mask(bias, k.device, k.dtype))
+
+
+def _logits(t: Tiling, q: Tensor, pro: Prologue, rk: Tensor | None, g: Group, starts_sequence: bool = True
+            ) -> tuple[Tensor, Tensor | None]:
     """Masked local (B, H, G, rows, ext + w) and remote (B, H, G·rows, n_vis) logits of one group
     (`starts_sequence`: block 0 of q is the sequence's first, its previous-block keys padding)."""
     qb = _queries(q, g, t.window) * t.scale  # scale the (rows, D) queries, not the (rows, keys) logits
-    loc = torch.matmul(qb, _windows(k_pad, t, g.b0, g.b1).transpose(-1, -2)).add_(local_mask[g.r0 : g.r1])
+    loc = torch.matmul(qb, _windows(pro.k_pad, t, g.b0, g.b1).transpose(-1, -2)).add_(pro.local_mask[g.r0 : g.r1])
     if g.b0 == 0 and t.ext and starts_sequence:  # block 0's previous-block keys are padding
         loc[:, :, 0, :, : t.ext] = float("-inf")
     if g.n_vis == 0:
@@ -170,29 +185,16 @@ def _keep_masks(t: Tiling, group: Group, loc: Tensor, rem: Tensor | None) -> tup
     return _keep_local(t, group, loc), (_keep_remote(t, group, rem) if rem is not None else None)
 
 
-class Prologue(NamedTuple):
-    """What every pass over the groups reads besides q: keys and values padded in front by ext
-    zero rows (block 0's previous block), and the (w, ext + w) local mask of every block."""
-
-    k_pad: Tensor
-    v_pad: Tensor
-    local_mask: Tensor
-
-    @classmethod
-    def of(cls, t: Tiling, k: Tensor, v: Tensor, bias: Tensor | None) -> Prologue:
-        k_pad, v_pad = (torch.nn.functional.pad(x, (0, 0, 0, 0, t.ext, 0)) if t.ext else x for x in (k, v))
-        return cls(k_pad, v_pad, t.local_mask(bias, k.device, k.dtype))
-
-
-def attention_forward(t: Tiling, q, k, v, rk, rv, bias) -> tuple[Tensor, Tensor]:
+def attention_forward(x: Operands) -> tuple[Tensor, Tensor]:
     """q, k, v (B, N, H, D) with N a multiple of w; rk, rv (B, H, C, D) -> out (B, N, H, D), lse (B, H, N)."""
+    t, q, rk, rv = x.t, x.q, x.rk, x.rv
     B, N, H, D = q.shape
     w = t.window
-    pro = Prologue.of(t, k, v, bias)
+    pro = Prologue.of(t, x.k, x.v, x.bias)
     out, lse = torch.empty_like(q), q.new_empty(B, H, N)
     for group in groups(t, B * H, N // w, rk.shape[-2]):
         rows = group.rows(w)
-        loc, rem = _logits(t, q, pro.k_pad, rk, pro.local_mask, group)
+        loc, rem = _logits(t, q, pro, rk, group)
         top = loc.amax(-1).flatten(2, 3)  # (B, H, G·rows): the row maximum over both parts
         if rem is not None:
             top = torch.maximum(top, rem.amax(-1))
@@ -224,19 +226,20 @@ def _softmax_grad(p: Tensor, dp: Tensor, keep: Tensor | None, row_dot: Tensor) -
     return p.mul_(dp)
 
 
-def attention_backward(t: Tiling, q, k, v, rk, rv, bias, out, lse, d_out):
+def attention_backward(x: Operands, y: Outputs) -> Gradients:
     """Gradients of attention_forward's output, recomputing each group's probabilities from lse:
-    dq, dk, dv, d k̃, d β, d bias."""
+    dq, dk, dv, d k̃, d β and d bias (None without a bias); d ω is the caller's (evalm/summaries.py)."""
+    t, q, rk, rv, out, lse, d_out = x.t, x.q, x.rk, x.rv, y.out, y.lse, y.d_out
     B, N, H, D = q.shape
     w = t.window
-    pro = Prologue.of(t, k, v, bias)
+    pro = Prologue.of(t, x.k, x.v, x.bias)
     dq, dk_pad, dv_pad = torch.empty_like(q), torch.zeros_like(pro.k_pad), torch.zeros_like(pro.v_pad)
     drk, drv = torch.zeros_like(rk), torch.zeros_like(rv)
     d_bias = torch.zeros(w, t.ext + w, dtype=q.dtype, device=q.device)
     for group in groups(t, B * H, N // w, rk.shape[-2]):
         b0, b1, r0, r1, n_vis = group
         rows = group.rows(w)
-        loc, rem = _logits(t, q, pro.k_pad, rk, pro.local_mask, group)
+        loc, rem = _logits(t, q, pro, rk, group)
         loc = loc.sub_(lse[..., rows].view(*loc.shape[:-1], 1))
         p_loc = loc.exp_()  # P, before dropout
         p_rem = rem.sub_(lse[..., rows].unsqueeze(-1)).exp_() if rem is not None else None
@@ -262,25 +265,26 @@ def attention_backward(t: Tiling, q, k, v, rk, rv, bias, out, lse, d_out):
             dq_rows += torch.matmul(ds, rk[..., :n_vis, :])
             drk[..., :n_vis, :] += torch.matmul(ds.transpose(-1, -2), q_blocks.flatten(2, 3)).mul_(t.scale)
         dq[:, rows] = dq_rows.mul_(t.scale).transpose(1, 2)
-    return dq, dk_pad[:, t.ext :], dv_pad[:, t.ext :], drk, drv, (d_bias if bias is not None else None)
+    return Gradients(dq, dk_pad[:, t.ext :], dv_pad[:, t.ext :], drk, drv, None, d_bias if x.bias is not None else None)
 
 
-def local_bias_grad(t: Tiling, q, k, v, bias, out, lse, d_out, b0: int, b1: int) -> Tensor:
+def local_bias_grad(x: Operands, y: Outputs, b0: int, b1: int) -> Tensor:
     """The T5 bias's gradient from blocks b0 … b1−1 alone, Σ over their blocks, sequences and heads
-    of the local dS, recomputed from the joint log-sum-exp lse (B, N, H): the fused kernel returns
+    of the local dS, recomputed from the joint log-sum-exp y.lse (B, N, H): the fused kernel returns
     none for its mask. Reads q, out, dO rows of the blocks and k, v rows from ext before them."""
+    t, q, k, v, bias = x.t, x.q, x.k, x.v, x.bias
     B, N, H, D = q.shape
     w, r0, r1 = t.window, b0 * t.window, b1 * t.window
     if b0 == 0:  # block 0's previous-block keys are padding
         pro = Prologue.of(t, upcast(k[:, :r1]), upcast(v[:, :r1]), bias)
     else:  # the rows before the blocks are their real previous keys
         pro = Prologue(upcast(k[:, r0 - t.ext : r1]), upcast(v[:, r0 - t.ext : r1]), t.local_mask(bias, k.device, bias.dtype))
-    q, out, d_out = (upcast(x[:, r0:r1]) for x in (q, out, d_out))  # bf16 rows: this pass in fp32
-    lse = lse[:, r0:r1].transpose(1, 2)
+    q, out, d_out = (upcast(z[:, r0:r1]) for z in (q, y.out, y.d_out))  # bf16 rows: this pass in fp32
+    lse = y.lse[:, r0:r1].transpose(1, 2)
     d_bias = torch.zeros(w, t.ext + w, dtype=q.dtype, device=q.device)
     for group in groups(t, B * H, b1 - b0, 0):  # local keys only: no chunk is visible
         rows = group.rows(w)
-        loc, _ = _logits(t, q, pro.k_pad, None, pro.local_mask, group, starts_sequence=b0 == 0)
+        loc, _ = _logits(t, q, pro, None, group, starts_sequence=b0 == 0)
         loc = loc.sub_(lse[..., rows].reshape(*loc.shape[:-1], 1))
         p = loc.exp_()
         row_dot = (d_out[:, rows] * out[:, rows]).sum(-1).transpose(1, 2).reshape(*loc.shape[:-1], 1)

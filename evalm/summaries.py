@@ -63,10 +63,24 @@ def values(k: Tensor, v: Tensor, omega: Tensor, scale: float) -> tuple[Tensor, T
     return beta, weights
 
 
-def values_backward(k: Tensor, v: Tensor, omega: Tensor, weights: Tensor, d_beta: Tensor, scale: float,
-                    dk: Tensor, dv: Tensor) -> Tensor:
-    """d ω (n, D) of one head's `values`; adds d k and d v (n, c, D) into dk and dv in place.
+class ChunkValues(NamedTuple):
+    """ω and what `values` makes of it: β (…, n, D) and the softmax weights (…, n, c)."""
+
+    omega: Tensor
+    beta: Tensor
+    weights: Tensor
+
+    def chunks(self, c0: int, c1: int) -> ChunkValues:
+        """Chunks c0 … c1−1 (views)."""
+        return ChunkValues(*(x[..., c0:c1, :] for x in self))
+
+
+def values_backward(k: Tensor, v: Tensor, state: ChunkValues, d_beta: Tensor, scale: float, into: tuple[Tensor, Tensor]) -> Tensor:
+    """d ω (n, D) of one head's `values` (its ω and weights in `state`); adds d k and d v (n, c, D)
+    into `into` = (dk, dv) in place.
     With g_j = v_j·dβ: dλ_j = s·w_j·(g_j − Σ_i w_i g_i), dω = Σ_j dλ_j k_j, dk_j = dλ_j (ω − k_j)."""
+    dk, dv = into
+    omega, weights = state.omega, state.weights
     dv.addcmul_(weights.unsqueeze(-1), d_beta.unsqueeze(-2))
     g = torch.matmul(v, d_beta.unsqueeze(-1)).squeeze(-1)  # (n, c)
     d_lam = weights * (g - (weights * g).sum(-1, keepdim=True)) * scale
@@ -77,34 +91,43 @@ def values_backward(k: Tensor, v: Tensor, omega: Tensor, weights: Tensor, d_beta
     return d_omega
 
 
+class ChunkRows(NamedTuple):
+    """Keys and values (B, N, H, D) in their own layout, read as chunks of c rows, and s."""
+
+    k: Tensor
+    v: Tensor
+    c: int
+    scale: float
+
+
 def _chunk_rows(x: Tensor, b: int, h: int, n: int, c: int) -> Tensor:
     """The first n chunks of sequence b, head h of x (B, N, H, D) as an (n, c, D) view: a matmul
     operand with no copy (a view across heads and sequences could not be batched without one)."""
     return x[b, : n * c, h].unflatten(0, (n, c))
 
 
-def sequence_values(k: Tensor, v: Tensor, omega: Tensor, c: int, scale: float) -> tuple[Tensor, Tensor]:
-    """`values` of k, v (B, N, H, D) in their own layout, one head at a time on views, so no
-    sequence-sized product (k·ω, ‖k‖², weights·v) exists at once: β (B, H, n, D), weights (B, H, n, c)."""
-    B, _, H, D = k.shape
+def sequence_values(rows: ChunkRows, omega: Tensor) -> ChunkValues:
+    """`values` of the chunks of k, v (B, N, H, D), one head at a time on views, so no sequence-sized
+    product (k·ω, ‖k‖², weights·v) exists at once; ω (B, H, n, D) -> β (B, H, n, D), weights (B, H, n, c)."""
+    B, _, H, D = rows.k.shape
     n = omega.shape[-2]
-    beta, weights = omega.new_empty(B, H, n, D), omega.new_empty(B, H, n, c)  # in ω's dtype: bf16 k, v upcast per head
+    beta, weights = omega.new_empty(B, H, n, D), omega.new_empty(B, H, n, rows.c)  # in ω's dtype: bf16 k, v upcast per head
     for b in range(B):
         for h in range(H):
-            kc, vc = (_chunk_rows(x, b, h, n, c).to(omega.dtype) for x in (k, v))
-            beta[b, h], weights[b, h] = values(kc, vc, omega[b, h], scale)
-    return beta, weights
+            kc, vc = (_chunk_rows(x, b, h, n, rows.c).to(omega.dtype) for x in (rows.k, rows.v))
+            beta[b, h], weights[b, h] = values(kc, vc, omega[b, h], rows.scale)
+    return ChunkValues(omega, beta, weights)
 
 
-def sequence_values_backward(k: Tensor, v: Tensor, omega: Tensor, weights: Tensor, d_beta: Tensor, c: int,
-                             scale: float, dk: Tensor, dv: Tensor) -> Tensor:
+def sequence_values_backward(rows: ChunkRows, state: ChunkValues, d_beta: Tensor, dk: Tensor, dv: Tensor) -> Tensor:
     """d ω (B, H, n, D) of `sequence_values`; adds its d k and d v into dk, dv (B, N, H, D) in place."""
-    B, _, H, D = k.shape
-    n = omega.shape[-2]
-    d_omega = torch.empty_like(omega)
+    B, _, H, D = rows.k.shape
+    n, c = state.omega.shape[-2], rows.c
+    d_omega = torch.empty_like(state.omega)
     for b in range(B):
         for h in range(H):
-            kc, vc = (_chunk_rows(x, b, h, n, c).to(omega.dtype) for x in (k, v))
-            dkc, dvc = _chunk_rows(dk, b, h, n, c), _chunk_rows(dv, b, h, n, c)
-            d_omega[b, h] = values_backward(kc, vc, omega[b, h], weights[b, h], d_beta[b, h], scale, dkc, dvc)
+            kc, vc = (_chunk_rows(x, b, h, n, c).to(state.omega.dtype) for x in (rows.k, rows.v))
+            into = (_chunk_rows(dk, b, h, n, c), _chunk_rows(dv, b, h, n, c))
+            head = ChunkValues(state.omega[b, h], state.beta[b, h], state.weights[b, h])
+            d_omega[b, h] = values_backward(kc, vc, head, d_beta[b, h], rows.scale, into)
     return d_omega

@@ -1,11 +1,12 @@
-"""EVA's visibility rule and the static description of one attention call over a whole sequence.
+"""EVA's visibility rule and the static description of one attention call.
 
 The rule, for the query at absolute position i (docs/eva.md, "The closed form"):
   local keys   j with window_start(i) ≤ j ≤ i,   window_start(i) = max(0, ⌊i/w⌋·w − ext)
   remote keys  chunks r < chunk_limit(i),       chunk_limit(i) = ⌊i/c⌋, or ⌊window_start(i)/c⌋
                                                  with exclude_window_chunks (no chunk counted twice)
 Every path of EVA (evalm/eva_paths.py lists them) asks `Tiling` for these two numbers; none
-writes the rule again.
+writes the rule again. `EvaAttention` builds one `Tiling` per call (its dropout and noise seeds
+included) and hands it to whichever path runs the call.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ class Tiling:
     dropout: float = 0.0  # attention dropout on the joint probabilities (0 outside training)
     seed: int = 0  # the dropout mask's seed: keep decisions are a hash of it and the logit's indices (evalm/dropout_mask.py)
     group_logits: int = GROUP_LOGITS
-    fused: bool = True  # PyTorch's fused CPU attention kernel (evalm/flash.py), else plain PyTorch
     noise_seed: int | None = None  # training noise ε of the chunk summaries, replayed in backward (None: no ε)
 
     def window_start(self, pos: Tensor | int) -> Tensor | int:

@@ -28,7 +28,7 @@ import numpy as np
 from evalm.config_toolkit import ConfigError, Dispatcher, Parser, build, lazy, split_overrides, to_dict
 from evalm.storage import folder_lock
 from evalm.icl_eval.protocol.units import Progress, UnitStore, hold, join, run_units, stamp
-from evalm.icl_eval.cli_args import common, csv, icl_parser, ppl_parser
+from evalm.icl_eval.cli_args import ICL_SECTIONS, PPL_SECTIONS, common, csv, icl_parser, ppl_parser
 
 
 def _where(args) -> str:
@@ -67,7 +67,7 @@ def icl(argv: Sequence[str]) -> int:
     args = icl_parser().parse_args(rest)
     if args.budgets and args.shots:
         raise ConfigError("--budgets and --shots: the grid is by token budget or by shot count; give one of them")
-    layers = Layers(args.config, overrides)
+    layers = Layers(args.config, overrides, ICL_SECTIONS)
     _flags(layers, "eval", args, {"task": "task", "data": "data", "methods": "methods", "shots": "shots",
                                   "seeds": "seeds", "test_items": "test_items", "bos": "bos",
                                   "save_predictions": "save_predictions", "budgets": "budgets",
@@ -184,7 +184,7 @@ def ppl(argv: Sequence[str]) -> int:
 
     overrides, rest = split_overrides(argv)
     args = ppl_parser().parse_args(rest)
-    layers = Layers(args.config, overrides)
+    layers = Layers(args.config, overrides, PPL_SECTIONS)
     if args.books:
         args.books = tuple(args.books)
     _flags(layers, "ppl", args, {"books": "books", "lengths": "buckets", "max_tokens": "max_tokens",
@@ -242,12 +242,10 @@ def _run_ppl(lm, config, store) -> dict | None:
 
     t0 = time.perf_counter()
     unigram = fit_unigram(config.unigram_shards, lm.tokenizer.vocab_size) if config.unigram_shards else None
-    fixed = {"contexts": config.fixed_contexts, "target_tokens": config.fixed_target_tokens,
-             "targets_per_book": config.fixed_targets_per_book} if config.fixed_contexts else None
-    protocols = Protocols(lm, config.max_tokens, config.segment_tokens, config.buckets, config.baselines,
-                          config.window_tokens, config.stride_tokens, unigram, fixed)
+    protocols = Protocols(lm, config, unigram)
     world = store.world
-    names = [f"{i:05d}-book" for i, _ in enumerate(iter_books(config.books, config.max_books))]
+    say = (lambda line: print(line, file=sys.stderr)) if world.rank == 0 else None  # a book named twice
+    names = [f"{i:05d}-book" for i, _ in enumerate(iter_books(config.books, config.max_books, say))]
     resumed = store.finished(names)
     progress = Progress(store, len(names), len(resumed), "evalm eval ppl", unit="books")
     books = iter_books(config.books, config.max_books)  # lazily: one book in memory at a time

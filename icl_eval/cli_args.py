@@ -12,6 +12,14 @@ from collections.abc import Sequence
 from evalm.config_toolkit import Parser, settable_keys
 
 SECTIONS_HELP = "see docs/evaluation.md for every key and its built-in default"
+ICL_SECTIONS = ("eval", "eval.method", "model", "synthetic")
+"""The settings sections of `evalm eval icl`; a file or flag naming another is refused (settings.Layers)."""
+PPL_SECTIONS = ("ppl", "model", "synthetic")
+"""The settings sections of `evalm eval ppl`."""
+
+
+def _listed(sections: Sequence[str]) -> str:
+    return ", ".join(f"[{s}]" for s in sections)
 
 
 def common(parser: Parser, out: str, sections: str | None) -> None:
@@ -101,7 +109,7 @@ def icl_parser() -> Parser:
         "built-in tasks (--eval.template_set=evalm|structured): " + tasks,
         "protocol: dataset-level seeded demonstrations (or --eval.selection=topk), label baselines on the same "
         "items, bootstrap intervals; the synthetic family draws a fresh rule per seed"))
-    common(p, "runs/eval-icl", "[eval], [eval.method], [model], [synthetic]")
+    common(p, "runs/eval-icl", _listed(ICL_SECTIONS))
     p.add_argument("--task", help="a built-in task name (its dataset is read from the offline datasets cache), "
                    "`synthetic`, or a task file .toml/.yaml (default: synthetic)")
     p.add_argument("--data", help="folder of train/validation/test files, a save_to_disk folder, or a dataset id "
@@ -162,7 +170,7 @@ def ppl_parser() -> Parser:
         "--lengths bucket.", "", "protocols: cached (incremental encoding through the cache, every token sees its whole "
         "prefix), nonoverlap and sliding (re-encoded windows, --ppl.baselines), fixed-position (--fixed-contexts: "
         "the same targets after each context length); references: uniform, unigram (--unigram-shards)"))
-    common(p, "runs/eval-ppl", "[ppl], [model], [synthetic]")
+    common(p, "runs/eval-ppl", _listed(PPL_SECTIONS))
     p.add_argument("--books", nargs="+", metavar="SOURCE", help="PG-19 split folder(s) of .txt books, .txt files, "
                    "jsonl/parquet files or save_to_disk folders with `text`, or a cached dataset id with a split, "
                    "e.g. deepmind/pg19:test (default: none; required unless the --config file names [ppl] books)")

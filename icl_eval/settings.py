@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from evalm.config_toolkit import apply_overrides, read_toml, to_dict
+from evalm.config_toolkit import ConfigError, apply_overrides, check_sections, read_toml, to_dict
 from evalm.config_toolkit.shipped import package_config
 
 
@@ -26,23 +26,38 @@ TINY_SYNTHETIC_TRAINING: dict[str, Any] = {"train_steps": 500, "batch_size": 16,
 """`[synthetic]` training knobs of that built-in default (the family itself keeps its defaults)."""
 
 
+FILE_SECTIONS = ("eval", "eval.method", "ppl", "model", "synthetic")
+"""The sections of an `evalm eval` settings file: one file serves `icl` and `ppl` (configs/eval-tiny.toml),
+so each command reads its own sections of it and leaves the other's."""
+
+
 class Layers:
     """Raw sections (nested dicts) with the source of every value that is not a built-in default."""
 
-    def __init__(self, config: str | None, overrides: Sequence[str]):
-        self.config = config
+    def __init__(self, config: str | None, overrides: Sequence[str], sections: Sequence[str]):
+        """`sections`: the command's own sections (dotted for a sub-section, `eval.method`). A file section
+        outside FILE_SECTIONS, or a flag's outside the command's own, is refused as training refuses it
+        (`config_toolkit.check_sections`): a misspelled `--evl.seeds` was once ignored, and ran the defaults."""
+        self.config, self.sections = config, tuple(sections)
         self.data: dict[str, Any] = read_toml(config) if config else {}
+        check_sections(self.data, FILE_SECTIONS, f"--config {config}")
+        names = [item.partition("=")[0].strip() for item in overrides]
+        stray = [n for n in names if n.split(".")[0] not in {s.split(".")[0] for s in self.sections}]
+        check_sections({n.split(".")[0]: None for n in stray}, self.sections, ", ".join(f"--{n}" for n in stray))
         self.sources: dict[str, str] = {key: "config" for key in _leaves(self.data)}
         self.data = apply_overrides(self.data, overrides)
-        for item in overrides:
-            self.sources[item.partition("=")[0].strip()] = "--" + item.partition("=")[0].strip()
+        self.sources.update({name: f"--{name}" for name in names})
 
     def section(self, dotted: str) -> dict[str, Any]:
-        """A copy of one section (`eval.method` is the table inside `[eval]`), without sub-tables."""
+        """A copy of one section (`eval.method` is the table inside `[eval]`) without its sub-sections;
+        a table that is no sub-section (`--eval.methd.scoring=...`) stays, for `build` to refuse as an
+        unknown key."""
         node: Any = self.data
         for name in dotted.split("."):
-            node = node.get(name, {}) if isinstance(node, Mapping) else {}
-        return {k: v for k, v in dict(node).items() if not isinstance(v, Mapping)}
+            node = node.get(name, {})
+            if not isinstance(node, Mapping):
+                raise ConfigError(f"[{dotted}] must be a table of settings, got {node!r}")
+        return {k: v for k, v in node.items() if f"{dotted}.{k}" not in self.sections}
 
     def set_flag(self, dotted: str, key: str, value: Any, flag: str) -> None:
         """A command-line flag's value: it wins over the file."""

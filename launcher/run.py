@@ -1,8 +1,9 @@
 """`evalm run [CONFIG]`: every stage in order, from raw text to a many-shot evaluation report.
 
-    evalm run                                 # configs/tiny.toml: shipped sample data, a tiny model, CPU, minutes
+    evalm run                                 # configs/tiny.toml: sample data from pinned PyPI packages, a tiny model, CPU
     evalm run configs/tiny.toml --from pretrain   # rerun pretrain and everything after it
     evalm run configs/tiny.toml --only icl        # rerun one stage (earlier ones must be complete)
+    evalm run --set run.seed=2 --set run.name=tiny-seed2   # another training seed, in its own folder
 
 Stages exchange files, never objects: each one is the same command a user runs as a separate job
 (`evalm data filter`, `evalm train msit-data`, `evalm train pretrain`, ...), called here with the
@@ -27,7 +28,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from evalm.config_toolkit import ConfigError, Parser, report, shipped
+from evalm.config_toolkit import ConfigError, Parser, report, shipped, split_overrides
 from evalm.launcher.console import call
 from evalm.launcher.keys import stage_key
 from evalm.launcher.markers import mark_stale, peak_rss_gib, read_marker, write_marker
@@ -90,6 +91,9 @@ def _parser() -> Parser:
                             "(default: none, run every stage that is not complete)")
     where.add_argument("--only", choices=list(STAGES), metavar="STAGE",
                        help="rerun just this stage; the later ones are marked stale (default: none)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="override one run-file value, e.g. --set run.seed=2 (every training stage's seed) or "
+                             "--set run.name=tiny-seed2 (the run folder); repeatable (default: none)")
     return parser
 
 
@@ -128,13 +132,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     """A user error (config_toolkit.UserError: a bad run file, a failed stage, a busy folder) is one
     line; anything else is a bug of ours, its traceback kept in ROOT/NAME/logs/error.log (the run
     folder it escaped from) and named on the console (config_toolkit.report, as every command)."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
     try:
-        r = load_run(args.config)
+        dotted, rest = split_overrides(list(argv if argv is not None else sys.argv[1:]))  # --run.seed=2 is --set's alias
+    except ConfigError as err:
+        parser.exit(2, f"evalm run: error: {err}\n")
+    args = parser.parse_args(rest)
+    try:
+        r = load_run(args.config, [*dotted, *args.overrides])
         with folder_lock(r.dir, "evalm run"):  # one main job per run folder
             folder = run_all(r, args.start, args.only)
     except KeyboardInterrupt:
-        print(f"evalm run: interrupted; rerun `evalm run {args.config}` to resume: complete stages are skipped, "
+        again = " ".join(["evalm run", args.config, *(f"--set {o}" for o in [*dotted, *args.overrides])])
+        print(f"evalm run: interrupted; rerun `{again}` to resume: complete stages are skipped, "
               "data and training stages continue from where they stopped", file=sys.stderr)
         return 130
     except Exception as err:  # noqa: BLE001 - the one rule of every command

@@ -104,3 +104,20 @@ def hf_t5(folder: Path) -> Path:
     model = transformers.T5ForConditionalGeneration(tiny_t5_config(vocab_size=len(tok), eos_id=tok.eos_token_id))
     model.save_pretrained(folder)
     return folder
+
+
+def hf_llama(seed: int = 0, **overrides):
+    """A tiny random Llama (grouped-query attention: 4 query heads over 2 key/value heads, RoPE) in
+    float64 with weights drawn from N(0, 0.3²), so attention patterns show in its outputs."""
+    import transformers
+
+    shape = dict(vocab_size=61, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=512, bos_token_id=None, eos_token_id=None,
+                 attn_implementation="eager")
+    torch.manual_seed(seed)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**shape, **overrides}))
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.3)
+    return model.double().eval()

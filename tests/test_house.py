@@ -159,6 +159,67 @@ def test_no_import_runs_up_or_across_a_floor():
     assert wrong == []
 
 
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _module_of(node: ast.expr, aliases: dict[str, str]) -> str | None:
+    """The dotted module a name or attribute chain stands for (`flash`, `evalm.flash`), else None."""
+    if isinstance(node, ast.Name):
+        return aliases.get(node.id)
+    if isinstance(node, ast.Attribute):
+        parent = _module_of(node.value, aliases)
+        return f"{parent}.{node.attr}" if parent else None
+    return None
+
+
+def private_reach_ins(name: str, path: Path, known: dict[str, Path]) -> list[str]:
+    """Each place `name` uses a private name (`_x`, not a dunder) of another module of ours:
+    `from m import _x`, or `m._x` on a module it imported (`import a.m`, `from a import m`, an alias)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    aliases, found = {}, []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                aliases[alias.asname or alias.name.split(".")[0]] = alias.name if alias.asname else alias.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            for alias in node.names:
+                if f"{base}.{alias.name}" in known:
+                    aliases[alias.asname or alias.name] = f"{base}.{alias.name}"
+                elif base in known and base != name and _is_private(alias.name):
+                    found.append(f"{name}:{node.lineno}: from {base} import {alias.name}")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _is_private(node.attr):
+            owner = _module_of(node.value, aliases)
+            if owner in known and owner != name:
+                found.append(f"{name}:{node.lineno}: {owner}.{node.attr}")
+    return found
+
+
+def test_the_reach_in_checker_sees_each_form(tmp_path):
+    """The oracle for the checker: every way one module can name another's private name, and
+    the look-alikes it must leave alone (its own private names, an object's, a dunder)."""
+    (tmp_path / "a.py").write_text("_x = 1\n__version__ = 2\n")
+    (tmp_path / "b.py").write_text("import a\nimport a as m\nfrom a import _x\n"
+                                   "def f(self):\n    return a._x, m._x, a.__version__, self._y, _z\n_z = 3\n")
+    known = {"a": tmp_path / "a.py", "b": tmp_path / "b.py"}
+    assert sorted(private_reach_ins("b", known["b"], known)) == ["b:3: from a import _x", "b:5: a._x", "b:5: a._x"]
+    assert private_reach_ins("a", known["a"], known) == []
+
+
+def test_no_module_of_the_model_uses_another_modules_private_names():
+    """The model's modules (evalm/) meet through public interfaces: a private helper can change
+    without a second module breaking (the fused path's parts once reached into each other)."""
+    known = modules()
+    found = [hit for name, path in known.items() if floor(name) == "evalm" for hit in private_reach_ins(name, path, known)]
+    assert found == []
+
+
 def test_every_package_folder_is_installed_under_its_name():
     """A subpackage missing from pyproject's list would import from a checkout and not from a wheel."""
     wanted = sorted(".".join([name, *init.parent.relative_to(ROOT / folder).parts])

@@ -19,7 +19,14 @@ with an allow-list (`dcp_metadata`): a checkpoint is data, never code.
 
 A marked folder also holds `digest.json` (every file's size and SHA-256, written before the
 marker). Before a checkpoint is used it is verified; a damaged latest one is skipped for the newest
-intact one, and the caller is told which and why (`newest_intact`).
+intact one, and the caller is told which and why (`newest_intact`). A checkpoint without a digest
+(saved before digests, or its digest.json lost) is checked as far as it can be: every item the
+metadata lists must lie inside its file and load.
+
+DCP reports a failed save or load as `CheckpointException`, a BaseException: it escapes every
+`except Exception`, so a damaged file once ended a run with a raw traceback and no log. A load that
+fails is a `CheckpointError` naming the checkpoint; a save that fails raises the error DCP wrapped
+(a full or read-only disk is then the user's one line, anything else a bug with its log).
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_state_dict,
@@ -48,8 +56,9 @@ from torch.distributed.checkpoint.state_dict import (
 from evalm.config_toolkit import UserError
 from evalm.config import architecture_differences
 from evalm.storage import read_json, space_error, verify_digest, write_digest
+from evalm.storage.digest import DIGEST_FILE
 from evalm.train.identity import identity_differences
-from evalm.train.dcp_metadata import MetadataReader, SafeLoadPlanner, read_metadata_file
+from evalm.train.dcp_metadata import MetadataReader, SafeLoadPlanner, read_metadata_file, storage_problem
 
 MARKER = ".complete"
 STEP_DIR = re.compile(r"^step-(\d{8})$")
@@ -74,14 +83,15 @@ def complete_checkpoints(out: str | Path) -> list[Path]:
 
 def damage(path: Path) -> str | None:
     """Why a complete checkpoint cannot be used (a file missing, truncated or changed, its metadata
-    unreadable or refused), or None when it is intact."""
+    unreadable or refused, an item that does not load), or None when it is intact."""
     problem = verify_digest(path)
     if problem is None:
         try:
-            read_metadata_file(path / ".metadata")
+            metadata = read_metadata_file(path / ".metadata")
             read_json(path / "config.json")
         except (OSError, ValueError, pickle.UnpicklingError) as err:
-            problem = str(err)
+            return str(err)
+        problem = storage_problem(path, metadata, read=not (path / DIGEST_FILE).is_file())
     return problem
 
 
@@ -196,7 +206,10 @@ def save(out: str | Path, step: int, *, model, optimizer, train_state: dict[str,
         full = space_error(err, tmp, after=f"; the previous complete checkpoint under {final.parent} is intact",
                            needed=needed)
         if full is None:
-            raise
+            inner = _wrapped(err)
+            if inner is err or isinstance(inner, KeyboardInterrupt):  # Ctrl-C: the command's resume hint
+                raise
+            raise inner from None  # DCP's BaseException would pass every `except Exception`: no log
         shutil.rmtree(tmp, ignore_errors=True)  # give back what the failed save took
         raise full from None
     dist.barrier()
@@ -224,6 +237,28 @@ def prune(out: str | Path, keep_latest_k: int) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
+def _wrapped(err: BaseException) -> BaseException:
+    """The first error a CheckpointException wraps ({rank: (exception, traceback)}), else `err` itself."""
+    failures = getattr(err, "failures", None)
+    if isinstance(err, CheckpointException) and isinstance(failures, dict) and failures:
+        first = next(iter(failures.values()))
+        return first[0] if isinstance(first, tuple) else first
+    return err
+
+
+def _dcp_load(state: dict[str, Any], path: Path) -> None:
+    """`dcp.load` through the allow-listed metadata reader; a failure is one CheckpointError naming `path`."""
+    try:
+        dcp.load(state, storage_reader=MetadataReader(str(path)), planner=SafeLoadPlanner())
+    except CheckpointException as err:
+        inner = _wrapped(err)
+        if isinstance(inner, KeyboardInterrupt):  # Ctrl-C while loading: the command's resume hint
+            raise
+        raise CheckpointError(f"{path}: cannot be read ({type(inner).__name__}: {str(inner).splitlines()[0][:300]}); "
+                              "it is damaged: resume from an earlier checkpoint (--resume "
+                              f"{path.parent}/step-XXXXXXXX) or start a new run") from None
+
+
 def load(path: Path, *, model, optimizer) -> tuple[dict[str, int], dict[str, Any] | None]:
     """Restore model and optimizer in place; return (train state, this rank's state or None). Collective."""
     rank = dist.get_rank()
@@ -238,7 +273,7 @@ def load(path: Path, *, model, optimizer) -> tuple[dict[str, int], dict[str, Any
             template["data"].pop("position")
         if f"rank_{rank}.rng.cuda" not in keys:  # saved on a machine without CUDA
             template["rng"].pop("cuda", None)
-    dcp.load(state, storage_reader=MetadataReader(str(path)), planner=SafeLoadPlanner())
+    _dcp_load(state, path)
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     return state["train"], state.get(f"rank_{rank}")
 
@@ -252,5 +287,5 @@ def load_model_only(path: Path, model) -> None:
     """Load just the model weights of a checkpoint (MSIT starting from a pretrained run). Collective."""
     model_sd = get_model_state_dict(model)
     state = {"model": model_sd}
-    dcp.load(state, storage_reader=MetadataReader(str(path)), planner=SafeLoadPlanner())
+    _dcp_load(state, path)
     set_model_state_dict(model, state["model"])

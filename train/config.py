@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic.dataclasses import dataclass
 
-from evalm.config_toolkit import FROZEN, ConfigError, apply_overrides, build, read_toml, to_dict
+from evalm.config_toolkit import FROZEN, ConfigError, apply_overrides, build, check_sections, read_toml, to_dict
 from evalm.config import ModelConfig
 from evalm.train.instructions import MSIT_COLUMNS
 
@@ -209,9 +209,7 @@ SECTIONS = ("model", "data", "optim", "train", "checkpoint")
 def load_run_config(path: str | Path, overrides: list[str], data_cls: type = DataConfig) -> RunConfig:
     """Read a run file, apply `section.key=value` overrides, validate each section."""
     raw = apply_overrides(read_toml(path), overrides)
-    unknown = sorted(set(raw) - set(SECTIONS))
-    if unknown:
-        raise ConfigError(f"{path}: unknown section(s) {unknown}; valid sections: {list(SECTIONS)}")
+    check_sections(raw, SECTIONS, str(path))
     classes = {"model": ModelConfig, "data": data_cls, "optim": OptimConfig, "train": TrainConfig,
                "checkpoint": CheckpointConfig}
     built = {name: build(cls, raw.get(name), where=f"{path} [{name}]") for name, cls in classes.items()}

@@ -11,6 +11,7 @@ its name and nothing runs. Tensor and byte payloads are read by DCP with `weight
 
 from __future__ import annotations
 
+import io
 import pickle
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,42 @@ def read_metadata_file(path: Path) -> Metadata:
     if not isinstance(metadata, Metadata):
         raise UnsafeMetadata(f"{path}: refused: it holds a {type(metadata).__name__}, not checkpoint metadata")
     return metadata
+
+
+def storage_problem(folder: Path, metadata: Metadata, read: bool) -> str | None:
+    """Why the files of a checkpoint cannot hold what its `.metadata` lists, else None: every item's file
+    must be there and reach the item's last byte; with `read`, every item must also load (as DCP loads
+    it: `torch.load(weights_only=True)`). The digest, when a checkpoint has one, proves more (every
+    byte); this is what can be proved without it (a checkpoint saved before digests, or one whose
+    digest.json was lost): a cut or zeroed file, never a flipped bit inside a tensor."""
+    by_file: dict[str, list[tuple[int, int, str, bool]]] = {}
+    for index, info in metadata.storage_data.items():
+        plain = not getattr(info, "transform_descriptors", None)  # a compressed item is DCP's to decode
+        by_file.setdefault(str(info.relative_path), []).append((info.offset, info.length, index.fqn, plain))
+    for name, items in sorted(by_file.items()):
+        path = folder / name
+        if not path.is_file():
+            return f"{path} is missing"
+        size, end = path.stat().st_size, max(offset + length for offset, length, _, _ in items)
+        if end > size:
+            return f"{path} has {size} bytes, but its items reach byte {end} (truncated)"
+        problem = _unloadable(path, sorted(items)) if read else None
+        if problem:
+            return problem
+    return None
+
+
+def _unloadable(path: Path, items: list[tuple[int, int, str, bool]]) -> str | None:
+    with open(path, "rb") as f:
+        for offset, length, fqn, plain in items:
+            if not plain:
+                continue
+            f.seek(offset)
+            try:
+                torch.load(io.BytesIO(f.read(length)), map_location="cpu", weights_only=True)
+            except Exception as err:  # noqa: BLE001 - any failure to load the item is the answer
+                return f"{path}: item {fqn} (bytes {offset}-{offset + length}) cannot be read ({str(err).splitlines()[0]})"
+    return None
 
 
 class SafeLoadPlanner(DefaultLoadPlanner):

@@ -1,6 +1,7 @@
 """`evalm export`: a DCP training checkpoint -> `model.safetensors` + `config.json` (+ tokenizer).
 
     evalm export --checkpoint runs/tiny/msit --out runs/tiny/model
+    evalm export --hf --checkpoint runs/tiny/msit --out runs/tiny/hf   # a transformers folder (train/hf_export.py)
 
 `--checkpoint` is a complete `step-XXXXXXXX` folder or a run folder (its latest complete one). The
 sharded checkpoint of any number of ranks is read in one process; the architecture comes from the
@@ -23,7 +24,8 @@ from evalm.storage import folder_lock, read_json
 from evalm.train.identity import run_tokenizer
 
 
-def export(checkpoint: str | Path, out: str | Path, tokenizer: str | Path | None = None) -> Path:
+def checkpoint_model(checkpoint: str | Path) -> tuple[EvalmModel, Path, dict]:
+    """The model of a training checkpoint, the complete checkpoint folder it came from, its run config."""
     from evalm.train.checkpoint import load_model_only, resolve_checkpoint
 
     path = resolve_checkpoint(checkpoint, note=lambda text: print(f"evalm export: {text}", file=sys.stderr))
@@ -31,6 +33,11 @@ def export(checkpoint: str | Path, out: str | Path, tokenizer: str | Path | None
     config = build(ModelConfig, run_config["model"], where=f"{path / 'config.json'} [model]")
     model = EvalmModel(config)
     load_model_only(path, model)
+    return model, path, run_config
+
+
+def export(checkpoint: str | Path, out: str | Path, tokenizer: str | Path | None = None) -> Path:
+    model, path, run_config = checkpoint_model(checkpoint)
     with folder_lock(out, "evalm export"):
         out = save_model(model.eval(), out)
         source = Path(tokenizer) if tokenizer else run_tokenizer(run_config.get("data", {}))
@@ -48,9 +55,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", required=True, metavar="DIR",
                         help="folder for model.safetensors, config.json, tokenizer.json (required)")
     parser.add_argument("--tokenizer", help="tokenizer.json to copy (default: the one the run trained with)")
+    parser.add_argument("--hf", action="store_true",
+                        help="write a transformers model folder (AutoModelForCausalLM, trust_remote_code=True); "
+                             "--checkpoint may then also be an exported folder (default: off)")
     args = parser.parse_args(argv)
     try:
-        out = export(args.checkpoint, args.out, args.tokenizer)
+        if args.hf:
+            from evalm.train.hf_export import export_hf
+
+            out = export_hf(args.checkpoint, args.out, args.tokenizer, load=checkpoint_model)
+        else:
+            out = export(args.checkpoint, args.out, args.tokenizer)
     except Exception as err:  # noqa: BLE001 - `evalm run` calls this without a dispatcher above: the one rule
         return report("evalm export", err)
     print(f"exported {out}")

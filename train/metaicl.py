@@ -33,8 +33,8 @@ from typing import Literal
 import torch
 from pydantic.dataclasses import dataclass
 
-from evalm.config_toolkit import (ConfigError, FROZEN, Parser, apply_overrides, build, read_toml, report, shipped,
-                                  split_overrides, to_dict)
+from evalm.config_toolkit import (ConfigError, FROZEN, Parser, apply_overrides, build, check_sections, read_toml, report,
+                                  shipped, split_overrides, to_dict)
 from evalm.train.config import OptimConfig
 from evalm.train.schedule import set_lr
 
@@ -183,6 +183,7 @@ def load_configs(path: str | Path | None, overrides: Sequence[str]):
 
     where = str(path or "defaults")
     data = apply_overrides(read_toml(path) if path else {}, overrides)
+    check_sections(data, ("model", "metaicl", "optim", "synthetic"), where)
     return (build(T5ModelConfig, data.get("model"), where=f"{where} [model]"),
             build(MetaIclConfig, data.get("metaicl"), where=f"{where} [metaicl]"),
             build(OptimConfig, data.get("optim"), where=f"{where} [optim]"),

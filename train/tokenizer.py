@@ -11,14 +11,17 @@ BPE), with `</s>` as the end-of-document token written after every document, or 
 from __future__ import annotations
 
 import gzip
-import io
 import json
 import sys
 import time
+import zlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+import zstandard
+
 from evalm.config_toolkit import InputError, MissingInput, Parser
+from evalm.storage.streams import MAX_LINE_BYTES, LongLine, lines, zstd_blocks
 from evalm.text.tokenizer import load_tokenizer
 from evalm.train.shards import ShardWriter
 
@@ -41,17 +44,23 @@ def document_files(folder: str | Path) -> list[Path]:
 
 
 def _jsonl_lines(path: Path) -> Iterator[str]:
-    if path.name.endswith(".zst"):
-        import zstandard
-
-        with path.open("rb") as raw:
-            yield from io.TextIOWrapper(zstandard.ZstdDecompressor().stream_reader(raw), encoding="utf-8")
-    elif path.name.endswith(".gz"):
-        with gzip.open(path, "rt", encoding="utf-8") as f:
-            yield from f
-    else:
-        with path.open(encoding="utf-8") as f:
-            yield from f
+    """The lines of a jsonl file (plain, .gz or .zst) as text; a line longer than MAX_LINE_BYTES, one
+    that is not UTF-8 and a compressed stream cut short are errors naming the file and line."""
+    number = 0
+    try:
+        with (gzip.open(path, "rb") if path.name.endswith(".gz") else path.open("rb")) as f:
+            blocks = zstd_blocks(f) if path.name.endswith(".zst") else iter(lambda: f.read(1 << 20), b"")
+            for number, raw in enumerate(lines(blocks), 1):
+                if isinstance(raw, LongLine):
+                    raise InputError(f"{path}:{number}: a line of {raw.length} bytes, more than the {MAX_LINE_BYTES} "
+                                     "a document may hold (a broken or hostile file?); remove it from the input")
+                yield raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise InputError(f"{path}:{number}: not UTF-8 text ({err.reason} at byte {err.start} of the line); "
+                         "convert the file to UTF-8 or remove it from the input") from None
+    except (EOFError, gzip.BadGzipFile, zlib.error, zstandard.ZstdError) as err:
+        raise InputError(f"{path}: the compressed stream ends early or is corrupt after line {number} ({err}); "
+                         "restore the file or remove it from the input") from None
 
 
 def subset_of(record: dict) -> str:

@@ -1,7 +1,7 @@
 """`CausalLM` over a Hugging Face causal LM from a local folder (OPT/GPT-2 style), K/V through `past_key_values`.
 
 The paper's OPT baseline, and any `AutoModelForCausalLM` that takes `position_ids` and a 4-D
-additive attention mask (GPT-2, OPT, Llama/SmolLM2). Imported lazily: `transformers` is the
+additive attention mask (GPT-2, OPT, Llama/SmolLM2). EVA folders take icl_eval/models/hf_eva.py. Imported lazily: `transformers` is the
 optional extra `hf`; nothing here touches a hub (`local_files_only=True`).
 
 The cache is our own small object holding each layer's (K, V) of shape (B, H, S, D); each call
@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from evalm.config_toolkit import InputError, MissingExtra, MissingInput
+from evalm.config_toolkit import ConfigError, InputError, MissingExtra, MissingInput
 
 
 def _transformers():
@@ -181,17 +181,32 @@ class HFCausalLM:
 
 def load_hf(folder: str | Path, tokenizer=None, dtype: str = "float32", device: str = "cpu",
             gguf_file: str | None = None, attn_implementation: str = "sdpa") -> HFCausalLM:
-    """A causal LM (and its tokenizer, unless one is given) from a local folder; never the network."""
+    """A causal LM (and its tokenizer, unless one is given) from a local folder; never the network.
+    An EVA folder (model_type "evalm" or "eva_llama") loads into evalm's classes with EVA's cache
+    (icl_eval/models/hf_eva.py), whatever `attn_implementation` says."""
+    from evalm.icl_eval.models.hf_eva import EvaHFCausalLM, is_eva_folder
+
     tf = _transformers()
     folder = Path(folder)
     if not folder.is_dir():
         raise MissingInput(f"{folder}: Hugging Face model folder not found")
+    eva = is_eva_folder(folder)
+    if eva:
+        from evalm import register_with_transformers
+
+        register_with_transformers()
+        attn_implementation = "eva"
     kwargs: dict[str, Any] = {"local_files_only": True, "trust_remote_code": False}  # never code from a folder
     if gguf_file:
         kwargs["gguf_file"] = gguf_file
-    model = tf.AutoModelForCausalLM.from_pretrained(
-        folder, dtype=getattr(torch, dtype), attn_implementation=attn_implementation, **kwargs
-    ).to(device)
+    try:
+        model = tf.AutoModelForCausalLM.from_pretrained(
+            folder, dtype=getattr(torch, dtype), attn_implementation=attn_implementation, **kwargs
+        ).to(device)
+    except ConfigError as err:  # an EVA config's refusal names its field; here also the folder
+        raise ConfigError(str(err).replace("config.json", str(folder / "config.json"), 1)) from None
     if tokenizer is None:
         tokenizer = HFTokenizerAdapter(tf.AutoTokenizer.from_pretrained(folder, **kwargs))
+    if eva:
+        return EvaHFCausalLM(model, tokenizer, name=str(folder))
     return HFCausalLM(model, tokenizer, name=str(folder / gguf_file) if gguf_file else str(folder))

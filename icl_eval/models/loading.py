@@ -53,8 +53,19 @@ def load_lm(args, device: str, dtype: str, model_section: dict | None, synthetic
         ckpt = check_checkpoint(args.checkpoint)
         tok_path = args.tokenizer or (ckpt / "tokenizer.json" if (ckpt / "tokenizer.json").is_file() else None)
         model = load_model(ckpt, device=device, dtype=getattr(torch, dtype))
-        return EvalmLM(model, load_tokenizer(tok_path), name=str(ckpt), max_positions=context_window)
+        tokenizer = load_tokenizer(tok_path)
+        check_vocab(tokenizer, tok_path or "bytes", model.config.vocab_size, ckpt)
+        return EvalmLM(model, tokenizer, name=str(ckpt), max_positions=context_window)
     return tiny_default(model_section, synthetic, context_window)
+
+
+def check_vocab(tokenizer, tok_path, model_vocab: int, ckpt: Path) -> None:
+    """A tokenizer whose ids reach past the model's embedding rows cannot be scored with it (the first id
+    past the table is an index error deep in the model): refused here, naming both."""
+    if tokenizer.vocab_size > model_vocab:
+        raise ConfigError(f"tokenizer {tok_path}: {tokenizer.vocab_size} ids, but the model {ckpt} has {model_vocab} "
+                          "(its vocab_size): not the tokenizer it was trained with; pass that one with --tokenizer "
+                          "(`evalm export` writes it beside the weights as tokenizer.json)")
 
 
 def tiny_default(model_cfg, syn, context_window: int | None):

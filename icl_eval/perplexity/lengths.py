@@ -29,6 +29,7 @@ import torch
 
 from evalm.config_toolkit import ConfigError
 from evalm.icl_eval.stats.bootstrap import REPLICATES, hierarchical_interval
+from evalm.icl_eval.config import PerplexityConfig
 from evalm.icl_eval.models.lm import CausalLM
 
 
@@ -209,11 +210,14 @@ class Protocols:
     `report` turns the books' scores, in book order, into the results (so books may be scored apart,
     e.g. on several ranks, and reported together)."""
 
-    def __init__(self, lm: CausalLM, max_tokens: int, segment_tokens: int, buckets,
-                 baselines=("nonoverlap", "sliding"), window: int | None = None, stride: int | None = None,
-                 unigram_logp: np.ndarray | None = None, fixed: dict | None = None):
-        window = window or segment_tokens
-        stride = stride or max(1, window // 2)
+    def __init__(self, lm: CausalLM, config: PerplexityConfig, unigram_logp: np.ndarray | None = None):
+        """`config`: the run's `[ppl]` settings (its `max_tokens` resolved, `supply.ppl_lengths`);
+        `unigram_logp`: the unigram reference's log-probabilities, fitted on the training shards."""
+        max_tokens, segment_tokens = config.max_tokens or config.buckets[-1], config.segment_tokens
+        window = config.window_tokens or segment_tokens
+        stride = config.stride_tokens or max(1, window // 2)
+        fixed = {"contexts": config.fixed_contexts, "target_tokens": config.fixed_target_tokens,
+                 "targets_per_book": config.fixed_targets_per_book} if config.fixed_contexts else None
         if lm.max_positions is not None:
             window = min(window, lm.max_positions)
             if max_tokens > lm.max_positions:
@@ -221,9 +225,9 @@ class Protocols:
                     f"max_tokens={max_tokens} exceeds the model's {lm.max_positions} positions: the cached protocol "
                     f"would use positions it never learned; lower the largest --lengths bucket to {lm.max_positions}"
                 )
-        self.lm, self.max_tokens, self.segment_tokens, self.buckets = lm, max_tokens, segment_tokens, buckets
+        self.lm, self.max_tokens, self.segment_tokens, self.buckets = lm, max_tokens, segment_tokens, config.buckets
         self.window, self.stride, self.unigram_logp, self.fixed = window, stride, unigram_logp, fixed
-        self.protocols = ["cached", *(b for b in ("nonoverlap", "sliding") if b in baselines)]
+        self.protocols = ["cached", *(b for b in ("nonoverlap", "sliding") if b in config.baselines)]
         self.references = ["uniform", *(["unigram"] if unigram_logp is not None else [])]
 
     def _nll(self, name: str, tokens: list[int]) -> np.ndarray:
@@ -278,15 +282,14 @@ class Protocols:
         return out
 
 
-def evaluate(lm: CausalLM, books: list[tuple[str, str]], max_tokens: int, segment_tokens: int, buckets,
-             baselines=("nonoverlap", "sliding"), window: int | None = None, stride: int | None = None,
-             progress=None, unigram_logp: np.ndarray | None = None, fixed: dict | None = None) -> dict:
+def evaluate(lm: CausalLM, books: list[tuple[str, str]], config: PerplexityConfig, progress=None,
+             unigram_logp: np.ndarray | None = None) -> dict:
     """Every protocol on every book, with the uniform and unigram references on the same tokens.
 
     Returns {"books", "protocols": {name: {"protocol", "buckets", "overall"}}, "references": {...},
-    "fixed_position": {...} (when `fixed` gives contexts, target_tokens, targets_per_book)}.
+    "fixed_position": {...} (when `config.fixed_contexts` is set)}.
     """
-    protocols = Protocols(lm, max_tokens, segment_tokens, buckets, baselines, window, stride, unigram_logp, fixed)
+    protocols = Protocols(lm, config, unigram_logp)
     scored = []
     for name, text in books:
         scored.append(protocols.score(name, text))

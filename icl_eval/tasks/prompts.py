@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from evalm.config_toolkit import ConfigError
-from evalm.icl_eval.tasks.task import Task
+from evalm.icl_eval.tasks.task import Task, split_at_label
 
 SEPARATORS: dict[str, str | None] = {
     "newline": "\n",
@@ -101,7 +101,7 @@ class PromptBuilder:
 
     def segments(self, fields: dict[str, str], answer: str) -> tuple[list[int], list[int], list[int]]:
         """Tokens of the text before the label slot, of the answer, and after it."""
-        before, _, after = self.task.template.partition("{label}")
+        before, after = split_at_label(self.task.template)
         before_text, after_text = before.format(**fields), after.format(**fields)
         if before_text.endswith(" "):
             before_text, answer = before_text[:-1], " " + answer

@@ -12,12 +12,14 @@ one; otherwise the candidates are the verbalizer words and the label is an index
 
 from __future__ import annotations
 
+import functools
 import string
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from evalm.config_toolkit import ConfigError, InputError
+from evalm.config_toolkit import ConfigError, InputError, parse_toml
+from evalm.icl_eval.tasks.task_yaml import read_yaml
 
 SPLITS = ("train", "validation", "test")
 
@@ -86,11 +88,18 @@ class Task:
     `icl_eval.protocol.label_map`); `labels` still reads the data's gold values. Empty: `labels` as written."""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.template, str):
+            raise InputError(f"task {self.name!r}: template must be a string, got {self.template!r}")
         slots = template_fields(self.template)
         if slots.count("label") != 1:
             raise InputError(f"task {self.name!r}: the template needs exactly one {{label}} slot: {self.template!r}")
         if not self.labels and not self.choice_fields and not self.labels_from_data:
             raise InputError(f"task {self.name!r}: give `labels` (a verbalizer) or `choice_fields` (multiple choice)")
+        for key in ("labels", "spelled", "choice_fields"):
+            _check_names(self.name, key, getattr(self, key))
+        if self.label_values and len(set(map(str, self.label_values))) != len(self.label_values):
+            raise InputError(f"task {self.name!r}: label_values {list(self.label_values)} repeat a value: an item "
+                             "with it would have two gold labels; give each value once")
 
     @property
     def input_fields(self) -> list[str]:
@@ -130,8 +139,57 @@ class Task:
         return name if item is not None and alias not in item and name in item else alias
 
 
+def _check_names(task: str, key: str, names: tuple) -> None:
+    """Labels (and choice fields) are distinct non-blank strings. Each is a candidate: an empty label
+    scores no token (its score is NaN, and NaN wins the argmax), and two equal labels are one candidate
+    counted twice, so the accuracy of either is meaningless."""
+    bad = [n for n in names if not isinstance(n, str) or not n.strip()]
+    if bad:
+        raise InputError(f"task {task!r}: {key} must be non-empty strings, got {bad[0]!r} in {list(names)}")
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise InputError(f"task {task!r}: {key} {list(names)} give {repeated} more than once; each label is one "
+                         "candidate: give each once")
+
+
+def template_slots(template: str) -> list[tuple[str, str | None]]:
+    """(literal text, slot name or None) pairs of a template, every slot a plain `{name}`.
+
+    A slot is a field name and nothing else: a format spec (`{text:>300000000}` pads every item to
+    300 million characters), a conversion (`{label!r}`), an index or attribute (`{text[0]}`) and a
+    positional slot (`{}`) are refused here, where the template is read, with what to write instead;
+    `{{` and `}}` stay literal braces."""
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError as err:  # an unmatched brace
+        raise InputError(f"template {template!r}: {err}; write a literal brace as {{{{ or }}}}") from None
+    out = []
+    for literal, name, spec, conversion in parsed:
+        if name is not None and (not name.isidentifier() or spec or conversion):
+            slot = "{" + name + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "") + "}"
+            raise InputError(f"template {template!r}: slot {slot} is not a field name; a slot is {{field}} only "
+                             "(no format spec, conversion, index or empty {}), e.g. {text} or {label}")
+        out.append((literal, name))
+    return out
+
+
 def template_fields(template: str) -> list[str]:
-    return [name for _, name, _, _ in string.Formatter().parse(template) if name]
+    return [name for _, name in template_slots(template) if name]
+
+
+@functools.lru_cache(maxsize=64)
+def split_at_label(template: str) -> tuple[str, str]:
+    """The template before and after its `{label}` slot, each still a template (literal braces kept
+    doubled), so `{{label}}` text before the slot does not split it."""
+    halves: tuple[list[str], list[str]] = ([], [])
+    side = 0
+    for literal, name in template_slots(template):
+        halves[side].append(literal.replace("{", "{{").replace("}", "}}"))
+        if name == "label":
+            side = 1
+        elif name:
+            halves[side].append("{" + name + "}")
+    return "".join(halves[0]), "".join(halves[1])
 
 
 # The EVALM paper's Table 8 (Appendix C.2): the ten tasks of §4.1, each with the dataset it is
@@ -275,13 +333,15 @@ def read_task_file(path: str | Path) -> Task:
     """
     spec = _task_table(path)
     spec = {k: v for k, v in spec.items() if k not in SPLITS and k != "data"}
+    where = f"{path}:{_table_line(path)}"
     for key in ("labels", "label_values", "choice_fields"):
+        if key in spec and not isinstance(spec[key], list):
+            raise InputError(f"{where}: `{key}` must be a list, e.g. {key} = [\"no\", \"yes\"]; got {spec[key]!r}")
         if key in spec:
             spec[key] = tuple(spec[key])
     spec.setdefault("name", Path(path).stem)
     spec.setdefault("source", str(path))
     valid = set(Task.__dataclass_fields__)
-    where = f"{path}:{_table_line(path)}"
     unknown = sorted(set(spec) - valid)
     if unknown:
         raise InputError(f"{where}: unknown task key(s) {unknown}; valid: {sorted(valid | set(SPLITS) | {'data'})}")
@@ -303,16 +363,15 @@ def _table_line(path: str | Path) -> int:
 
 
 def _task_table(path: str | Path) -> dict[str, Any]:
+    """The `[task]` table of a task file; the file's split names (`train = "train.jsonl"`) must be strings."""
     path = Path(path)
-    text = path.read_text(encoding="utf-8")
-    if path.suffix == ".toml":
-        import tomllib
-
-        data = tomllib.loads(text)
-    else:
-        import yaml
-
-        data = yaml.safe_load(text)
+    raw = path.read_bytes()
+    data = parse_toml(raw, str(path)) if path.suffix == ".toml" else read_yaml(raw, path)
     if not isinstance(data, dict) or not isinstance(data.get("task"), dict):
         raise InputError(f"{path}: expected a [task] table (TOML) or a `task:` mapping (YAML)")
-    return dict(data["task"])
+    table = dict(data["task"])
+    odd = [key for key in (*SPLITS, "data") if key in table and not isinstance(table[key], str)]
+    if odd:
+        raise InputError(f"{path}: `{odd[0]}` must name a file or folder as a string, e.g. train = \"train.jsonl\"; "
+                         f"got {table[odd[0]]!r}")
+    return table

@@ -50,10 +50,17 @@ def eva_per_token(attn, x) -> np.ndarray:
     x = _np(x)
     B, T, E = x.shape
     H, D = attn.n_head, attn.head_dim
-    w, c, ext, s = attn.window_size, attn.chunk_size, attn.ext, D**-0.5
     q = _affine(x, attn.q_proj).reshape(B, T, H, D)
     k = _affine(x, attn.k_proj).reshape(B, T, H, D)
     v = _affine(x, attn.v_proj).reshape(B, T, H, D)
+    return _affine(eva_heads_per_token(attn, q, k, v).reshape(B, T, E), attn.out_proj)
+
+
+def eva_heads_per_token(attn, q, k, v) -> np.ndarray:
+    """EVA of heads q, k, v (B, T, H, D) arrays (already projected, any rotation applied) with the
+    window, chunk, A_q/A_k and T5 table of `attn` -> (B, T, H, D), one query at a time."""
+    B, T, H, D = q.shape
+    w, c, ext, s = attn.window_size, attn.chunk_size, attn.ext, D**-0.5
     table = None
     if attn.rel_pos_bias is not None:
         table = _np(attn.rel_pos_bias.relative_attention_bias.weight)[:, 0]
@@ -85,7 +92,7 @@ def eva_per_token(attn, x) -> np.ndarray:
                     values.append(beta[r])
                 p = _softmax(logits)
                 out[b, i, h] = sum(pi * vi for pi, vi in zip(p, values))
-    return _affine(out.reshape(B, T, E), attn.out_proj)
+    return out
 
 
 def _affine_t(x, lin):
@@ -100,13 +107,15 @@ def _adaptive_t(x, seq):
     return y
 
 
-def eva_per_token_torch(attn, x, dropout: tuple[int, float] | None = None):
+def eva_per_token_torch(attn, x, dropout: tuple[int, float] | None = None, prefix=None):
     """The same closed form in differentiable torch ops, one query (all heads) at a time: the
     gradient oracle. Reads the module's parameters, so autograd reaches every one of them.
 
     `dropout` (seed, p) replays attention dropout: each query's joint probabilities times the keep
-    decisions of evalm/dropout_mask.py for its keys (token keys by position, chunk r as −1 − r),
-    scaled by 1/(1 − p). Only the mask's definition is shared with the module, not its use."""
+    decisions of evalm/dropout_mask.py for its keys (token keys by position, chunk r as −1 − r,
+    prefix entry m as 2³⁰ + m), scaled by 1/(1 − p). Only the mask's definition is shared with the
+    module, not its use. `prefix` (k, v), each (B, H, P, D): entries merged from other caches that
+    every query also attends to, with no bias (a cache's `prefix`, Structured Prompting / SAICL)."""
     B, T, E = x.shape
     H, D = attn.n_head, attn.head_dim
     w, c, ext, s = attn.window_size, attn.chunk_size, attn.ext, D**-0.5
@@ -134,10 +143,15 @@ def eva_per_token_torch(attn, x, dropout: tuple[int, float] | None = None):
                 kr, vr = torch.stack(k_tilde[:n_remote]), torch.stack(beta[:n_remote])
                 logits = torch.cat([logits, s * (kr * q[b, i]).sum(-1)])
                 values = torch.cat([values, vr])
+            n_prefix = prefix[0].shape[-2] if prefix is not None else 0
+            if n_prefix:
+                pk, pv = (t[b].transpose(0, 1) for t in prefix)  # (P, H, D)
+                logits = torch.cat([logits, s * (pk * q[b, i]).sum(-1)])
+                values = torch.cat([values, pv])
             p = torch.softmax(logits, 0)  # (keys, H)
             if dropout is not None:
                 seed, rate = dropout
-                ids = torch.tensor([*range(lo, i + 1), *(-1 - r for r in range(n_remote))])
+                ids = torch.tensor([*range(lo, i + 1), *(-1 - r for r in range(n_remote)), *((1 << 30) + m for m in range(n_prefix))])
                 kept = dropout_mask.keep(seed, rate, torch.tensor(b), torch.arange(H)[None, :], torch.tensor(i), ids[:, None])
                 p = p * kept / (1 - rate)
             rows.append((p[..., None] * values).sum(0).reshape(E))

@@ -3,6 +3,7 @@ were different, so the production module carries no test switch.
 
     with forced(**PLAIN): ...   # a whole sequence takes "recompute" (plain PyTorch), not the kernel
     with forced(**TILES): ...   # a whole sequence takes the tiled autograd path, the oracle it had
+    with recorded() as taken: ...   # taken: the path of every EVA call in the block
 """
 
 from __future__ import annotations
@@ -27,5 +28,21 @@ def forced(**facts):
     eva_paths.choose = choose
     try:
         yield
+    finally:
+        eva_paths.choose = real
+
+
+@contextlib.contextmanager
+def recorded():
+    """Within the block, the `EvaPath` of every EVA call is appended to the list it yields."""
+    real, taken = eva_paths.choose, []
+
+    def choose(call: eva_paths.EvaCall) -> eva_paths.EvaPath:
+        taken.append(real(call))
+        return taken[-1]
+
+    eva_paths.choose = choose
+    try:
+        yield taken
     finally:
         eva_paths.choose = real

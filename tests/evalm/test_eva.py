@@ -48,6 +48,7 @@ def tokens(n: int, batch: int = 1, seed: int = 2) -> torch.Tensor:
 VARIANTS = {
     "w16c4": {},
     "w16c4-t5": {"use_t5_bias": True},
+    "w8c4-t5": {"window_size": 8, "use_t5_bias": True},  # a span of 8: every in-window bucket exact
     "w8c4-overlap": {"window_size": 8, "overlap_window": True},
     "w8c4-overlap-t5": {"window_size": 8, "overlap_window": True, "use_t5_bias": True},
     "w16c16": {"chunk_size": 16},
@@ -87,7 +88,7 @@ SPLITS = [[77], [1] * 77, [5, 13, 1, 30, 28], [16, 16, 16, 29], [3, 61, 13]]
 
 
 @pytest.mark.parametrize("attention", ["eva", "full"])
-@pytest.mark.parametrize("name", ["w16c4-t5", "w8c4-overlap-t5", "w16c4-exclude"])
+@pytest.mark.parametrize("name", ["w16c4-t5", "w8c4-t5", "w8c4-overlap-t5", "w16c4-exclude"])
 def test_o3_incremental_equals_one_shot(attention, name):
     model = make_model(attention=attention, **VARIANTS[name])
     x = tokens(77, batch=2)

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from evalm import eva_paths
-from evalm.eva_paths import EvaCall, choose
+from evalm.eva_paths import EvaCall, Route, choose
 from tests.evalm.paths import PLAIN, TILES, forced
 from tests.evalm.test_eva import make_attention, make_model, tokens
 
@@ -23,31 +23,34 @@ TRAINING = EvaCall(whole=True, kernel=True, dropout=False, grad=True, full_preci
 SCORING = EvaCall(whole=False, kernel=True, dropout=False, grad=False, full_precision=True, one_tile_per_group=True, forks=False)
 
 
-@pytest.mark.parametrize("facts, name", [
-    ({}, "fused"),
-    ({"dropout": True}, "fused"),  # the paper's attention dropout keeps the kernel
-    ({"dropout": True, "full_precision": False}, "fused"),  # bf16 too
-    ({"kernel": False}, "recompute"),
-    ({"kernel": False, "dropout": True}, "recompute"),
-    ({"whole": False}, "tiles"),  # a cache in training: autograd through tiles
+@pytest.mark.parametrize("facts, route", [
+    ({}, Route.FUSED),
+    ({"dropout": True}, Route.FUSED),  # the paper's attention dropout keeps the kernel
+    ({"dropout": True, "full_precision": False}, Route.FUSED),  # bf16 too
+    ({"kernel": False}, Route.RECOMPUTE),
+    ({"kernel": False, "dropout": True}, Route.RECOMPUTE),
+    ({"whole": False}, Route.TILES),  # a cache in training: autograd through tiles
 ])
-def test_a_whole_sequence_takes_the_kernel_unless_the_device_forbids(facts, name):
+def test_a_whole_sequence_takes_the_kernel_unless_the_device_forbids(facts, route):
     path = choose(dataclasses.replace(TRAINING, **facts))
-    assert path.name == name and path.reason
-    assert ("dropout" in path.reason) == (name == "fused" and facts.get("dropout", False))
+    assert path.route is route and not path.split and path.reason
+    assert path.route.whole == facts.get("whole", True) and path.name == route.value
+    assert ("dropout" in path.reason) == (route is Route.FUSED and facts.get("dropout", False))
 
 
-@pytest.mark.parametrize("facts, name", [
-    ({}, "tiles-split"),
-    ({"forks": True}, "forks-split"),
-    ({"grad": True}, "tiles"),  # a graph needs the one-mask SDPA path
-    ({"dropout": True}, "tiles"),
-    ({"full_precision": False}, "tiles"),
-    ({"one_tile_per_group": False}, "tiles"),
-    ({"forks": True, "grad": True}, "forks"),
+@pytest.mark.parametrize("facts, route, split", [
+    ({}, Route.TILES, True),
+    ({"forks": True}, Route.FORKS, True),
+    ({"grad": True}, Route.TILES, False),  # a graph needs the one-mask path
+    ({"dropout": True}, Route.TILES, False),
+    ({"full_precision": False}, Route.TILES, False),
+    ({"one_tile_per_group": False}, Route.TILES, False),
+    ({"forks": True, "grad": True}, Route.FORKS, False),
 ])
-def test_a_cached_call_splits_its_softmax_only_without_graph_dropout_or_low_precision(facts, name):
-    assert choose(dataclasses.replace(SCORING, **facts)).name == name
+def test_a_cached_call_splits_its_softmax_only_without_graph_dropout_or_low_precision(facts, route, split):
+    path = choose(dataclasses.replace(SCORING, **facts))
+    assert (path.route, path.split) == (route, split)
+    assert path.name == route.value + ("-split" if split else "")  # the name is printed, never parsed
 
 
 def _reported(capsys) -> list[str]:

@@ -15,10 +15,10 @@ import dataclasses
 import pytest
 import torch
 
-import evalm.flash
+import evalm.flash_sweep
 from evalm import dropout_mask
 from evalm.tiling import Tiling
-from evalm.whole_sequence import eva_attention
+from evalm.whole_sequence import WholeSequence, eva_attention
 from tests.evalm.oracle import eva_per_token_torch
 from tests.evalm.paths import PLAIN, forced
 from tests.evalm.test_eva import VARIANTS, make_attention
@@ -40,7 +40,7 @@ def _dropping(monkeypatch, seed: int = SEED, p: float = P, **changes):
 def _small_tiles(monkeypatch, rows: int = 24) -> list:
     """The fused path in several remote groups, backward ranges and prefix pieces of 3 chunks."""
     seen = _flash_groups(monkeypatch, rows)
-    monkeypatch.setattr(evalm.flash, "BACKWARD_CHUNKS", 3)
+    monkeypatch.setattr(evalm.flash_sweep, "BACKWARD_CHUNKS", 3)
     return seen
 
 
@@ -101,8 +101,8 @@ def test_p0_is_no_dropout_and_a_vanishing_p_runs_the_dropout_arithmetic_to_the_s
         torch.testing.assert_close(trained[key], value, rtol=0, atol=0, msg=key)
     w, c, maps, inputs = _function_inputs(8, n_blocks=7)
     t = Tiling(w, c, 8, False, 0.4)
-    plain = eva_attention(t, *inputs[:3], maps, inputs[3])
-    tiny = eva_attention(dataclasses.replace(t, dropout=1e-12, seed=3), *inputs[:3], maps, inputs[3])
+    plain = eva_attention(WholeSequence(t, maps=maps), *inputs)
+    tiny = eva_attention(WholeSequence(dataclasses.replace(t, dropout=1e-12, seed=3), maps=maps), *inputs)
     torch.testing.assert_close(tiny, plain, rtol=0, atol=1e-10)  # two kernel calls per part, merged by ℓ and ℓ′
     assert dropout_mask.keep(3, 0.0, torch.tensor(0), torch.tensor(0), torch.arange(500).view(-1, 1), torch.arange(-50, 50)).all()
 

@@ -5,7 +5,7 @@ Run: python -m pytest tests/evalm/test_oracles_long.py -q
   (tests/evalm/oracle.py) against every path a long sequence takes: the recomputing training
   attention on the fused kernel (evalm/flash.py) in 768-row remote groups, and in plain PyTorch
   (evalm/recompute.py) in many block groups with staircase chunk masks, the tiled
-  autograd/eval path (`EvaAttention._attend`) in 8 query tiles of 256 rows split over several
+  autograd/eval path (`tiles.attend`) in 8 query tiles of 256 rows split over several
   tile groups, and incremental encoding through the cache in three uneven segments.
 - O7, the block-local limit: with no remote entry, each query is exact softmax attention over its
   own block (plus the previous block with overlap), on every path, against a dense-mask oracle;
@@ -19,14 +19,13 @@ import numpy as np
 import pytest
 import torch
 
-import evalm.eva
 import evalm.flash
 import evalm.recompute
+from evalm import tiles, whole_sequence
 from evalm.cache import Cache
-from evalm.eva import Entries
-from evalm.eva_paths import EvaPath
-from evalm.whole_sequence import eva_attention
+from evalm.eva_paths import EvaPath, Route
 from evalm.tiling import Tiling
+from evalm.whole_sequence import WholeSequence, eva_attention
 from tests.evalm.oracle import eva_per_token, eva_per_token_vectorised, t5_bucket_ref
 from tests.evalm.paths import PLAIN, TILES, forced
 from tests.evalm.test_eva import BASE, EXACT, VARIANTS, make_attention
@@ -52,8 +51,8 @@ def test_o1_long_sequence_on_the_recompute_tiled_and_cached_paths(name, monkeypa
     x = _x(N_LONG)
     want = eva_per_token_vectorised(attn, x)
 
-    seen_remote, real_remote = [], evalm.flash._remote_groups
-    monkeypatch.setattr(evalm.flash, "_remote_groups", lambda *a: seen_remote.append(real_remote(*a)) or seen_remote[-1])
+    seen_remote, real_remote = [], evalm.flash.remote_groups
+    monkeypatch.setattr(evalm.flash, "remote_groups", lambda *a: seen_remote.append(real_remote(*a)) or seen_remote[-1])
     with torch.no_grad():
         np.testing.assert_allclose(attn(x).numpy(), want, rtol=0, atol=EXACT)  # fused kernel, default groups
     assert len(seen_remote[0]) == 3 and all(g.prefix > 0 for g in seen_remote[0][1:])
@@ -66,17 +65,19 @@ def test_o1_long_sequence_on_the_recompute_tiled_and_cached_paths(name, monkeypa
     assert len(groups) > 4 and any(g.b1 - g.b0 > 1 for g in groups)  # several groups of several blocks
 
     # The tiled path: 8 tiles of 256 rows; a smaller logit budget splits them into groups of 2.
-    monkeypatch.setattr(evalm.eva, "TILE_LOGITS", 1 << 21)
-    calls, real_group = [], attn._attend_group
+    monkeypatch.setattr(tiles, "TILE_LOGITS", 1 << 21)
+    calls, real_plan = [], tiles.plan
 
-    def counted(q_tiles, *args, **kwargs):
-        calls.append(q_tiles.shape[2])
-        return real_group(q_tiles, *args, **kwargs)
+    def counted(*args):
+        found = real_plan(*args)
+        calls.append(found)
+        return found
 
-    monkeypatch.setattr(attn, "_attend_group", counted)
+    monkeypatch.setattr(tiles, "plan", counted)
     with torch.no_grad(), forced(**TILES):
         np.testing.assert_allclose(attn(x).numpy(), want, rtol=0, atol=EXACT)
-        assert len(calls) > 2 and sum(calls) == -(-N_LONG // 256) and max(calls) > 1
+        whole = calls[0]  # several tile groups of several tiles
+        assert whole.n_tiles == -(-N_LONG // 256) and whole.group > 1 and -(-whole.n_tiles // whole.group) > 2
         cache, outs, at = Cache(n_layer=1, batch_size=1), [], 0  # `attn` is layer 0
         for length in (700, 9, N_LONG - 709):  # segment boundaries inside blocks and chunks
             outs.append(attn(x[:, at : at + length], cache=cache))
@@ -118,13 +119,13 @@ def test_o7_without_remote_entries_each_query_is_softmax_over_its_block(name):
         rows, cols = np.arange(w)[:, None], np.arange(ext + w)[None, :]  # key col sits at block start − ext + col
         bias_block = torch.tensor(bias_d[np.clip(rows - cols, 0, None)])
     want = _block_local_oracle(q, k, v, w, ext, bias_d)
-    no_remote = Entries((), (), None, 0.0)
+    t = Tiling(w, c, ext, False, s)
     with torch.no_grad():
-        got = eva_attention(Tiling(w, c, ext, False, s), q, k, v, None, bias_block)
-        ops = eva_attention(Tiling(w, c, ext, False, s, fused=False), q, k, v, None, bias_block)
-        plan = attn._plan(1, 0, n, 0)
-        tiled = attn._attend(*(t.transpose(1, 2) for t in (q, k, v)), no_remote, 0, 0, plan, EvaPath("tiles", "test"))
-        tiled = tiled.transpose(1, 2)
+        got = eva_attention(WholeSequence(t), q, k, v, bias_block)
+        ops = eva_attention(WholeSequence(t, whole_sequence.PLAIN), q, k, v, bias_block)
+        plan = tiles.plan(t, attn.query_tile, H, 0, n, 0)
+        call = tiles.TiledCall(t, plan, EvaPath(Route.TILES, "test"), tiles.Entries((), (), None, 0.0), attn.rel_pos_bias)
+        tiled = tiles.attend(call, *(z.transpose(1, 2) for z in (q, k, v))).transpose(1, 2)
     np.testing.assert_allclose(got.numpy(), want, rtol=0, atol=EXACT)
     np.testing.assert_allclose(ops.numpy(), want, rtol=0, atol=EXACT)
     np.testing.assert_allclose(tiled.numpy(), want, rtol=0, atol=EXACT)

@@ -4,7 +4,7 @@ plain-PyTorch recomputation (evalm/recompute.py, path "recompute"). Dropout agai
 oracle: tests/evalm/test_fused_dropout.py.
 
 Oracles, float64, every parameter's gradient and the input's:
-1. the autograd path through `EvaAttention._attend` (path "tiles", the implementation before
+1. the autograd path through `tiles.attend` (path "tiles", the implementation before
    recomputation, pinned with `forced(**TILES)`), on its single-tile, multi-tile and grouped paths;
 2. `eva_per_token_torch`, the per-token closed form (docs/eva.md; tests/evalm/oracle.py).
 Dropout is checked by gradcheck: backward equals the numerical derivative of the very forward
@@ -18,12 +18,14 @@ import dataclasses
 import pytest
 import torch
 
-import evalm.eva
 import evalm.flash
+import evalm.flash_sweep
 import evalm.recompute
+import evalm.tiles
 import evalm.tiling
-from evalm.whole_sequence import eva_attention
+from evalm import whole_sequence
 from evalm.summaries import AdaptiveMaps
+from evalm.whole_sequence import WholeSequence, eva_attention
 from evalm.tiling import Tiling
 from tests.evalm.oracle import eva_per_token_torch
 from tests.evalm.paths import PLAIN, TILES, forced
@@ -55,13 +57,13 @@ def _assert_same(got: dict, want: dict) -> None:
 
 def _bf16_autocast_grads(monkeypatch, low, x, weight) -> tuple[dict[str, torch.Tensor], list[torch.dtype]]:
     """`low`'s output and gradients under bf16 autocast, and the dtypes the fused kernel was called with."""
-    kernel_dtypes, real = [], evalm.flash._FWD
+    kernel_dtypes, real = [], evalm.flash.Kernel.forward
 
-    def recording(q, *args, **kwargs):
-        kernel_dtypes.append(q.dtype)
-        return real(q, *args, **kwargs)
+    def recording(kernel, scale):
+        kernel_dtypes.append(kernel.q.dtype)
+        return real(kernel, scale)
 
-    monkeypatch.setattr(evalm.flash, "_FWD", recording)
+    monkeypatch.setattr(evalm.flash.Kernel, "forward", recording)
 
     def under_autocast(x):
         with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -79,11 +81,11 @@ def _inputs(n: int, batch: int = 2):
 def _flash_groups(monkeypatch, rows: int = 40) -> list:
     """Remote groups of `rows` queries on the fused path (several per test sequence, each with a
     staircase tail); returns the list of each call's groups, so a test can see the path was taken."""
-    monkeypatch.setattr(evalm.flash, "ROWS", rows)
-    monkeypatch.setattr(evalm.flash, "RANGE_ROWS", 32)  # backward in many ranges, partial over a batch of 2
-    monkeypatch.setattr(evalm.flash, "BACKWARD_ROWS", rows // 2 + 1)  # other groups, prefix pieces
-    seen, real = [], evalm.flash._remote_groups
-    monkeypatch.setattr(evalm.flash, "_remote_groups", lambda *a: seen.append(real(*a)) or seen[-1])
+    monkeypatch.setattr(evalm.flash_sweep, "ROWS", rows)
+    monkeypatch.setattr(evalm.flash_sweep, "RANGE_ROWS", 32)  # backward in many ranges, partial over a batch of 2
+    monkeypatch.setattr(evalm.flash_sweep, "BACKWARD_ROWS", rows // 2 + 1)  # other groups, prefix pieces
+    seen, real = [], evalm.flash.remote_groups
+    monkeypatch.setattr(evalm.flash, "remote_groups", lambda *a: seen.append(real(*a)) or seen[-1])
     return seen
 
 
@@ -97,7 +99,7 @@ def test_gradients_equal_the_autograd_path(name, n, fused, monkeypatch):
     x, weight = _inputs(n)
     seen = _flash_groups(monkeypatch)
     if n == 300:  # several groups on both paths
-        monkeypatch.setattr(evalm.eva, "TILE_LOGITS", 2 * 4 * 256 * 400)
+        monkeypatch.setattr(evalm.tiles, "TILE_LOGITS", 2 * 4 * 256 * 400)
         monkeypatch.setattr(evalm.tiling, "GROUP_LOGITS", 2 * 4 * 3 * attn.window_size * 120)
     with forced(**({} if fused else PLAIN)):
         new = _grads(attn, attn, x, weight)
@@ -166,12 +168,12 @@ def test_dropout_masks_and_noise_are_replayed_exactly_in_backward(ext, budget, f
     and training noise ε (both from seeds) it must replay while recomputing the chunk state."""
     monkeypatch.setattr(evalm.recompute, "MIN_PIECE", 3)  # the smallest budget cuts blocks into pieces
     _flash_groups(monkeypatch, rows=16)  # the fused path in several groups, ranges and prefix pieces
-    monkeypatch.setattr(evalm.flash, "BACKWARD_CHUNKS", 3)
+    monkeypatch.setattr(evalm.flash_sweep, "BACKWARD_CHUNKS", 3)
     w, c, maps, inputs = _function_inputs(ext)
-    tiling = Tiling(w, c, ext, False, 0.4, dropout=0.3, seed=11, group_logits=budget, fused=fused, noise_seed=5)
+    tiling = Tiling(w, c, ext, False, 0.4, dropout=0.3, seed=11, group_logits=budget, noise_seed=5)
 
     def attend(*x, t=tiling):
-        return eva_attention(t, *x[:3], maps, x[3])
+        return eva_attention(WholeSequence(t, whole_sequence.FUSED if fused else whole_sequence.PLAIN, maps), *x)
 
     assert torch.autograd.gradcheck(attend, inputs, eps=1e-6, atol=1e-8, fast_mode=True)
     dropped = attend(*inputs)
@@ -269,7 +271,7 @@ def test_bf16_autocast_does_not_reach_inside_the_function():
     outs = []
     for enabled in (False, True):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=enabled):
-            out = eva_attention(tiling, *low[:3], maps, low[3])
+            out = eva_attention(WholeSequence(tiling, maps=maps), *low)
         out.float().pow(2).sum().backward()
         outs.append([out.detach()] + [x.grad.clone() for x in low])
         for x in low:
@@ -333,7 +335,7 @@ def test_the_fused_backward_leaves_a_direct_callers_inputs_intact():
     w, c, maps, inputs = _function_inputs(0)
     before = [x.detach().clone() for x in inputs]
     tiling = Tiling(w, c, 0, False, 0.4)
-    eva_attention(tiling, *inputs[:3], maps, inputs[3]).pow(2).sum().backward()
+    eva_attention(WholeSequence(tiling, maps=maps), *inputs).pow(2).sum().backward()
     for x, kept in zip(inputs, before):
         torch.testing.assert_close(x.detach(), kept, rtol=0, atol=0)
         assert x.grad is not None and x.grad.abs().max() > 0

@@ -118,11 +118,13 @@ def test_a_config_json_that_does_not_describe_the_weights_is_refused(exported, c
     assert said in str(err.value) and str(exported / "config.json") in str(err.value)
 
 
-def test_shapes_are_checked_for_weights_saved_without_their_config(exported):
+def test_shapes_are_checked_when_the_weights_record_was_edited_too(exported):
+    """The saved config record rewritten to agree with an edited config.json: the tensors still refuse it."""
     from safetensors.torch import load_file, save_file
 
-    save_file(load_file(exported / "model.safetensors"), exported / "model.safetensors")  # no metadata
     _edit_config(exported, d_ff=48)
+    record = json.dumps(json.loads((exported / "config.json").read_text())["model"], sort_keys=True)
+    save_file(load_file(exported / "model.safetensors"), exported / "model.safetensors", metadata={"evalm.model": record})
     with pytest.raises(ValueError, match=r"does not match the shapes .*\(32, 16\), config \(48, 16\)"):
         load_model(exported)
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from evalm.icl_eval.config import PerplexityConfig
 from evalm.icl_eval.perplexity.books import iter_books
 from evalm.icl_eval.perplexity.lengths import bucket_report, cached_nll, evaluate, window_nll
 from tests.icl_eval.conftest import tiny_evalm
@@ -42,7 +43,8 @@ def test_report_buckets_and_word_perplexity(tmp_path):
     (tmp_path / "a.txt").write_text("one two three four five six seven eight nine ten " * 8)
     (tmp_path / "b.txt").write_text("short book here")
     books = list(iter_books([tmp_path]))
-    res = evaluate(lm, books, max_tokens=300, segment_tokens=64, buckets=(32, 128, 512), window=64, stride=32)
+    config = PerplexityConfig(max_tokens=300, segment_tokens=64, buckets=(32, 128, 512), window_tokens=64, stride_tokens=32)
+    res = evaluate(lm, books, config)
     cached = res["protocols"]["cached"]["buckets"]
     assert [r["books"] for r in cached] == [2, 1, 1]  # only the long book reaches 32+
     assert sum(r["tokens"] for r in cached) == sum(b["tokens"] for b in res["books"])
@@ -80,9 +82,9 @@ def test_references_bits_per_byte_and_fixed_positions_against_direct_computation
     unigram = fit_unigram(tmp_path / "shards", 257)
     counts = np.bincount(train_ids, minlength=257) + 1.0  # add-one, computed independently
     assert np.allclose(unigram, np.log(counts / counts.sum()))
-    fixed = {"contexts": (4, 32, 128), "target_tokens": 16, "targets_per_book": 2}
-    res = evaluate(lm, [("book", text)], max_tokens=600, segment_tokens=64, buckets=(256, 1024), baselines=(),
-                   unigram_logp=unigram, fixed=fixed)
+    config = PerplexityConfig(max_tokens=600, segment_tokens=64, buckets=(256, 1024), baselines=(), fixed_contexts=(4, 32, 128),
+                              fixed_target_tokens=16, fixed_targets_per_book=2)
+    res = evaluate(lm, [("book", text)], config, unigram_logp=unigram)
     tokens = list(text.encode())[:600]
     ref = res["references"]
     assert ref["uniform"]["overall"]["token_ppl"] == pytest.approx(257)  # byte tokenizer: 256 bytes + eos
