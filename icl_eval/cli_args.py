@@ -16,6 +16,8 @@ ICL_SECTIONS = ("eval", "eval.method", "model", "synthetic")
 """The settings sections of `evalm eval icl`; a file or flag naming another is refused (settings.Layers)."""
 PPL_SECTIONS = ("ppl", "model", "synthetic")
 """The settings sections of `evalm eval ppl`."""
+RECALL_SECTIONS = ("recall", "model", "synthetic")
+"""The settings sections of `evalm eval recall`."""
 
 
 def _listed(sections: Sequence[str]) -> str:
@@ -197,7 +199,7 @@ def recall_parser() -> Parser:
         "families: passkey (filler haystack), niah_single, niah_multikey, niah_multivalue, niah_multiquery (RULER), "
         "variable_tracking (RULER), kv_recall (HELMET's JSON KV), mqar (Zoology's MQAR); the haystack before each "
         "needle is encoded once and forked for every depth"))
-    common(p, "runs/eval-recall", "[recall], [model], [synthetic]")
+    common(p, "runs/eval-recall", _listed(RECALL_SECTIONS))
     p.add_argument("--tasks", type=csv(str, FAMILIES), metavar="T1,T2", help="families, comma-separated, from "
                    f"{', '.join(FAMILIES)} (default: all of them)")
     p.add_argument("--lengths", type=csv(int), metavar="L1,L2", help="prompt lengths in the model's own tokens, up to "
@@ -214,5 +216,9 @@ def recall_parser() -> Parser:
                    "jsonl/parquet with `text`, or a cached id such as deepmind/pg19:test (default: none)")
     p.add_argument("--save-predictions", action="store_true", help="write predictions.jsonl: every prompt's "
                    "generation, extracted answer and gold (default: off)")
+    p.add_argument("--eva-ablation", choices=("none", "no-remote", "chunk-window"), help="EVA's component ablation, "
+                   "recorded in every cell: no-remote switches the chunk summaries off (the window alone), chunk-window "
+                   "cuts the local window to the query's chunk (the summaries carry the rest); EVA models only "
+                   f"(default: {_default(RecallConfig, 'eva_ablation')})")
     overwrite(p)
     return p

@@ -21,12 +21,12 @@ from pathlib import Path
 
 from evalm.config_toolkit import ConfigError, build, split_overrides, to_dict
 from evalm.icl_eval.cli import _execution, _flags, _model_stamp, _tiny_sections, _where
-from evalm.icl_eval.cli_args import recall_parser
+from evalm.icl_eval.cli_args import RECALL_SECTIONS, recall_parser
 from evalm.icl_eval.protocol.units import Progress, UnitStore, hold, join, run_units, stamp
 from evalm.icl_eval.recall.config import RecallConfig, model_options
 
 FLAGS = {"tasks": "tasks", "lengths": "lengths", "depths": "depths", "seeds": "seeds", "items": "items",
-         "haystack": "haystack", "books": "books", "save_predictions": "save_predictions"}
+         "haystack": "haystack", "books": "books", "save_predictions": "save_predictions", "eva_ablation": "eva_ablation"}
 """Flag attribute -> `[recall]` key."""
 
 
@@ -35,7 +35,7 @@ def recall(argv: Sequence[str]) -> int:
 
     overrides, rest = split_overrides(argv)
     args = recall_parser().parse_args(rest)
-    layers = Layers(args.config, overrides)
+    layers = Layers(args.config, overrides, RECALL_SECTIONS)
     if args.books:
         args.books = tuple(args.books)
     _flags(layers, "recall", args, FLAGS)
@@ -43,6 +43,9 @@ def recall(argv: Sequence[str]) -> int:
     config = build(RecallConfig, layers.section("recall"), where=f"{where} [recall]")
     model_cfg, syn = _tiny_sections(layers, args, where, need_synthetic=False)
     _check_generates(args)
+    if model_cfg is not None and config.eva_ablation != "none" and model_cfg.attention != "eva":
+        raise ConfigError(f"--eva-ablation {config.eva_ablation}: the built-in model's attention is "
+                          f"{model_cfg.attention!r}, not EVA; set --model.attention=eva or --eva-ablation none")
     if model_cfg is not None:  # the built-in model trains first: check the items with its byte tokenizer now
         from evalm.text.tokenizer import ByteTokenizer
 
@@ -99,6 +102,12 @@ def load(args, config, model_cfg, syn, world):
     lm = load_lm(args, world.device(options.device), options.dtype, model_cfg, syn, options.context_window)
     if not all(hasattr(lm, m) for m in ("new_state", "extend", "fork")):
         raise ConfigError(f"{lm.name}: this model has no incremental cache to generate through; recall needs a causal LM")
+    if options.eva_ablation != "none":
+        from evalm.eva import ablate
+
+        if ablate(lm.model, options.eva_ablation) == 0:
+            raise ConfigError(f"--eva-ablation {options.eva_ablation}: {lm.name} has no EVA attention layer to "
+                              "ablate; give an EVA model (an EVALM --checkpoint, an EVA --hf-model) or --eva-ablation none")
     return lm, options
 
 

@@ -67,6 +67,10 @@ class RecallConfig:
     """Model dtype."""
     context_window: int | None = None
     """Override the model's window (EVALM: no limit; HF: max_position_embeddings)."""
+    eva_ablation: Literal["none", "no-remote", "chunk-window"] = "none"
+    """EVA's component ablation at evaluation time (evalm/tiling.py, `Ablation`): `no-remote` switches the chunk
+    summaries off (the window alone), `chunk-window` cuts the local window to the query's chunk (the summaries
+    carry everything else). A model without EVA attention is refused with anything but none."""
 
     def __post_init__(self) -> None:
         for name in ("tasks", "lengths", "depths", "seeds"):
@@ -107,7 +111,9 @@ class ModelOptions:
     device: str = "cpu"
     dtype: str = "float32"
     context_window: int | None = None
+    eva_ablation: str = "none"
 
 
 def model_options(config: RecallConfig) -> ModelOptions:
-    return ModelOptions(device=config.device, dtype=config.dtype, context_window=config.context_window)
+    return ModelOptions(device=config.device, dtype=config.dtype, context_window=config.context_window,
+                        eva_ablation=config.eva_ablation)

@@ -15,9 +15,10 @@ def results(metas: list[dict], config, header: dict) -> dict:
     for task in config.tasks:
         spec = families.spec(task, item_rng(task, config.seeds[0], 0, "spec"), config)
         rates[task] = (spec.chance, spec.context_guess)  # the same for every item of a task
-    return {"command": "recall", **header, "cells": cells(records, config, rates),
+    ablation = {"eva_ablation": config.eva_ablation}  # every cell and record says which EVA it scored
+    return {"command": "recall", **header, "cells": [{**c, **ablation} for c in cells(records, config, rates)],
             "cost": cost_rows([c for m in metas for c in m["cost"]], config),
-            "records": [{k: v for k, v in r.items() if k != "generated"} for r in records]}
+            "records": [{**{k: v for k, v in r.items() if k != "generated"}, **ablation} for r in records]}
 
 
 def write(out: Path, data: dict, metas: list[dict], config) -> None:

@@ -190,7 +190,7 @@ def test_a_run_resumes_its_finished_units_and_refuses_other_settings(byte_model,
     assert [(c["task"], c["length"], c["depth"]) for c in before["cells"]] == \
         [(t, 700, d) for t in ("passkey", "mqar") for d in (0, 100)]
     assert {"task", "length", "depth", "accuracy", "chance", "tokens"} <= set(before["cells"][0])
-    assert before["model_options"] == {"device": "cpu", "dtype": "float32", "context_window": None}
+    assert before["model_options"] == {"device": "cpu", "dtype": "float32", "context_window": None, "eva_ablation": "none"}
     (out / "units" / "00002-mqar-700-seed1.npz").unlink()
     again = evalm("--checkpoint", str(byte_model), *SMALL, out=out)
     assert again.returncode == 0, again.stderr
@@ -224,3 +224,36 @@ def test_every_bad_input_is_one_line_before_any_work(byte_model, tmp_path):
               str(tmp_path / "short.txt")], "give more books or lower --lengths"))):
         out = tmp_path / f"out{i}"
         one_line_refusal(evalm(*args, out=out), out, words)
+
+
+def test_the_eva_ablation_reaches_every_eva_layer_and_every_cell(byte_model, tmp_path):
+    """`--eva-ablation` is recorded in model_options, every cell and every record; the loaded model's
+    layers carry it (tests/evalm/test_eva_ablation.py proves what it then computes); a model with no
+    EVA layer is refused in one line before any unit."""
+    from evalm.icl_eval.cli_args import recall_parser
+    from evalm.icl_eval.recall.command import load
+    from evalm.io import save_model
+    from evalm.tiling import Ablation
+
+    out = tmp_path / "out"
+    run = evalm("--checkpoint", str(byte_model), *SMALL, "--eva-ablation", "chunk-window", out=out)
+    assert run.returncode == 0, run.stderr
+    data = json.loads((out / "results.json").read_text())
+    assert data["model_options"]["eva_ablation"] == "chunk-window"
+    assert {c["eva_ablation"] for c in data["cells"] + data["records"]} == {"chunk-window"}
+    assert data["settings"]["values"]["recall"]["eva_ablation"] == "chunk-window"
+
+    class World:
+        def device(self, name):
+            return name
+
+    args = recall_parser().parse_args(["--checkpoint", str(byte_model)])
+    for name in ("none", "no-remote", "chunk-window"):
+        lm, options = load(args, RecallConfig(eva_ablation=name), None, None, World())
+        assert options.eva_ablation == name
+        assert [b.attn.layout.ablation for b in lm.model.blocks] == [Ablation(name)]
+
+    full = save_model(models.visible_model(ModelConfig(vocab_size=257, d_model=16, n_layer=1, n_head=2, d_ff=32,
+                                                       attention="full")), tmp_path / "full")
+    refused = evalm("--checkpoint", str(full), *SMALL, "--eva-ablation", "no-remote", out=tmp_path / "out2")
+    one_line_refusal(refused, tmp_path / "out2", "has no EVA attention layer")
