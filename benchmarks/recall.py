@@ -294,7 +294,7 @@ def tables(out: Path) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     ints = lambda text: [int(v) for v in text.split(",")]  # noqa: E731
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="runs/recall", help="output folder (default: runs/recall)")
     p.add_argument("--tables", action="store_true", help="print the markdown tables of --out and stop")
     p.add_argument("--archs", type=lambda t: t.split(","), default=list(ARCHS), help="default: eva,full,window,mamba")
