@@ -20,6 +20,7 @@ import torch
 from evalm import EvalmModel, ModelConfig
 from evalm.eva import ablate
 from evalm.tiling import Ablation
+from tests import models
 from tests.evalm.oracle import t5_bucket_ref
 from tests.evalm.paths import PLAIN, TILES, forced, recorded
 
@@ -34,14 +35,8 @@ SHAPES = {  # plain causal blocks (the kernel's own mask unless chunk-window), a
 
 
 def model(**changes) -> EvalmModel:
-    torch.manual_seed(0)
-    m = EvalmModel(dataclasses.replace(BASE, **changes))
-    m.init_weights()
-    with torch.no_grad():
-        for p in m.parameters():
-            if p.dim() > 1:
-                p.normal_(0, 0.3)  # visible attention patterns (tests/models.py's reason)
-    return m.double().eval()
+    """BASE with `changes`, every matrix drawn from N(0, 0.3²) (tests/models.py's reason), float64."""
+    return models.visible_model(dataclasses.replace(BASE, **changes)).double().eval()
 
 
 def heads(attn, x: torch.Tensor) -> tuple[torch.Tensor, ...]:

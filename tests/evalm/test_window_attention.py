@@ -20,6 +20,7 @@ import torch
 from evalm import EvalmModel, ModelConfig
 from evalm.cache import merge
 from evalm.window_attention import WindowState
+from tests import models
 
 EXACT = 1e-10  # float64: sums reassociated, nothing else
 BASE = ModelConfig(vocab_size=61, d_model=32, n_layer=2, n_head=4, d_ff=64, window_size=8, chunk_size=4,
@@ -27,14 +28,8 @@ BASE = ModelConfig(vocab_size=61, d_model=32, n_layer=2, n_head=4, d_ff=64, wind
 
 
 def model(**changes) -> EvalmModel:
-    torch.manual_seed(0)
-    m = EvalmModel(dataclasses.replace(BASE, **changes))
-    m.init_weights()
-    with torch.no_grad():
-        for p in m.parameters():
-            if p.dim() > 1:
-                p.normal_(0, 0.3)  # visible attention patterns (tests/models.py's reason)
-    return m.double().eval()
+    """BASE with `changes`, every matrix drawn from N(0, 0.3²) (tests/models.py's reason), float64."""
+    return models.visible_model(dataclasses.replace(BASE, **changes)).double().eval()
 
 
 def tokens(n: int, batch: int = 1, seed: int = 1) -> torch.Tensor:
