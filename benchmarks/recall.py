@@ -25,10 +25,16 @@ Mamba twin's recurrent state). Window-only attention (n·w key reads) and Mamba 
 summaries (c = 4 here: an eighth of full attention's reads at any length) and stops at
 --eva-max-length; each cell records its seconds per item.
 
+EVA's component ablations (`--ablations`, evalm/tiling.py's `Ablation`) are read on the trained EVA
+model itself, no retraining: `eva-no-remote` (the chunk summaries off: its window alone) and
+`eva-chunk-window` (the window cut to the query's chunk: the summaries carry the rest), each on every
+cell EVA reads. Beside `window` (trained without summaries) they say whether EVA's summaries carry
+what it retrieves past its window (arXiv 2510.05901's question for window + linear hybrids).
+
 Resumable: a model's training checkpoints every --checkpoint-every steps (`OUT/models/`, loaded with
 weights_only=True), each test cell is one file in `OUT/cells/`; a rerun skips what is there. The
-settings are `OUT/settings.json`; a rerun with other ones is refused (--archs, --widths and --threads
-aside: processes on different archs may share one --out, e.g. `--archs mamba` beside
+settings are `OUT/settings.json`; a rerun with other ones is refused (--archs, --widths, --ablations
+and --threads aside: processes on different archs may share one --out, e.g. `--archs mamba` beside
 `--archs eva,full,window` on a second core).
 """
 
@@ -48,6 +54,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # recall_ssm beside this file
 
 from evalm import EvalmModel, ModelConfig  # noqa: E402
+from evalm.eva import ablate  # noqa: E402
 from evalm.icl_eval.stats.bootstrap import hierarchical_interval  # noqa: E402
 
 PASSKEY_TOKENS = 4
@@ -235,7 +242,7 @@ def cells(arch: str, width: int, args) -> list[tuple[str, int]]:
 
 def run_grid(args) -> None:
     out = Path(args.out)
-    settings = {k: v for k, v in vars(args).items() if k not in ("out", "tables", "archs", "widths", "threads")}
+    settings = {k: v for k, v in vars(args).items() if k not in ("out", "tables", "archs", "widths", "threads", "ablations")}
     # (which models a process trains is not how any is trained: two processes may share --out on other archs)
     saved = out / "settings.json"
     if saved.is_file() and json.loads(saved.read_text()) != json.loads(json.dumps(settings)):
@@ -246,22 +253,32 @@ def run_grid(args) -> None:
     order = [(a, w) for w in args.widths for a in sorted(args.archs, key=lambda a: a == "mamba")]  # a width whole,
     # Mamba last in it: its step costs ~5x an attention step here (benchmarks/recall_ssm.py)
     for arch, width in order:
-        todo = [c for c in cells(arch, width, args) if not _cell_path(out, arch, width, *c).is_file()]
-        if not todo:
+        readings = {arch: "none", **({f"eva-{a}": a for a in args.ablations} if arch == "eva" else {})}
+        todo = {name: [c for c in cells(arch, width, args) if not _cell_path(out, name, width, *c).is_file()]
+                for name in readings}
+        if not any(todo.values()):
             continue
         model, log = train(arch, width, args, out)
         (out / "models" / f"{arch}-{width}.json").write_text(json.dumps(log, indent=1))
-        for test, x_value in todo:
-            cell = {"arch": arch, "width": width, **evaluate(model, test, x_value, args)}
-            _cell_path(out, arch, width, test, x_value).write_text(json.dumps(cell))
-            print(f"{arch}-{width} {test} {x_value}: {cell['accuracy']:.3f} [{cell['ci95'][0]:.2f}, "
-                  f"{cell['ci95'][1]:.2f}] ({cell['seconds_per_item']:.1f} s/item)", flush=True)
+        for name, wanted in todo.items():
+            if arch == "eva":
+                ablate(model, readings[name])  # the trained weights, one branch of the softmax switched
+            for test, x_value in wanted:
+                cell = {"arch": name, "width": width, **evaluate(model, test, x_value, args)}
+                _cell_path(out, name, width, test, x_value).write_text(json.dumps(cell))
+                print(f"{name}-{width} {test} {x_value}: {cell['accuracy']:.3f} [{cell['ci95'][0]:.2f}, "
+                      f"{cell['ci95'][1]:.2f}] ({cell['seconds_per_item']:.1f} s/item)", flush=True)
 
 
 def _cell_path(out: Path, arch: str, width: int, test: str, x_value: int) -> Path:
     path = out / "cells" / f"{arch}-{width}-{test}-{x_value}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def _rank(arch: str) -> tuple[int, str]:
+    """Table order: ARCHS, each EVA ablation after EVA."""
+    return ARCHS.index(arch.split("-")[0]), arch
 
 
 def tables(out: Path) -> str:
@@ -275,7 +292,7 @@ def tables(out: Path) -> str:
         xs = sorted({c["x"] for c in rows})
         lines += [f"\n**{test}**: accuracy [95% interval] by {axis}", "",
                   "| model | width | " + " | ".join(f"{x:,}" for x in xs) + " |", "|---|---|" + "---|" * len(xs)]
-        for arch, width in sorted({(c["arch"], c["width"]) for c in rows}, key=lambda a: (a[1], ARCHS.index(a[0]))):
+        for arch, width in sorted({(c["arch"], c["width"]) for c in rows}, key=lambda a: (a[1], _rank(a[0]))):
             by_x = {c["x"]: c for c in rows if (c["arch"], c["width"]) == (arch, width)}
             lines.append(f"| {arch} | {width} | " + " | ".join(
                 f"{by_x[x]['accuracy']:.2f} [{by_x[x]['ci95'][0]:.2f}, {by_x[x]['ci95'][1]:.2f}]" if x in by_x else "-"
@@ -321,13 +338,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--long-from", type=int, default=4096, help="length past which --long-items apply (default: 4096)")
     p.add_argument("--seed", type=int, default=0, help="model init and data seed (default: 0)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
+    p.add_argument("--ablations", type=lambda t: [a for a in t.split(",") if a], default=["no-remote", "chunk-window"],
+                   help="EVA's ablations read on the trained EVA model, '' for none (default: no-remote,chunk-window)")
     args = p.parse_args(argv)
     if args.tables:
         print(tables(Path(args.out)))
         return
-    bad = [a for a in args.archs if a not in ARCHS]
+    bad = [a for a in args.archs if a not in ARCHS] + [a for a in args.ablations if a not in ("no-remote", "chunk-window")]
     if bad or max(args.train_kv + args.test_kv) * 4 > args.seq_len:
-        raise SystemExit(f"--archs from {ARCHS}; pairs at most --seq-len / 4 (Zoology's constraint)")
+        raise SystemExit(f"--archs from {ARCHS}, --ablations from no-remote, chunk-window; pairs at most --seq-len / 4 "
+                         "(Zoology's constraint)")
     run_grid(args)
 
 

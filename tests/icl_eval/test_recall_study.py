@@ -73,7 +73,7 @@ def test_a_grid_resumes_and_refuses_other_settings(tmp_path, capsys):
             "--items", "2", "--long-items", "1", "--lengths", "64,128", "--train-kv", "4", "--test-kv", "4"]
     study.main(args)
     cells = sorted(p.name for p in (tmp_path / "cells").iterdir())
-    assert cells == sorted(f"{a}-16-{t}.json" for a in ("eva", "mamba")
+    assert cells == sorted(f"{a}-16-{t}.json" for a in ("eva", "eva-no-remote", "eva-chunk-window", "mamba")
                            for t in ("kv-4", "passkey-64", "passkey-128", "mqar_far-64", "mqar_far-128"))
     first = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "cells").iterdir()}
     study.main(args)  # everything there: nothing retrained, nothing rewritten
@@ -83,4 +83,5 @@ def test_a_grid_resumes_and_refuses_other_settings(tmp_path, capsys):
     with pytest.raises(SystemExit, match="other settings"):
         study.main([*args[:-2], "--test-kv", "8"])
     study.main(["--out", str(tmp_path), "--tables"])
-    assert "| eva | 16 |" in capsys.readouterr().out
+    table = capsys.readouterr().out
+    assert "| eva | 16 |" in table and "| eva-no-remote | 16 |" in table and "| eva-chunk-window | 16 |" in table
