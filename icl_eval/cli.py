@@ -73,7 +73,7 @@ def icl(argv: Sequence[str]) -> int:
                                   "save_predictions": "save_predictions", "budgets": "budgets",
                                   "label_map": "label_map", "order": "order", "order_seeds": "order_seeds",
                                   "nearest": "nearest", "nearest_k": "nearest_k",
-                                  "nearest_embedding": "nearest_embedding"})
+                                  "nearest_embedding": "nearest_embedding", "eva_ablation": "eva_ablation"})
     where = _where(args)
     config = build(EvalConfig, layers.section("eval"), where=f"{where} [eval]")
     options = build(MethodOptions, layers.section("eval.method"), where=f"{where} [eval.method]")
@@ -101,11 +101,12 @@ def icl(argv: Sequence[str]) -> int:
 
 def _run_icl(args, config, options, model_cfg, syn, task, splits_for_seed, data_info, store) -> dict | None:
     """This rank's units of the grid; on rank 0 then every unit merged in order into the results."""
-    from evalm.icl_eval.models.loading import describe, load_lm
+    from evalm.icl_eval.models.loading import ablate_lm, describe, load_lm
     from evalm.icl_eval.protocol.runner import Runner
 
     world = store.world
     lm = load_lm(args, world.device(config.device), config.dtype, model_cfg, syn, config.context_window)
+    ablate_lm(lm, config.eva_ablation)
     runner = Runner(lm, task, config, options, splits_for_seed)
     runner.check_budgets()  # a budget below one demonstration is refused before any scoring
     label_tokens = runner.prompt_for(config.seeds[0]).label_token_counts()
@@ -188,7 +189,8 @@ def ppl(argv: Sequence[str]) -> int:
     if args.books:
         args.books = tuple(args.books)
     _flags(layers, "ppl", args, {"books": "books", "lengths": "buckets", "max_tokens": "max_tokens",
-                                 "unigram_shards": "unigram_shards", "fixed_contexts": "fixed_contexts"})
+                                 "unigram_shards": "unigram_shards", "fixed_contexts": "fixed_contexts",
+                                 "eva_ablation": "eva_ablation"})
     where = _where(args)
     config = build(PerplexityConfig, layers.section("ppl"), where=f"{where} [ppl]")
     flag = "--max-tokens" if layers.sources.get("ppl.max_tokens") == "--max-tokens" else "ppl.max_tokens"
@@ -208,7 +210,7 @@ def ppl(argv: Sequence[str]) -> int:
 
 def _ppl(args, config, settings: dict, model_cfg, syn, world) -> int:
     from evalm.icl_eval.perplexity.books import iter_books
-    from evalm.icl_eval.models.loading import load_lm
+    from evalm.icl_eval.models.loading import ablate_lm, load_lm
     from evalm.icl_eval.settings import render
     from evalm.icl_eval.protocol.supply import ppl_reach
 
@@ -218,6 +220,7 @@ def _ppl(args, config, settings: dict, model_cfg, syn, world) -> int:
            "books": {str(b): stamp(b) for b in config.books}, "unigram": stamp(config.unigram_shards or "")}
     store = UnitStore(Path(args.out) / "units", key, args.overwrite, world)
     lm = load_lm(args, world.device(config.device), config.dtype, model_cfg, syn, None)
+    ablate_lm(lm, config.eva_ablation)
     fixed_need = max(config.fixed_contexts) + config.fixed_target_tokens if config.fixed_contexts else 0
     skipped = ppl_reach(iter_books(config.books, config.max_books), lm.tokenizer.encode, config.buckets,
                         fixed_need, args.allow_skip)

@@ -45,6 +45,14 @@ def common(parser: Parser, out: str, sections: str | None) -> None:
                             "(default: none; every key below)")
 
 
+def eva_ablation(parser: Parser, cls) -> None:
+    """--eva-ablation: EVA's component ablation at evaluation time (evalm/tiling.py, `Ablation`)."""
+    parser.add_argument("--eva-ablation", choices=("none", "no-remote", "chunk-window"), help="EVA's component "
+                        "ablation, kept in the settings: no-remote switches the chunk summaries off (the window alone), "
+                        "chunk-window cuts the local window to the query's chunk (the summaries carry the rest); EVA "
+                        f"models only (default: {_default(cls, 'eva_ablation')})")
+
+
 def allow_skip(parser: Parser, what: str) -> None:
     parser.add_argument("--allow-skip", action="store_true", help=f"drop {what} and record the skip in "
                         "results.json (default: off, any shortfall is an error)")
@@ -131,6 +139,7 @@ def icl_parser() -> Parser:
     p.add_argument("--save-predictions", action="store_true", help="write predictions.jsonl: every candidate's "
                    "score per item, method, shot and seed (default: off)")
     protocol_options(p)
+    eva_ablation(p, EvalConfig)
     allow_skip(p, "shot counts above the training pool and a --test-items above the split (scoring all)")
     overwrite(p)
     return p
@@ -185,6 +194,7 @@ def ppl_parser() -> Parser:
                    "unigram reference (default: none, uniform reference only)")
     p.add_argument("--fixed-contexts", type=csv(int), metavar="C1,C2", help="context lengths of the fixed-position "
                    "protocol (the same targets after each), e.g. 16,256,4096 (default: none, protocol off)")
+    eva_ablation(p, PerplexityConfig)
     allow_skip(p, "--lengths buckets that no book reaches")
     overwrite(p)
     return p
@@ -216,9 +226,6 @@ def recall_parser() -> Parser:
                    "jsonl/parquet with `text`, or a cached id such as deepmind/pg19:test (default: none)")
     p.add_argument("--save-predictions", action="store_true", help="write predictions.jsonl: every prompt's "
                    "generation, extracted answer and gold (default: off)")
-    p.add_argument("--eva-ablation", choices=("none", "no-remote", "chunk-window"), help="EVA's component ablation, "
-                   "recorded in every cell: no-remote switches the chunk summaries off (the window alone), chunk-window "
-                   "cuts the local window to the query's chunk (the summaries carry the rest); EVA models only "
-                   f"(default: {_default(RecallConfig, 'eva_ablation')})")
+    eva_ablation(p, RecallConfig)
     overwrite(p)
     return p

@@ -96,18 +96,13 @@ def _check_items(config, tokenizer, window: int | None) -> tuple[tuple[int, ...]
 
 def load(args, config, model_cfg, syn, world):
     """The model to score, loaded with the run's `ModelOptions` (recorded as results.json's `model_options`)."""
-    from evalm.icl_eval.models.loading import load_lm
+    from evalm.icl_eval.models.loading import ablate_lm, load_lm
 
     options = model_options(config)
     lm = load_lm(args, world.device(options.device), options.dtype, model_cfg, syn, options.context_window)
     if not all(hasattr(lm, m) for m in ("new_state", "extend", "fork")):
         raise ConfigError(f"{lm.name}: this model has no incremental cache to generate through; recall needs a causal LM")
-    if options.eva_ablation != "none":
-        from evalm.eva import ablate
-
-        if ablate(lm.model, options.eva_ablation) == 0:
-            raise ConfigError(f"--eva-ablation {options.eva_ablation}: {lm.name} has no EVA attention layer to "
-                              "ablate; give an EVA model (an EVALM --checkpoint, an EVA --hf-model) or --eva-ablation none")
+    ablate_lm(lm, options.eva_ablation)
     return lm, options
 
 

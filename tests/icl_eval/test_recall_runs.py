@@ -257,3 +257,28 @@ def test_the_eva_ablation_reaches_every_eva_layer_and_every_cell(byte_model, tmp
                                                        attention="full")), tmp_path / "full")
     refused = evalm("--checkpoint", str(full), *SMALL, "--eva-ablation", "no-remote", out=tmp_path / "out2")
     one_line_refusal(refused, tmp_path / "out2", "has no EVA attention layer")
+
+
+def test_eval_ppl_and_icl_take_the_same_ablation(byte_model, tmp_path, capsys):
+    """`--eva-ablation` on `evalm eval ppl`: kept in the settings, and the model it scores is the ablated one
+    (each ablation its own perplexity on the same book); `evalm eval icl` refuses it for full attention."""
+    from evalm.icl_eval.cli import main
+    from evalm.io import save_model
+
+    (tmp_path / "books").mkdir()
+    (tmp_path / "books" / "a.txt").write_text("a passage of words that repeat, and words that do not. " * 8)
+    ppl = {}
+    for name in ("none", "no-remote", "chunk-window"):
+        out = tmp_path / name
+        assert main(["ppl", "--checkpoint", str(byte_model), "--books", str(tmp_path / "books"), "--lengths", "64,256",
+                     "--ppl.segment_tokens=64", "--eva-ablation", name, "--out", str(out)]) == 0
+        res = json.loads((out / "results.json").read_text())
+        assert res["settings"]["values"]["ppl"]["eva_ablation"] == name
+        ppl[name] = res["protocols"]["cached"]["overall"]["token_ppl"]
+    assert len({round(v, 6) for v in ppl.values()}) == 3, ppl
+    full = save_model(models.visible_model(ModelConfig(vocab_size=257, d_model=16, n_layer=1, n_head=2, d_ff=32,
+                                                       attention="full")), tmp_path / "full")
+    capsys.readouterr()
+    assert main(["icl", "--checkpoint", str(full), "--eva-ablation", "no-remote", "--shots", "0", "--seeds", "1",
+                 "--out", str(tmp_path / "icl")]) == 2
+    assert "has no EVA attention layer" in capsys.readouterr().err
