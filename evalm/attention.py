@@ -12,5 +12,6 @@ from torch import nn
 
 from evalm.eva import EvaAttention
 from evalm.full_attention import FullAttention
+from evalm.window_attention import WindowAttention
 
-ATTENTION: dict[str, type[nn.Module]] = {"eva": EvaAttention, "full": FullAttention}
+ATTENTION: dict[str, type[nn.Module]] = {"eva": EvaAttention, "full": FullAttention, "window": WindowAttention}

@@ -34,7 +34,7 @@ from evalm.cache import Cache, Parts, parts_append, parts_bytes, parts_len
 from evalm.eva_paths import EvaCall, EvaPath, Route
 from evalm.heads import HeadProjections
 from evalm.summaries import AdaptiveMaps
-from evalm.tiling import Tiling
+from evalm.tiling import Ablation, Tiling
 
 
 def t5_bucket(distance: Tensor, num_buckets: int, max_distance: int) -> Tensor:
@@ -115,6 +115,11 @@ class EvaAttention(HeadProjections):
         # less often but waste more masked local logits; 2w or 256 rows measured fastest
         # (benchmarks/attention.py at w=128, benchmarks/incremental.py at w=16).
         self.query_tile = self.window_size * max(2, -(-256 // self.window_size))
+
+    def ablate(self, ablation: Ablation) -> None:
+        """Switch one branch of the softmax at evaluation time (`Ablation`, evalm/tiling.py): the rule
+        every path and the cache read changes, the weights do not."""
+        self.layout = dataclasses.replace(self.layout, ablation=ablation)
 
     def init_weights(self) -> None:
         """Inits of the reference: Xavier gain 1/√2 on q/k/v and A_q/A_k, Xavier on out."""
@@ -258,3 +263,13 @@ class EvaAttention(HeadProjections):
                 n_owned=n_owned,
             )
         return out
+
+
+def ablate(model: nn.Module, ablation: Ablation | str) -> int:
+    """Set `ablation` on every EVA layer of `model` (an EVALM, or a transformers model with EVA
+    attention); returns how many layers it reached (0: the model has no EVA attention)."""
+    ablation = Ablation(ablation)
+    layers = [m for m in model.modules() if isinstance(m, EvaAttention)]
+    for layer in layers:
+        layer.ablate(ablation)
+    return len(layers)

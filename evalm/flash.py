@@ -165,8 +165,8 @@ def block_mask(x: Operands, call: Local) -> Tensor:
 
 
 def local_mask(x: Operands, call: Local) -> Tensor | None:
-    """`block_mask`, or None where it is plain causality (no T5 bias, no overlap): the kernel's own."""
-    return None if x.bias is None and x.t.ext == 0 else block_mask(x, call)
+    """`block_mask`, or None where it is plain causality (`Tiling.plain_causal`): the kernel's own."""
+    return None if x.t.plain_causal(x.bias) else block_mask(x, call)
 
 
 def local_kernel(x: Operands, call: Local, mask: Tensor | None) -> Kernel:

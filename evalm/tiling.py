@@ -4,19 +4,34 @@ The rule, for the query at absolute position i (docs/eva.md, "The closed form"):
   local keys   j with window_start(i) ≤ j ≤ i,   window_start(i) = max(0, ⌊i/w⌋·w − ext)
   remote keys  chunks r < chunk_limit(i),       chunk_limit(i) = ⌊i/c⌋, or ⌊window_start(i)/c⌋
                                                  with exclude_window_chunks (no chunk counted twice)
-Every path of EVA (evalm/eva_paths.py lists them) asks `Tiling` for these two numbers; none
-writes the rule again. `EvaAttention` builds one `Tiling` per call (its dropout and noise seeds
+Every path of EVA (evalm/eva_paths.py lists them) asks `Tiling` for these two numbers (and the
+fused and plain paths for `local_mask`, the same rule as one block's mask); none writes the rule again.
+
+Component ablations at evaluation time (`Ablation`, `evalm eval recall --eva-ablation`) change the
+rule here, so every path honours them: `no-remote` sees no chunk (limit 0: the window alone, the
+recall study's window-only control on EVA's own weights); `chunk-window` cuts the local keys to the
+query's own chunk, window_start(i) = ⌊i/c⌋·c, and lets the summaries carry every earlier chunk,
+limit(i) = ⌊i/c⌋. The block geometry (w, ext) stays, so caches, tiles and kernels are unchanged. `EvaAttention` builds one `Tiling` per call (its dropout and noise seeds
 included) and hands it to whichever path runs the call.
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 GROUP_LOGITS = 1 << 18  # logits per group (B·H·rows·keys, 1 MiB in fp32): bounds the working set and backward's temporaries
+
+
+class Ablation(enum.Enum):
+    """Which branch of EVA's one softmax an evaluation switches; the value is the flag's spelling."""
+
+    NONE = "none"
+    NO_REMOTE = "no-remote"  # the chunk summaries off: window-only attention
+    CHUNK_WINDOW = "chunk-window"  # the local keys cut to the query's chunk: the summaries carry the rest
 
 
 @dataclass(frozen=True)
@@ -32,22 +47,38 @@ class Tiling:
     seed: int = 0  # the dropout mask's seed: keep decisions are a hash of it and the logit's indices (evalm/dropout_mask.py)
     group_logits: int = GROUP_LOGITS
     noise_seed: int | None = None  # training noise ε of the chunk summaries, replayed in backward (None: no ε)
+    ablation: Ablation = Ablation.NONE  # an evaluation-time component ablation (module docstring)
 
     def window_start(self, pos: Tensor | int) -> Tensor | int:
-        """First local key of the query at `pos`: its block's start, less ext, at least 0."""
+        """First local key of the query at `pos`: its block's start, less ext, at least 0 (chunk-window:
+        its chunk's start)."""
+        if self.ablation is Ablation.CHUNK_WINDOW:
+            return pos // self.chunk * self.chunk
         start = pos // self.window * self.window - self.ext
         return start.clamp(min=0) if isinstance(start, Tensor) else max(0, start)
 
     def limit(self, pos: Tensor | int) -> Tensor | int:
-        """Remote chunks visible to the query at `pos`: r < limit."""
-        if self.exclude_window_chunks:
+        """Remote chunks visible to the query at `pos`: r < limit (no-remote: none)."""
+        if self.ablation is Ablation.NO_REMOTE:
+            return pos * 0
+        if self.exclude_window_chunks:  # chunk-window: its window starts at ⌊pos/c⌋·c, so this is ⌊pos/c⌋ too
             return self.window_start(pos) // self.chunk
         return pos // self.chunk
 
     def local_mask(self, bias: Tensor | None, device, dtype) -> Tensor:
         """Additive (w, ext + w) mask of one block, the same for every block: the T5 bias where
-        visible, −inf after the query (causal). Column j is the key at block start − ext + j."""
+        visible, −inf after the query (causal) and, with chunk-window, before the query's chunk (c
+        divides w, so a row's chunk starts at the same column in every block). Column j is the key
+        at block start − ext + j."""
         w = self.window
         rows, cols = torch.arange(w, device=device)[:, None], torch.arange(self.ext + w, device=device)
         base = bias.to(dtype) if bias is not None else torch.zeros(w, self.ext + w, dtype=dtype, device=device)
-        return base.masked_fill(cols > rows + self.ext, float("-inf"))
+        hidden = cols > rows + self.ext
+        if self.ablation is Ablation.CHUNK_WINDOW:
+            hidden = hidden | (cols < rows // self.chunk * self.chunk + self.ext)
+        return base.masked_fill(hidden, float("-inf"))
+
+    def plain_causal(self, bias: Tensor | None) -> bool:
+        """Whether one block's mask is plain causality (the fused kernel's own): no T5 bias, no
+        overlap, the whole block visible."""
+        return bias is None and self.ext == 0 and self.ablation is not Ablation.CHUNK_WINDOW

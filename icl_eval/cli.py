@@ -1,4 +1,4 @@
-"""`evalm eval`: many-shot ICL (`icl`), perplexity vs length (`ppl`), lm-eval tasks (`harness`).
+"""`evalm eval`: many-shot ICL (`icl`), perplexity vs length (`ppl`), lm-eval tasks (`harness`), recall (`recall`).
 
     evalm eval icl                                   # the built-in default: trains a tiny EVALM on the synthetic family, evaluates it
     evalm eval icl --checkpoint DIR --task sst2 --methods incremental,concat,structured \\
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from evalm.config_toolkit import ConfigError, Dispatcher, Parser, build, split_overrides, to_dict
+from evalm.config_toolkit import ConfigError, Dispatcher, Parser, build, lazy, split_overrides, to_dict
 from evalm.storage import RunFolder
 from evalm.icl_eval.protocol.units import (Progress, UnitStore, icl_inputs, icl_key, join, ppl_inputs, ppl_key,
                                            run_folder, run_units)
@@ -74,7 +74,7 @@ def icl(argv: Sequence[str]) -> int:
                                   "save_predictions": "save_predictions", "budgets": "budgets",
                                   "label_map": "label_map", "order": "order", "order_seeds": "order_seeds",
                                   "nearest": "nearest", "nearest_k": "nearest_k",
-                                  "nearest_embedding": "nearest_embedding"})
+                                  "nearest_embedding": "nearest_embedding", "eva_ablation": "eva_ablation"})
     where = _where(args)
     config = build(EvalConfig, layers.section("eval"), where=f"{where} [eval]")
     options = build(MethodOptions, layers.section("eval.method"), where=f"{where} [eval.method]")
@@ -101,11 +101,12 @@ def icl(argv: Sequence[str]) -> int:
 
 def _run_icl(args, config, options, model_cfg, syn, task, splits_for_seed, data_info, store) -> dict | None:
     """This rank's units of the grid; on rank 0 then every unit merged in order into the results."""
-    from evalm.icl_eval.models.loading import describe, load_lm
+    from evalm.icl_eval.models.loading import ablate_lm, describe, load_lm
     from evalm.icl_eval.protocol.runner import Runner
 
     world = store.world
     lm = load_lm(args, world.device(config.device), config.dtype, model_cfg, syn, config.context_window)
+    ablate_lm(lm, config.eva_ablation)
     runner = Runner(lm, task, config, options, splits_for_seed)
     runner.check_budgets()  # a budget below one demonstration is refused before any scoring
     label_tokens = runner.prompt_for(config.seeds[0]).label_token_counts()
@@ -181,7 +182,8 @@ def ppl(argv: Sequence[str]) -> int:
     if args.books:
         args.books = tuple(args.books)
     _flags(layers, "ppl", args, {"books": "books", "lengths": "buckets", "max_tokens": "max_tokens",
-                                 "unigram_shards": "unigram_shards", "fixed_contexts": "fixed_contexts"})
+                                 "unigram_shards": "unigram_shards", "fixed_contexts": "fixed_contexts",
+                                 "eva_ablation": "eva_ablation"})
     where = _where(args)
     config = build(PerplexityConfig, layers.section("ppl"), where=f"{where} [ppl]")
     flag = "--max-tokens" if layers.sources.get("ppl.max_tokens") == "--max-tokens" else "ppl.max_tokens"
@@ -201,7 +203,7 @@ def ppl(argv: Sequence[str]) -> int:
 
 def _ppl(args, config, settings: dict, model_cfg, syn, folder, world) -> int:
     from evalm.icl_eval.perplexity.books import iter_books
-    from evalm.icl_eval.models.loading import load_lm
+    from evalm.icl_eval.models.loading import ablate_lm, load_lm
     from evalm.icl_eval.settings import render
     from evalm.icl_eval.protocol.supply import ppl_reach
 
@@ -210,6 +212,7 @@ def _ppl(args, config, settings: dict, model_cfg, syn, folder, world) -> int:
     key = folder.share(lambda: ppl_key(args, folder, settings, config))  # rank 0 reads the files
     store = UnitStore(folder, key, args.overwrite, world, ppl_inputs(args, config))
     lm = load_lm(args, world.device(config.device), config.dtype, model_cfg, syn, None)
+    ablate_lm(lm, config.eva_ablation)
     fixed_need = max(config.fixed_contexts) + config.fixed_target_tokens if config.fixed_contexts else 0
     skipped = ppl_reach(iter_books(config.books, config.max_books), lm.tokenizer.encode, config.buckets,
                         fixed_need, args.allow_skip)
@@ -359,6 +362,8 @@ COMMANDS = {
     "icl": ("many-shot ICL: incremental | concat | structured | saicl | ensemble over shots and seeds", icl),
     "ppl": ("perplexity vs context length through the cache, with re-encoding baselines", ppl),
     "harness": ("lm-evaluation-harness tasks via simple_evaluate (extra `harness`), prefix-shared cache", harness),
+    "recall": ("passkey, needles, variable tracking, JSON KV and MQAR at exact lengths and depths, through the cache",
+               lazy("evalm.icl_eval.recall.command:recall")),
 }
 DISPATCHER = Dispatcher("evalm eval", COMMANDS)
 """A user error (config_toolkit.UserError) is one line; anything else is reported as a bug (config_toolkit.report)."""

@@ -16,6 +16,8 @@ ICL_SECTIONS = ("eval", "eval.method", "model", "synthetic")
 """The settings sections of `evalm eval icl`; a file or flag naming another is refused (settings.Layers)."""
 PPL_SECTIONS = ("ppl", "model", "synthetic")
 """The settings sections of `evalm eval ppl`."""
+RECALL_SECTIONS = ("recall", "model", "synthetic")
+"""The settings sections of `evalm eval recall`."""
 
 
 def _listed(sections: Sequence[str]) -> str:
@@ -41,6 +43,14 @@ def common(parser: Parser, out: str, sections: str | None) -> None:
         parser.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="override one setting, "
                             "e.g. --set eval.calibration=pmi; repeatable; `--eval.calibration=pmi` is the same "
                             "(default: none; every key below)")
+
+
+def eva_ablation(parser: Parser, cls) -> None:
+    """--eva-ablation: EVA's component ablation at evaluation time (evalm/tiling.py, `Ablation`)."""
+    parser.add_argument("--eva-ablation", choices=("none", "no-remote", "chunk-window"), help="EVA's component "
+                        "ablation, kept in the settings: no-remote switches the chunk summaries off (the window alone), "
+                        "chunk-window cuts the local window to the query's chunk (the summaries carry the rest); EVA "
+                        f"models only (default: {_default(cls, 'eva_ablation')})")
 
 
 def allow_skip(parser: Parser, what: str) -> None:
@@ -87,9 +97,10 @@ def _keys(*own: str) -> str:
     from evalm.config import ModelConfig
     from evalm.icl_eval.config import EvalConfig, PerplexityConfig
     from evalm.icl_eval.methods.options import MethodOptions
+    from evalm.icl_eval.recall.config import RecallConfig
     from evalm.text.synthetic import SyntheticConfig
 
-    classes = {"eval": EvalConfig, "eval.method": MethodOptions, "ppl": PerplexityConfig}
+    classes = {"eval": EvalConfig, "eval.method": MethodOptions, "ppl": PerplexityConfig, "recall": RecallConfig}
     return settable_keys({**{name: classes[name] for name in own}, "model": ModelConfig,
                           "synthetic": SyntheticConfig})
 
@@ -128,6 +139,7 @@ def icl_parser() -> Parser:
     p.add_argument("--save-predictions", action="store_true", help="write predictions.jsonl: every candidate's "
                    "score per item, method, shot and seed (default: off)")
     protocol_options(p)
+    eva_ablation(p, EvalConfig)
     allow_skip(p, "shot counts above the training pool and a --test-items above the split (scoring all)")
     overwrite(p)
     return p
@@ -182,6 +194,38 @@ def ppl_parser() -> Parser:
                    "unigram reference (default: none, uniform reference only)")
     p.add_argument("--fixed-contexts", type=csv(int), metavar="C1,C2", help="context lengths of the fixed-position "
                    "protocol (the same targets after each), e.g. 16,256,4096 (default: none, protocol off)")
+    eva_ablation(p, PerplexityConfig)
     allow_skip(p, "--lengths buckets that no book reaches")
+    overwrite(p)
+    return p
+
+
+def recall_parser() -> Parser:
+    from evalm.icl_eval.recall.config import FAMILIES, RecallConfig
+
+    p = Parser(prog="evalm eval recall", epilog=_keys("recall"), description=_describe(
+        "Recall through the cache (docs/evaluation.md, \"Recall\"): seeded needle families at exact lengths in the "
+        "model's own tokens and needle depths, scored by exact match of greedy generation beside chance.", "",
+        "families: passkey (filler haystack), niah_single, niah_multikey, niah_multivalue, niah_multiquery (RULER), "
+        "variable_tracking (RULER), kv_recall (HELMET's JSON KV), mqar (Zoology's MQAR); the haystack before each "
+        "needle is encoded once and forked for every depth"))
+    common(p, "runs/eval-recall", _listed(RECALL_SECTIONS))
+    p.add_argument("--tasks", type=csv(str, FAMILIES), metavar="T1,T2", help="families, comma-separated, from "
+                   f"{', '.join(FAMILIES)} (default: all of them)")
+    p.add_argument("--lengths", type=csv(int), metavar="L1,L2", help="prompt lengths in the model's own tokens, up to "
+                   f"262144; each must hold an item's needles and question (default: {_default(RecallConfig, 'lengths')})")
+    p.add_argument("--depths", type=csv(int), metavar="D1,D2", help="needle positions, percent of the haystack before "
+                   f"the needle, 0-100 (default: {_default(RecallConfig, 'depths')})")
+    p.add_argument("--seeds", type=csv(int), metavar="S1,S2", help="one set of items per seed; intervals over seeds "
+                   f"and items (default: {_default(RecallConfig, 'seeds')})")
+    p.add_argument("--items", type=int, metavar="N", help="items per seed, task and length, each at every depth "
+                   f"(default: {_default(RecallConfig, 'items')})")
+    p.add_argument("--haystack", choices=("noise", "filler", "books"), help="what the needles hide in, passkey "
+                   f"aside (always filler) (default: {_default(RecallConfig, 'haystack')})")
+    p.add_argument("--books", nargs="+", metavar="SOURCE", help="with --haystack books: .txt folders or files, "
+                   "jsonl/parquet with `text`, or a cached id such as deepmind/pg19:test (default: none)")
+    p.add_argument("--save-predictions", action="store_true", help="write predictions.jsonl: every prompt's "
+                   "generation, extracted answer and gold (default: off)")
+    eva_ablation(p, RecallConfig)
     overwrite(p)
     return p

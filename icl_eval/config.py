@@ -65,6 +65,9 @@ class EvalConfig:
     """Model dtype (scores are computed in float32 from the logits)."""
     context_window: int | None = None
     """Override the model's window (EVALM: no limit; HF: max_position_embeddings)."""
+    eva_ablation: Literal["none", "no-remote", "chunk-window"] = "none"
+    """EVA's component ablation at evaluation time (evalm/tiling.py, `Ablation`; docs/evaluation.md, "Recall"):
+    no-remote (the chunk summaries off) or chunk-window (the window cut to the query's chunk); EVA models only."""
     budgets: tuple[int, ...] = ()
     """Token budgets (HELMET / ManyICLBench): per cell the largest prefix of the seed's demonstration
     order whose prompt fits, in the model's tokens (`icl_eval.protocol.budget`); 0 is the no-demonstration
@@ -155,6 +158,9 @@ class PerplexityConfig:
     """Torch device of the model."""
     dtype: Literal["float32", "float64", "bfloat16", "float16"] = "float32"
     """Model dtype (NLLs are computed in float32 or wider)."""
+    eva_ablation: Literal["none", "no-remote", "chunk-window"] = "none"
+    """EVA's component ablation at evaluation time (evalm/tiling.py, `Ablation`; docs/evaluation.md, "Recall"):
+    no-remote (the chunk summaries off) or chunk-window (the window cut to the query's chunk); EVA models only."""
 
     def __post_init__(self) -> None:
         if self.max_books is not None and self.max_books < 1:

@@ -26,8 +26,8 @@ TINY_SYNTHETIC_TRAINING: dict[str, Any] = {"train_steps": 500, "batch_size": 16,
 """`[synthetic]` training knobs of that built-in default (the family itself keeps its defaults)."""
 
 
-FILE_SECTIONS = ("eval", "eval.method", "ppl", "model", "synthetic")
-"""The sections of an `evalm eval` settings file: one file serves `icl` and `ppl` (configs/eval-tiny.toml),
+FILE_SECTIONS = ("eval", "eval.method", "ppl", "recall", "model", "synthetic")
+"""The sections of an `evalm eval` settings file: one file serves `icl`, `ppl` and `recall` (configs/eval-tiny.toml),
 so each command reads its own sections of it and leaves the other's."""
 
 

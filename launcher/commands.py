@@ -29,7 +29,7 @@ COMMANDS: dict[str, tuple[str, Run]] = {
     "data": ("corpus preparation jobs: filter, dedup, blend, samples", _data),
     "train": ("tokenizer, pretrain (FSDP2, resumable), msit-data and msit (many-shot instruction tuning)",
               lazy("evalm.train.cli:main")),
-    "eval": ("many-shot ICL (incremental | concat | structured | saicl | ensemble) and perplexity vs length",
+    "eval": ("many-shot ICL (incremental | concat | structured | saicl | ensemble), perplexity vs length, recall",
              lazy("evalm.icl_eval.cli:main")),
     "export": ("write a checkpoint as safetensors + config.json", lazy("evalm.train.export:main")),
 }

@@ -56,7 +56,31 @@ def stage_result(r: Run, stage: str) -> str:
             rows.append(f"{model} {res['protocols']['cached']['overall']['token_ppl']:.0f}"
                         + (f" (unigram {unigram:.0f})" if unigram else ""))
         return "token perplexity " + ", ".join(rows)
+    if stage == "recall":
+        return recall_line(_recall_results(r))
     return "done"
+
+
+def _recall_results(r: Run) -> dict[str, dict]:
+    return {m: res for m in r.recall.models if (res := _read(r.stage_dir("recall") / m / "results.json")) is not None}
+
+
+def recall_line(results: dict[str, dict]) -> str:
+    """The run's one recall line: per task, each model's accuracy (mean over depths) at each length."""
+    rows = []
+    for model, res in results.items():
+        by = {}
+        for c in res["cells"]:
+            by.setdefault(c["task"], {}).setdefault(c["length"], []).append(c["accuracy"])
+        rows += [(task, model, lengths, res["cells"][0]["chance"]) for task, lengths in by.items()]
+    parts = []
+    for task in dict.fromkeys(t for t, *_ in rows):
+        mine = [row for row in rows if row[0] == task]
+        lengths = " / ".join(f"{n:,}" for n in mine[0][2])
+        scores = "; ".join(f"{model} " + " / ".join(f"{sum(a) / len(a):.2f}" for a in acc.values())
+                           for _, model, acc, _ in mine)
+        parts.append(f"{task} at {lengths} tokens: {scores} (chance {mine[0][3]:.2g})")
+    return ". ".join(parts) or "no recall results"
 
 
 def _icl_results(r: Run) -> dict[str, dict[str, dict]]:
@@ -122,7 +146,7 @@ def write_report(r: Run, timings: dict[str, float], *, wall_seconds: float, peak
         "run": {"config": str(r.path), "folder": str(r.dir), "samples": str(r.samples),
                 "sections": {"run": to_dict(r.run), "tokenizer": to_dict(r.tokenizer), "pretrain": to_dict(r.pretrain),
                              "msit": to_dict(r.msit), "twins": to_dict(r.twins), "eval": [to_dict(e) for e in r.evals],
-                             "ppl": to_dict(r.ppl)}},
+                             "ppl": to_dict(r.ppl), "recall": to_dict(r.recall)}},
         "run_totals": _run_totals(r),
         "this_invocation": {"wall_seconds": round(wall_seconds, 1), "peak_rss_gib": round(peak_rss_gib, 2),
                             "stages_run": [s for s, sec in timings.items() if sec > 0]},
@@ -130,6 +154,7 @@ def write_report(r: Run, timings: dict[str, float], *, wall_seconds: float, peak
         "icl": icl,
         "ppl": ppl,
         "pretrain_seq_len": train_length if ppl else None,
+        "recall": {"line": recall_line(recall), "models": recall} if (recall := _recall_results(r)) else None,
     }
     (out / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
     (out / "summary.md").write_text(summary_markdown(results))

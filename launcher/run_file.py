@@ -2,7 +2,7 @@
 
     [run] name, root, samples, workers, data_tasks      where the run lives, how wide the data jobs are
     [data] [tokenizer] [pretrain] [msit] [twins]         each stage's settings and extra arguments
-    [[eval]] [ppl]                                       what is evaluated, on which models
+    [[eval]] [ppl] [recall]                              what is evaluated, on which models
 
 Every section is a frozen dataclass validated by `evalm.config.build` (unknown keys name the file,
 the section and the valid keys); `load_run` checks what spans sections (unique eval names, known models).
@@ -114,6 +114,21 @@ class PplSection:
     args: list[str] = field(default_factory=list)
 
 
+@dataclass(config=FROZEN, frozen=True)
+class RecallSection:
+    """`[recall]`: `evalm eval recall` through each model's cache at multiples of the training length
+    (the pretrain stage's `data.seq_len`), so a paper-scale run file reads at its own scale."""
+
+    models: list[str] = field(default_factory=lambda: ["pretrain", "full-pretrain", "absolute-pretrain"])
+    """Exported models to evaluate (see `MODELS`), each into recall/MODEL/: EVA and its twins."""
+    multiples: list[int] = field(default_factory=lambda: [1, 4, 16])
+    """Prompt lengths as multiples of the training length."""
+    tasks: list[str] = field(default_factory=lambda: ["passkey"])
+    """Recall families (`evalm eval recall --tasks`)."""
+    args: list[str] = field(default_factory=list)
+    """Extra arguments (depths, seeds, items: `evalm eval recall`'s own defaults otherwise)."""
+
+
 @dataclass(frozen=True)
 class Run:
     """The resolved run: every section plus the folders it implies."""
@@ -127,6 +142,7 @@ class Run:
     twins: TwinsSection
     evals: list[EvalEntry]
     ppl: PplSection
+    recall: RecallSection = RecallSection()
 
     @property
     def dir(self) -> Path:
@@ -165,13 +181,14 @@ def _shipped_config(section: TrainSection) -> TrainSection:
 def load_run(path: str | Path, overrides: Sequence[str] = ()) -> Run:
     """The run file with `section.key=value` overrides (`evalm run --set`) on top."""
     data = apply_overrides(read_toml(path), overrides)
-    known = {"run", "data", "tokenizer", "pretrain", "msit", "twins", "eval", "ppl"}
+    known = {"run", "data", "tokenizer", "pretrain", "msit", "twins", "eval", "ppl", "recall"}
     check_sections(data, sorted(known), str(path))
     evals = [build(EvalEntry, e, where=f"{path} [[eval]] #{i + 1}") for i, e in enumerate(data.get("eval", []))]
     names = [e.name for e in evals]
     if len(set(names)) != len(names):
         raise ConfigError(f"{path}: [[eval]] names must be unique, got {names}")
-    for where, models in [*((f"[[eval]] {e.name}", e.models) for e in evals), ("[ppl]", data.get("ppl", {}).get("models", []))]:
+    for where, models in [*((f"[[eval]] {e.name}", e.models) for e in evals), ("[ppl]", data.get("ppl", {}).get("models", [])),
+                          ("[recall]", data.get("recall", {}).get("models", []))]:
         unknown = sorted(set(models) - set(MODELS))
         if unknown:
             raise ConfigError(f"{path} {where}: unknown model(s) {unknown}; valid: {list(MODELS)}")
@@ -187,4 +204,5 @@ def load_run(path: str | Path, overrides: Sequence[str] = ()) -> Run:
         twins=build(TwinsSection, data.get("twins"), where=f"{path} [twins]"),
         evals=evals,
         ppl=build(PplSection, data.get("ppl"), where=f"{path} [ppl]"),
+        recall=build(RecallSection, data.get("recall"), where=f"{path} [recall]"),
     )

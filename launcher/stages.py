@@ -5,7 +5,7 @@ Stages exchange files, never objects: each one is the same command a user runs a
 `launcher.commands.argv` with the run's folders wired in and the run file's extra arguments
 appended. `twins` trains the baselines EVALM compares EVA with on the same data, steps and seed
 (full attention; learned absolute positions), `export` writes every model to export/NAME/, and
-`icl` / `ppl` evaluate the models each entry names (one process, resumable by unit: `icl_eval.protocol.units`).
+`icl` / `ppl` / `recall` evaluate the models each entry names (one process, resumable by unit: `icl_eval.protocol.units`).
 """
 
 from __future__ import annotations
@@ -112,6 +112,21 @@ def _ppl(r: Run) -> list:
             for m in r.ppl.models if m in trained_models(r)]
 
 
+def training_length(r: Run) -> int:
+    """Tokens per pretraining line (`data.seq_len` of the pretrain config with the run's sets)."""
+    from evalm.train.config import load_run_config
+
+    return load_run_config(r.pretrain.config, _pretrain_sets(r)).data.seq_len
+
+
+def _recall(r: Run) -> list:
+    """Recall through the cache at multiples of the training length, for EVA and its twins."""
+    lengths = ",".join(str(m * training_length(r)) for m in r.recall.multiples)
+    return [argv("eval", "recall", "--checkpoint", r.stage_dir("export") / m, "--out", r.stage_dir("recall") / m,
+                 "--tasks", ",".join(r.recall.tasks), "--lengths", lengths, "--overwrite", *r.recall.args)
+            for m in r.recall.models if m in trained_models(r)]
+
+
 STAGES: dict[str, Callable[[Run], list]] = {
     "filter": _data_stage("filter", lambda r: r.samples / "pile"),
     "dedup": _data_stage("dedup", lambda r: r.stage_dir("filter")),
@@ -123,9 +138,10 @@ STAGES: dict[str, Callable[[Run], list]] = {
     "export": _export,
     "icl": _icl,
     "ppl": _ppl,
+    "recall": _recall,
 }
 """Each stage's command (one argv) or commands (a list of argvs), in run order."""
-RESUMABLE = {"filter", "dedup", "blend", "pretrain", "msit", "twins", "icl", "ppl"}
+RESUMABLE = {"filter", "dedup", "blend", "pretrain", "msit", "twins", "icl", "ppl", "recall"}
 """Stages whose interrupted folder is continued, not wiped. The evaluations resume by unit (finished cells
 and books are kept); their `--overwrite` discards units of other settings instead of refusing them."""
 

@@ -122,4 +122,7 @@ def summary_markdown(results: dict) -> str:
         lines += _icl_lines(name, models)
     if results["ppl"]:
         lines += _ppl_lines(results["ppl"], results.get("pretrain_seq_len"))
+    if results.get("recall"):
+        lines += ["", "## Recall through the cache (`evalm eval recall`; accuracy, mean over depths)", "",
+                  results["recall"]["line"]]
     return "\n".join(lines) + "\n"

@@ -46,7 +46,7 @@ EDITS: dict[str, tuple[str, str, str]] = {
     "abs-paths": (r" /(data|shared)/", r" {work}/\1/", "absolute paths of the user's machine -> the same paths under the work folder"),
     "redis": (r"redis://(HOST|127\.0\.0\.1):6379/0", "{redis}", "the user's Redis -> the real Redis the tests start"),
     "ranks": (r"--nproc_per_node=8", "--nproc_per_node=2", "8 GPUs -> 2 CPU ranks (gloo)"),
-    "cpu": (r"--(eval|ppl)\.device=cuda", r"--\1.device=cpu", "no GPU in CI: the same ranks on the CPU"),
+    "cpu": (r"--(eval|ppl|recall)\.device=cuda", r"--\1.device=cpu", "no GPU in CI: the same ranks on the CPU"),
     "slurm": (r"^srun .*? torchrun --nnodes=4 --nproc_per_node=8\s+--rdzv_backend=c10d --rdzv_endpoint=\$MASTER:29500 "
               r"--rdzv_id=\$SLURM_JOB_ID",
               "torchrun --nnodes=1 --nproc_per_node=2 --rdzv_backend=c10d --rdzv_endpoint=127.0.0.1:{port} --rdzv_id=1",
@@ -82,6 +82,11 @@ EDITS: dict[str, tuple[str, str, str]] = {
     "loop": (r"\$s\b", "1", "the shell loop's variable: its first value"),
     "saicl-repro": (r"^(python benchmarks/saicl_repro\.py.*)$", r"\1 --shots 4 --seeds 1 --items 4 --set metaicl.steps=2 --set metaicl.batch_size=2", SMALL),
     "saicl-t5": (r"--shots 4 16 64 128 256", "--shots 4 16 --repeats 1", SMALL),
+    "recall-small": (r"^((?:evalm eval recall|.*-m evalm\.icl_eval recall) .*)$",
+                     r"\1 --lengths 1200 --depths 0,100 --seeds 1 --items 1 --recall.mqar_pairs=4", SMALL),
+    "gguf": (r" --gguf-file \S+", "", "SmolLM2's GGUF (the `smollm` extra) -> the tiny GPT-2 folder's own weights"),
+    "recall-study": (r"^(python benchmarks/recall\.py --out \S+)", r"\1 --widths 32 --steps 4 --items 2 --long-items 1 "
+                     "--lengths 64,256 --train-kv 4 --test-kv 4", SMALL),
 }
 
 
@@ -181,6 +186,10 @@ PLANS = [
          ("common", "loop", "items", "budgets", "seeds", "shots"), slow=True),
     Plan("samples", (r"evalm data samples",), ("DIR=cache",), ("optional",), slow=True,
          alternatives=True),
+    Plan("recall", (r"evalm eval recall --checkpoint runs/export", r"torchrun --nproc_per_node=8 -m evalm\.icl_eval recall"),
+         ("runs/export", "export/evalm", "pg19/test"), ("recall-small", "ranks", "cpu"), alternatives=True, slow=True),
+    Plan("recall-smollm", (r"evalm eval recall --hf-model DIR",), ("DIR=model",), ("gguf", "recall-small"), slow=True),
+    Plan("recall-study", (r"python benchmarks/recall\.py",), (), ("recall-study",), slow=True),
 ]
 
 

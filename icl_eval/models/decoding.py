@@ -83,11 +83,18 @@ def generate(lm, context: Sequence[int], max_new_tokens: int, stop: Callable[[li
     """Decoding through the cache: the context is encoded once, then one token per step, up to eos."""
     if not context:
         raise ValueError("generate needs at least one context token (e.g. the bos token)")
-    settings = settings or GenerationSettings(max_new_tokens)
     state = lm.new_state(0)
     logits = None
     for i in range(0, len(context), segment_tokens):
         logits = lm.extend(state, torch.tensor([list(context[i : i + segment_tokens])], dtype=torch.long))
+    return decode_from(lm, state, logits, max_new_tokens, stop, settings, generator)
+
+
+def decode_from(lm, state, logits: torch.Tensor, max_new_tokens: int, stop: Callable[[list[int]], bool] = lambda ids: False,
+                settings: GenerationSettings | None = None, generator: torch.Generator | None = None) -> list[int]:
+    """Decoding after a context already in `state` (advanced as it goes), `logits` (1, T, V) its last
+    forward's: one token per step, up to eos, `stop` or `max_new_tokens`."""
+    settings = settings or GenerationSettings(max_new_tokens)
     out: list[int] = []
     for _ in range(max_new_tokens):
         nxt = next_token(logits[0, -1], settings, generator)

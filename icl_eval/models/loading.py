@@ -59,6 +59,19 @@ def load_lm(args, device: str, dtype: str, model_section: dict | None, synthetic
     return tiny_default(model_section, synthetic, context_window)
 
 
+def ablate_lm(lm, ablation: str) -> None:
+    """EVA's component ablation (evalm/tiling.py, `Ablation`; `--eva-ablation`) on every EVA layer of the
+    loaded model. A model with none is refused: it would be scored intact under the ablation's name."""
+    if ablation == "none":
+        return
+    from evalm.eva import ablate
+
+    model = getattr(lm, "model", None)
+    if model is None or ablate(model, ablation) == 0:
+        raise ConfigError(f"--eva-ablation {ablation}: {lm.name} has no EVA attention layer to ablate; give an EVA "
+                          "model (an EVALM --checkpoint, an EVA --hf-model) or --eva-ablation none")
+
+
 def check_vocab(tokenizer, tok_path, model_vocab: int, ckpt: Path) -> None:
     """A tokenizer whose ids reach past the model's embedding rows cannot be scored with it (the first id
     past the table is an index error deep in the model): refused here, naming both."""

@@ -147,10 +147,15 @@ def icl_inputs(args, data_info: dict) -> list:
 def ppl_key(args, folder: RunFolder, settings: dict, config) -> dict[str, Any]:
     """What `evalm eval ppl`'s units are computed from: the settings, the books and unigram shards by content,
     the model by its weights (a book id of the datasets cache by its name)."""
-    on_disk = [b for b in config.books if Path(str(b)).exists()]
-    books = {**{str(b): str(b) for b in config.books}, **dict(zip(map(str, on_disk), folder.identities(on_disk)))}
     unigram = folder.identity(config.unigram_shards) if config.unigram_shards else None
-    return {"command": "ppl", "settings": settings, "model": model_key(args, folder), "books": books, "unigram": unigram}
+    return {"command": "ppl", "settings": settings, "model": model_key(args, folder),
+            "books": books_key(folder, config.books), "unigram": unigram}
+
+
+def books_key(folder: RunFolder, books: Sequence) -> dict[str, str]:
+    """Books by content where they are files or folders, by name where they are a datasets-cache id."""
+    on_disk = [b for b in books if Path(str(b)).exists()]
+    return {**{str(b): str(b) for b in books}, **dict(zip(map(str, on_disk), folder.identities(on_disk)))}
 
 
 def ppl_inputs(args, config) -> list:

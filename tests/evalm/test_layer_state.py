@@ -109,7 +109,7 @@ def test_eva_and_full_states_satisfy_the_protocol(attention, state_type):
 
 def test_attention_names_are_the_registry(monkeypatch):
     """Config validation and the model read one dict: a new entry is a valid name and gets built."""
-    with pytest.raises(ValueError, match=r"attention='minimal' is not known; valid: \['eva', 'full'\]"):
+    with pytest.raises(ValueError, match=r"attention='minimal' is not known; valid: \['eva', 'full', 'window'\]"):
         ModelConfig(attention="minimal")
     monkeypatch.setitem(ATTENTION, "minimal", MinimalAttention)
     model = EvalmModel(dataclasses.replace(BASE, attention="minimal"))

@@ -83,6 +83,11 @@ args = ["--shots", "0,2", "--seeds", "1", "--methods", "incremental,structured",
 models = ["pretrain", "msit", "absolute-pretrain"]
 args = ["--lengths", "64,256", "--max-tokens", "256", "--ppl.segment_tokens=64", "--ppl.max_books=1",
         "--fixed-contexts", "16,64,128", "--ppl.fixed_target_tokens=32", "--ppl.fixed_targets_per_book=2"]
+
+[recall]
+# 64-token lines: a passkey prompt in bytes needs ~250 tokens, so 8x and 16x the training length
+multiples = [8, 16]
+args = ["--depths", "50", "--seeds", "1", "--items", "1"]
 """)
     return path
 
@@ -137,7 +142,13 @@ def test_every_stage_runs_and_writes_its_outputs(run_file):
         assert res["protocols"]["cached"]["overall"]["bits_per_byte"] > 0
         assert set(res["references"]) == {"uniform", "unigram"}
         assert [row["context"] for row in res["fixed_position"]["rows"]] == [16, 64, 128]
+    recall = report["recall"]
+    assert set(recall["models"]) == {"pretrain", "full-pretrain", "absolute-pretrain"}
+    assert {(c["task"], c["length"], c["depth"]) for res in recall["models"].values() for c in res["cells"]} == \
+        {("passkey", 512, 50), ("passkey", 1024, 50)}
+    assert recall["line"].startswith("passkey at 512 / 1,024 tokens: pretrain ")
     summary = (run_dir / "report" / "summary.md").read_text()
+    assert recall["line"] in summary
     assert "## ICL: synthetic" in summary and "## Perplexity vs context length" in summary
     assert "in-context majority" in summary and "unigram" in summary
     assert (run_dir / "report" / "perplexity_vs_length.png").is_file()
@@ -191,12 +202,13 @@ def test_only_a_stage_marks_the_later_ones_stale(run_file, capsys):
     run_dir = run_file.parent / "runs" / "ci"
     assert main([str(run_file), "--only", "icl"]) == 0
     assert json.loads((run_dir / "ppl" / MARKER).read_text())["stale"] is True
+    assert json.loads((run_dir / "recall" / MARKER).read_text())["stale"] is True
     before = markers(run_dir)
     capsys.readouterr()
     assert main([str(run_file)]) == 0
     assert "ppl: marked stale by --only; redoing it" in capsys.readouterr().out
     after = markers(run_dir)
-    assert [s for s in STAGES if after[s] != before[s]] == ["ppl"]
+    assert [s for s in STAGES if after[s] != before[s]] == ["ppl", "recall"]
 
 
 def test_unknown_section_names_the_file_and_the_valid_ones(tmp_path, capsys):

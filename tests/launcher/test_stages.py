@@ -86,3 +86,29 @@ def test_no_import_loop_through_the_launcher():
             if m not in seen:
                 seen.add(m)
                 todo.extend(graph[m])
+
+
+def test_the_recall_stage_reads_at_multiples_of_the_training_length(tmp_path):
+    """Lengths come from the pretrain config with the run's own sets (not a tiny constant), so a run
+    training on 512-token lines reads at 512, 2,048 and 8,192; the tiny run at 1,024 ... 16,384.
+    The run's one recall line states each model's accuracy per length from its results.json."""
+    from evalm.launcher.report import recall_line
+
+    path = _run_file(tmp_path)
+    path.write_text(path.read_text() + '[pretrain]\nconfig = "configs/pretrain-tiny.toml"\nset = ["data.seq_len=512"]\n'
+                    '[recall]\nmodels = ["pretrain", "full-pretrain"]\nargs = ["--items", "1"]\n')
+    r = load_run(path)
+    commands = stage_commands(r, "recall")
+    assert [c[c.index("--checkpoint") + 1] for c in commands] == [str(r.stage_dir("export") / m)
+                                                                 for m in ("pretrain", "full-pretrain")]
+    assert {c[c.index("--lengths") + 1] for c in commands} == {"512,2048,8192"}
+    assert all(c[:2] == ["eval", "recall"] and c[-2:] == ["--items", "1"] for c in commands)
+    tiny = load_run(REPO / "configs" / "tiny.toml")
+    assert {c[c.index("--lengths") + 1] for c in stage_commands(tiny, "recall")} == {"1024,4096,16384"}
+
+    def cells(*accs):
+        return {"cells": [{"task": "passkey", "length": n, "depth": d, "accuracy": a, "chance": 2e-5}
+                          for n, pair in zip((512, 2048), accs) for d, a in zip((0, 100), pair)]}
+
+    assert recall_line({"pretrain": cells((1, 0), (0, 0)), "full-pretrain": cells((1, 1), (0.5, 0))}) == \
+        "passkey at 512 / 2,048 tokens: pretrain 0.50 / 0.00; full-pretrain 1.00 / 0.25 (chance 2e-05)"

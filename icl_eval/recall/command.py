@@ -1,0 +1,142 @@
+"""`evalm eval recall`: what a model retrieves from far back, through the cache (docs/evaluation.md, "Recall").
+
+    evalm eval recall --checkpoint DIR --tasks passkey,niah_single --lengths 1024,8192,65536 \\
+                      --depths 0,50,100 --seeds 1,2 --out runs/recall
+    torchrun --nproc_per_node=8 -m evalm.icl_eval recall --checkpoint DIR ...   # units over the ranks
+
+Settings are the built-in defaults (`[recall]`, icl_eval/recall/config.py), then `--config FILE`,
+then flags and `--recall.key=value`, which win; the effective block is printed and kept in
+results.json. Bad input is one line before any scoring: an unknown family, a depth outside 0-100,
+a length shorter than an item's needles and question, a model that cannot generate (an
+encoder-decoder), a length past the model's window (unless overflow = drop_left), books too short.
+Units (task, length, seed) are kept as they finish (OUT/units), resumed by key, and split over
+torchrun ranks; rank 0 writes results.json: one cell per (task, length, depth) and the cost per item.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from evalm.config_toolkit import ConfigError, build, split_overrides, to_dict
+from evalm.icl_eval.cli import _execution, _flags, _tiny_sections, _where
+from evalm.icl_eval.cli_args import RECALL_SECTIONS, recall_parser
+from evalm.icl_eval.protocol.units import (Progress, UnitStore, books_key, join, model_inputs, model_key, run_folder,
+                                           run_units)
+from evalm.icl_eval.recall.config import RecallConfig, model_options
+
+FLAGS = {"tasks": "tasks", "lengths": "lengths", "depths": "depths", "seeds": "seeds", "items": "items",
+         "haystack": "haystack", "books": "books", "save_predictions": "save_predictions", "eva_ablation": "eva_ablation"}
+"""Flag attribute -> `[recall]` key."""
+
+
+def recall(argv: Sequence[str]) -> int:
+    from evalm.icl_eval.settings import Layers, record
+
+    overrides, rest = split_overrides(argv)
+    args = recall_parser().parse_args(rest)
+    layers = Layers(args.config, overrides, RECALL_SECTIONS)
+    if args.books:
+        args.books = tuple(args.books)
+    _flags(layers, "recall", args, FLAGS)
+    where = _where(args)
+    config = build(RecallConfig, layers.section("recall"), where=f"{where} [recall]")
+    model_cfg, syn = _tiny_sections(layers, args, where, need_synthetic=False)
+    _check_generates(args)
+    if model_cfg is not None and config.eva_ablation != "none" and model_cfg.attention != "eva":
+        raise ConfigError(f"--eva-ablation {config.eva_ablation}: the built-in model's attention is "
+                          f"{model_cfg.attention!r}, not EVA; set --model.attention=eva or --eva-ablation none")
+    if model_cfg is not None:  # the built-in model trains first: check the items with its byte tokenizer now
+        from evalm.text.tokenizer import ByteTokenizer
+
+        _check_items(config, ByteTokenizer(), None)
+    settings = record(layers, {"recall": config, "model": model_cfg, "synthetic": syn})
+    world = join(config.device)
+    try:
+        with run_folder(args.out, "evalm eval recall", world).held() as folder:
+            _run(args, config, settings, model_cfg, syn, folder, world)
+    finally:
+        world.close()
+    return 0
+
+
+def _check_generates(args) -> None:
+    """Recall decodes from a causal decoder's cache: an encoder-decoder folder is refused before loading."""
+    from evalm.icl_eval.models.t5 import is_t5_folder
+
+    if args.hf_model and is_t5_folder(args.hf_model):
+        raise ConfigError(f"--hf-model {args.hf_model}: an encoder-decoder (T5) cannot generate through a decoder "
+                          "cache; recall needs a causal LM (a decoder-only --hf-model, or --checkpoint)")
+
+
+def _check_items(config, tokenizer, window: int | None) -> tuple[tuple[int, ...], str, int]:
+    """Every item fits its length (and the window), checked on the texts alone: (bos, why, the longest
+    haystack any item needs). A length below an item's needles + question is one error naming both."""
+    from evalm.icl_eval.recall.runner import EXTRA_TOKENS, encoded_item
+    from evalm.icl_eval.tasks.prompts import resolve_bos
+
+    bos, why = resolve_bos(tokenizer, config.bos)
+    longest = 0
+    for task in config.tasks:
+        encs = [encoded_item(task, s, i, config, tokenizer, bos)[1] for s in config.seeds for i in range(config.items)]
+        fixed = max(e.fixed for e in encs)
+        answer = max(2 * len(a) + EXTRA_TOKENS for e in encs for a in e.answers)
+        short = [n for n in config.lengths if n < fixed]
+        if short:
+            raise ConfigError(f"--lengths {','.join(map(str, short))}: a {task} prompt needs {fixed} tokens before any "
+                              f"haystack (instruction, needles, question); give lengths of at least {fixed}")
+        over = [n for n in config.lengths if window is not None and n + answer > window]
+        if over and config.overflow == "error":
+            raise ConfigError(f"--lengths {','.join(map(str, over))}: with up to {answer} answer tokens a {task} prompt "
+                              f"passes the model's window of {window} positions; lower --lengths, or set "
+                              "--recall.overflow=drop_left to cut prompts from the left (recorded)")
+        longest = max(longest, max(config.lengths) - min(e.fixed for e in encs))
+    return bos, why, longest
+
+
+def load(args, config, model_cfg, syn, world):
+    """The model to score, loaded with the run's `ModelOptions` (recorded as results.json's `model_options`)."""
+    from evalm.icl_eval.models.loading import ablate_lm, load_lm
+
+    options = model_options(config)
+    lm = load_lm(args, world.device(options.device), options.dtype, model_cfg, syn, options.context_window)
+    if not all(hasattr(lm, m) for m in ("new_state", "extend", "fork")):
+        raise ConfigError(f"{lm.name}: this model has no incremental cache to generate through; recall needs a causal LM")
+    ablate_lm(lm, options.eva_ablation)
+    return lm, options
+
+
+def _run(args, config, settings: dict, model_cfg, syn, folder, world) -> None:
+    from evalm.icl_eval.recall.haystacks import Haystacks
+    from evalm.icl_eval.recall.runner import Runner
+    from evalm.icl_eval.settings import render
+
+    lm, options = load(args, config, model_cfg, syn, world)
+    bos, why, longest = _check_items(config, lm.tokenizer, lm.max_positions)
+    if world.rank == 0:
+        print(render("evalm eval recall", settings), flush=True)
+    books = config.haystack == "books" and any(t != "passkey" for t in config.tasks)
+    haystacks = Haystacks(lm.tokenizer, config.books, longest if books else 0)
+    key = folder.share(lambda: {"command": "recall", "settings": settings, "model": model_key(args, folder),
+                                "books": books_key(folder, config.books)})  # rank 0 reads the files
+    store = UnitStore(folder, key, args.overwrite, world, [*model_inputs(args), *config.books])
+    store.prepare()  # after every check of the input, before any scoring
+    window = lm.max_positions if config.overflow == "drop_left" else None
+    runner = Runner(lm, config, bos, haystacks, window)
+    units = runner.units()
+    names = [f"{i:05d}-{u.name}" for i, u in enumerate(units)]
+    resumed = store.finished(names)
+    progress = Progress(store, len(names), len(resumed), "evalm eval recall", unit="items")
+    runner.progress = progress.tick
+    t0 = time.perf_counter()
+    run_units(names, lambda i: (runner.run_unit(units[i]), None), store, progress)
+    if world.rank == 0:
+        from evalm.icl_eval.models.loading import describe
+        from evalm.icl_eval.recall.report import results, write
+
+        metas = [store.load(n)[0] for n in names]
+        data = results(metas, config, {"model": describe(lm), "model_options": to_dict(options), "settings": settings,
+                                       "bos": {"tokens": list(bos), "why": why}})
+        data["seconds"], data["execution"] = time.perf_counter() - t0, _execution(world, names, resumed)
+        write(Path(args.out), data, metas, config)
