@@ -1,0 +1,31 @@
+"""A tiny Llama-family `transformers` folder built in the test (no download), for tests/train/test_convert*.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.models import hf_llama
+from tests.train.helpers import VOCAB
+
+
+def word_tokenizer(vocab: int = VOCAB):
+    """A `transformers` tokenizer of `vocab` words `t0 … t{vocab-1}` (eos the last), as the shards' ids."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab)}, unk_token="t0"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token=f"t{vocab - 1}", unk_token="t0")
+
+
+def tiny_llama_folder(folder: Path, *, dtype: str = "float64", seed: int = 0, **overrides) -> Path:
+    """`tests.models.hf_llama` (grouped-query heads, RoPE, weights wide enough that attention shows) with
+    the shards' vocabulary and tied embeddings, saved with its tokenizer as a `transformers` folder."""
+    import torch
+
+    shape = {"vocab_size": VOCAB, "tie_word_embeddings": True, "eos_token_id": VOCAB - 1,
+             "attn_implementation": "sdpa", **overrides}  # sdpa keeps float64 (eager softmaxes in float32)
+    model = hf_llama(seed, **shape).to(getattr(torch, dtype))
+    model.save_pretrained(folder)
+    word_tokenizer(model.config.vocab_size).save_pretrained(folder)
+    return folder
