@@ -28,6 +28,9 @@ from evalm.train.parallelize import Runtime
 NAME = "eva_transfer"
 """The attention implementation of a transfer run."""
 
+EVA_PARAMETER = ".eva."
+"""What the names of EVA's own parameters (A_q, A_k, the T5 table) contain."""
+
 LOSSES: list[Tensor] = []
 """Each layer's loss of the forward in progress, in layer order (filled by `transfer_attention`)."""
 
@@ -58,12 +61,16 @@ def use_transfer(model) -> None:
     model.config._attn_implementation = NAME
 
 
+def eva_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """EVA's own parameters (A_q, A_k, a T5 table) of a model, in name order."""
+    return [p for name, p in model.named_parameters() if EVA_PARAMETER in name]
+
+
 def transfer_step(model, optimizer, loader: LineLoader, runtime: Runtime, grad_accum: int, clip_norm: float,
                   structure=None) -> tuple[float, float, bool]:
     """One optimizer step of attention transfer (the trainer's `train_step` contract): each micro-batch's
     loss is its layers' summed errors, averaged over micro-batches and (by FSDP's reduction) ranks."""
     from evalm.train.trainer import finish_step
-    from evalm.train.uptrain_model import eva_parameters
 
     total = torch.zeros((), dtype=torch.float64, device=runtime.device)
     for _ in range(grad_accum):

@@ -1,4 +1,4 @@
-"""`evalm convert`: a Llama-family `transformers` model with EVA attention (issue 35).
+"""`evalm convert`: a Llama-family `transformers` model with EVA attention.
 
     evalm convert --hf-model models/smollm2 --out runs/smollm2-eva --set eva.window_size=1024
     evalm convert --hf-model DIR --gguf-file SmolLM2-135M-Instruct.Q4_1.gguf --out DIR   # a GGUF, dequantised

@@ -148,7 +148,7 @@ def _resume_path(out: Path, resume: str, runtime: Runtime, logger: MetricsLogger
 def _start(session: Session, resume_path: Path | None) -> TrainState:
     """Resume (model, optimizer, counters, cursor, RNG), or start fresh (optionally from init_from)."""
     config, out, runtime, logger = session.config, session.out, session.runtime, session.logger
-    model_json = to_dict(config.model)
+    model_json = json.loads(json.dumps(to_dict(config.model)))  # as the checkpoint holds it: tuples are lists
     if resume_path is not None:
         checkpoint.check_architecture(resume_path, model_json)
         checkpoint.check_identity(resume_path, session.config_json["identity"])

@@ -20,10 +20,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from evalm.config_toolkit import MissingExtra
 from evalm.storage import read_json
-
-EVA_PARAMETER = ".eva."
-"""What the names of EVA's own parameters (A_q, A_k, the T5 table) contain."""
-
+from evalm.train.attention_transfer import EVA_PARAMETER, eva_parameters, use_transfer
 
 class CausalLMLogits(nn.Module):
     """A `transformers` causal LM as tokens -> logits (no cache: the whole-sequence path). Without
@@ -80,8 +77,6 @@ def decoder_layers(hf: nn.Module) -> nn.ModuleList:
 
 def build_sharded(config, runtime) -> nn.Module:
     """The trainer's model of an uptraining run (`trainer.run(build=...)`): loaded, trainable set, sharded."""
-    from evalm.train.attention_transfer import use_transfer
-
     tcfg = config.train
     hf = with_trainable(load_converted(config.model.hf_model), config.model, tcfg.seed)
     if config.uptrain.objective == "attention-transfer":
@@ -104,11 +99,6 @@ def build_sharded(config, runtime) -> nn.Module:
         fully_shard(layer, mesh=runtime.mesh, mp_policy=policy, reshard_after_forward=True, ignored_params=ignored)
     fully_shard(model, mesh=runtime.mesh, mp_policy=policy, reshard_after_forward=False, ignored_params=ignored)
     return model
-
-
-def eva_parameters(model: nn.Module) -> list[nn.Parameter]:
-    """EVA's own parameters (A_q, A_k, a T5 table) of a model, in name order."""
-    return [p for name, p in model.named_parameters() if EVA_PARAMETER in name]
 
 
 def export_run(out: str | Path, config) -> Path:

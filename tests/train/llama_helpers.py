@@ -29,3 +29,32 @@ def tiny_llama_folder(folder: Path, *, dtype: str = "float64", seed: int = 0, **
     model.save_pretrained(folder)
     word_tokenizer(model.config.vocab_size).save_pretrained(folder)
     return folder
+
+
+def uptrain_file(path, converted, shards, *, parameters: str = "eva", objective: str = "attention-transfer",
+                 steps: int = 6, save_every: int = 2, extra: str = "", lr: float = 3e-2):
+    """A run file small enough that a step takes well under a second."""
+    path.write_text(f"""
+[model]
+hf_model = "{converted}"
+parameters = "{parameters}"
+lora_rank = 4
+[data]
+shards = "{shards}"
+seq_len = 32
+[optim]
+lr = {lr}
+weight_decay = 0.0
+warmup_steps = 2
+[train]
+steps = {steps}
+batch_size = 2
+grad_accum = 2
+device = "cpu"
+[checkpoint]
+save_every = {save_every}
+keep_latest_k = 0
+[uptrain]
+objective = "{objective}"
+{extra}""")
+    return path

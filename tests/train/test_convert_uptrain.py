@@ -23,36 +23,7 @@ transformers = pytest.importorskip("transformers")
 from evalm.train.convert import main as convert_main  # noqa: E402
 from evalm.train.uptrain import main  # noqa: E402
 from tests.train.helpers import write_shards  # noqa: E402
-from tests.train.llama_helpers import tiny_llama_folder  # noqa: E402
-
-
-def uptrain_file(path, converted, shards, *, parameters: str = "eva", objective: str = "attention-transfer",
-                 steps: int = 6, save_every: int = 2, extra: str = "", lr: float = 3e-2):
-    """A run file small enough that a step takes well under a second."""
-    path.write_text(f"""
-[model]
-hf_model = "{converted}"
-parameters = "{parameters}"
-lora_rank = 4
-[data]
-shards = "{shards}"
-seq_len = 32
-[optim]
-lr = {lr}
-weight_decay = 0.0
-warmup_steps = 2
-[train]
-steps = {steps}
-batch_size = 2
-grad_accum = 2
-device = "cpu"
-[checkpoint]
-save_every = {save_every}
-keep_latest_k = 0
-[uptrain]
-objective = "{objective}"
-{extra}""")
-    return path
+from tests.train.llama_helpers import tiny_llama_folder, uptrain_file  # noqa: E402
 
 
 @pytest.fixture(scope="module")
