@@ -302,7 +302,7 @@ def verdicts(rows: dict[tuple[str, int], dict]) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", nargs="*", default=["attn", "block"], choices=["attn", "block"],
                         help="layer rows at --lengths (default attn block)")
     parser.add_argument("--lengths", type=int, nargs="*", default=[8192, 32768], help="tokens of the layer rows (default 8192 32768)")

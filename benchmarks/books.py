@@ -48,7 +48,7 @@ def measure(hf_home: str, split: str, mode: str) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n")[0])
     p.add_argument("--books", default="20,80,320", help="book counts, one split each (default 20,80,320)")
     p.add_argument("--kib", type=int, default=400, help="KiB per book (default 400, about PG-19's mean)")
     args = p.parse_args()

@@ -172,7 +172,7 @@ def end_to_end(docs: list[str], redis_url: str | None) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--samples", type=Path, default=Path("data/samples"), help="output of `evalm data samples`")
     parser.add_argument("--docs", type=int, default=4000, help="synthetic documents for the fingerprint part")
     parser.add_argument("--repeats", type=int, default=3)

@@ -175,7 +175,7 @@ def contender(name: str, work: Path, tasks: int, url: str | None) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--docs", type=int, default=20000, help="documents in the corpus (default 20000)")
     parser.add_argument("--tasks", type=int, default=4, help="tasks of every per-shard step (default 4)")
     parser.add_argument("--no-cluster", action="store_true", help="skip the 3-node Redis Cluster (default: run it)")

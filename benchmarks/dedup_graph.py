@@ -172,7 +172,7 @@ def projection(small: dict, big: dict, verify: dict, redis_stats: dict | None, t
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--docs", type=int, default=1_000_000, help="documents of the big graph (default 1M)")
     parser.add_argument("--tokens", type=int, default=300, help="distinct tokens per document in a pair (default 300)")
     parser.add_argument("--dup-fraction", type=float, default=0.1, help="documents in planted clusters (default 0.1)")

@@ -141,7 +141,7 @@ def projection(before: dict, after: dict) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--docs", default="25000,100000", help="comma-separated document counts (default 25000,100000)")
     parser.add_argument("--no-cluster", action="store_true", help="skip the 3-node cluster part (default: run it)")
     args = parser.parse_args()

@@ -84,7 +84,7 @@ def timed(args: list[str], world: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     p.add_argument("--ranks", type=int, default=2, help="ranks of the sharded arm (default: 2)")
     p.add_argument("--seeds", default="1,2,3,4", help="icl draw seeds (default: 1,2,3,4)")
     p.add_argument("--shots", default="0,16,32,64", help="icl shot counts (default: 0,16,32,64)")

@@ -48,7 +48,7 @@ def tiny(attention: str) -> EvalmLM:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     p.add_argument("--shots", default="16,64,256,1000,2000")
     p.add_argument("--items", type=int, default=20)
     p.add_argument("--concat-max-shots", type=int, default=1000, help="skip concat above this (it is quadratic)")

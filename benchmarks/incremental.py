@@ -106,7 +106,7 @@ def scoring_time(model: EvalmModel, shots: list[int], n_items: int, demo_tokens:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="configs/pretrain-tiny.toml",
                         help="TOML file whose [model] encodes the long stream (default configs/pretrain-tiny.toml)")
     parser.add_argument("--score-configs", nargs="*", default=["configs/pretrain-tiny.toml", "configs/evalm-350m.toml"],

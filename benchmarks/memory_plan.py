@@ -103,7 +103,7 @@ def plan(shape: Shape, gpus: int) -> list[tuple[str, float]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("configs", nargs="*", default=["configs/evalm-350m.toml", "configs/evalm-1.3b.toml"],
                         help="pretraining TOML files (default configs/evalm-350m.toml configs/evalm-1.3b.toml)")
     parser.add_argument("--gpus", type=int, default=8, help="GPUs FSDP shards over (default 8)")

@@ -51,7 +51,7 @@ def accuracy(scores, items) -> float:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n")[0])
     p.add_argument("--checkpoint", default="runs/tiny/export/msit", help="exported EVALM (default: the tiny run's tuned model)")
     p.add_argument("--shots", default="1,4,16,64", help="comma-separated shot counts (default 1,4,16,64)")
     p.add_argument("--seeds", default="1,2,3", help="comma-separated episode seeds (default 1,2,3)")

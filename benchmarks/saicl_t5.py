@@ -50,7 +50,7 @@ def measure(kind: str, k: int, args) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shots", type=int, nargs="+", default=[4, 16, 32, 64, 128], help="k (default 4..128)")
     parser.add_argument("--demo-tokens", type=int, default=32, help="L, tokens per demonstration and test (32)")
     parser.add_argument("--d-model", type=int, default=256, help="model width (256)")

@@ -330,7 +330,7 @@ def remap_table(res: dict) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     p.add_argument("--tables", nargs="+", metavar="RESULTS_JSON", help="print the markdown table of each "
                    "`evalm eval icl` results.json (the remapped-label runs, `--remap-commands`); A+B+C pools runs that "
                    "differ only in their seeds and writes <run>-merged.json beside them (default: none)")

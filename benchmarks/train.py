@@ -75,7 +75,7 @@ def loader_tokens_per_s(lines: PretrainLines, n_lines: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n")[0])
     parser.add_argument("--seq-len", type=int, default=8192)
     parser.add_argument("--steps", type=int, default=1, help="timed optimizer steps per attention (full: ~40 s each)")
     parser.add_argument("--attn-dropout", type=float, default=None,

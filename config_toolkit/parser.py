@@ -22,10 +22,13 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse whose errors are one line naming the flag (no usage block), descriptions kept as written."""
+    """argparse whose errors are one line naming the flag (no usage block), descriptions kept as written,
+    and no abbreviated flags: with argparse's prefix matching a typo such as `--shot 4` would be taken
+    as `--shots 4` and start a long job; only a flag's full name is read."""
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("formatter_class", _Formatter)
+        kwargs["allow_abbrev"] = False
         super().__init__(*args, **kwargs)
 
     def error(self, message: str):

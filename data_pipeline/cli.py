@@ -13,12 +13,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from evalm.config_toolkit import ConfigError, Dispatcher, Parser
+from evalm.config_toolkit import Dispatcher, Parser
 from evalm.data_pipeline import config as cfg
-from evalm.data_pipeline.input_digest import content_keys
-from evalm.data_pipeline.runner import (BLOCKING, StageError, clear_stage, parse_options, record_settings,
+from evalm.data_pipeline.runner import (BLOCKING, StageError, check_options, parse_options, record_settings,
                                         resolve_inputs, run_steps)
-from evalm.storage import folder_lock
+from evalm.storage import RunFolder, guard_inputs, redact
 
 DEFAULT_BUDGETS = Path(__file__).with_name("budgets") / "table5.toml"
 
@@ -56,19 +55,25 @@ def _blend_args(p: argparse.ArgumentParser) -> None:
 
 def _launch(args: argparse.Namespace, stage: str, extra: dict, build_steps: Callable) -> int:
     config = cfg.load_stage(stage, args.config)
-    root, files = resolve_inputs(args.input if isinstance(args.input, list) else [args.input])
+    given = args.input if isinstance(args.input, list) else [args.input]
+    root, files = resolve_inputs(given)
     if args.tasks < 1:
         raise StageError("--tasks must be >= 1")
+    if args.workers < 1:
+        raise StageError(f"--workers {args.workers}: the local executor runs at least one task at a time; give 1 or more")
+    options = parse_options(args.executor_option)
+    check_options(args.executor, options)
+    if args.executor == "local":
+        options["workers"] = args.workers
     output = Path(args.output).resolve()
-    with folder_lock(output, f"evalm data {stage}"):  # Slurm: held while the jobs are submitted
+    guard_inputs(output, given, "--output")  # a stage writing into its input would read its own outputs
+    with RunFolder(output, f"evalm data {stage}").held() as folder:  # Slurm: held while the jobs are submitted
         if args.overwrite:
-            clear_stage(output)
+            folder.discard(inputs=given)
         settings = {"stage": stage, "tasks": args.tasks, "input_root": str(root), "inputs": files,
-                    "input_sha256": content_keys(root, files, output), **extra(config, output)}
-        fresh = record_settings(output, settings, files)
-        options = parse_options(args.executor_option)
-        if args.executor == "local":
-            options["workers"] = args.workers
+                    "input_sha256": dict(zip(files, folder.identities([root / name for name in files]))),
+                    **extra(config, output)}
+        fresh = record_settings(folder, settings, files)
         run_steps(output, build_steps(output, config, args, fresh), args.executor, options)
     if args.executor in BLOCKING:
         print(f"{stage}: done; see {output / 'manifest.json'}")
@@ -90,7 +95,8 @@ def _dedup(args: argparse.Namespace) -> int:
 
     if args.redis_url:
         kept = "kept (--keep-index)" if args.keep_index else "deleted when the run completes (--keep-index keeps them)"
-        print(f"dedup: Redis keys under {basename_for(Path(args.output).resolve()).decode()}* at {args.redis_url}; {kept}")
+        print(f"dedup: Redis keys under {basename_for(Path(args.output).resolve()).decode()}* at "
+              f"{redact(args.redis_url)}; {kept}")
     return _launch(args, "dedup", lambda c, out: dedup_job.settings(c, args.redis_url, out),
                    lambda out, c, a, fresh: dedup_job.steps(out, c, a.tasks, a.redis_url, fresh=fresh, keep_index=a.keep_index))
 

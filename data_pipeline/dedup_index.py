@@ -45,6 +45,7 @@ from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 from redis.retry import Retry
 
 from evalm.data_pipeline.lsh import RedisUnavailable, guarded
+from evalm.storage import redact
 
 CLUSTER_SCHEME = "redis+cluster"
 ENTRIES_PER_HASH = 32
@@ -106,8 +107,9 @@ class Servers:
 
 
 def _unreachable(url: str, why: str) -> RedisUnavailable:
+    """The refusal, its URL's password masked (storage.secrets): a wrong password is not echoed."""
     return RedisUnavailable(
-        f"cannot use Redis at {url}: {why.rstrip('.')}. Start the server(s) (e.g. `redis-server --port 6379`; "
+        f"cannot use Redis at {redact(url)}: {why.rstrip('.')}. Start the server(s) (e.g. `redis-server --port 6379`; "
         "a cluster's every node), pass --redis-url redis://HOST:PORT/DB, a comma-separated list of such URLs, or "
         "redis+cluster://HOST:PORT[,HOST:PORT...], and relaunch the same command; or leave --redis-url out to use "
         "the in-memory index (single machine).")
@@ -123,7 +125,7 @@ def _standalone(url: str, bands: int) -> Servers:
             client = redis.Redis.from_url(u, socket_connect_timeout=3, socket_timeout=30)
             client.ping()
         except redis.ResponseError as err:  # it answers, but refuses: e.g. a database past its `databases`
-            raise RedisUnavailable(f"Redis at {u} refused the connection: {err}; use a database the server has "
+            raise RedisUnavailable(f"Redis at {redact(u)} refused the connection: {err}; use a database the server has "
                                    "(0-15 by default: redis://HOST:PORT/0)") from None
         except (redis.RedisError, ValueError, OSError) as err:
             raise _unreachable(u, str(err)) from None
@@ -136,7 +138,7 @@ def _standalone(url: str, bands: int) -> Servers:
 def _cluster_nodes(url: str) -> list[ClusterNode]:
     nodes = []
     for part in urlsplit(url).netloc.split(","):
-        host, _, port = part.rpartition(":")
+        host, _, port = part.rpartition("@")[2].rpartition(":")  # a user:password@ never reaches a message
         if not host or not port.isdigit():
             raise _unreachable(url, f"'{part}' is not HOST:PORT")
         nodes.append(ClusterNode(host, int(port)))

@@ -32,13 +32,13 @@ import orjson
 from datatrove.pipeline.base import PipelineStep
 
 from evalm.config_toolkit import to_dict
+from evalm.storage import Secret, redact
 from evalm.data_pipeline import dedup_graph, dedup_index, dedup_verify, lsh
 from evalm.data_pipeline.config import DedupConfig
 from evalm.data_pipeline.fingerprint_store import fingerprint_path, load_fingerprints, offsets
 from evalm.data_pipeline.minhash import SCHEME, Fingerprinter, lean, token_set
 from evalm.data_pipeline.runner import (
     Manifest,
-    StageError,
     Step,
     merge_counts,
     reader,
@@ -50,9 +50,11 @@ from evalm.data_pipeline.runner import (
 
 
 class DedupStep(PipelineStep):
-    """A dedup step: it knows the stage folder, the config, the task count and the Redis URL (if any)."""
+    """A dedup step: it knows the stage folder, the config, the task count and the Redis URL (if any), held
+    as a `storage.Secret`: datatrove records every attribute of a step in logs/*/executor.json, and the
+    URL's password must not reach it (nor any message: `str` of a Secret is the redacted URL)."""
 
-    def __init__(self, output: str, config: DedupConfig, tasks: int = 1, redis_url: str | None = None):
+    def __init__(self, output: str, config: DedupConfig, tasks: int = 1, redis_url: Secret | None = None):
         super().__init__()
         self.output, self.config, self.tasks, self.redis_url = output, config, tasks, redis_url
 
@@ -126,7 +128,7 @@ class RedisStep(DedupStep):
     def redis(self, rank: int) -> tuple[dedup_index.BandIndex, int, np.ndarray]:
         output, c = Path(self.output), self.config
         bounds = offsets(output, self.tasks)
-        servers = dedup_index.open_servers(self.redis_url, c.bands)
+        servers = dedup_index.open_servers(self.redis_url.reveal(), c.bands)
         index = dedup_index.BandIndex(servers, lsh.basename_for(output), c.bands, c.rows, int(bounds[-1]))
         return index, int(bounds[rank]), load_fingerprints(output, rank, c)["signatures"]
 
@@ -144,7 +146,7 @@ class RedisQueryStep(RedisStep):
 
     def run(self, data=None, rank: int = 0, world_size: int = 1):
         index, first, signatures = self.redis(rank)
-        with lsh.guarded(self.redis_url, f"lsh_query task {rank}"):
+        with lsh.guarded(self.redis_url.reveal(), f"lsh_query task {rank}"):
             self.check_index(index)
             # both ends of a pair find each other; keep it from the larger id's side only
             pairs = [(other, me) for other, me in index.query(first, signatures) if other < me]
@@ -244,7 +246,7 @@ class WriteStep(DedupStep):
         write_json(output / "stats" / "write" / f"{rank:05d}.json", {k: dict(v) for k, v in counts.items()})
 
 
-def summarize(output: Path, redis_url: str | None = None, tasks: int = 1, bands: int = 8,
+def summarize(output: Path, redis_url: Secret | None = None, tasks: int = 1, bands: int = 8,
               keep_index: bool = False) -> dict[str, Any]:
     """The manifest's stats; with Redis, the run's keys are deleted here, at completion."""
     import json
@@ -254,7 +256,7 @@ def summarize(output: Path, redis_url: str | None = None, tasks: int = 1, bands:
         "graph": json.loads((output / "graph" / "stats.json").read_text()),
     }
     if redis_url:
-        summary["redis"] = index_summary(output, redis_url, tasks, bands, keep_index)
+        summary["redis"] = index_summary(output, redis_url.reveal(), tasks, bands, keep_index)
     return summary
 
 
@@ -271,16 +273,17 @@ def index_summary(output: Path, redis_url: str, tasks: int, bands: int, keep_ind
 
 def steps(output: Path, config: DedupConfig, tasks: int, redis_url: str | None, *, fresh: bool = True,
           keep_index: bool = False) -> list[Step]:
-    """The stage's steps; a fresh folder with Redis first clears what a dead run left in its namespace."""
-    out = str(output)
+    """The stage's steps; a fresh folder with Redis first clears what a dead run left in its namespace. The
+    steps hold the URL as a Secret (see DedupStep)."""
+    out, secret = str(output), Secret(redis_url) if redis_url else None
     if redis_url:
         dedup_index.open_servers(redis_url, config.bands)  # fail fast, before any task starts
         if fresh:
             dedup_index.drop(redis_url, lsh.basename_for(output), config.bands)
         else:
             unmark_lost_inserts(output, tasks, redis_url, config)
-        index = [Step("lsh_insert", tasks, RedisInsertStep(out, config, tasks, redis_url)),
-                 Step("lsh_query", tasks, RedisQueryStep(out, config, tasks, redis_url))]
+        index = [Step("lsh_insert", tasks, RedisInsertStep(out, config, tasks, secret)),
+                 Step("lsh_query", tasks, RedisQueryStep(out, config, tasks, secret))]
     else:
         index = [Step("lsh", 1, MemoryLshStep(out, config, tasks))]
     return [
@@ -290,7 +293,7 @@ def steps(output: Path, config: DedupConfig, tasks: int, redis_url: str | None, 
         Step("verify", tasks, dedup_verify.VerifyStep(out, config, tasks)),
         Step("graph", 1, GraphStep(out, config, tasks)),
         Step("write", tasks, WriteStep(out, config, tasks)),
-        Step("manifest", 1, Manifest(out, partial(summarize, redis_url=redis_url, tasks=tasks, bands=config.bands,
+        Step("manifest", 1, Manifest(out, partial(summarize, redis_url=secret, tasks=tasks, bands=config.bands,
                                                           keep_index=keep_index))),
     ]
 
@@ -317,6 +320,8 @@ def unmark(output: Path, ranks: list[int]) -> None:
 
 
 def settings(config: DedupConfig, redis_url: str | None, output: Path) -> dict[str, Any]:
+    """What config.json (and so manifest.json) records of the stage: the URL with its password redacted."""
     namespace = lsh.basename_for(output).decode() if redis_url else None
-    return {"config": to_dict(config), "index": {"kind": "redis" if redis_url else "memory", "redis_url": redis_url,
+    return {"config": to_dict(config), "index": {"kind": "redis" if redis_url else "memory",
+                                                 "redis_url": redact(redis_url) if redis_url else None,
                                                  "namespace": namespace}}

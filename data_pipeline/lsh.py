@@ -25,6 +25,7 @@ import redis
 from datasketch import MinHashLSH
 
 from evalm.config_toolkit import UserError
+from evalm.storage import redact
 
 
 class RedisUnavailable(UserError, RuntimeError):
@@ -54,7 +55,7 @@ def guarded(url: str, what: str) -> Iterator[None]:
     try:
         yield
     except LOST as err:
-        raise RedisUnavailable(f"Redis at {url} went away during {what} ({str(err).rstrip('.')}). {ADVICE}.") from None
+        raise RedisUnavailable(f"Redis at {redact(url)} went away during {what} ({str(err).rstrip('.')}). {ADVICE}.") from None
 
 
 def make_index(num_perm: int, bands: int, rows: int) -> MinHashLSH:

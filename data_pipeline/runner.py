@@ -7,17 +7,20 @@ A stage is a chain of datatrove executors (datatrove's
 scratch, overwriting their partial files; outputs are deterministic, so the result is byte for
 byte that of an uninterrupted run. The last step of every stage writes `manifest.json`.
 
-`config.json` records the stage, inputs, task count and resolved config on the first launch; a relaunch that changes anything but a run-only setting (RUN_ONLY) is refused with the
-differing keys (a mixed folder would be silently wrong), and `--overwrite` starts the folder over.
+The stage folder is a `storage.RunFolder`: `config.json` records the stage, inputs (with their
+SHA-256), task count and resolved config on the first launch; a relaunch that changes anything but a
+run-only setting (RUN_ONLY) is refused with the differing keys (a mixed folder would be silently
+wrong), and `--overwrite` starts over a folder this stage made (never an input, nor a folder another
+command made). An output that overlaps an input is refused before anything is written.
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import os
 import re
-import shutil
 import sys
 import threading
 import tomllib
@@ -31,6 +34,7 @@ from datatrove.pipeline.base import PipelineStep
 from datatrove.pipeline.writers.jsonl import JsonlWriter
 
 from evalm.config_toolkit import UserError
+from evalm.storage import RunFolder, write_atomic
 from evalm.data_pipeline.document import Document
 from evalm.data_pipeline.reader import PileReader, is_data_file
 
@@ -109,11 +113,8 @@ def writer(output: Path, kind: str, compression: str) -> JsonlWriter:
 
 
 def write_json(path: Path, data: Any) -> None:
-    """Write then rename, so a reader never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY))
-    tmp.replace(path)
+    """Sorted, indented JSON (numpy values as numbers) written whole or not at all (`storage.write_atomic`)."""
+    write_atomic(path, orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY))
 
 
 def write_errors(output: Path, rank: int, errors: list[dict], records: int, max_fraction: float) -> None:
@@ -141,67 +142,19 @@ FLAGS = {"tasks": "--tasks", "input_root": "--input", "inputs": "--input", "conf
          "wordlists": "--config", "budgets": "--budgets"}
 
 
-def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
-    """Nested dicts as {dotted key: leaf}; lists stay leaves."""
-    if not isinstance(value, dict):
-        return {prefix: value}
-    out: dict[str, Any] = {}
-    for k, v in value.items():
-        out.update(flatten(v, f"{prefix}.{k}" if prefix else str(k)))
-    return out
-
-
-def _shown(value: Any) -> str:
-    if isinstance(value, list) and len(value) > 3:
-        return f"{len(value)} items"
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def settings_diff(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
-    """The dotted keys whose values differ, run-only keys excepted."""
-    a, b = flatten(before), flatten(now)
-    return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k) and k not in RUN_ONLY)
-
-
-def clear_stage(output: Path) -> None:
-    """`--overwrite`: delete everything of an earlier launch, but not the lock this launch holds
-    (deleting it would let a second run lock a new file beside ours)."""
-    from evalm.storage.lock import LOCK_FILE
-
-    if (output / "config.json").is_file():
-        for child in output.iterdir():
-            if child.is_dir():
-                shutil.rmtree(child)
-            elif child.name != LOCK_FILE:
-                child.unlink()
-
-
-def record_settings(output: Path, settings: dict[str, Any], files: Sequence[str]) -> bool:
+def record_settings(folder: RunFolder, settings: dict[str, Any], files: Sequence[str]) -> bool:
     """Write config.json + inputs.txt on first launch; refuse a relaunch whose settings differ
-    (naming only the differing keys). Returns True when the folder starts fresh (nothing of an
-    earlier launch is reused)."""
-    path = output / "config.json"
-    output.mkdir(parents=True, exist_ok=True)
-    settings = json.loads(json.dumps(settings))  # tuples -> lists, as they will read back
-    if path.is_file():
-        before = json.loads(path.read_text())
-        before.setdefault("input_sha256", settings.get("input_sha256"))  # folders made before inputs were hashed
-        changed = settings_diff(before, settings)
-        if changed:
-            a, b = flatten(before), flatten(settings)
-            detail = "; ".join(f"{k}: recorded {_shown(a.get(k))}, now {_shown(b.get(k))}" for k in changed[:5])
-            more = f" (+{len(changed) - 5} more)" if len(changed) > 5 else ""
-            flags = ", ".join(sorted({FLAGS.get(k.split(".")[0], k) for k in changed}))
-            raise StageError(
-                f"{output} was made with other settings: {detail}{more}. To continue it, relaunch with the "
-                f"recorded {flags} (all in its config.json); to start over, add --overwrite (deletes the folder).")
-        if settings != before:  # a run-only key changed: record what this launch uses
-            write_json(path, settings)
-        return False
-    (output / "inputs.txt").write_text("".join(f"{f}\n" for f in files))
-    write_json(path, settings)
-    return True
+    (naming only the differing keys; `RunFolder.record`). Returns True when the folder starts fresh
+    (nothing of an earlier launch is reused)."""
+    def advice(changed: list[str]) -> str:
+        flags = ", ".join(sorted({FLAGS.get(k.split(".")[0], k) for k in changed}))
+        return (f"To continue it, relaunch with the recorded {flags} (all in its config.json); to start over, add "
+                "--overwrite (deletes the folder)")
+
+    if not (folder.path / "config.json").is_file():  # inputs.txt first: a recorded config.json implies it
+        write_atomic(folder.path / "inputs.txt", "".join(f"{f}\n" for f in files))
+    # input_sha256: folders made before inputs were hashed lack it
+    return folder.record("config.json", settings, ignore=RUN_ONLY, added=("input_sha256",), advice=advice)
 
 
 # ---------------------------------------------------------------- executors
@@ -263,6 +216,42 @@ def parse_options(items: Sequence[str]) -> dict[str, Any]:
         except tomllib.TOMLDecodeError:
             out[name.strip()] = raw
     return out
+
+
+SET_BY_US = {"pipeline", "tasks", "logging_dir", "depends", "self"}
+"""Executor arguments every stage sets itself: not `--executor-option`s."""
+
+
+def _executor_class(executor: str):
+    """datatrove's executor class of `--executor` (None for Ray without the extra: its builder says what to install)."""
+    if executor == "local":
+        from datatrove.executor import LocalPipelineExecutor
+
+        return LocalPipelineExecutor
+    if executor == "slurm":
+        from datatrove.executor import SlurmPipelineExecutor
+
+        return SlurmPipelineExecutor
+    try:
+        from datatrove.executor.ray import RayPipelineExecutor
+    except ImportError:
+        return None
+    return RayPipelineExecutor
+
+
+def check_options(executor: str, options: dict[str, Any]) -> None:
+    """Refuse an `--executor-option` the executor does not take (datatrove would stop with a TypeError), naming
+    the ones it does; `address` is ours on Ray (the cluster to join)."""
+    if executor not in EXECUTORS:
+        raise StageError(f"unknown executor {executor!r}; valid: {sorted(EXECUTORS)}")
+    cls = _executor_class(executor)
+    if cls is None:
+        return
+    valid = set(inspect.signature(cls.__init__).parameters) - SET_BY_US | ({"address"} if executor == "ray" else set())
+    unknown = sorted(set(options) - valid)
+    if unknown:
+        raise StageError(f"--executor-option {', '.join(unknown)}: not an option of the {executor} executor; "
+                         f"valid: {', '.join(sorted(valid))}")
 
 
 @dataclass(frozen=True)

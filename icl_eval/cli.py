@@ -26,8 +26,9 @@ from pathlib import Path
 import numpy as np
 
 from evalm.config_toolkit import ConfigError, Dispatcher, Parser, build, split_overrides, to_dict
-from evalm.storage import folder_lock
-from evalm.icl_eval.protocol.units import Progress, UnitStore, hold, join, run_units, stamp
+from evalm.storage import RunFolder
+from evalm.icl_eval.protocol.units import (Progress, UnitStore, icl_inputs, icl_key, join, ppl_inputs, ppl_key,
+                                           run_folder, run_units)
 from evalm.icl_eval.cli_args import ICL_SECTIONS, PPL_SECTIONS, common, csv, icl_parser, ppl_parser
 
 
@@ -84,12 +85,11 @@ def icl(argv: Sequence[str]) -> int:
                       {"skipped": skipped} if skipped else None)
     world = join(config.device)
     try:
-        with hold(args.out, "evalm eval icl", world):
+        with run_folder(args.out, "evalm eval icl", world).held() as folder:
             if world.rank == 0:
                 print(render("evalm eval icl", settings), flush=True)
-            key = {"command": "icl", "settings": settings, "model": _model_stamp(args), "data": data_info,
-                   "data_files": {split: stamp(path) for split, path in data_info.get("splits", {}).items()}}
-            store = UnitStore(Path(args.out) / "units", key, args.overwrite, world)
+            key = folder.share(lambda: icl_key(args, folder, settings, task, data_info))  # rank 0 reads the files
+            store = UnitStore(folder, key, args.overwrite, world, icl_inputs(args, data_info))
             results = _run_icl(args, config, options, model_cfg, syn, task, splits_for_seed, data_info, store)
             if results is not None:  # rank 0 merged every unit
                 results["settings"], results["skipped"] = settings, skipped
@@ -130,13 +130,6 @@ def _run_icl(args, config, options, model_cfg, syn, task, splits_for_seed, data_
     results = runner.results(describe(lm), data_info, time.perf_counter() - t0)
     results["execution"] = _execution(world, names, resumed)
     return {**results, "_predictions": runner.predictions, "_name": lm.name}
-
-
-def _model_stamp(args) -> dict:
-    """The model part of a resume key: which folder, and its files' sizes and times (a re-export changes them)."""
-    folder = args.checkpoint or args.hf_model
-    return {"folder": str(Path(folder).resolve()) if folder else None, "files": stamp(folder) if folder else None,
-            "tokenizer": stamp(args.tokenizer) if args.tokenizer and args.tokenizer != "bytes" else args.tokenizer}
 
 
 def _execution(world, names: list[str], resumed: list[str]) -> dict:
@@ -200,13 +193,13 @@ def ppl(argv: Sequence[str]) -> int:
     settings = record(layers, {"ppl": config, "model": model_cfg, "synthetic": syn})
     world = join(config.device)
     try:
-        with hold(args.out, "evalm eval ppl", world):
-            return _ppl(args, config, settings, model_cfg, syn, world)
+        with run_folder(args.out, "evalm eval ppl", world).held() as folder:
+            return _ppl(args, config, settings, model_cfg, syn, folder, world)
     finally:
         world.close()
 
 
-def _ppl(args, config, settings: dict, model_cfg, syn, world) -> int:
+def _ppl(args, config, settings: dict, model_cfg, syn, folder, world) -> int:
     from evalm.icl_eval.perplexity.books import iter_books
     from evalm.icl_eval.models.loading import load_lm
     from evalm.icl_eval.settings import render
@@ -214,9 +207,8 @@ def _ppl(args, config, settings: dict, model_cfg, syn, world) -> int:
 
     if world.rank == 0:
         print(render("evalm eval ppl", settings), flush=True)
-    key = {"command": "ppl", "settings": settings, "model": _model_stamp(args),
-           "books": {str(b): stamp(b) for b in config.books}, "unigram": stamp(config.unigram_shards or "")}
-    store = UnitStore(Path(args.out) / "units", key, args.overwrite, world)
+    key = folder.share(lambda: ppl_key(args, folder, settings, config))  # rank 0 reads the files
+    store = UnitStore(folder, key, args.overwrite, world, ppl_inputs(args, config))
     lm = load_lm(args, world.device(config.device), config.dtype, model_cfg, syn, None)
     fixed_need = max(config.fixed_contexts) + config.fixed_target_tokens if config.fixed_contexts else 0
     skipped = ppl_reach(iter_books(config.books, config.max_books), lm.tokenizer.encode, config.buckets,
@@ -347,7 +339,7 @@ def harness(argv: Sequence[str]) -> int:
     from evalm.icl_eval.report import write_json
 
     out = Path(args.out)
-    with folder_lock(out, "evalm eval harness"):
+    with RunFolder(out, "evalm eval harness").held():
         lm = load_lm(args, args.device, args.dtype, None, None, None)
         limit = None if args.limit is None else (int(args.limit) if args.limit >= 1 else args.limit)
         results = evaluate(lm, args.tasks, args.num_fewshot, args.seeds, limit, args.include_path,

@@ -5,6 +5,9 @@ lines (docs/evaluation.md); time per test item vs shots (with cache reuse: incre
 without: concat; EVALM Figure 5); perplexity vs context length, one line per model and protocol,
 beside the fixed-position curve and the uniform and unigram references (EVALM Figure 4).
 Each plot takes several models' results at once, so a run's report can set EVA beside its twins.
+Curves that agree (incremental == concat by construction) must both stay visible: each series has
+its own marker and line style and is drawn a few points to the side of its neighbours (display
+space; the data are untouched). Log axes are labelled with plain numbers (5.7, 200), not 5.7×10⁰.
 """
 
 from __future__ import annotations
@@ -41,12 +44,38 @@ def _figure(path: Path, title: str, panels: int = 1):
     yield list(axes[0])
     for ax in axes[0]:
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        if ax.get_legend() is None:  # a panel may have placed its own
+            ax.legend(fontsize=7)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")  # a legend placed outside the axes stays in the image
     plt.close(fig)
+
+
+MARKERS, LINESTYLES = "osD^v<>", ("-", "--", "-.", ":")
+
+
+def _series(ax, j: int, n: int, x: list, y: list, label: str, points: float = 3.0):
+    """Series j of n: its own marker and line style, x moved (j - (n-1)/2) * `points` points in
+    display space so a curve equal to another is drawn beside it, not under it. Returns the line."""
+    from matplotlib.transforms import ScaledTranslation
+
+    shift = ScaledTranslation((j - (n - 1) / 2) * points / 72, 0, ax.figure.dpi_scale_trans)
+    line, = ax.plot(x, y, label=label, marker=MARKERS[j % len(MARKERS)], linestyle=LINESTYLES[j % len(LINESTYLES)],
+                    transform=ax.transData + shift)
+    ax.update_datalim(list(zip(x, y)))  # a shifted transform hides the data from autoscaling
+    ax.autoscale_view()
+    return line
+
+
+def _plain_log_labels(axis) -> None:
+    """Plain numbers on a log axis (5.7, 200, 1000): matplotlib's default labels a short range's
+    minor ticks as 5.7×10⁰."""
+    from matplotlib.ticker import LogFormatter
+
+    axis.set_major_formatter(LogFormatter(labelOnlyBase=False))
+    axis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.4)))
 
 
 def _shot_axis(ax, shots: list[int]) -> None:
@@ -65,16 +94,15 @@ def plot_accuracy(summaries: dict[str, dict], path: Path, title: str, methods: t
     """Accuracy vs shots (or vs token budget, `summary["axis"]`): per model (key, "" for one) and method, the mean over seeds with its 95%
     hierarchical bootstrap band; the label baselines of the first model as dashed lines."""
     first = next(iter(summaries.values()))["test"]
+    series = [(f"{model} {method}".strip(), shots) for model, summary in summaries.items()
+              for method, shots in summary["test"].items() if not methods or method in methods]
     with _figure(path, title) as (ax,):
-        for model, summary in summaries.items():
-            for method, shots in summary["test"].items():
-                if methods and method not in methods:
-                    continue
-                ks = sorted(shots, key=int)
-                label = f"{model} {method}".strip()
-                line, = ax.plot([int(k) for k in ks], [shots[k]["accuracy_mean"] for k in ks], marker="o", label=label)
-                ax.fill_between([int(k) for k in ks], [shots[k]["accuracy_ci95"][0] for k in ks],
-                                [shots[k]["accuracy_ci95"][1] for k in ks], alpha=0.15, color=line.get_color())
+        for j, (label, shots) in enumerate(series):
+            ks = sorted(shots, key=int)
+            line = _series(ax, j, len(series), [int(k) for k in ks], [shots[k]["accuracy_mean"] for k in ks], label)
+            ax.fill_between([int(k) for k in ks], [shots[k]["accuracy_ci95"][0] for k in ks],
+                            [shots[k]["accuracy_ci95"][1] for k in ks], alpha=0.15, color=line.get_color(),
+                            transform=line.get_transform())
         cells = next(iter(first.values()))
         ks = sorted(cells, key=int)
         for name, style in zip(BASELINE_LABELS, (":", "--", "-.")):
@@ -90,14 +118,15 @@ def plot_accuracy(summaries: dict[str, dict], path: Path, title: str, methods: t
 def plot_time(summary: dict, path: Path, title: str) -> Path:
     with _figure(path, title) as (ax,):
         shots = set()
-        for method, cells in summary["test"].items():
+        for j, (method, cells) in enumerate(summary["test"].items()):
             ks = sorted(cells, key=int)
             shots.update(int(k) for k in ks)
-            style = "--" if method == "concat" else "-"
             label = f"{method} ({'no cache reuse' if method == 'concat' else 'cache reuse'})"
-            ax.plot([int(k) for k in ks], [cells[k]["seconds_per_item_mean"] * 1e3 for k in ks], style, marker="o", label=label)
+            _series(ax, j, len(summary["test"]), [int(k) for k in ks], [cells[k]["seconds_per_item_mean"] * 1e3 for k in ks],
+                    label)
         _shot_axis(ax, sorted(shots))
         ax.set_yscale("log")
+        _plain_log_labels(ax.yaxis)
         ax.set(xlabel="shots", ylabel="ms per test item (incl. context encoding)")
     return path
 
@@ -125,7 +154,10 @@ def plot_perplexity(results: dict[str, dict], path: Path, title: str, train_leng
                        label=f"{name} reference ({ref['overall']['token_ppl']:.0f})")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
+        _plain_log_labels(ax.yaxis)
         ax.set(xlabel="position in the book (tokens, bucket upper end)", ylabel="token perplexity (cached)")
+        # Below the axes: the references span the whole width, so no corner inside is free of lines.
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
         if panels == 2:
             ax = axes[1]
             for i, (model, res) in enumerate(results.items()):

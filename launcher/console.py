@@ -14,6 +14,7 @@ from pathlib import Path
 
 from evalm.config_toolkit import UserError
 from evalm.launcher.commands import dispatch
+from evalm.storage import redact_argv
 
 
 class StageFailed(UserError, RuntimeError):
@@ -24,18 +25,19 @@ def call(argv: list, log: Path) -> None:
     """Run one command in this process; its printed lines and the data library's log lines go to
     the stage's log file, while progress bars (stderr) stay on the console. An error names the log."""
     log.parent.mkdir(parents=True, exist_ok=True)
+    shown = " ".join(redact_argv(map(str, argv)))  # a --redis-url password reaches neither the log nor the screen
     with log.open("a", encoding="utf-8") as f:
-        f.write(f"\n$ evalm {' '.join(argv)}\n")
+        f.write(f"\n$ evalm {shown}\n")
         f.flush()
         with _quiet(f):
             code = dispatch(argv)
     if code == 130:  # Ctrl-C inside the command (a training stage keeps its last complete checkpoint)
         raise KeyboardInterrupt
     if code == 1:  # config_toolkit.report: a bug of ours, its traceback in a file the log names
-        raise StageFailed(f"`evalm {' '.join(argv)}` stopped on an internal error (a bug, not your input); "
+        raise StageFailed(f"`evalm {shown}` stopped on an internal error (a bug, not your input); "
                           f"its output in {log} names the file with the traceback; please report it with that file")
     if code:
-        raise StageFailed(f"`evalm {' '.join(argv)}` exited with {code}; its output is in {log}; "
+        raise StageFailed(f"`evalm {shown}` exited with {code}; its output is in {log}; "
                            f"fix the error, then rerun `evalm run`")
 
 

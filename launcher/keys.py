@@ -4,6 +4,8 @@ A key hashes the stage's commands, the content of the settings files and sample 
 (configs, budgets, task files with their splits, books, the pile shards), files named inside those
 TOML configs, the shipped word lists (filter), and the previous stage's key (the chain). Every
 run-file field a stage depends on is in its commands (the MSIT data too: `evalm train msit-data`).
+Files and folders are known by `storage.identity` (their bytes' SHA-256, streamed; `evalm run` caches
+it in the run folder under each file's `stat`).
 """
 
 from __future__ import annotations
@@ -11,20 +13,12 @@ from __future__ import annotations
 import hashlib
 import json
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 
 from evalm.config_toolkit import read_toml, shipped
 from evalm.config_toolkit.files import INCLUDE
-
-
-def _fingerprint(path: Path) -> str:
-    """sha256 of a file's bytes, or of a folder's files (relative names and bytes)."""
-    digest = hashlib.sha256()
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
-    for f in files:
-        digest.update(str(f.relative_to(path) if f != path else f.name).encode())
-        digest.update(f.read_bytes())
-    return digest.hexdigest()
+from evalm.storage import identity as content_identity
 
 
 def _strings(node) -> list[str]:
@@ -36,10 +30,12 @@ def _strings(node) -> list[str]:
     return [node] if isinstance(node, str) else []
 
 
-def stage_key(r, stage: str, commands: list, previous: str) -> str:
+def stage_key(r, stage: str, commands: list, previous: str,
+              identity: Callable[[Path], str | None] = content_identity) -> str:
     """What a stage's outputs depend on: its commands, the content of every settings file or
     sample folder they name (configs, budgets, task files and their splits, books, instructions),
-    and the key of the stage before it, so a change reruns the stage and every later one."""
+    and the key of the stage before it, so a change reruns the stage and every later one. `identity`
+    is the run folder's cached one (`RunFolder.identity`)."""
     inputs = {}
     run_dir, samples = r.dir.resolve(), r.samples.resolve()
     for arg in (a for argv in commands for a in argv):
@@ -48,18 +44,18 @@ def stage_key(r, stage: str, commands: list, previous: str) -> str:
         if run_dir in parents and samples not in parents:  # a stage's output (the msit rows): the chain covers it
             continue
         if path.is_file() or (path.is_dir() and r.samples in path.parents):
-            inputs[str(path)] = _fingerprint(path.parent if path.is_file() and r.samples in path.parents else path)
+            inputs[str(path)] = identity(path.parent if path.is_file() and r.samples in path.parents else path)
     for config in [p for p in map(Path, inputs) if p.suffix == ".toml" and p.is_file()]:
         for value in _strings(read_toml(config)):  # files a config names (word lists, budgets, tokenizers)
             if Path(value).is_file():
-                inputs[value] = _fingerprint(Path(value))
+                inputs[value] = identity(Path(value))
         for name in tomllib.loads(config.read_text(encoding="utf-8")).get(INCLUDE, []):  # the files it starts from
-            inputs[name] = _fingerprint(shipped(name))
+            inputs[name] = identity(shipped(name))
     if stage == "filter":
         import evalm.data_pipeline.wordlists as wordlists
 
-        inputs["shipped word lists"] = _fingerprint(Path(wordlists.__file__).parent / "wordlists")
+        inputs["shipped word lists"] = identity(Path(wordlists.__file__).parent / "wordlists")
         if (r.samples / "manifest.json").is_file():
-            inputs["samples manifest"] = _fingerprint(r.samples / "manifest.json")
+            inputs["samples manifest"] = identity(r.samples / "manifest.json")
     blob = json.dumps({"commands": commands, "inputs": inputs, "previous": previous}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()

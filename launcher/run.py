@@ -1,8 +1,9 @@
 """`evalm run [CONFIG]`: every stage in order, from raw text to a many-shot evaluation report.
 
-    evalm run                                 # configs/tiny.toml: shipped sample data, a tiny model, CPU, minutes
+    evalm run                                 # configs/tiny.toml: sample data from pinned PyPI packages, a tiny model, CPU
     evalm run configs/tiny.toml --from pretrain   # rerun pretrain and everything after it
     evalm run configs/tiny.toml --only icl        # rerun one stage (earlier ones must be complete)
+    evalm run --set run.seed=2 --set run.name=tiny-seed2   # another training seed, in its own folder
 
 Stages exchange files, never objects: each one is the same command a user runs as a separate job
 (`evalm data filter`, `evalm train msit-data`, `evalm train pretrain`, ...), called here with the
@@ -21,48 +22,47 @@ one; `--only STAGE` marks the later stages stale.
 
 from __future__ import annotations
 
-import shutil
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from evalm.config_toolkit import ConfigError, Parser, report, shipped
+from evalm.config_toolkit import ConfigError, Parser, report, shipped, split_overrides
 from evalm.launcher.console import call
 from evalm.launcher.keys import stage_key
-from evalm.launcher.markers import mark_stale, peak_rss_gib, read_marker, write_marker
+from evalm.launcher.markers import discard_stage, mark_stale, peak_rss_gib, read_marker, write_marker
 from evalm.launcher.report import stage_result, write_report
 from evalm.launcher.run_file import Run, load_run
 from evalm.launcher.stages import RESUMABLE, STAGES, stage_commands
-from evalm.storage import folder_lock
+from evalm.storage import RunFolder
 
 DEFAULT_CONFIG = shipped("configs/tiny.toml")
 
 
-def run_stage(r: Run, stage: str, position: str = "", previous: str = "") -> tuple[float, str]:
+def run_stage(r: Run, stage: str, position: str = "", previous: str = "", folder: RunFolder | None = None
+              ) -> tuple[float, str]:
     """Run one stage unless complete with the same key; returns its seconds (0 when skipped) and its key.
 
     A complete stage whose key changed (or that `--only` marked stale) is redone from scratch."""
     commands = stage_commands(r, stage)
-    key = stage_key(r, stage, commands, previous)
+    key = stage_key(r, stage, commands, previous, identity=(folder or RunFolder(r.dir, "evalm run")).identity)
     done = read_marker(r, stage)
-    folder = r.stage_dir(stage)
     if done is not None and done.get("key") == key and not done.get("stale"):
         print(f"stage {position} {stage}: complete, skipped ({done['seconds']:.0f} s when it ran)")
         return 0.0, key
     if done is not None:  # changed settings or inputs: the old outputs must not be resumed
         why = "marked stale by --only" if done.get("stale") else "its settings or inputs changed"
         print(f"stage {position} {stage}: {why}; redoing it")
-        shutil.rmtree(folder)
-    elif folder.exists() and stage not in RESUMABLE:
-        shutil.rmtree(folder)
+        discard_stage(r, stage)
+    elif stage not in RESUMABLE:
+        discard_stage(r, stage)
+    RunFolder(r.stage_dir(stage), "evalm run").mark()  # made by this run: what discard_stage may delete later
     print(f"stage {position} {stage} ...", flush=True)
     t0 = time.perf_counter()
     log = r.dir / "logs" / f"{stage}.log"
     for argv in commands:
         call(argv, log)
     seconds = time.perf_counter() - t0
-    folder.mkdir(parents=True, exist_ok=True)
     write_marker(r, stage, {"stage": stage, "key": key, "commands": commands, "seconds": seconds,
                             "peak_rss_gib_so_far": peak_rss_gib()})
     print(f"stage {position} {stage}: {stage_result(r, stage)} ({seconds:.0f} s; log {log})", flush=True)
@@ -90,6 +90,9 @@ def _parser() -> Parser:
                             "(default: none, run every stage that is not complete)")
     where.add_argument("--only", choices=list(STAGES), metavar="STAGE",
                        help="rerun just this stage; the later ones are marked stale (default: none)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="override one run-file value, e.g. --set run.seed=2 (every training stage's seed) or "
+                             "--set run.name=tiny-seed2 (the run folder); repeatable (default: none)")
     return parser
 
 
@@ -105,12 +108,13 @@ def _stages_to_run(r: Run, start: str | None, only: str | None) -> list[str]:
                           f"run `evalm run {r.path}` first")
     stages = stages[first:] if start else [only]
     for stage in stages:
-        shutil.rmtree(r.stage_dir(stage), ignore_errors=True)
+        discard_stage(r, stage)
     return stages
 
 
 def run_all(r: Run, start: str | None, only: str | None) -> Path:
     """Run the chosen stages in order, chaining their keys; returns the report folder."""
+    folder = RunFolder(r.dir, "evalm run")  # its digest cache: the stage keys' inputs, read once per change
     stages = _stages_to_run(r, start, only)
     t0 = time.perf_counter()
     ensure_samples(r)
@@ -118,7 +122,7 @@ def run_all(r: Run, start: str | None, only: str | None) -> Path:
     previous = (read_marker(r, order[order.index(stages[0]) - 1]) or {}).get("key", "") if stages[0] != order[0] else ""
     timings = {}
     for i, stage in enumerate(stages, 1):
-        timings[stage], previous = run_stage(r, stage, f"{i}/{len(stages)}", previous)
+        timings[stage], previous = run_stage(r, stage, f"{i}/{len(stages)}", previous, folder)
     if only:
         mark_stale(r, order[order.index(only) + 1:])
     return write_report(r, timings, wall_seconds=time.perf_counter() - t0, peak_rss_gib=peak_rss_gib())
@@ -128,13 +132,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     """A user error (config_toolkit.UserError: a bad run file, a failed stage, a busy folder) is one
     line; anything else is a bug of ours, its traceback kept in ROOT/NAME/logs/error.log (the run
     folder it escaped from) and named on the console (config_toolkit.report, as every command)."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
     try:
-        r = load_run(args.config)
-        with folder_lock(r.dir, "evalm run"):  # one main job per run folder
+        dotted, rest = split_overrides(list(argv if argv is not None else sys.argv[1:]))  # --run.seed=2 is --set's alias
+    except ConfigError as err:
+        parser.exit(2, f"evalm run: error: {err}\n")
+    args = parser.parse_args(rest)
+    try:
+        r = load_run(args.config, [*dotted, *args.overrides])
+        with RunFolder(r.dir, "evalm run").held():  # one main job per run folder
             folder = run_all(r, args.start, args.only)
     except KeyboardInterrupt:
-        print(f"evalm run: interrupted; rerun `evalm run {args.config}` to resume: complete stages are skipped, "
+        again = " ".join(["evalm run", args.config, *(f"--set {o}" for o in [*dotted, *args.overrides])])
+        print(f"evalm run: interrupted; rerun `{again}` to resume: complete stages are skipped, "
               "data and training stages continue from where they stopped", file=sys.stderr)
         return 130
     except Exception as err:  # noqa: BLE001 - the one rule of every command

@@ -11,12 +11,13 @@ the section and the valid keys); `load_run` checks what spans sections (unique e
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import field
 from pathlib import Path
 
 from pydantic.dataclasses import dataclass
 
-from evalm.config_toolkit import FROZEN, ConfigError, build, check_sections, read_toml, shipped
+from evalm.config_toolkit import FROZEN, ConfigError, apply_overrides, build, check_sections, read_toml, shipped
 
 
 @dataclass(config=FROZEN, frozen=True)
@@ -33,6 +34,11 @@ class RunSection:
     """Data tasks run at once (local executor)."""
     data_tasks: int = 2
     """Tasks of each data stage (fixed for a run folder)."""
+    seed: int | None = None
+    """Training seed of every training stage (pretrain, msit, the twins), set as `train.seed` (weight
+    init, dropout) and `data.seed` (line order) after the stage's own `set`; unset, each training
+    config's own seeds. Another seed is another training trajectory: the spread of the front table
+    (docs/results.md) is over seeds, e.g. `evalm run --set run.seed=2 --set run.name=tiny-seed2`."""
 
 
 @dataclass(config=FROZEN, frozen=True)
@@ -156,8 +162,9 @@ def _shipped_config(section: TrainSection) -> TrainSection:
     return dataclasses.replace(section, config=str(shipped(section.config)))
 
 
-def load_run(path: str | Path) -> Run:
-    data = read_toml(path)
+def load_run(path: str | Path, overrides: Sequence[str] = ()) -> Run:
+    """The run file with `section.key=value` overrides (`evalm run --set`) on top."""
+    data = apply_overrides(read_toml(path), overrides)
     known = {"run", "data", "tokenizer", "pretrain", "msit", "twins", "eval", "ppl"}
     check_sections(data, sorted(known), str(path))
     evals = [build(EvalEntry, e, where=f"{path} [[eval]] #{i + 1}") for i, e in enumerate(data.get("eval", []))]

@@ -38,8 +38,14 @@ def _train_command(command: str, config: str, out: Path, sets: Sequence[str]) ->
                 *(arg for s in sets for arg in ("--set", s)))
 
 
+def _seed_sets(r: Run) -> list[str]:
+    """`[run] seed`, last so that it wins over the stage's own `set` (init, dropout and line order)."""
+    return [] if r.run.seed is None else [f"train.seed={r.run.seed}", f"data.seed={r.run.seed}"]
+
+
 def _pretrain_sets(r: Run) -> list[str]:
-    return [f"data.shards={r.stage_dir('tokenizer')}", f"model.vocab_size={r.tokenizer.vocab_size}", *r.pretrain.set]
+    return [f"data.shards={r.stage_dir('tokenizer')}", f"model.vocab_size={r.tokenizer.vocab_size}", *r.pretrain.set,
+            *_seed_sets(r)]
 
 
 def msit_data_file(r: Run) -> Path:
@@ -50,7 +56,8 @@ def msit_data_file(r: Run) -> Path:
 def _msit_sets(r: Run, init_from: Path) -> list[str]:
     return [f"data.train_file={msit_data_file(r)}",
             f"data.tokenizer={r.stage_dir('tokenizer') / 'tokenizer.json'}", f"data.pretrain_shards={r.stage_dir('tokenizer')}",
-            f"checkpoint.init_from={init_from}", f"model.vocab_size={r.tokenizer.vocab_size}", *r.msit.set]
+            f"checkpoint.init_from={init_from}", f"model.vocab_size={r.tokenizer.vocab_size}", *r.msit.set,
+            *_seed_sets(r)]
 
 
 def _pretrain(r: Run) -> list:

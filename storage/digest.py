@@ -8,20 +8,13 @@ Sizes are compared first, so a truncated file is found without reading it.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
+from evalm.storage.files import write_atomic
+from evalm.storage.identity import sha256
+
 DIGEST_FILE = "digest.json"
-_BLOCK = 1 << 20
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(_BLOCK):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _files(folder: Path, exclude: set[str]) -> list[Path]:
@@ -33,9 +26,7 @@ def write_digest(folder: str | Path, exclude: tuple[str, ...] = ()) -> Path:
     folder = Path(folder)
     files = _files(folder, {DIGEST_FILE, *exclude})
     record = {p.relative_to(folder).as_posix(): {"size": p.stat().st_size, "sha256": sha256(p)} for p in files}
-    path = folder / DIGEST_FILE
-    path.write_text(json.dumps({"files": record}, indent=1) + "\n", encoding="utf-8")
-    return path
+    return write_atomic(folder / DIGEST_FILE, json.dumps({"files": record}, indent=1) + "\n")
 
 
 def verify_digest(folder: str | Path) -> str | None:

@@ -1,15 +1,23 @@
-"""JSON and text files read so that a broken one is named, and writes that say when the disk is full.
+"""JSON and text files read so that a broken one is named; writes whole or not at all, and that say
+when the disk is full.
 
 A user who hands us a damaged `config.json`, a binary file as a "book", or a disk that fills up
 during a save must learn which file and what to do, in one line: not a decoder's traceback, and
 never a result computed from U+FFFD replacement characters.
+
+Every file a later run reads back (settings, markers, unit results, manifests, caches) is written
+to a hidden temporary name beside it, flushed to disk, then renamed over it (`os.replace` is atomic
+on POSIX), so a process killed at any moment leaves the old file or the new one, never half of one.
 """
 
 from __future__ import annotations
 
 import errno
 import json
+import os
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -84,3 +92,40 @@ def space_error(err: BaseException, path: str | Path, after: str = "", needed: i
     where = written[-1] if written else path
     return NoSpace(errno.ENOSPC, f"no space left on device while writing {where} ({free} bytes free there, "
                    f"{needed} needed); free space or write elsewhere{after}")
+
+
+TEMPORARY = ".tmp-"
+"""Infix of the temporary files `replaced` writes (`.NAME.tmp-PID`): hidden, and found by `temporaries`."""
+
+
+@contextmanager
+def replaced(path: str | Path) -> Iterator[Path]:
+    """A temporary path beside `path` to write; on a clean exit it is flushed to disk and renamed over
+    `path` (the parent folder is created), on an error removed, so `path` is old or new, never half."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}{TEMPORARY}{os.getpid()}")
+    try:
+        yield tmp
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_atomic(path: str | Path, data: str | bytes) -> Path:
+    """Write `data` (text as UTF-8) to `path` whole or not at all (`replaced`)."""
+    with replaced(path) as tmp:
+        tmp.write_bytes(data.encode("utf-8") if isinstance(data, str) else data)
+    return Path(path)
+
+
+def write_json(path: str | Path, value: Any, indent: int | None = 2) -> Path:
+    """`value` as JSON (keys in the order given, a final newline), written atomically."""
+    return write_atomic(path, json.dumps(value, indent=indent) + "\n")
+
+
+def temporaries(folder: str | Path) -> list[Path]:
+    """Temporary files `replaced` left in `folder` when its process was killed mid-write."""
+    return sorted(Path(folder).glob(f".*{TEMPORARY}*"))

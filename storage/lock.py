@@ -13,14 +13,21 @@ in FOLDER/logs/error.log, beside the run it broke.
 
 Within one process the lock is re-entrant (`evalm run` holds a folder whose stages lock it again),
 because a second flock on a new file description would refuse its own process.
+
+The lock file is opened with `O_NOFOLLOW` and must be a regular file with one name: a
+`.evalm.lock` that is a symbolic link (or a hard link) to another file is refused, never followed,
+truncated or written, whoever placed it there. The recorded command line is redacted
+(`storage.secrets`): a `--redis-url` password never reaches the lock file.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
 import socket
+import stat
 import sys
 import time
 from collections.abc import Iterator
@@ -28,6 +35,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from evalm.config_toolkit import UserError, note_folder
+from evalm.storage.secrets import redact, redact_argv
 
 LOCK_FILE = ".evalm.lock"
 _HELD: dict[Path, int] = {}
@@ -38,10 +46,40 @@ class FolderBusy(UserError, OSError):
     """Another live process writes this folder; the message names it."""
 
 
+class NotAFolder(UserError, FileExistsError):
+    """An output folder named a file (or something else that is not a folder)."""
+
+
+class ForeignLock(UserError, OSError):
+    """The folder's lock file is a link or not a regular file; the message names it."""
+
+
+def _open_lock(path: Path):
+    """The lock file, opened for reading and writing without following a link and without truncating:
+    refused when it is a symbolic link, not a regular file, or has another name (a hard link)."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o644)
+    except OSError as err:
+        if err.errno != errno.ELOOP:
+            raise
+        raise ForeignLock(f"{path} is a symbolic link; a lock file is never followed (it would write into the "
+                          "file it points to): remove the link and rerun") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+        os.close(fd)
+        what = "not a regular file" if not stat.S_ISREG(st.st_mode) else f"a file with {st.st_nlink} names (a hard link)"
+        raise ForeignLock(f"{path} is {what}; a lock file is never written through it: remove it and rerun")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "r+", encoding="utf-8")
+
+
 @contextmanager
 def folder_lock(folder: str | Path, command: str) -> Iterator[Path]:
     """Hold `folder` (created if missing) for the duration; refuse at once if a live process holds it."""
     folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise NotAFolder(f"{folder} exists and is not a folder; the output of a command is a folder: give a new "
+                         "name or an existing folder")
     folder.mkdir(parents=True, exist_ok=True)
     key = folder.resolve()
     if key in _HELD:
@@ -51,7 +89,7 @@ def folder_lock(folder: str | Path, command: str) -> Iterator[Path]:
         finally:
             _HELD[key] -= 1
         return
-    handle = open(folder / LOCK_FILE, "a+", encoding="utf-8")
+    handle = _open_lock(folder / LOCK_FILE)
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -62,8 +100,8 @@ def folder_lock(folder: str | Path, command: str) -> Iterator[Path]:
                          "folder (two runs in one folder would overwrite each other's files)") from None
     handle.seek(0)
     handle.truncate()
-    handle.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "command": command,
-                             "argv": sys.argv, "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}) + "\n")
+    handle.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "command": redact(command),
+                             "argv": redact_argv(sys.argv), "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}) + "\n")
     handle.flush()
     _HELD[key] = 1
     try:

@@ -40,3 +40,33 @@ def redact_value(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [redact_value(item) for item in value]
     return value
+
+
+class Secret:
+    """A URL held for connecting that shows only its redacted form: `str`, `repr`, f-strings and
+    JSON encoders that fall back to `str` (datatrove's executor.json, which records every attribute
+    of every pipeline step) all see `redis://user:***@host`; `reveal()` gives the URL to connect
+    with. Pickled whole, so worker processes can connect."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str):
+        self._value = value
+
+    def reveal(self) -> str:
+        return self._value
+
+    def __str__(self) -> str:
+        return redact(self._value)
+
+    def __repr__(self) -> str:
+        return f"Secret({redact(self._value)!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Secret) and other._value == self._value
+
+    def __hash__(self) -> int:
+        return hash(self._value)
+
+    def __reduce__(self):
+        return (Secret, (self._value,))

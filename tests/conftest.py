@@ -5,11 +5,13 @@ Run: python -m pytest -m "not slow"
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -34,16 +36,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
-def redis_url():
-    """A real Redis: EVALM_REDIS_URL (set by .ci/run), else a redis-server started here.
-
-    Never a mock. Without a server: skip locally, fail under CI so a missing install cannot hide.
-    """
-    url = os.environ.get("EVALM_REDIS_URL")
-    if url:
-        yield url
-        return
+@contextlib.contextmanager
+def redis_server(*options: str, password: str | None = None) -> Iterator[int]:
+    """A redis-server started here on a free loopback port (its port), stopped after. Without the
+    binary: skip locally, fail under CI so a missing install cannot hide."""
     binary = shutil.which("redis-server")
     if binary is None:
         if os.environ.get("CI"):
@@ -51,18 +47,32 @@ def redis_url():
         pytest.skip("redis-server not on PATH (apt-get install redis-server)")
     port = _free_port()
     proc = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", *options,
+         *(["--requirepass", password] if password else [])],
         stdout=subprocess.DEVNULL,
     )
     import redis
 
-    client = redis.Redis(host="127.0.0.1", port=port)
+    client = redis.Redis(host="127.0.0.1", port=port, password=password)
     for _ in range(100):
         try:
             client.ping()
             break
         except redis.ConnectionError:
             time.sleep(0.05)
-    yield f"redis://127.0.0.1:{port}/0"
-    proc.terminate()
-    proc.wait(timeout=10)
+    try:
+        yield port
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def redis_url():
+    """A real Redis: EVALM_REDIS_URL (set by .ci/run), else a redis-server started here. Never a mock."""
+    url = os.environ.get("EVALM_REDIS_URL")
+    if url:
+        yield url
+        return
+    with redis_server() as port:
+        yield f"redis://127.0.0.1:{port}/0"

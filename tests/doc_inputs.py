@@ -169,3 +169,26 @@ def samples_cache(work: Path) -> None:
         (work / "DIR").symlink_to(default_cache())
     else:
         (work / "DIR").mkdir()
+
+
+def main_job_tokens(work: Path) -> None:
+    """What `evalm run` leaves that a line after it reads: the tokenizer stage's token shards, at the
+    folder the shipped run file and the stage table name (runs/tiny/tokenizer), written by the stage's
+    own command; its input is the shipped sample documents (the run's blend output is minutes away)."""
+    from evalm.launcher.cli import main
+    from evalm.launcher.run_file import load_run
+    from evalm.launcher.stages import stage_commands
+
+    (argv,) = stage_commands(load_run(ROOT / "configs" / "tiny.toml"), "tokenizer")
+    argv[argv.index("--input") + 1] = str(ROOT / "train" / "samples" / "documents.jsonl")
+    argv[argv.index("--output") + 1] = str(work / argv[argv.index("--output") + 1])
+    assert main(argv) == 0
+
+
+def main_job_export(work: Path) -> None:
+    """The tuned model `evalm run` exports, at the folder the shipped run file and the stage table name
+    (runs/tiny/export/msit): a one-layer byte-level EVALM stands in for the trained one."""
+    from evalm.launcher.run_file import load_run
+    from tests.models import byte_model
+
+    byte_model(work / load_run(ROOT / "configs" / "tiny.toml").stage_dir("export") / "msit")

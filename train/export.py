@@ -11,7 +11,6 @@ the `[data] shards`) is copied along, so `evalm eval --checkpoint OUT` needs not
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 from collections.abc import Sequence
@@ -20,7 +19,7 @@ from pathlib import Path
 from evalm.config_toolkit import Parser, build, report
 from evalm import EvalmModel, ModelConfig
 from evalm.io import save_model
-from evalm.storage import folder_lock, read_json
+from evalm.storage import RunFolder, read_json, replaced
 from evalm.train.identity import run_tokenizer
 
 
@@ -38,13 +37,13 @@ def checkpoint_model(checkpoint: str | Path) -> tuple[EvalmModel, Path, dict]:
 
 def export(checkpoint: str | Path, out: str | Path, tokenizer: str | Path | None = None) -> Path:
     model, path, run_config = checkpoint_model(checkpoint)
-    with folder_lock(out, "evalm export"):
-        out = save_model(model.eval(), out)
+    with RunFolder(out, "evalm export").held() as folder:
+        out = save_model(model.eval(), folder.path)
         source = Path(tokenizer) if tokenizer else run_tokenizer(run_config.get("data", {}))
         if source is not None:
-            shutil.copyfile(source, out / "tokenizer.json")
-        record = {"checkpoint": str(path), "tokenizer": str(source) if source else None}
-        (out / "export.json").write_text(json.dumps(record, indent=2) + "\n")
+            with replaced(out / "tokenizer.json") as tmp:
+                shutil.copyfile(source, tmp)
+        folder.write_json("export.json", {"checkpoint": str(path), "tokenizer": str(source) if source else None})
     return out
 
 

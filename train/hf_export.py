@@ -19,13 +19,12 @@ The folder is also an exported EVALM (`evalm eval icl --checkpoint OUT` reads it
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 
 from evalm.config_toolkit import ConfigError
 from evalm.io import load_model, save_model
-from evalm.storage import folder_lock
+from evalm.storage import RunFolder
 from evalm.text.hf_tokenizer import save_hf_tokenizer
 from evalm.text.tokenizer import ByteTokenizer, load_tokenizer
 from evalm.train.identity import run_tokenizer
@@ -79,8 +78,8 @@ def export_hf(checkpoint: str | Path, out: str | Path, tokenizer: str | Path | N
         raise ConfigError(f"--checkpoint {checkpoint}: attention={model.config.attention!r}; --hf exports EVA models "
                           "(a full-attention EVALM is evaluated with --checkpoint)")
     source = _tokenizer(tokenizer, found, model.config.vocab_size)
-    with folder_lock(out, "evalm export"):
-        out = save_model(model.eval(), out)
+    with RunFolder(out, "evalm export").held() as folder:
+        out = save_model(model.eval(), folder.path)
         eos = save_hf_tokenizer(source, out)
         eos_id = load_tokenizer(source).eos_id
         config = EvalmConfig.of(model.config, eos_token_id=eos_id, architectures=["EvalmForCausalLM"],
@@ -89,5 +88,5 @@ def export_hf(checkpoint: str | Path, out: str | Path, tokenizer: str | Path | N
         (out / "modeling_evalm.py").write_text(MODELING.format(version=version("evalm")))
         record = {"checkpoint": str(path), "tokenizer": str(source) if source else "bytes", "eos_token": eos,
                   "transformers": True}
-        (out / "export.json").write_text(json.dumps(record, indent=2) + "\n")
+        folder.write_json("export.json", record)
     return out

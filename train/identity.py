@@ -4,18 +4,22 @@ A resume that reads other data, or the same data through another tokenizer of th
 trains on without an error and produces a model that is neither run's. So each run records the
 identity of its tokenizer (the file's SHA-256, or the name of a built-in one such as `bytes`) and
 of its data (the SHA-256 of the token shards' manifest, which lists every shard and its counts,
-or of the instruction file), and a resume refuses a checkpoint whose identity differs, naming
-the key. A data set read by its id from the offline cache is identified by that id.
+or of the instruction file, or of a saved data set's files), and a resume refuses a checkpoint
+whose identity differs, naming the key. A data set read by its id from the offline cache is
+identified by that id. Identities are `storage.identity`'s (the bytes' SHA-256, cached by the run
+folder under each file's `stat`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from evalm.storage.digest import sha256
+from evalm.storage import identity as content_identity
+
+Identity = Callable[[Path], "str | None"]
 
 
 def run_tokenizer(data: dict[str, Any]) -> Path | None:
@@ -28,28 +32,19 @@ def run_tokenizer(data: dict[str, Any]) -> Path | None:
     return None
 
 
-def _of_path(path: Path) -> str:
-    """A file's SHA-256; a folder's: of its files' names and sizes (a saved data set's Arrow files)."""
-    if path.is_file():
-        return "sha256:" + sha256(path)
-    h = hashlib.sha256()
-    for f in sorted(p for p in path.rglob("*") if p.is_file()):
-        h.update(f"{f.relative_to(path).as_posix()}\0{f.stat().st_size}\n".encode())
-    return "files:" + h.hexdigest()
-
-
-def run_identity(data: dict[str, Any]) -> dict[str, str]:
-    """{"tokenizer": ..., "data": ...} of a run's `[data]` section (pretraining or MSIT)."""
+def run_identity(data: dict[str, Any], identity: Identity = content_identity) -> dict[str, str]:
+    """{"tokenizer": ..., "data": ...} of a run's `[data]` section (pretraining or MSIT); `identity` is the
+    run folder's cached one (`RunFolder.identity`)."""
     tokenizer = run_tokenizer(data)
     if data.get("shards"):
         manifest = Path(data["shards"]) / "manifest.json"
-        source = _of_path(manifest) if manifest.is_file() else "path:" + str(data["shards"])
+        source = identity(manifest) if manifest.is_file() else "path:" + str(data["shards"])
         named = json.loads(manifest.read_text()).get("tokenizer", "") if manifest.is_file() else ""
     else:
         train_file = Path(str(data.get("train_file", "")))
-        source = _of_path(train_file) if train_file.exists() else "id:" + str(data.get("train_file"))
+        source = identity(train_file) if train_file.exists() else "id:" + str(data.get("train_file"))
         named = data.get("tokenizer", "bytes")
-    return {"tokenizer": _of_path(tokenizer) if tokenizer else f"name:{named}", "data": source}
+    return {"tokenizer": identity(tokenizer) if tokenizer else f"name:{named}", "data": source}
 
 
 def identity_differences(saved: dict[str, str] | None, now: dict[str, str]) -> list[str]:

@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from evalm.config_toolkit import InputError, MissingInput
-from evalm.storage import read_json
+from evalm.storage import read_json, write_atomic
 
 FORMAT = "evalm-token-shards/1"
 MANIFEST = "manifest.json"
@@ -81,9 +80,7 @@ class ShardWriter:
         manifest = {**self.meta, "subsets": list(self.subsets), "shards": self.shards,
                     "tokens": sum(s["tokens"] for s in self.shards),
                     "documents": sum(s["documents"] for s in self.shards)}
-        tmp = self.out_dir / f"{MANIFEST}.tmp"
-        tmp.write_text(json.dumps(manifest, indent=2))
-        os.replace(tmp, self.out_dir / MANIFEST)
+        write_atomic(self.out_dir / MANIFEST, json.dumps(manifest, indent=2))
         return manifest
 
 

@@ -14,7 +14,6 @@ reduce-scatter averages over ranks, which turns that into the exact mean over th
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import random
@@ -31,8 +30,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from evalm.config_toolkit import ConfigError, UserError, note_folder, to_dict
-from evalm.storage import folder_lock, read_json
+from evalm.config_toolkit import ConfigError, UserError, to_dict
+from evalm.storage import Ranks, RunFolder, read_json, write_atomic
 from evalm.train import checkpoint, interrupt
 from evalm.train.identity import run_identity
 from evalm.train.config import RunConfig
@@ -50,7 +49,8 @@ class Session:
     model, optimizer and loader built for it."""
 
     config: RunConfig
-    out: Path
+    folder: RunFolder
+    """The run folder (its lock held by rank 0): config.json, metrics, checkpoints."""
     runtime: Runtime
     logger: MetricsLogger
     config_json: dict[str, Any]
@@ -69,25 +69,26 @@ def run(config: RunConfig, out: str | Path, make_source: Callable[[Runtime], Lin
     runtime)` makes the sharded model in place of an `EvalmModel` of `[model]`, `step` replaces
     `train_step` (same arguments and result): `evalm train uptrain` (train/uptrain.py) passes both."""
     runtime = init_distributed(config.train.device)
-    out = Path(out)
-    logger = MetricsLogger(out, enabled=False, tensorboard=False)
+    folder = RunFolder(out, f"evalm train {command}", Ranks(runtime.rank, runtime.world_size,
+                                                           _broadcast if runtime.world_size > 1 else None))
+    logger = MetricsLogger(folder.path, enabled=False, tensorboard=False)
     try:
-        with contextlib.ExitStack() as held:  # one owner per run folder, held by rank 0 for the whole run
-            _on_rank0(runtime, lambda: held.enter_context(folder_lock(out, f"evalm train {command}")))
-            logger = MetricsLogger(out, enabled=runtime.is_main, tensorboard=config.train.tensorboard)
-            resume_path = _resume_path(out, resume, runtime, logger)
-            return _train(config, out, make_source, resume_path, command, runtime, logger, build, step)
-    except Exception as err:
-        note_folder(err, out)  # every rank's bug log goes to OUT/logs (only rank 0 holds the lock)
-        raise
+        with folder.held():  # one owner per run folder: rank 0 holds it for the whole run, for every rank
+            logger = MetricsLogger(folder.path, enabled=runtime.is_main, tensorboard=config.train.tensorboard)
+            resume_path = _resume_path(folder, resume, logger)
+            return _train(config, folder, make_source, resume_path, command, runtime, logger, build, step)
     finally:  # no barrier here: after an error on one rank, the others must not wait for it
         logger.close()
         dist.destroy_process_group()
 
 
-def _train(config: RunConfig, out: Path, make_source: Callable[[Runtime], LineSource], resume_path: Path | None,
-           command: str, runtime: Runtime, logger: MetricsLogger, build: Callable | None = None,
-           step: Callable | None = None) -> list[dict[str, Any]]:
+def _broadcast(box: list) -> None:
+    dist.broadcast_object_list(box, src=0)  # our own process group's bytes, not a file's
+
+
+def _train(config: RunConfig, folder: RunFolder, make_source: Callable[[Runtime], LineSource],
+           resume_path: Path | None, command: str, runtime: Runtime, logger: MetricsLogger,
+           build: Callable | None = None, step: Callable | None = None) -> list[dict[str, Any]]:
     tcfg = config.train
     grouped = config.data.structure == "saicl"  # train.structure: one FSDP unit
     if grouped and tcfg.activation_checkpointing:
@@ -100,9 +101,9 @@ def _train(config: RunConfig, out: Path, make_source: Callable[[Runtime], LineSo
     source = make_source(runtime)
     loader = LineLoader(source, rank=runtime.rank, world_size=runtime.world_size,
                         batch_size=tcfg.batch_size, shuffle=config.data.shuffle, seed=config.data.seed)
-    config_json = {"command": command, "world_size": runtime.world_size, **config.to_json(),
-                   "identity": run_identity(to_dict(config.data))}
-    session = Session(config, out, runtime, logger, config_json, model, optimizer, loader, step or train_step)
+    identity = folder.share(lambda: run_identity(to_dict(config.data), folder.identity))  # rank 0 reads the files
+    config_json = {"command": command, "world_size": runtime.world_size, **config.to_json(), "identity": identity}
+    session = Session(config, folder, runtime, logger, config_json, model, optimizer, loader, step or train_step)
     state = _start(session, resume_path)
     model.train()
     records = _loop(session, state)
@@ -110,44 +111,24 @@ def _train(config: RunConfig, out: Path, make_source: Callable[[Runtime], LineSo
     return records
 
 
-def _on_rank0(runtime: Runtime, action: Callable[[], Any]) -> Any:
-    """Run `action` on rank 0 only and hand its result to every rank; if it raised, every rank raises
-    (rank 0 its own error, the others one that points to it), so no rank waits alone in a collective."""
-    outcome: list[Any] = [None, None]
-    if runtime.is_main:
-        try:
-            outcome[0] = action()
-        except Exception as err:  # noqa: BLE001 - re-raised below, on every rank
-            outcome[1] = err
-    if runtime.world_size > 1:
-        shared = [None if outcome[1] is None else str(outcome[1]), outcome[0]]
-        dist.broadcast_object_list(shared, src=0)  # our own process group's bytes, not a file's
-        if not runtime.is_main:
-            if shared[0] is not None:
-                raise checkpoint.CheckpointError(f"rank 0 stopped the run: {shared[0]}")
-            return shared[1]
-    if outcome[1] is not None:
-        raise outcome[1]
-    return outcome[0]
-
-
-def _resume_path(out: Path, resume: str, runtime: Runtime, logger: MetricsLogger) -> Path | None:
+def _resume_path(folder: RunFolder, resume: str, logger: MetricsLogger) -> Path | None:
     """Where to continue from (rank 0 verifies the checkpoints once, for all ranks); a fresh run may
     not write over a run folder's checkpoints."""
+    out = folder.path
+
     def find() -> Path | None:
         path = checkpoint.find_resume_path(out, resume, note=logger.info)
         if path is None and resume in ("", "none") and checkpoint.complete_checkpoints(out):
             raise checkpoint.CheckpointError(
                 f"{out} already holds checkpoints; pass --resume auto to continue that run, or another --out")
-        out.mkdir(parents=True, exist_ok=True)
         return path
 
-    return _on_rank0(runtime, find)
+    return folder.share(find)
 
 
 def _start(session: Session, resume_path: Path | None) -> TrainState:
     """Resume (model, optimizer, counters, cursor, RNG), or start fresh (optionally from init_from)."""
-    config, out, runtime, logger = session.config, session.out, session.runtime, session.logger
+    config, folder, runtime, logger = session.config, session.folder, session.runtime, session.logger
     model_json = json.loads(json.dumps(to_dict(config.model)))  # as the checkpoint holds it: tuples are lists
     if resume_path is not None:
         checkpoint.check_architecture(resume_path, model_json)
@@ -161,8 +142,8 @@ def _start(session: Session, resume_path: Path | None) -> TrainState:
         # the same global position on every rank, whatever the world size or batch was or is now
         session.loader.seek(_saved_position(resume_path, entry, rank_state))
         if runtime.is_main:
-            _truncate_metrics(out / "metrics.jsonl", state.step)
-            (out / "config.json").write_text(json.dumps(session.config_json, indent=2))
+            _truncate_metrics(folder.path / "metrics.jsonl", state.step)
+            folder.write_json("config.json", session.config_json)
         logger.info(f"resumed from {resume_path} at step {state.step}")
         return state
     if config.checkpoint.init_from:
@@ -171,8 +152,8 @@ def _start(session: Session, resume_path: Path | None) -> TrainState:
         checkpoint.load_model_only(source, session.model)
         logger.info(f"initialised the model from {source}")
     if runtime.is_main:
-        (out / "config.json").write_text(json.dumps(session.config_json, indent=2))
-        (out / "metrics.jsonl").unlink(missing_ok=True)
+        folder.write_json("config.json", session.config_json)
+        (folder.path / "metrics.jsonl").unlink(missing_ok=True)
     _seed_rank(config.train.seed, runtime.rank, 0)
     return TrainState()
 
@@ -207,7 +188,7 @@ def _truncate_metrics(path: Path, step: int) -> None:
                     kept.append(line)
             except (ValueError, KeyError, TypeError):
                 continue
-        path.write_text("".join(f"{line}\n" for line in kept))
+        write_atomic(path, "".join(f"{line}\n" for line in kept))
 
 
 class NonFiniteLoss(UserError, RuntimeError):
@@ -238,13 +219,13 @@ def _loop(session: Session, state: TrainState) -> list[dict]:
                 raise NonFiniteLoss(f"step {state.step}: the update made the weights non-finite (loss before it "
                                     f"{loss:.4g}, gradient norm {grad_norm:.4g}; optim.lr={ocfg.lr:g} too high?); "
                                     f"nothing of this step was saved: the last checkpoint under "
-                                    f"{session.out}/checkpoints is finite")
+                                    f"{session.folder.path}/checkpoints is finite")
             bar.update(1)
             bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
             if state.step % tcfg.log_every == 0 or state.step == tcfg.steps:
                 meter.log(state, loss=loss, lr=lr, grad_norm=grad_norm)
             if (ccfg.save_every and state.step % ccfg.save_every == 0) or state.step == tcfg.steps:
-                checkpoint.save(session.out, state.step, model=model, optimizer=session.optimizer,
+                checkpoint.save(session.folder.path, state.step, model=model, optimizer=session.optimizer,
                                 train_state=state.checkpoint_entry(loader.position),
                                 rank_state={"data": loader.state_dict(), "rng": checkpoint.rng_state()},
                                 config_json=session.config_json, keep_latest_k=ccfg.keep_latest_k)

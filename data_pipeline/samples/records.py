@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 import zstandard
 
-from evalm.data_pipeline.samples.fetch import sha256_of
+from evalm.storage import sha256
 from evalm.data_pipeline.samples.packages import Package
 
 
@@ -68,7 +68,7 @@ class Output:
 
     def record(self, rel: str, prov: Provenance, **info: Any) -> None:
         path = self.root / rel
-        self.files[rel] = {"bytes": path.stat().st_size, "sha256": sha256_of(path), **info,
+        self.files[rel] = {"bytes": path.stat().st_size, "sha256": sha256(path), **info,
                            "sources": prov.entries(self.packages)}
 
 

@@ -5,14 +5,17 @@ shots (or budget) cell with every method, order and arm in it (`protocol.Runner.
 `evalm eval ppl` one book. Rank r of N takes the units i with i = r (mod N), one model per rank on
 its own device (`cuda:LOCAL_RANK`, or the CPU). Without `torchrun` the same code is a world of one.
 
-Each finished unit is written to OUT/units/NAME.npz under a temporary name and renamed into place
-(`os.replace`), so a unit file is either whole or absent, whatever kills the process. The folder's
-`key.json` holds the settings the units were computed with (the command's effective settings, the
-model's files, the data); a rerun with the same key skips the units already there and redoes the
-rest, and a rerun with another key is refused, naming what changed, unless `--overwrite` discards
-them. Rank 0 waits for every unit file, then merges them in the one-process order, so results.json
-is the one-process file whatever the number of ranks: per-item records are computed per unit and
-every statistic over them (means, the bootstrap with its fixed seed) is computed after the merge.
+Each finished unit is written to OUT/units/NAME.npz whole or not at all (`storage.files.replaced`),
+whatever kills the process. `key.json` holds what the units were computed from, by content: the
+command's effective settings, the task's definition (template, labels, every field), the data files,
+the model's weights and tokenizer by their SHA-256 (`RunFolder.identity`, cached by `stat`, so an
+edited task file or weights copied over the old ones are seen, a `touch -r` included). A rerun with
+the same key skips the units already there (a damaged one, which an atomic write never leaves, is
+named and computed again) and redoes the rest; a rerun with another key is refused, naming what
+changed, unless `--overwrite` discards them (only a units folder this command made, never an input:
+`RunFolder.discard`). Rank 0 waits for every unit file, then merges them in the one-process order, so
+results.json is the one-process file whatever the number of ranks: per-item records are computed per
+unit and every statistic over them (means, the bootstrap with its fixed seed) is computed after the merge.
 
 Progress: every rank writes OUT/units/progress/rank-R.json (units and items done); rank 0 prints
 one line from all of them: units done / total, items per second, time left.
@@ -20,23 +23,25 @@ one line from all of them: units done / total, items per second, time left.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import hashlib
 import json
 import os
-import shutil
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+import zipfile
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from evalm.config_toolkit import ConfigError, UserError, is_user_error, note_folder
-from evalm.storage import folder_lock
+from evalm.config_toolkit import ConfigError
+from evalm.storage import DamagedFile, Ranks, RunFolder, SettingsChanged, replaced, write_atomic
+from evalm.storage.files import temporaries
+from evalm.storage.settings import as_read_back, differences, flatten
 
 WAIT = datetime.timedelta(hours=72)
 """Timeout of the start-up collectives: rank 0 may load a large model long after the others."""
@@ -44,6 +49,13 @@ POLL_SECONDS = 1.0
 PRINT_SECONDS = 10.0
 """Rank 0 prints a progress line at most this often (and at each unit it finishes)."""
 META = "__meta__"
+KEY = "units/key.json"
+
+
+def _broadcast(box: list) -> None:
+    import torch.distributed as dist
+
+    dist.broadcast_object_list(box, src=0)
 
 
 @dataclass(frozen=True)
@@ -60,28 +72,14 @@ class World:
             return f"cuda:{self.local_rank}"
         return configured
 
-    def share(self, fn: Callable[[], Any]) -> Any:
-        """`fn()` run on rank 0 only and its value given to every rank; an error there is raised on every rank
-        (the others would otherwise wait for rank 0 forever): rank 0's own, elsewhere its message, as a user
-        error when it was one on rank 0 (config_toolkit.is_user_error), else as a bug naming rank 0."""
-        error, value = None, None
-        if self.rank == 0:
-            try:
-                value = fn()
-            except Exception as err:  # noqa: BLE001 - re-raised below, after the other ranks heard of it
-                error = err
-        if self.size > 1:
-            import torch.distributed as dist
+    @property
+    def ranks(self) -> Ranks:
+        return Ranks(self.rank, self.size, _broadcast if self.size > 1 else None)
 
-            box = [(None if error is None else (type(error).__name__, str(error), is_user_error(error)), value)]
-            dist.broadcast_object_list(box, src=0)
-            failure, value = box[0]
-            if failure is not None and error is None:
-                name, message, user = failure
-                raise UserError(message) if user else RuntimeError(f"rank 0 failed with {name}: {message}")
-        if error is not None:
-            raise error
-        return value
+    def share(self, fn: Callable[[], Any]) -> Any:
+        """`fn()` on rank 0, its value or its error (a user error kept one, a bug a bug) on every rank
+        (`storage.ranks.Ranks.share`)."""
+        return self.ranks.share(fn)
 
     def close(self) -> None:
         if self.size > 1:
@@ -108,38 +106,55 @@ def join(configured_device: str) -> World:
     return world
 
 
-@contextmanager
-def hold(folder: str | Path, command: str, world: World) -> Iterator[None]:
-    """The output folder's lock, taken by rank 0 alone (a lock per rank would refuse the other ranks);
-    a folder busy with another run is refused on every rank."""
-    with ExitStack() as stack:
-        world.share(lambda: stack.enter_context(folder_lock(folder, command)) and None)
-        try:
-            yield
-        except Exception as err:
-            note_folder(err, folder)  # every rank's bug log goes to FOLDER/logs (only rank 0 holds the lock)
-            raise
+def run_folder(folder: str | Path, command: str, world: World) -> RunFolder:
+    """The evaluation's output folder, held by rank 0 alone for every rank (a lock per rank would
+    refuse the other ranks): `with run_folder(...).held() as folder:`."""
+    return RunFolder(folder, command, world.ranks)
 
 
-def stamp(path: str | Path) -> Any:
-    """What identifies a model or data file without reading it: size and modification time (of each
-    file directly inside, for a folder); None when the path does not exist."""
-    path = Path(path)
-    if path.is_file():
-        st = path.stat()
-        return [st.st_size, st.st_mtime_ns]
-    if path.is_dir():
-        return {p.name: stamp(p) for p in sorted(path.iterdir()) if p.is_file() and not p.name.startswith(".")}
-    return None
+# ---------------------------------------------------------------- resume keys, by content
 
 
-def _native(value: Any) -> Any:
-    """JSON for numpy scalars and arrays (their Python values); anything else as text."""
-    if isinstance(value, (np.generic, np.ndarray)):
-        return value.tolist()
-    if isinstance(value, Path):
-        return str(value)
-    return str(value)
+def model_key(args, folder: RunFolder) -> dict[str, Any]:
+    """The model part of a resume key: its files by content (weights, config, tokenizer), not by name or time."""
+    kind = "checkpoint" if args.checkpoint else "hf_model" if args.hf_model else None
+    files = args.checkpoint or args.hf_model
+    tokenizer = args.tokenizer if args.tokenizer in (None, "bytes") else folder.identity(args.tokenizer)
+    return {"kind": kind, "files": folder.identity(files) if files else None, "tokenizer": tokenizer}
+
+
+def model_inputs(args) -> list:
+    """The model's files, which `--overwrite` must never delete."""
+    return [args.checkpoint, args.hf_model, None if args.tokenizer in (None, "bytes") else args.tokenizer]
+
+
+def icl_key(args, folder: RunFolder, settings: dict, task, data_info: dict) -> dict[str, Any]:
+    """What `evalm eval icl`'s units are computed from: the settings, the task's definition (template,
+    labels, every field), the data by the content of its files, the model by its weights."""
+    splits = data_info.get("splits", {})
+    data_files = {split: folder.identity(path) for split, path in splits.items() if Path(str(path)).exists()}
+    source = data_info.get("source")
+    if not data_files and source and Path(str(source)).exists():  # the splits live inside it (a saved DatasetDict)
+        data_files = {"source": folder.identity(source)}
+    return {"command": "icl", "settings": settings, "task": dataclasses.asdict(task), "model": model_key(args, folder),
+            "data": data_info, "data_files": data_files}
+
+
+def icl_inputs(args, data_info: dict) -> list:
+    return [*model_inputs(args), args.task, data_info.get("source"), *data_info.get("splits", {}).values()]
+
+
+def ppl_key(args, folder: RunFolder, settings: dict, config) -> dict[str, Any]:
+    """What `evalm eval ppl`'s units are computed from: the settings, the books and unigram shards by content,
+    the model by its weights (a book id of the datasets cache by its name)."""
+    on_disk = [b for b in config.books if Path(str(b)).exists()]
+    books = {**{str(b): str(b) for b in config.books}, **dict(zip(map(str, on_disk), folder.identities(on_disk)))}
+    unigram = folder.identity(config.unigram_shards) if config.unigram_shards else None
+    return {"command": "ppl", "settings": settings, "model": model_key(args, folder), "books": books, "unigram": unigram}
+
+
+def ppl_inputs(args, config) -> list:
+    return [*model_inputs(args), *config.books, config.unigram_shards]
 
 
 EXECUTION = {"seconds", "seconds_per_item", "seconds_per_item_mean", "seconds_per_item_std", "encode_seconds",
@@ -157,26 +172,18 @@ def without_execution(value: Any) -> Any:
     return value
 
 
-def canonical(value: Any) -> Any:
-    """`value` as JSON would give it back (tuples as lists, numpy as Python), for comparing keys."""
-    return json.loads(json.dumps(value, default=_native, sort_keys=True))
-
-
-def changes(old: Any, new: Any, where: str = "") -> list[str]:
+def changes(old: Any, new: Any) -> list[str]:
     """Dotted paths where two JSON values differ, with both values."""
-    if isinstance(old, dict) and isinstance(new, dict):
-        out = []
-        for k in sorted(set(old) | set(new)):
-            out += changes(old.get(k), new.get(k), f"{where}.{k}" if where else str(k))
-        return out
-    return [] if old == new else [f"{where or 'key'}: {json.dumps(old)} -> {json.dumps(new)}"]
+    a, b = flatten(old), flatten(new)
+    return [f"{k or 'key'}: {json.dumps(a.get(k))} -> {json.dumps(b.get(k))}" for k in differences(old, new)]
 
 
 class UnitStore:
     """OUT/units: one `.npz` per finished unit (arrays plus `__meta__`, JSON), and the `key.json` they share."""
 
-    def __init__(self, folder: str | Path, key: dict[str, Any], overwrite: bool, world: World):
-        self.folder, self.key, self.overwrite, self.world = Path(folder), canonical(key), overwrite, world
+    def __init__(self, run: RunFolder, key: dict[str, Any], overwrite: bool, world: World, inputs: Sequence = ()):
+        self.run, self.key, self.overwrite, self.world = run, as_read_back(key), overwrite, world
+        self.folder, self.inputs = run.path / "units", [i for i in inputs if i]
         self.digest = hashlib.sha256(json.dumps(self.key, sort_keys=True).encode()).hexdigest()
 
     def prepare(self) -> None:
@@ -185,31 +192,28 @@ class UnitStore:
         self.world.share(self._prepare)
 
     def finished(self, names: Sequence[str]) -> list[str]:
-        """Which of `names` were finished before this run (rank 0 looks while every rank waits for it)."""
-        return self.world.share(lambda: [n for n in names if self.done(n)])
+        """Which of `names` were finished before this run (rank 0 looks while every rank waits for it); a
+        damaged unit file is named and removed, so that it is computed again."""
+        return self.world.share(lambda: [n for n in names if self.done(n) and self._intact(n)])
 
     def _prepare(self) -> None:
-        key_file = self.folder / "key.json"
-        if key_file.is_file():
-            try:
-                old = json.loads(key_file.read_text(encoding="utf-8"))
-            except ValueError:
-                old = {"key.json": "unreadable"}
-            if old != self.key:
-                if not self.overwrite:
-                    diff = changes(old, self.key)
-                    shown = "; ".join(diff[:3]) + (f"; and {len(diff) - 3} more" if len(diff) > 3 else "")
-                    raise ConfigError(f"{self.folder}: its finished units were computed with other settings "
-                                      f"({shown}); rerun with the same settings to resume, or add --overwrite "
-                                      "to discard them")
-                shutil.rmtree(self.folder)
-        self.folder.mkdir(parents=True, exist_ok=True)
+        self.run.mark("units")
+        try:
+            self._record()
+        except (SettingsChanged, DamagedFile):
+            if not self.overwrite:
+                raise
+            self.run.discard("units", self.inputs)
+            self.run.mark("units")
+            self._record()
         (self.folder / "progress").mkdir(exist_ok=True)
-        for stale in [*self.folder.glob("*.tmp*"), *(self.folder / "progress").glob("*.json")]:
+        progress = self.folder / "progress"
+        for stale in [*temporaries(self.folder), *temporaries(progress), *progress.glob("*.json")]:
             stale.unlink()
-        tmp = key_file.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(self.key, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-        os.replace(tmp, key_file)
+
+    def _record(self) -> None:
+        self.run.record(KEY, self.key, what="holds units computed with other settings",
+                        advice=lambda _: "Rerun with the same settings to resume, or add --overwrite to discard them")
 
     def path(self, name: str) -> Path:
         return self.folder / f"{name}.npz"
@@ -218,24 +222,47 @@ class UnitStore:
         return self.path(name).is_file()
 
     def save(self, name: str, meta: dict[str, Any], arrays: dict[str, np.ndarray] | None = None) -> None:
-        """Write the unit whole or not at all: a temporary file, then `os.replace` (atomic on POSIX)."""
+        """Write the unit whole or not at all (`storage.files.replaced`: a temporary file, then a rename)."""
         blob = json.dumps({"key": self.digest, **meta}, default=_native).encode("utf-8")
-        tmp = self.folder / f"{name}.npz.tmp{os.getpid()}"
-        with open(tmp, "wb") as f:
+        with replaced(self.path(name)) as tmp, open(tmp, "wb") as f:
             np.savez(f, **{META: np.frombuffer(blob, dtype=np.uint8)}, **(arrays or {}))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path(name))
+
+    def _read(self, name: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        path = self.path(name)
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                meta = json.loads(data[META].tobytes().decode("utf-8"))
+                arrays = {k: data[k] for k in data.files if k != META}
+        except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as err:
+            raise DamagedFile(f"{path}: a damaged unit file ({type(err).__name__}: {err}); remove it and rerun "
+                              "(it is computed again)") from None
+        if not isinstance(meta, dict) or "key" not in meta:
+            raise DamagedFile(f"{path}: not a unit file of evalm eval; remove it and rerun (it is computed again)")
+        return meta, arrays
+
+    def _intact(self, name: str) -> bool:
+        try:
+            self._read(name)
+        except DamagedFile as err:
+            print(f"{err.args[0].split(';')[0]}; computing it again", file=sys.stderr, flush=True)
+            self.path(name).unlink()
+            return False
+        return True
 
     def load(self, name: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-        """(meta, arrays) of a finished unit; refuses one written under another key."""
-        with np.load(self.path(name), allow_pickle=False) as data:
-            meta = json.loads(data[META].tobytes().decode("utf-8"))
-            arrays = {k: data[k] for k in data.files if k != META}
+        """(meta, arrays) of a finished unit; refuses a damaged one and one written under another key."""
+        meta, arrays = self._read(name)
         if meta.pop("key") != self.digest:
             raise ConfigError(f"{self.path(name)}: written with other settings than {self.folder}/key.json; "
                               "remove it or rerun with --overwrite")
         return meta, arrays
+
+
+def _native(value: Any) -> Any:
+    """JSON for numpy scalars and arrays (their Python values); anything else as text."""
+    if isinstance(value, (np.generic, np.ndarray)):
+        return value.tolist()
+    return str(value)
 
 
 class Progress:
@@ -262,9 +289,7 @@ class Progress:
     def _write(self) -> None:
         self._last_write = time.time()
         path = self.store.folder / "progress" / f"rank-{self.store.world.rank}.json"
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps({"units": self.units, "items": self.items}), encoding="utf-8")
-        os.replace(tmp, path)
+        write_atomic(path, json.dumps({"units": self.units, "items": self.items}))
 
     def totals(self) -> tuple[int, int]:
         """(units computed in this run, items scored in this run), summed over the ranks' progress files."""

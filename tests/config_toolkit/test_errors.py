@@ -118,9 +118,13 @@ def test_other_ranks_name_their_own_log(capsys, tmp_path, monkeypatch):
     assert str(tmp_path / "out" / "logs" / "error-rank1.log") in capsys.readouterr().err
 
 
-INTERNAL_ERRORS: dict[str, str] = {}
+INTERNAL_ERRORS: dict[str, str] = {
+    "RankZeroFailed": "what the other ranks of a torchrun launch raise when rank 0 hit a bug in work it did for "
+                      "all of them (storage.ranks): a bug there is a bug here, never a line that sends the user to "
+                      "fix an input",
+}
 """Exception classes of ours that are deliberately not user errors (reported as bugs), with the reason.
-None today: every class the packages define is a refusal a user can act on."""
+Every other class the packages define is a refusal a user can act on."""
 
 
 def test_every_exception_class_of_ours_is_a_user_error():

@@ -63,13 +63,12 @@ def wait_for(path: Path, timeout: float = 600) -> None:
 def tree(root: Path) -> dict[str, bytes]:
     """Every output file but datatrove's logs and a launch's own bookkeeping (its lock record, its
     cache of input hashes), with the chain's own root path neutralised."""
-    from evalm.data_pipeline.input_digest import CACHE
-    from evalm.storage.lock import LOCK_FILE
+    from evalm.storage.run_folder import BOOKKEEPING
 
     out = {}
     for p in sorted(root.rglob("*")):
         rel = p.relative_to(root)
-        if p.is_file() and "logs" not in rel.parts and p.name not in (LOCK_FILE, CACHE):
+        if p.is_file() and "logs" not in rel.parts and p.name not in BOOKKEEPING:
             data = p.read_bytes()
             if p.suffix == ".json":
                 data = data.replace(str(root).encode(), b"ROOT")

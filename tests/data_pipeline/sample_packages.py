@@ -19,7 +19,7 @@ import orjson
 import zstandard
 
 from evalm.data_pipeline.samples import packages as P
-from evalm.data_pipeline.samples.fetch import sha256_of
+from evalm.storage import sha256
 from evalm.data_pipeline.samples.pile import BOOKS, FOLIO_PAIRS, PILE_PLAYS
 from evalm.data_pipeline.samples.tasks import TASKS
 
@@ -141,7 +141,7 @@ def make_packages(folder: Path) -> dict[str, P.Package]:
         f"{P.PROMPTS}rotten_tomatoes/templates.yaml": PS_YAML.format(name="rotten_tomatoes", choices="bad ||| good").encode(),
         f"{P.PROMPTS}ag_news/templates.yaml": PS_YAML.format(name="ag_news", choices="A ||| B ||| C ||| D").encode(),
     })
-    return {k: dataclasses.replace(p, sha256=sha256_of(folder / p.filename)) for k, p in P.PACKAGES.items()}
+    return {k: dataclasses.replace(p, sha256=sha256(folder / p.filename)) for k, p in P.PACKAGES.items()}
 
 
 def no_network(package: P.Package, cache: Path) -> Path:

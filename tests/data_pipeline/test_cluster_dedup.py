@@ -55,26 +55,27 @@ def _tags_per_node(cluster) -> list[set[bytes]]:
 
 def test_three_node_cluster_gives_the_survivors_of_memory_and_single_server(tmp_path, run_cli, redis_url, cluster):
     folder, truth = _planted(tmp_path)
+    out = tmp_path / "out"  # apart from tmp_path/cluster, the live cluster's own files (--overwrite must not touch them)
     runs = {"memory": [], "server": ["--redis-url", redis_url], "cluster": ["--redis-url", cluster.url, "--keep-index"]}
     for name, extra in runs.items():
-        assert run_cli("dedup", "--input", folder, "--output", tmp_path / name, "--tasks", 3, *extra) == 0
-        _check(tmp_path / name, truth)
+        assert run_cli("dedup", "--input", folder, "--output", out / name, "--tasks", 3, *extra) == 0
+        _check(out / name, truth)
     for name in ("server", "cluster"):
         for part in PARTS:
-            assert _tree(tmp_path / name / part) == _tree(tmp_path / "memory" / part), (name, part)
+            assert _tree(out / name / part) == _tree(out / "memory" / part), (name, part)
     # each band's keys on one node (its hash tag), the 8 bands spread 3/3/2 over the 3 nodes
     tags = _tags_per_node(cluster)
     bands = {band_tag(b, 8) for b in range(8)}
     assert set().union(*tags) == bands
     assert sorted(len(t) for t in tags) == [2, 3, 3] and not (tags[0] & tags[1] or tags[1] & tags[2] or tags[0] & tags[2])
-    index = json.loads((tmp_path / "cluster" / "manifest.json").read_text())["redis"]
+    index = json.loads((out / "cluster" / "manifest.json").read_text())["redis"]
     assert len(index["nodes"]) == 3 and all(n["keys"] > 0 and n["bytes"] > 0 for n in index["nodes"].values())
     # the compact encoding; datasketch's spent about 4,000 B a document (benchmarks/dedup_memory.py)
     assert 0 < index["index_bytes_per_document"] < 2000
     # a fresh launch without --keep-index: same files, and the run's keys are gone from every node
-    assert run_cli("dedup", "--input", folder, "--output", tmp_path / "cluster", "--tasks", 3, "--redis-url",
+    assert run_cli("dedup", "--input", folder, "--output", out / "cluster", "--tasks", 3, "--redis-url",
                    cluster.url, "--overwrite") == 0
-    assert _tree(tmp_path / "cluster" / "documents") == _tree(tmp_path / "memory" / "documents")
+    assert _tree(out / "cluster" / "documents") == _tree(out / "memory" / "documents")
     assert all(not cluster.client(i).keys(b"*") for i in range(3))
 
 

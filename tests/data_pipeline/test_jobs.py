@@ -39,11 +39,10 @@ def _corpus(folder: Path, files: int, docs: int, seed: int = 0) -> int:
 
 def _tree(folder: Path) -> dict[str, bytes]:
     """Output files: not datatrove's logs, nor a launch's lock record and cache of input hashes."""
-    from evalm.data_pipeline.input_digest import CACHE
-    from evalm.storage.lock import LOCK_FILE
+    from evalm.storage.run_folder import BOOKKEEPING
 
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
-            if p.is_file() and "logs" not in p.relative_to(folder).parts and p.name not in (LOCK_FILE, CACHE)}
+            if p.is_file() and "logs" not in p.relative_to(folder).parts and p.name not in BOOKKEEPING}
 
 
 def test_bad_input_is_counted_and_written_with_file_and_line(tmp_path, run_cli):

@@ -175,7 +175,7 @@ def test_a_changed_setting_is_refused_naming_it_unless_overwrite(byte_model, two
     assert proc.returncode == 2
     line = [ln for ln in proc.stderr.splitlines() if ln.strip()][-1]
     assert "Traceback" not in proc.stderr
-    assert "eval.shots: [0, 2] -> [0, 4]" in line and "--overwrite" in line, line
+    assert "eval.shots: recorded [0, 2], now [0, 4]" in line and "--overwrite" in line, line
     assert sorted(p.name for p in (out / "units").glob("0*.npz")) == units  # nothing mixed in
     assert main([*small, "--shots", "0,4", "--overwrite"]) == 0
     assert json.loads((out / "results.json").read_text())["summary"]["test"]["concat"].keys() == {"0", "4"}

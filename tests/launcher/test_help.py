@@ -10,6 +10,7 @@ Run: python -m pytest tests/launcher/test_help.py -q
 from __future__ import annotations
 
 import argparse
+import ast
 import re
 import subprocess
 import sys
@@ -97,3 +98,38 @@ def test_version_prints_the_package_version():
     proc = subprocess.run([sys.executable, "-m", "evalm.launcher.cli", "--version"], capture_output=True, text=True,
                           cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}, timeout=60)
     assert proc.returncode == 0 and proc.stdout.strip() == f"evalm {expected}", proc
+
+
+@pytest.mark.parametrize("argv", [[c for c in a if c] for a in _subcommands()], ids=lambda a: " ".join(a))
+def test_every_command_reads_only_whole_flag_names(argv, monkeypatch):
+    """argparse's prefix matching would take a typo (`--shot`) as the flag it begins (`--shots`)."""
+    assert _parser(argv, monkeypatch).allow_abbrev is False, f"evalm {' '.join(argv)}"
+
+
+def _argparse_calls(path: Path) -> list[ast.Call]:
+    return [node for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) == "ArgumentParser"]
+
+
+def test_every_parser_in_the_project_disables_abbreviation():
+    """House style, on the source: each argparse parser (benchmarks and scripts included) passes
+    allow_abbrev=False, and the project's `Parser` forces it whatever its caller passes."""
+    from evalm.config_toolkit import Parser
+
+    assert Parser(prog="p", allow_abbrev=True).allow_abbrev is False
+    files = [p for p in REPO.rglob("*.py") if not ({".venv", "tests", "build"} & set(p.relative_to(REPO).parts))]
+    calls = [(p, c) for p in files for c in _argparse_calls(p)]
+    assert len(calls) >= 15  # the benchmarks' parsers are found
+    lax = [f"{p.relative_to(REPO)}:{c.lineno}" for p, c in calls
+           if not any(k.arg == "allow_abbrev" and getattr(k.value, "value", None) is False for k in c.keywords)]
+    assert lax == []
+
+
+def test_a_truncated_flag_is_refused_in_one_line(tmp_path):
+    """`--shot 4` once ran the whole default sweep as `--shots 4` (minutes); now it is one line and exit 2."""
+    from tests.launcher.test_cli_errors import evalm, one_line_error
+
+    proc = evalm("eval", "icl", "--task", "synthetic", "--shot", "4", "--out", str(tmp_path / "out"))
+    line = one_line_error(proc)
+    assert "--shot" in line and "unrecognized" in line, line
+    assert not (tmp_path / "out").exists()

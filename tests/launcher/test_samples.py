@@ -19,7 +19,7 @@ from evalm.data_pipeline.config import PILE_SUBSETS, FilterConfig
 from evalm.data_pipeline.filters import normalize_word, ratios, reject_reason
 from evalm.data_pipeline.normalize import normalize
 from evalm.data_pipeline.samples.build import is_complete
-from evalm.data_pipeline.samples.fetch import sha256_of
+from evalm.storage import sha256
 from evalm.data_pipeline.samples.packages import Package, SampleError
 from evalm.data_pipeline.samples.pile import BOOKS, FOLIO_PAIRS, PILE_PLAYS, PILE_SHARDS
 from evalm.data_pipeline.samples.planted import jaccard
@@ -136,7 +136,7 @@ def test_manifest_covers_every_file(built, fakes):
     written = {str(p.relative_to(built)) for p in built.rglob("*") if p.is_file()} - {"manifest.json", "COMPLETE"}
     assert set(manifest["files"]) == written
     for rel, entry in manifest["files"].items():
-        assert entry["sha256"] == sha256_of(built / rel) and entry["sources"], rel
+        assert entry["sha256"] == sha256(built / rel) and entry["sources"], rel
         for src in entry["sources"]:
             assert src["member"] and src["transform"] and src["licence"]
             if src["package"] in fakes[1]:

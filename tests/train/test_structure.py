@@ -176,5 +176,9 @@ def test_fsdp_gradients_under_the_saicl_mask_equal_an_unsharded_model():
     proc = run("root")
     assert proc.returncode == 0, proc.stderr[-3000:]
     worst = float(proc.stdout.split("max gradient difference")[1].split()[0])
-    assert worst < 1e-4  # float32, sums over 6 test answers
+    # In ulps of each parameter's largest gradient: the two sides sum the same 56 per-token gradients
+    # in another grouping (two half-batches, then the all-reduce), float32 on both. Reassociating a
+    # sum moves it by a few ulps of its scale on any CPU (AMD EPYC, AVX-512: 2.3 at most); a gradient
+    # that misses a term is off by a sizeable part of its scale, millions of ulps.
+    assert worst < 64
     assert run("blocks").returncode != 0
