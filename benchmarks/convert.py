@@ -144,6 +144,24 @@ def icl(root: Path, model: str) -> None:
     (out / "cost.json").write_text(json.dumps(cost, indent=1) + "\n")
 
 
+def tables(root: Path) -> str:
+    """Markdown of every finished `ppl` run: token perplexity per position bucket, the unigram reference, cost."""
+    runs = [json.loads(p.read_text()) for p in sorted((root / "ppl").glob("*.json"))]
+    if not runs:
+        return f"no finished run under {root / 'ppl'}"
+    bounds = {row["bucket"][1]: row["bucket"][0] for run in runs for row in run["buckets"]}
+    edges = sorted(bounds)
+    lines = ["| model | " + " | ".join(f"[{bounds[e]}, {e})" for e in edges) + " | tok/s | peak RSS GiB |",
+             "|---|" + "---|" * (len(edges) + 2)]
+    for run in runs + [{**runs[0], "model": "unigram", "buckets": runs[0]["unigram"], "cost": None}]:
+        ppl = {row["bucket"][1]: row["token_ppl"] for row in run["buckets"]}
+        cost = run["cost"] or {}
+        cells = [f"{ppl[e]:.2f}" if e in ppl else "-" for e in edges]
+        extra = [f"{cost['tokens_per_s']:.1f}", f"{cost['peak_rss_gib']:.2f}"] if cost else ["-", "-"]
+        lines.append(f"| {run['model']} | " + " | ".join(cells + extra) + " |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("what", choices=("plan", "prepare", "ppl", "icl", "tables"))
@@ -160,8 +178,6 @@ def main(argv=None) -> int:
     elif args.what == "icl":
         icl(args.root, args.model)
     else:
-        from benchmarks.convert_tables import tables
-
         print(tables(args.root))
     return 0
 

@@ -1,6 +1,6 @@
 """`evalm train uptrain`: a converted model (`evalm convert`) trained on with the project's trainer.
 
-    evalm train uptrain --config configs/uptrain-smollm2.toml --out runs/uptrain   # [model] hf_model = a converted folder
+    evalm train uptrain --config configs/uptrain-smollm2-transfer.toml --out runs/uptrain   # [model] hf_model = a converted folder
     evalm train uptrain --config ... --out runs/uptrain --resume auto            # continue a run
     torchrun --nproc_per_node=2 -m evalm.train.uptrain --config ... --out ...    # FSDP2 over ranks
 
@@ -32,7 +32,7 @@ from evalm.config_toolkit import check_sections, read_toml, report, to_dict
 from evalm.config_toolkit.environment import command_environment
 from evalm.train.config import CheckpointConfig, DataConfig, OptimConfig, RunConfig, TrainConfig
 
-DEFAULT_CONFIG = "configs/uptrain-tiny.toml"
+DEFAULT_CONFIG = "configs/uptrain-smollm2-transfer.toml"
 
 
 @dataclass(config=FROZEN, frozen=True)

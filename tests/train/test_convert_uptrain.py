@@ -121,3 +121,34 @@ def test_what_uptrain_cannot_run_is_one_line(converted, tmp_path, capsys):
             main(["--config", str(run), "--out", str(tmp_path / f"out{i}")])
         err = capsys.readouterr().err.strip()
         assert stop.value.code == 2 and said in err and len(err.splitlines()) == 1, err
+
+
+def documented_lines() -> list[str]:
+    """The `evalm convert` and `evalm train uptrain` lines of docs/training.md (run by the test below;
+    tests/test_doc_lines.py's OWNERS names this function)."""
+    from tests.doc_lines import ROOT, command_lines
+
+    return [line for _, line in command_lines([ROOT / "docs" / "training.md"])
+            if line.startswith(("evalm convert", "evalm train uptrain"))]
+
+
+def test_the_documented_lines_run_on_the_tiny_llama(tmp_path, monkeypatch):
+    """docs/training.md's three lines as written, on the tiny Llama, with `--set` sizes appended: w = 8,
+    c = 4; 32-token lines, 2 steps (the later `--set` wins)."""
+    import shlex
+
+    from evalm.launcher.cli import main as evalm
+
+    tiny_llama_folder(tmp_path / "models" / "llama", dtype="float32")
+    write_shards(tmp_path / "runs" / "llama-tokens")
+    small = {"evalm convert": ["--set", "eva.window_size=8", "--set", "eva.chunk_size=4"],
+             "evalm train uptrain": ["--set", "data.seq_len=32", "--set", "train.steps=2", "--set", "train.device=\"cpu\"",
+                                     "--set", "checkpoint.save_every=2"]}
+    lines = documented_lines()
+    assert [line.split(" --")[0] for line in lines] == ["evalm convert", *["evalm train uptrain"] * 2]
+    monkeypatch.chdir(tmp_path)  # the lines' relative paths; configs/NAME.toml resolves to the shipped file
+    for line in lines:
+        argv = shlex.split(line)
+        assert evalm([*argv[1:], *small[line.split(" --")[0]]]) == 0, line
+    assert (tmp_path / "runs" / "llama-lora" / "hf" / "model.safetensors").is_file()
+    assert json.loads((tmp_path / "runs" / "llama-lora" / "hf" / "convert.json").read_text())["convert"]["source"]
