@@ -72,7 +72,7 @@ class EvaSettings:
     overlap_window: bool = False
     """Each block also sees the whole previous block (EVA's `overlap_window`)."""
     use_t5_bias: bool = False
-    """A T5 relative bias on the local logits (starts at zero with init = "mean")."""
+    """A T5 relative bias on the local logits (its table starts at zero unless init = "reference")."""
     exclude_window_chunks: bool = True
     """Chunks inside the query's own block are not summaries too: with w >= n the model is the original."""
     adaptive_proj: Literal["qk", "no-ln"] = "no-ln"

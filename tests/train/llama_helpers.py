@@ -31,6 +31,19 @@ def tiny_llama_folder(folder: Path, *, dtype: str = "float64", seed: int = 0, **
     return folder
 
 
+def converted_tiny(root: Path) -> tuple[Path, Path, Path]:
+    """The tiny Llama (float32) under `root`, its EVA conversion (w = 8, c = 4: on 32-token lines 3 of 4
+    blocks use summaries) and token shards: (source, converted, shards)."""
+    from evalm.train.convert import main as convert_main
+    from tests.train.helpers import write_shards
+
+    source = tiny_llama_folder(root / "llama", dtype="float32")
+    assert convert_main(["--hf-model", str(source), "--out", str(root / "eva"), "--set", "eva.window_size=8",
+                         "--set", "eva.chunk_size=4"]) == 0
+    write_shards(root / "tokens")
+    return source, root / "eva", root / "tokens"
+
+
 def uptrain_file(path, converted, shards, *, parameters: str = "eva", objective: str = "attention-transfer",
                  steps: int = 6, save_every: int = 2, extra: str = "", lr: float = 3e-2):
     """A run file small enough that a step takes well under a second."""

@@ -13,27 +13,26 @@ attention transfer) shows. Both objectives: LoRA with cross-entropy, and attenti
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
 from evalm.train import checkpoint  # noqa: E402
-from evalm.train.convert import main as convert_main  # noqa: E402
-from tests.train.helpers import free_port, write_shards  # noqa: E402
-from tests.train.llama_helpers import tiny_llama_folder, uptrain_file  # noqa: E402
+from tests.train.llama_helpers import converted_tiny, uptrain_file  # noqa: E402
+from tests.train.test_resume import launch as resume_launch  # noqa: E402
+from tests.train.test_resume import losses  # noqa: E402
 
 N_STEPS = 6
 
 
-def _worker(rank: int, world: int, port: int, argv: list[str], kill_after_save: int) -> None:
+def _worker(rank: int, world: int, port: int, argv: list[str], kill_after_save: int, kill_in_save: int) -> None:
+    """One rank of `evalm train uptrain` (test_resume's launch spawns it); SIGKILLs itself after a save."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank), OMP_NUM_THREADS="1")
     torch.set_num_threads(1)
@@ -52,20 +51,7 @@ def _worker(rank: int, world: int, port: int, argv: list[str], kill_after_save: 
 
 
 def launch(argv: list[str], kill_after_save: int = -1) -> bool:
-    """Run 2 ranks; True when they ran through, False when killed."""
-    try:
-        mp.spawn(_worker, args=(2, free_port(), argv, kill_after_save), nprocs=2, join=True)
-        return True
-    except mp.ProcessExitedException as err:
-        assert err.exit_code == -signal.SIGKILL, f"a rank failed: {err}"
-        return False
-    except mp.ProcessRaisedException as err:  # the other rank sees its peer vanish mid-collective
-        assert "Connection" in str(err) or "gloo" in str(err).lower(), err
-        return False
-
-
-def losses(out: Path) -> dict[int, float]:
-    return {r["step"]: r["loss"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
+    return resume_launch(argv, kill_after_save=kill_after_save, worker=_worker)
 
 
 def weights(folder: Path) -> dict[str, torch.Tensor]:
@@ -76,12 +62,8 @@ def weights(folder: Path) -> dict[str, torch.Tensor]:
 
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory):
-    root = tmp_path_factory.mktemp("uptrain-resume")
-    source = tiny_llama_folder(root / "llama", dtype="float32")
-    assert convert_main(["--hf-model", str(source), "--out", str(root / "eva"), "--set", "eva.window_size=8",
-                         "--set", "eva.chunk_size=4"]) == 0
-    write_shards(root / "tokens")
-    return root / "eva", root / "tokens"
+    _, eva, shards = converted_tiny(tmp_path_factory.mktemp("uptrain-resume"))
+    return eva, shards
 
 
 @pytest.mark.parametrize("parameters,objective", [

@@ -20,21 +20,15 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from evalm.train.convert import main as convert_main  # noqa: E402
 from evalm.train.uptrain import main  # noqa: E402
 from tests.train.helpers import write_shards  # noqa: E402
-from tests.train.llama_helpers import tiny_llama_folder, uptrain_file  # noqa: E402
+from tests.train.llama_helpers import converted_tiny, tiny_llama_folder, uptrain_file  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory):
-    """(the tiny Llama, its EVA conversion: w = 8, c = 4 on 32-token lines, so 3 of 4 blocks use summaries, shards)."""
-    root = tmp_path_factory.mktemp("uptrain")
-    source = tiny_llama_folder(root / "llama", dtype="float32")
-    assert convert_main(["--hf-model", str(source), "--out", str(root / "eva"), "--set", "eva.window_size=8",
-                         "--set", "eva.chunk_size=4"]) == 0
-    write_shards(root / "tokens")
-    return source, root / "eva", root / "tokens"
+    """(the tiny Llama, its EVA conversion, shards): tests.train.llama_helpers.converted_tiny."""
+    return converted_tiny(tmp_path_factory.mktemp("uptrain"))
 
 
 def weights(folder) -> dict[str, torch.Tensor]:
