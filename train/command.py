@@ -28,7 +28,7 @@ def parse_run_args(argv: Sequence[str] | None, *, prog: str, description: str, d
                             "checkpoint": CheckpointConfig}
     parser = Parser(prog=prog, description=description, epilog=settable_keys(sections))
     parser.add_argument("--config", default=default_config, metavar="FILE",
-                        help=f"run file with [model], [data], [optim], [train], [checkpoint] (default: {default_config})")
+                        help=f"run file with {', '.join(f'[{name}]' for name in sections)} (default: {default_config})")
     parser.add_argument("--out", default=None, metavar="DIR", help="run folder (default: runs/<config name>)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="override one config value, e.g. --set train.steps=10; repeatable (default: none)")
