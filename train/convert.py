@@ -15,9 +15,11 @@ How close the zero-step model is to the original (`eva.init`, docs/training.md "
 pretrained model"): with `identity` (the default) A_q and A_k are the identity (no LayerNorm), so a
 chunk's remote key is its mean rotated key, k̃ = k̄, and β weights its values around
 ω = q̄ + k̄; `mean-key` sets A_q to zero instead (ω = k̄). The T5 table, if any, starts at zero.
-Measured on SmolLM2 (docs/results.md, "SmolLM2 with EVA"): `identity` is the closest of the three. The local window is then the original attention exactly (same rotated heads), and where the
-window covers the input and excludes its own chunks from the summaries, the whole model is the
-original to float rounding (tests/train/test_convert.py). `reference` draws A_q/A_k as the EVA
+The local window is the original attention exactly (same rotated heads) whatever `init` is, and
+where the window covers the input and excludes its own chunks from the summaries, the whole model
+is the original to float rounding (tests/train/test_convert.py). Past the window the summaries
+change it; `identity`'s perplexity on SmolLM2 is in docs/results.md, "SmolLM2 with EVA" (the other
+two inits are not measured there). `reference` draws A_q/A_k as the EVA
 reference does (Xavier, LayerNorm).
 
 Positions (`eva.positions`): `rope` keeps RoPE at every absolute position (past the trained length
