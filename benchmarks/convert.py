@@ -102,7 +102,7 @@ def peak_rss_gib() -> float:
 
 
 def ppl(root: Path, model: str, max_tokens: int) -> dict:
-    """One model's per-position NLL on the book, bucketed; written to ROOT/ppl/MODEL.json."""
+    """One model's per-position NLL on the book, bucketed; written to ROOT/ppl/MODEL-TOKENS.json."""
     import numpy as np
 
     from evalm.icl_eval.models.hf import load_hf
@@ -126,7 +126,7 @@ def ppl(root: Path, model: str, max_tokens: int) -> dict:
               "buckets": rows["model"], "unigram": rows["unigram"], "uniform_ppl": lm.tokenizer.vocab_size,
               "cost": {"wall_s": wall, "cpu_s": cpu, "tokens_per_s": (len(tokens) - 1) / wall,
                        "peak_rss_gib": peak_rss_gib()}}
-    out = root / "ppl" / f"{model}.json"
+    out = root / "ppl" / f"{model}-{len(tokens) - 1}.json"  # one file per model and length
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
     return result
@@ -158,7 +158,7 @@ def tables(root: Path) -> str:
         cost = run["cost"] or {}
         cells = [f"{ppl[e]:.2f}" if e in ppl else "-" for e in edges]
         extra = [f"{cost['tokens_per_s']:.1f}", f"{cost['peak_rss_gib']:.2f}"] if cost else ["-", "-"]
-        lines.append(f"| {run['model']} | " + " | ".join(cells + extra) + " |")
+        lines.append(f"| {run['model']} ({run['tokens']:,} tokens) | " + " | ".join(cells + extra) + " |")
     return "\n".join(lines)
 
 
