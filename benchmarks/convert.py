@@ -153,7 +153,8 @@ def tables(root: Path) -> str:
     edges = sorted(bounds)
     lines = ["| model | " + " | ".join(f"[{bounds[e]}, {e})" for e in edges) + " | tok/s | peak RSS GiB |",
              "|---|" + "---|" * (len(edges) + 2)]
-    for run in runs + [{**runs[0], "model": "unigram", "buckets": runs[0]["unigram"], "cost": None}]:
+    longest = max(runs, key=lambda run: run["tokens"])  # the unigram reference over the most tokens scored
+    for run in runs + [{**longest, "model": "unigram", "buckets": longest["unigram"], "cost": None}]:
         ppl = {row["bucket"][1]: row["token_ppl"] for row in run["buckets"]}
         cost = run["cost"] or {}
         cells = [f"{ppl[e]:.2f}" if e in ppl else "-" for e in edges]
