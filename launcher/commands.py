@@ -32,6 +32,8 @@ COMMANDS: dict[str, tuple[str, Run]] = {
     "eval": ("many-shot ICL (incremental | concat | structured | saicl | ensemble), perplexity vs length, recall",
              lazy("evalm.icl_eval.cli:main")),
     "export": ("write a checkpoint as safetensors + config.json", lazy("evalm.train.export:main")),
+    "convert": ("a Llama-family transformers model with EVA attention (uptrain it: evalm train uptrain)",
+                lazy("evalm.train.convert:main")),
 }
 """Command -> (one-line help, function of the remaining arguments): `config_toolkit.Dispatcher`'s table."""
 

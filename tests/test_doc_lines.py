@@ -203,9 +203,10 @@ def _owners() -> dict[str, list[str]]:
     """OWNERS: the lines another test runs, each read by the function that test itself reads them with."""
     from tests.launcher.test_run import readme_main_job
     from tests.test_paper_chain import readme_block
+    from tests.train.test_convert_uptrain import documented_lines
 
     return {"tests/test_paper_chain.py (slow)": readme_block(), "tests/launcher/test_run.py": [readme_main_job()],
-            ".ci/run (CI runs it as written)": _ci_lines()}
+            ".ci/run (CI runs it as written)": _ci_lines(), "tests/train/test_convert_uptrain.py": documented_lines()}
 
 
 EXCUSED = {  # line: why it cannot run here

@@ -19,6 +19,8 @@ COMMANDS = {
              lazy("evalm.train.msit:main")),
     "msit-data": ("MSIT rows: synthetic in-context episodes plus instruction rows, as jsonl",
                   lazy("evalm.train.msit_data:main")),
+    "uptrain": ("train a converted model (evalm convert): attention transfer, LoRA or full; FSDP2, resumable",
+                lazy("evalm.train.uptrain:main")),
     "metaicl": ("MetaICL meta-training of a T5 with full, SAICL or FiD encoding (SAICL §3.3)",
                 lazy("evalm.train.metaicl:main")),
 }

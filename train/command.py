@@ -17,16 +17,18 @@ from evalm.train.config import DataConfig, RunConfig, load_run_config
 
 
 def parse_run_args(argv: Sequence[str] | None, *, prog: str, description: str, default_config: str,
-                   data_cls: type = DataConfig) -> tuple[RunConfig, Path, str]:
+                   data_cls: type = DataConfig, sections: dict[str, type] | None = None,
+                   load: Callable = load_run_config) -> tuple[RunConfig, Path, str]:
     """`--config FILE --out DIR [--set section.key=value ...] [--resume none|auto|PATH]`; the dotted
-    `--section.key=value` is an alias of `--set` (the one override syntax of every `evalm` command)."""
+    `--section.key=value` is an alias of `--set` (the one override syntax of every `evalm` command).
+    `sections` (for --help) and `load(path, overrides, data_cls)` serve a run file of other sections."""
     from evalm.train.config import CheckpointConfig, ModelConfig, OptimConfig, TrainConfig
 
-    sections = {"model": ModelConfig, "data": data_cls, "optim": OptimConfig, "train": TrainConfig,
-                "checkpoint": CheckpointConfig}
+    sections = sections or {"model": ModelConfig, "data": data_cls, "optim": OptimConfig, "train": TrainConfig,
+                            "checkpoint": CheckpointConfig}
     parser = Parser(prog=prog, description=description, epilog=settable_keys(sections))
     parser.add_argument("--config", default=default_config, metavar="FILE",
-                        help=f"run file with [model], [data], [optim], [train], [checkpoint] (default: {default_config})")
+                        help=f"run file with {', '.join(f'[{name}]' for name in sections)} (default: {default_config})")
     parser.add_argument("--out", default=None, metavar="DIR", help="run folder (default: runs/<config name>)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="override one config value, e.g. --set train.steps=10; repeatable (default: none)")
@@ -39,7 +41,7 @@ def parse_run_args(argv: Sequence[str] | None, *, prog: str, description: str, d
         parser.exit(2, f"{prog}: error: {err}\n")
     args = parser.parse_args(rest)
     try:
-        config = load_run_config(args.config, [*dotted, *args.overrides], data_cls)
+        config = load(args.config, [*dotted, *args.overrides], data_cls)
     except ConfigError as err:
         parser.exit(2, f"{prog}: error: {err}\n")
     out = Path(args.out) if args.out else Path("runs") / Path(args.config).stem
@@ -47,17 +49,22 @@ def parse_run_args(argv: Sequence[str] | None, *, prog: str, description: str, d
 
 
 def run_command(argv: Sequence[str] | None, *, command: str, doc: str, default_config: str,
-                make_source: Callable, data_cls: type = DataConfig) -> int:
-    """The body of `evalm train pretrain|msit`: parse, run the trainer, report errors without a traceback."""
+                make_source: Callable, data_cls: type = DataConfig, sections: dict[str, type] | None = None,
+                load: Callable = load_run_config, options: Callable | None = None) -> int:
+    """The body of `evalm train pretrain|msit|uptrain`: parse, run the trainer, report errors without a
+    traceback. `sections`, `load`: as `parse_run_args`; `options(config)`: more keyword arguments of
+    `trainer.run` (uptrain's model builder and step)."""
     config, out, resume = parse_run_args(argv, prog=f"evalm train {command}", description=doc.split("\n")[0],
-                                         default_config=default_config, data_cls=data_cls)
+                                         default_config=default_config, data_cls=data_cls, sections=sections,
+                                         load=load)
     from evalm.train import interrupt
     from evalm.train.trainer import run
 
     again = " ".join(["evalm train", command, *_without_resume(argv), "--resume auto"])
     interrupt.set_hint(f"the last complete checkpoint under {out}/checkpoints is kept; resume with: {again}")
     try:
-        run(config, out, make_source(config.data, config.model.vocab_size), resume=resume, command=command)
+        run(config, out, make_source(config.data, config.model.vocab_size), resume=resume, command=command,
+            **(options(config) if options else {}))
     except Exception as err:  # noqa: BLE001 - also under torchrun, where no dispatcher is above: the one rule
         return report(f"evalm train {command}", err)  # a user error in one line, else a bug with its log
     except BaseException as err:  # Ctrl-C: the last complete checkpoint stays; say how to continue from it

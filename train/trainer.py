@@ -58,11 +58,16 @@ class Session:
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
     loader: LineLoader
+    step: Callable
+    """One optimizer step: `train_step`, or what `run(step=...)` gave."""
 
 
 def run(config: RunConfig, out: str | Path, make_source: Callable[[Runtime], LineSource], *,
-        resume: str = "none", command: str = "pretrain") -> list[dict[str, Any]]:
-    """Train to `config.train.steps`; returns rank 0's log records (empty on other ranks)."""
+        resume: str = "none", command: str = "pretrain", build: Callable | None = None,
+        step: Callable | None = None) -> list[dict[str, Any]]:
+    """Train to `config.train.steps`; returns rank 0's log records (empty on other ranks). `build(config,
+    runtime)` makes the sharded model in place of an `EvalmModel` of `[model]`, `step` replaces
+    `train_step` (same arguments and result): `evalm train uptrain` (train/uptrain.py) passes both."""
     runtime = init_distributed(config.train.device)
     folder = RunFolder(out, f"evalm train {command}", Ranks(runtime.rank, runtime.world_size,
                                                            _broadcast if runtime.world_size > 1 else None))
@@ -71,7 +76,7 @@ def run(config: RunConfig, out: str | Path, make_source: Callable[[Runtime], Lin
         with folder.held():  # one owner per run folder: rank 0 holds it for the whole run, for every rank
             logger = MetricsLogger(folder.path, enabled=runtime.is_main, tensorboard=config.train.tensorboard)
             resume_path = _resume_path(folder, resume, logger)
-            return _train(config, folder, make_source, resume_path, command, runtime, logger)
+            return _train(config, folder, make_source, resume_path, command, runtime, logger, build, step)
     finally:  # no barrier here: after an error on one rank, the others must not wait for it
         logger.close()
         dist.destroy_process_group()
@@ -82,21 +87,23 @@ def _broadcast(box: list) -> None:
 
 
 def _train(config: RunConfig, folder: RunFolder, make_source: Callable[[Runtime], LineSource],
-           resume_path: Path | None, command: str, runtime: Runtime, logger: MetricsLogger) -> list[dict[str, Any]]:
+           resume_path: Path | None, command: str, runtime: Runtime, logger: MetricsLogger,
+           build: Callable | None = None, step: Callable | None = None) -> list[dict[str, Any]]:
     tcfg = config.train
     grouped = config.data.structure == "saicl"  # train.structure: one FSDP unit
     if grouped and tcfg.activation_checkpointing:
         raise ConfigError("data.structure='saicl' encodes through caches that the test pass reads inside "
                           "each block; set train.activation_checkpointing=false")
-    model = build_model(config.model, runtime, seed=tcfg.seed, bf16=tcfg.mixed_precision == "bf16",
-                        activation_checkpointing=tcfg.activation_checkpointing, shard_blocks=not grouped)
+    model = build(config, runtime) if build else build_model(
+        config.model, runtime, seed=tcfg.seed, bf16=tcfg.mixed_precision == "bf16",
+        activation_checkpointing=tcfg.activation_checkpointing, shard_blocks=not grouped)
     optimizer = make_optimizer(model, config.optim)
     source = make_source(runtime)
     loader = LineLoader(source, rank=runtime.rank, world_size=runtime.world_size,
                         batch_size=tcfg.batch_size, shuffle=config.data.shuffle, seed=config.data.seed)
     identity = folder.share(lambda: run_identity(to_dict(config.data), folder.identity))  # rank 0 reads the files
     config_json = {"command": command, "world_size": runtime.world_size, **config.to_json(), "identity": identity}
-    session = Session(config, folder, runtime, logger, config_json, model, optimizer, loader)
+    session = Session(config, folder, runtime, logger, config_json, model, optimizer, loader, step or train_step)
     state = _start(session, resume_path)
     model.train()
     records = _loop(session, state)
@@ -122,7 +129,7 @@ def _resume_path(folder: RunFolder, resume: str, logger: MetricsLogger) -> Path 
 def _start(session: Session, resume_path: Path | None) -> TrainState:
     """Resume (model, optimizer, counters, cursor, RNG), or start fresh (optionally from init_from)."""
     config, folder, runtime, logger = session.config, session.folder, session.runtime, session.logger
-    model_json = to_dict(config.model)
+    model_json = json.loads(json.dumps(to_dict(config.model)))  # as the checkpoint holds it: tuples are lists
     if resume_path is not None:
         checkpoint.check_architecture(resume_path, model_json)
         checkpoint.check_identity(resume_path, session.config_json["identity"])
@@ -202,8 +209,8 @@ def _loop(session: Session, state: TrainState) -> list[dict]:
     with interrupt.deferred(), bar:  # the bar ends its line before any error is printed
         while state.step < tcfg.steps:
             lr = set_lr(session.optimizer, state.step, ocfg, tcfg.steps)
-            loss, grad_norm, applied = train_step(model, session.optimizer, loader, runtime, tcfg.grad_accum,
-                                                  ocfg.clip_norm, structure)
+            loss, grad_norm, applied = session.step(model, session.optimizer, loader, runtime, tcfg.grad_accum,
+                                                    ocfg.clip_norm, structure)
             state.step += 1
             state.tokens_seen += tokens_per_step
             if not applied:
@@ -315,11 +322,19 @@ def train_step(model, optimizer, loader: LineLoader, runtime: Runtime, grad_accu
                                 ignore_index=IGNORE, reduction="sum")
         (micro * (runtime.world_size / n_targets)).backward()  # [token mean note]
         loss_sum += micro.detach().double()
+    return finish_step(model, optimizer, runtime, loss_sum, n_targets, clip_norm)
+
+
+def finish_step(model, optimizer, runtime: Runtime, loss_sum: torch.Tensor, count: float,
+                clip_norm: float) -> tuple[float, float, bool]:
+    """After a step's backward: clip, and apply the update unless the loss (this rank's `loss_sum`,
+    summed over ranks, over `count`) or the gradient norm is non-finite; the step's loss, the
+    pre-clip norm, whether it was applied (the same global values on every rank)."""
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm if clip_norm > 0 else float("inf"))
     if hasattr(grad_norm, "full_tensor"):
         grad_norm = grad_norm.full_tensor()
     _sum_over_ranks(loss_sum)
-    loss, norm = loss_sum.item() / n_targets, float(grad_norm)
+    loss, norm = loss_sum.item() / count, float(grad_norm)
     applied = math.isfinite(loss) and math.isfinite(norm)
     if applied:
         optimizer.step()

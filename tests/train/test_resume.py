@@ -49,10 +49,10 @@ def _worker(rank: int, world: int, port: int, argv: list[str], kill_after_save: 
     assert main(argv) == 0
 
 
-def launch(argv: list[str], *, kill_after_save: int = -1, kill_in_save: int = -1) -> bool:
-    """Run 2 ranks to completion; True when they ran through, False when killed by SIGKILL."""
+def launch(argv: list[str], *, kill_after_save: int = -1, kill_in_save: int = -1, worker=_worker) -> bool:
+    """Run 2 ranks (`worker`, as `_worker`) to completion; True when they ran through, False when killed by SIGKILL."""
     try:
-        mp.spawn(_worker, args=(2, free_port(), argv, kill_after_save, kill_in_save), nprocs=2, join=True)
+        mp.spawn(worker, args=(2, free_port(), argv, kill_after_save, kill_in_save), nprocs=2, join=True)
         return True
     except mp.ProcessExitedException as err:
         assert err.exit_code == -signal.SIGKILL, f"a rank failed: {err}"

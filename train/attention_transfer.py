@@ -1,0 +1,89 @@
+"""Attention transfer: EVA's new parameters trained to reproduce each layer's original attention.
+
+LoLCATs' first stage (Zhang et al., ICLR 2025, §3.1) for a converted model (train/convert.py): the
+model runs as the original does, each layer's attention output the exact causal softmax of its own
+rotated heads, so every layer sees the original hidden states (teacher forcing); beside it, the
+same heads go through EVA (`hf_attention.eva_attention`: window, chunk summaries with A_q/A_k) and
+the squared error between the two outputs (per head, before `o_proj`) is that layer's loss. The
+step's loss is the sum of the layers' mean squared errors. Only EVA's parameters (A_q, A_k, a T5
+table) may train: they change no hidden state, so the rest of the forward builds no graph and the
+backward runs through the attention calls alone.
+
+Selected by `[uptrain] objective = "attention-transfer"` (train/uptrain.py): the model's attention
+implementation becomes "eva_transfer" for the run, and `transfer_step` replaces the trainer's
+cross-entropy step (same contract: loss, gradient norm, applied).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor
+
+from evalm.hf_attention import eva_attention, transformers_module
+from evalm.train.data import LineLoader
+from evalm.train.parallelize import Runtime
+
+NAME = "eva_transfer"
+"""The attention implementation of a transfer run."""
+
+EVA_PARAMETER = ".eva."
+"""What the names of EVA's own parameters (A_q, A_k, the T5 table) contain."""
+
+LOSSES: list[Tensor] = []
+"""Each layer's loss of the forward in progress, in layer order (filled by `transfer_attention`)."""
+
+
+def transfer_attention(module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
+                       scaling: float | None = None, dropout: float = 0.0, **kwargs) -> tuple[Tensor, None]:
+    """The original attention's output (B, T, H, D), recording EVA's squared error against it in `LOSSES`."""
+    student, _ = eva_attention(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
+    groups = query.shape[1] // key.shape[1]
+    with torch.no_grad():  # the teacher: exact causal softmax of the same rotated (grouped) heads
+        teacher = F.scaled_dot_product_attention(query, key.repeat_interleave(groups, 1),
+                                                 value.repeat_interleave(groups, 1), is_causal=True,
+                                                 scale=scaling).transpose(1, 2)
+    LOSSES.append(F.mse_loss(student.float(), teacher.float()))
+    return teacher.contiguous(), None
+
+
+def use_transfer(model) -> None:
+    """Make a loaded EVA model run its layers as `transfer_attention` does (registered under NAME)."""
+    tf = transformers_module()
+    tf.AttentionInterface.register(NAME, transfer_attention)
+    try:
+        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    except ImportError:  # older transformers build the mask in the model
+        pass
+    else:
+        AttentionMaskInterface.register(NAME, sdpa_mask)
+    model.config._attn_implementation = NAME
+
+
+def eva_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """EVA's own parameters (A_q, A_k, a T5 table) of a model, in name order."""
+    return [p for name, p in model.named_parameters() if EVA_PARAMETER in name]
+
+
+def transfer_step(model, optimizer, loader: LineLoader, runtime: Runtime, grad_accum: int, clip_norm: float,
+                  structure=None) -> tuple[float, float, bool]:
+    """One optimizer step of attention transfer (the trainer's `train_step` contract): each micro-batch's
+    loss is its layers' summed errors, averaged over micro-batches and (by FSDP's reduction) ranks."""
+    from evalm.train.trainer import finish_step
+
+    total = torch.zeros((), dtype=torch.float64, device=runtime.device)
+    for _ in range(grad_accum):
+        inputs, _targets = loader.next_batch()
+        LOSSES.clear()
+        model(inputs.to(runtime.device), logits_to_keep=1)  # the logits are not needed: one position kept
+        loss = torch.stack(LOSSES).sum()
+        LOSSES.clear()
+        (loss / grad_accum).backward()
+        total += loss.detach().double()
+    if dist.is_initialized() and runtime.world_size > 1:  # [transfer note] in uptrain_model: the mean over ranks
+        for p in eva_parameters(model):
+            if p.grad is not None:
+                dist.all_reduce(p.grad)
+                p.grad /= runtime.world_size
+    return finish_step(model, optimizer, runtime, total, grad_accum * runtime.world_size, clip_norm)

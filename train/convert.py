@@ -1,0 +1,256 @@
+"""`evalm convert`: a Llama-family `transformers` model with EVA attention.
+
+    evalm convert --hf-model models/smollm2 --out runs/smollm2-eva --set eva.window_size=1024
+    evalm convert --hf-model DIR --gguf-file SmolLM2-135M-Instruct.Q4_1.gguf --out DIR   # a GGUF, dequantised
+
+The source is a `transformers` folder (or a GGUF file in it) of model_type "llama" (SmolLM2, Llama,
+TinyLlama); anything else, and a head layout EVA cannot take, is refused in one line. The output is
+an `eva_llama` folder (evalm/hf_llama.py): the source's weights (float32 unless --dtype), EVA's summary maps A_q/A_k
+added per layer, `config.json` with the `[eva]` settings as its `evalm` section and `auto_map` to the
+folder's `modeling_eva_llama.py`, the tokenizer, and `convert.json` (source, its quantisation, the
+settings). It loads with `AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True)`, and
+with `evalm eval ... --hf-model out`.
+
+How close the zero-step model is to the original (`eva.init`, docs/training.md "Converting a
+pretrained model"): with `identity` (the default) A_q and A_k are the identity (no LayerNorm), so a
+chunk's remote key is its mean rotated key, k̃ = k̄, and β weights its values around
+ω = q̄ + k̄; `mean-key` sets A_q to zero instead (ω = k̄). The T5 table, if any, starts at zero.
+The local window is the original attention exactly (same rotated heads) whatever `init` is, and
+where the window covers the input and excludes its own chunks from the summaries, the whole model
+is the original to float rounding (tests/train/test_convert.py). Past the window the summaries
+change it; `identity`'s perplexity on SmolLM2 is in docs/results.md, "SmolLM2 with EVA" (the other
+two inits are not measured there). `reference` draws A_q/A_k as the EVA
+reference does (Xavier, LayerNorm).
+
+Positions (`eva.positions`): `rope` keeps RoPE at every absolute position (past the trained length
+only the summaries' distances are new), `circular` rotates at i mod M (EVALM §3.1 applied to RoPE;
+M = `eva.circular_period`, default the model's `max_position_embeddings`), `block` at the position
+within the local block, i mod w (circular with M = w: every exact local offset is the original's,
+the summaries' offsets stay within ±w).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic.dataclasses import dataclass
+
+from evalm.config_toolkit import FROZEN, ConfigError, MissingInput, Parser, apply_overrides, build, report
+from evalm.config_toolkit import check_sections, settable_keys, split_overrides
+from evalm.storage import folder_lock
+
+LLAMA_TYPES = ("llama",)
+"""Model types `evalm convert` takes: transformers' Llama (SmolLM2's architecture)."""
+
+MODELING = '''"""A Llama-family model with EVA attention, written by `evalm convert` (evalm {version}).
+
+The model's code is evalm's own (evalm/hf_llama.py): install `pip install 'evalm[hf]'`, then
+`AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)`, or, without remote code,
+`import evalm; evalm.register_with_transformers()` first.
+"""
+
+from evalm.hf_llama import EvaLlamaConfig, EvaLlamaForCausalLM
+
+__all__ = ["EvaLlamaConfig", "EvaLlamaForCausalLM"]
+'''
+NOT_CARRIED = ("model_type", "architectures", "quantization_config")
+"""Source config keys the converted config does not take over."""
+AUTO_MAP = {"AutoConfig": "modeling_eva_llama.EvaLlamaConfig",
+            "AutoModelForCausalLM": "modeling_eva_llama.EvaLlamaForCausalLM"}
+
+
+@dataclass(config=FROZEN, frozen=True)
+class EvaSettings:
+    """The `[eva]` settings of a conversion (`--set eva.KEY=VALUE`)."""
+
+    window_size: int = 1024
+    """w: the exact local block; a multiple of chunk_size."""
+    chunk_size: int = 16
+    """c: tokens per remote summary."""
+    overlap_window: bool = False
+    """Each block also sees the whole previous block (EVA's `overlap_window`)."""
+    use_t5_bias: bool = False
+    """A T5 relative bias on the local logits (its table starts at zero unless init = "reference")."""
+    exclude_window_chunks: bool = True
+    """Chunks inside the query's own block are not summaries too: with w >= n the model is the original."""
+    adaptive_proj: Literal["qk", "no-ln"] = "no-ln"
+    """A_q/A_k: Linear then LayerNorm ("qk"), or the Linear alone ("no-ln", which the identity needs)."""
+    positions: Literal["rope", "circular", "block"] = "rope"
+    """RoPE at i, at i mod circular_period, or at i mod window_size (module docstring)."""
+    circular_period: int = 0
+    """M with positions = "circular"; 0: the model's max_position_embeddings."""
+    init: Literal["identity", "mean-key", "reference"] = "identity"
+    """A_q/A_k at zero steps: both the identity, A_q zero and A_k the identity, or the EVA reference's draw."""
+
+    def __post_init__(self) -> None:
+        if self.window_size < 1 or self.chunk_size < 1 or self.window_size % self.chunk_size:
+            raise ConfigError(f"eva.window_size={self.window_size} must be a positive multiple of eva.chunk_size="
+                              f"{self.chunk_size}: chunks never cross block boundaries")
+        if self.circular_period < 0:
+            raise ConfigError(f"eva.circular_period={self.circular_period} must be >= 1 (0: the model's "
+                              "max_position_embeddings)")
+        if self.positions == "block" and self.overlap_window:
+            raise ConfigError("eva.positions='block' with eva.overlap_window=true: the previous block's keys would sit "
+                              "at the wrong offsets; use positions 'rope' or 'circular', or no overlap")
+        if self.init != "reference" and self.adaptive_proj == "qk":
+            raise ConfigError(f"eva.init={self.init!r} needs eva.adaptive_proj='no-ln': a LayerNorm cannot be the "
+                              "identity (use init 'reference' for the LayerNorm maps)")
+
+    def evalm_section(self, max_positions: int) -> dict[str, Any]:
+        """The `evalm` section of the output's config.json (evalm/hf_llama.py's keys)."""
+        fields = ("window_size", "chunk_size", "overlap_window", "use_t5_bias", "exclude_window_chunks", "adaptive_proj")
+        section: dict[str, Any] = {name: getattr(self, name) for name in fields}
+        if self.positions == "circular":
+            section |= {"positions": "circular", "circular_period": self.circular_period or max_positions}
+        elif self.positions == "block":
+            section |= {"positions": "circular", "circular_period": self.window_size}
+        return section
+
+
+def read_settings(overrides: Sequence[str]) -> EvaSettings:
+    """`--set eva.KEY=VALUE` overrides into `EvaSettings` (an unknown key names the valid ones)."""
+    raw = apply_overrides({}, overrides)
+    check_sections(raw, ("eva",), "--set")
+    return build(EvaSettings, raw.get("eva"), where="--set eva")
+
+
+def source_config(folder: str | Path, gguf_file: str | None, settings: EvaSettings):
+    """The source's `transformers` config, refused in one line unless it is a Llama of a shape EVA takes
+    (checked by building the converted config before any weight is read)."""
+    from evalm.hf_attention import transformers_module
+    from evalm.hf_llama import EvaLlamaConfig
+
+    tf = transformers_module()
+    folder = Path(folder)
+    where = folder / gguf_file if gguf_file else folder / "config.json"
+    if not where.is_file():
+        raise MissingInput(f"{where}: not found; --hf-model names a transformers model folder"
+                           f"{' and --gguf-file a file in it' if gguf_file else ' (with config.json)'}")
+    kind = (tf.AutoConfig.from_pretrained(folder, gguf_file=gguf_file, local_files_only=True).model_type if gguf_file
+            else json.loads(where.read_text(encoding="utf-8")).get("model_type"))
+    if kind not in LLAMA_TYPES:
+        raise ConfigError(f"{where}: model_type {kind!r} is not Llama-family; evalm convert takes model_type "
+                          f"{' or '.join(map(repr, LLAMA_TYPES))} (LlamaForCausalLM: SmolLM2, Llama, TinyLlama)")
+    config = tf.AutoConfig.from_pretrained(folder, gguf_file=gguf_file, local_files_only=True)
+    values = {k: v for k, v in config.to_dict().items() if k not in NOT_CARRIED}
+    try:
+        EvaLlamaConfig(evalm=settings.evalm_section(config.max_position_embeddings), **values)
+    except ConfigError as err:
+        raise ConfigError(str(err).replace("config.json", str(where), 1)) from None
+    return config
+
+
+def convert_llama(llama, settings: EvaSettings):
+    """A loaded `LlamaForCausalLM` as an `EvaLlamaForCausalLM` with `settings` (weights kept)."""
+    from evalm.hf_llama import EvaLlamaForCausalLM
+
+    for attribute in NOT_CARRIED[2:]:  # a dequantised GGUF keeps its source's note: not this model's
+        if hasattr(llama.config, attribute):
+            delattr(llama.config, attribute)
+    section = settings.evalm_section(llama.config.max_position_embeddings)
+    eva = EvaLlamaForCausalLM.from_llama(llama, **section)
+    if settings.init != "reference":
+        for layer in eva.model.layers:
+            init_identity(layer.self_attn.eva, query=settings.init == "identity")
+    return eva
+
+
+def init_identity(eva, query: bool = True) -> None:
+    """k̃ = A_k(k̄) = k̄ and ω = A_q(q̄) + k̃ = q̄ + k̄ (both maps the identity), or ω = k̄ (A_q zero,
+    `query=False`); the T5 table zero."""
+    import torch
+
+    with torch.no_grad():
+        for linear, eye in ((eva.adaptive_mu_k[0], True), (eva.adaptive_mu_q[0], query)):
+            linear.weight.copy_(torch.eye(linear.weight.shape[0], dtype=linear.weight.dtype) if eye else 0.0)
+        for bias in (eva.adaptive_mu_k[0].bias, eva.adaptive_mu_q[0].bias):
+            if bias is not None:
+                bias.zero_()
+        if eva.rel_pos_bias is not None:
+            eva.rel_pos_bias.relative_attention_bias.weight.zero_()
+
+
+def quantisation(folder: Path, gguf_file: str | None) -> str:
+    """How the source's weights were stored: a GGUF's file type (e.g. MOSTLY_Q4_1), else their dtype."""
+    if not gguf_file:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        return f"none ({config.get('dtype') or config.get('torch_dtype') or 'float32'} weights)"
+    from gguf import GGUFReader, LlamaFileType
+
+    field = GGUFReader(folder / gguf_file).fields.get("general.file_type")
+    if field is None:
+        return "GGUF (file type not recorded)"
+    return f"GGUF {LlamaFileType(int(field.parts[field.data[0]][0])).name}, dequantised to float32"
+
+
+def save_converted(eva, tokenizer, out: Path, record: dict[str, Any]) -> Path:
+    """Write the `eva_llama` folder: weights, config with auto_map, modeling file, tokenizer, convert.json."""
+    from importlib.metadata import version
+
+    eva.config.auto_map = AUTO_MAP
+    eva.config.architectures = ["EvaLlamaForCausalLM"]
+    # a class once loaded with remote code is marked for an Auto class, and save_pretrained would then copy
+    # evalm/hf_llama.py into the folder and point auto_map at it: the folder's own file is the one meant
+    marks = {cls: cls.__dict__["_auto_class"] for cls in (type(eva), type(eva.config)) if "_auto_class" in cls.__dict__}
+    for cls in marks:
+        cls._auto_class = None
+    try:
+        eva.save_pretrained(out)
+    finally:
+        for cls, mark in marks.items():
+            cls._auto_class = mark
+    tokenizer.save_pretrained(out)
+    (out / "modeling_eva_llama.py").write_text(MODELING.format(version=version("evalm")), encoding="utf-8")
+    (out / "convert.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    return out
+
+
+def convert(folder: str | Path, out: str | Path, settings: EvaSettings, gguf_file: str | None = None,
+            dtype: str = "float32") -> Path:
+    """Convert the model in `folder` (or its `gguf_file`) and write it to `out` in `dtype`; returns `out`."""
+    import torch
+
+    from evalm.hf_attention import transformers_module
+
+    tf = transformers_module()
+    folder = Path(folder)
+    source_config(folder, gguf_file, settings)
+    options = {"gguf_file": gguf_file, "local_files_only": True}
+    llama = tf.AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype), **options)
+    tokenizer = tf.AutoTokenizer.from_pretrained(folder, **options)
+    eva = convert_llama(llama.eval(), settings)
+    record = {"source": str(folder), "gguf_file": gguf_file, "quantisation": quantisation(folder, gguf_file),
+              "eva": {k: getattr(settings, k) for k in settings.__dataclass_fields__},
+              "evalm": dict(eva.config.evalm)}
+    with folder_lock(out, "evalm convert"):
+        return save_converted(eva, tokenizer, Path(out), record)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = Parser(prog="evalm convert", description=__doc__.split("\n")[0],
+                    epilog=settable_keys({"eva": EvaSettings}, how="--set eva.KEY=VALUE"))
+    parser.add_argument("--hf-model", required=True, metavar="DIR",
+                        help="transformers folder of a Llama-family model (model_type 'llama') (required)")
+    parser.add_argument("--gguf-file", metavar="FILE",
+                        help="a GGUF file inside --hf-model to read instead, dequantised (default: none)")
+    parser.add_argument("--out", required=True, metavar="DIR", help="folder for the converted model (required)")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "float64", "bfloat16"),
+                        help="dtype of the converted weights (default: float32)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="eva.KEY=VALUE",
+                        help="one EVA setting, e.g. --set eva.window_size=512; repeatable (default: none)")
+    try:
+        dotted, rest = split_overrides(list(argv if argv is not None else sys.argv[1:]))
+        args = parser.parse_args(rest)
+        out = convert(args.hf_model, args.out, read_settings([*dotted, *args.overrides]), args.gguf_file, args.dtype)
+    except Exception as err:  # noqa: BLE001 - the one rule: a user error in one line, else a bug with its log
+        return report("evalm convert", err)
+    print(f"converted {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

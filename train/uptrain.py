@@ -1,0 +1,152 @@
+"""`evalm train uptrain`: a converted model (`evalm convert`) trained on with the project's trainer.
+
+    evalm train uptrain --config configs/uptrain-smollm2-transfer.toml --out runs/uptrain   # [model] hf_model = a converted folder
+    evalm train uptrain --config ... --out runs/uptrain --resume auto            # continue a run
+    torchrun --nproc_per_node=2 -m evalm.train.uptrain --config ... --out ...    # FSDP2 over ranks
+
+The loop, checkpoints and resume are the trainer's (train/trainer.py: FSDP2 per decoder layer then
+the root, DCP checkpoints, bit-exact resume); what differs is the model, built from the `eva_llama`
+folder `[model] hf_model`, and what trains (`[model] parameters`): `eva` (A_q/A_k and any T5 table
+only), `lora` (LoRA adapters through `peft` on `lora_targets`, plus EVA's parameters; needs
+`pip install 'evalm[lora]'`) or `full`. The objective (`[uptrain] objective`): `lm`, next-token
+cross-entropy on the `[data]` token shards, or `attention-transfer`, LoLCATs' first stage
+(train/attention_transfer.py), which trains EVA's parameters alone. After the last step the run's
+model is written to OUT/hf as a converted folder (LoRA merged into its weights), ready for
+`--hf-model OUT/hf` and for the next stage's `[model] hf_model`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass as _std_dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic.dataclasses import dataclass
+
+from evalm.config_toolkit import FROZEN, ConfigError, MissingInput, apply_overrides, build
+from evalm.config_toolkit import check_sections, read_toml, report, to_dict
+from evalm.config_toolkit.environment import command_environment
+from evalm.train.config import CheckpointConfig, DataConfig, OptimConfig, RunConfig, TrainConfig
+
+DEFAULT_CONFIG = "configs/uptrain-smollm2-transfer.toml"
+
+
+@dataclass(config=FROZEN, frozen=True)
+class UptrainModel:
+    """`[model]` of an uptraining run: the converted folder and what of it trains."""
+
+    hf_model: str = ""
+    """An `eva_llama` folder written by `evalm convert` (or by an earlier uptraining run, OUT/hf)."""
+    parameters: Literal["eva", "lora", "full"] = "eva"
+    """What trains: EVA's A_q/A_k (and T5 table), LoRA adapters plus those, or every weight."""
+    lora_rank: int = 8
+    """LoRA rank r (parameters = "lora")."""
+    lora_alpha: float = 16.0
+    """LoRA scale alpha (the update is alpha / r x B A)."""
+    lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    """Linear layers that get adapters (names inside each decoder layer)."""
+
+    def __post_init__(self) -> None:
+        if self.lora_rank < 1 or self.lora_alpha <= 0 or not self.lora_targets:
+            raise ConfigError("need lora_rank >= 1, lora_alpha > 0 and at least one of lora_targets")
+
+    def hf_config(self) -> dict[str, Any]:
+        """The folder's config.json, refused in one line unless it is a converted (eva_llama) model."""
+        path = Path(self.hf_model) / "config.json"
+        if not self.hf_model or not path.is_file():
+            raise MissingInput(f"[model] hf_model = {self.hf_model!r}: no config.json there; name the folder "
+                               "`evalm convert` wrote")
+        config = json.loads(path.read_text(encoding="utf-8"))
+        if config.get("model_type") != "eva_llama":
+            raise ConfigError(f"{path}: model_type {config.get('model_type')!r}; uptraining takes a converted model "
+                              "(model_type 'eva_llama'): run `evalm convert --hf-model DIR --out DIR` first")
+        return config
+
+    @property
+    def n_layer(self) -> int:
+        return int(self.hf_config()["num_hidden_layers"])
+
+    @property
+    def d_model(self) -> int:
+        return int(self.hf_config()["hidden_size"])
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.hf_config()["vocab_size"])
+
+
+@dataclass(config=FROZEN, frozen=True)
+class UptrainSection:
+    """`[uptrain]`: the objective."""
+
+    objective: Literal["lm", "attention-transfer"] = "lm"
+    """Next-token cross-entropy, or LoLCATs' attention transfer (EVA's parameters only)."""
+    summary_noise: bool = False
+    """EVA's training noise ε on the summaries (as EVA trains from scratch); off: the summaries as evaluated."""
+
+
+@_std_dataclass(frozen=True)
+class UptrainConfig(RunConfig):
+    """A run file of `evalm train uptrain`: the trainer's sections and `[uptrain]`."""
+
+    uptrain: UptrainSection = UptrainSection()
+
+    def to_json(self) -> dict[str, Any]:
+        return {**super().to_json(), "uptrain": to_dict(self.uptrain)}
+
+
+SECTIONS = {"model": UptrainModel, "data": DataConfig, "optim": OptimConfig, "train": TrainConfig,
+            "checkpoint": CheckpointConfig, "uptrain": UptrainSection}
+
+
+def load_config(path: str | Path, overrides: list[str], data_cls: type = DataConfig) -> UptrainConfig:
+    """Read an uptraining run file, apply overrides, validate each section."""
+    raw = apply_overrides(read_toml(path), overrides)
+    check_sections(raw, tuple(SECTIONS), str(path))
+    built = {name: build(cls, raw.get(name), where=f"{path} [{name}]") for name, cls in SECTIONS.items()}
+    config = UptrainConfig(**built)
+    config.model.hf_config()
+    if config.uptrain.objective == "attention-transfer" and config.model.parameters != "eva":
+        raise ConfigError(f"{path}: [uptrain] objective 'attention-transfer' trains EVA's parameters alone; set "
+                          "[model] parameters = \"eva\" (LoRA or full training is the next stage, objective 'lm')")
+    if config.checkpoint.init_from:
+        raise ConfigError(f"{path}: [checkpoint] init_from is not used by uptraining; [model] hf_model names the "
+                          "weights it starts from")
+    return config
+
+
+def run_options(config: UptrainConfig) -> dict[str, Any]:
+    """The trainer's model builder and, for attention transfer, its step."""
+    from evalm.train.attention_transfer import transfer_step
+    from evalm.train.uptrain_model import build_sharded
+
+    step = transfer_step if config.uptrain.objective == "attention-transfer" else None
+    return {"build": build_sharded, "step": step}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from evalm.train.command import parse_run_args, run_command
+    from evalm.train.pretrain import make_source
+
+    status = run_command(argv, command="uptrain", doc=__doc__, default_config=DEFAULT_CONFIG, make_source=make_source,
+                         sections=SECTIONS, load=load_config, options=run_options)
+    if status or int(os.environ.get("RANK", "0")):
+        return status
+    config, out, _ = parse_run_args(argv, prog="evalm train uptrain", description="", default_config=DEFAULT_CONFIG,
+                                    sections=SECTIONS, load=load_config)
+    try:
+        from evalm.train.uptrain_model import export_run
+
+        print(f"wrote {export_run(out, config)}", file=sys.stderr)
+    except Exception as err:  # noqa: BLE001 - the one rule
+        return report("evalm train uptrain", err)
+    return 0
+
+
+if __name__ == "__main__":
+    command_environment()
+    sys.exit(main())

@@ -1,0 +1,125 @@
+"""The model of an uptraining run (train/uptrain.py): a converted folder, what of it trains, sharded;
+and the run's last checkpoint written back as a converted folder (OUT/hf).
+
+`CausalLMLogits` wraps the `transformers` model so that the trainer's step sees what it sees in
+pretraining, a module mapping tokens (B, T) to logits (B, T, V). FSDP2 (torchtitan's order, as
+train/parallelize.py): each decoder layer its own unit, resharded after forward, then the root
+(embeddings, final norm, the tied LM head). Frozen weights are sharded alike; only the trainable
+ones have gradients to reduce. Every rank loads the folder and draws LoRA's initial adapters from
+the same seed, so the weights agree before sharding.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+from evalm.config_toolkit import MissingExtra
+from evalm.storage import read_json
+from evalm.train.attention_transfer import EVA_PARAMETER, eva_parameters, use_transfer
+
+class CausalLMLogits(nn.Module):
+    """A `transformers` causal LM as tokens -> logits (no cache: the whole-sequence path). Without
+    `summary_noise` EVA's parts stay in eval mode when the model trains: no random-feature noise ε on
+    the summaries' ω (docs/eva.md), so uptraining fits the summaries the evaluation uses."""
+
+    def __init__(self, hf: nn.Module, summary_noise: bool = False):
+        super().__init__()
+        self.hf, self.summary_noise = hf, summary_noise
+
+    def train(self, mode: bool = True) -> CausalLMLogits:
+        super().train(mode)
+        if not self.summary_noise:
+            for name, module in self.named_modules():
+                if name.endswith(".eva"):
+                    module.train(False)
+        return self
+
+    def forward(self, tokens: Tensor, logits_to_keep: int = 0) -> Tensor:
+        return self.hf(input_ids=tokens, use_cache=False, logits_to_keep=logits_to_keep).logits
+
+
+def load_converted(folder: str | Path):
+    """The converted model of `folder` in float32, through evalm's classes (no remote code)."""
+    from evalm import register_with_transformers
+    from evalm.hf_attention import transformers_module
+    from evalm.hf_llama import EvaLlamaForCausalLM
+
+    register_with_transformers()
+    transformers_module()
+    return EvaLlamaForCausalLM.from_pretrained(folder, dtype=torch.float32, local_files_only=True)
+
+
+def with_trainable(hf: nn.Module, model_config, seed: int) -> nn.Module:
+    """`hf` with only `model_config.parameters` trainable: EVA's, LoRA adapters and EVA's, or all."""
+    if model_config.parameters == "lora":
+        try:
+            from peft import LoraConfig, get_peft_model
+        except ImportError as err:
+            raise MissingExtra("[model] parameters = \"lora\" needs peft: pip install 'evalm[lora]'") from err
+        torch.manual_seed(seed)  # the same adapters on every rank
+        hf = get_peft_model(hf, LoraConfig(r=model_config.lora_rank, lora_alpha=model_config.lora_alpha,
+                                           target_modules=list(model_config.lora_targets), lora_dropout=0.0))
+    for name, p in hf.named_parameters():
+        p.requires_grad_(model_config.parameters == "full" or EVA_PARAMETER in name or "lora_" in name)
+    return hf
+
+
+def decoder_layers(hf: nn.Module) -> nn.ModuleList:
+    """The decoder layers of a (possibly peft-wrapped) Llama."""
+    base = hf.get_base_model() if hasattr(hf, "get_base_model") else hf
+    return base.model.layers
+
+
+def build_sharded(config, runtime) -> nn.Module:
+    """The trainer's model of an uptraining run (`trainer.run(build=...)`): loaded, trainable set, sharded."""
+    tcfg = config.train
+    hf = with_trainable(load_converted(config.model.hf_model), config.model, tcfg.seed)
+    if config.uptrain.objective == "attention-transfer":
+        if tcfg.activation_checkpointing:
+            from evalm.config_toolkit import ConfigError
+
+            raise ConfigError("attention transfer keeps no activations to recompute (it trains EVA's maps on the "
+                              "attention calls alone); set train.activation_checkpointing=false")
+        use_transfer(hf)
+    elif tcfg.activation_checkpointing:
+        hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model = CausalLMLogits(hf, config.uptrain.summary_noise).train()
+    bf16 = tcfg.mixed_precision == "bf16"
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
+    # [transfer note] the transfer loss reaches no layer output, so FSDP's backward hooks (unshard,
+    # reduce-scatter) never fire: EVA's maps stay out of the units, whole on every rank, and the
+    # step averages their gradients itself (attention_transfer.transfer_step)
+    ignored = set(eva_parameters(model)) if config.uptrain.objective == "attention-transfer" else None
+    for layer in decoder_layers(hf):
+        fully_shard(layer, mesh=runtime.mesh, mp_policy=policy, reshard_after_forward=True, ignored_params=ignored)
+    fully_shard(model, mesh=runtime.mesh, mp_policy=policy, reshard_after_forward=False, ignored_params=ignored)
+    return model
+
+
+def export_run(out: str | Path, config) -> Path:
+    """Write the newest intact checkpoint of run `out` as a converted folder OUT/hf (LoRA merged); one process."""
+    from evalm.train.checkpoint import load_model_only, resolve_checkpoint
+    from evalm.train.convert import save_converted
+    from evalm.hf_attention import transformers_module
+
+    path = resolve_checkpoint(out)
+    hf = with_trainable(load_converted(config.model.hf_model), config.model, config.train.seed)
+    load_model_only(path, CausalLMLogits(hf))
+    if hasattr(hf, "merge_and_unload"):
+        hf = hf.merge_and_unload()
+    hf.config._attn_implementation = "eva"  # a transfer run ran it as "eva_transfer"
+    state = read_json(path / "config.json")
+    source = Path(config.model.hf_model)
+    record = {"source": str(source), "uptrained": {"run": str(out), "checkpoint": str(path), "config": state},
+              "convert": _read(source / "convert.json")}
+    tokenizer = transformers_module().AutoTokenizer.from_pretrained(source, local_files_only=True)
+    return save_converted(hf.requires_grad_(False).eval(), tokenizer, Path(out) / "hf", record)
+
+
+def _read(path: Path):
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
