@@ -173,3 +173,19 @@ def test_cli_writes_both_side_by_side_and_resumes(tmp_path):
     assert main(argv) == 0
     second = json.loads((tmp_path / "run" / "results.json").read_text())
     assert second["records"] == first["records"]
+
+
+def test_lora_on_an_evalm_model_trains_only_adapters_and_merges():
+    """LoRA on an EVALM model: adapters on its linear layers but the head train (far fewer parameters than
+    the model), the loss falls, and the merged copy scores differently from the untouched model."""
+    pytest.importorskip("peft")
+    lm = tiny_evalm("eva")
+    prompt = PromptBuilder(synthetic_task(SYN), ByteTokenizer())
+    splits = episode(1, SYN)
+    demos = [prompt.demo(i, splits["train"][i]) for i in range(8)]
+    items = [prompt.test_item(i, splits["test"][i], 8) for i in range(3)]
+    out = METHODS["finetune"](lm, prompt, demos, items, MethodOptions(finetune="lora"))
+    base = METHODS["finetune"](lm, prompt, [], items, MethodOptions(finetune="lora"))
+    assert 0 < out.info["trained_params"] < out.info["n_params"] / 10
+    assert out.info["train_loss_last"] < out.info["train_loss_first"] and out.scores != base.scores
+    assert out.info["trained_ids"] == list(range(8))
