@@ -172,6 +172,22 @@ def finetune_vs_icl(records: list[dict], table: dict[str, Any], axis: str) -> di
             "first_beats_best_baseline": {m: _first_beating(table[m]) for m in (icl, "finetune")}}
 
 
+def finetune_lines(summary: dict[str, Any]) -> list[str]:
+    """The side-by-side of `finetune_vs_icl` as the command line prints it: the paired difference per N,
+    what each cost per N, and the first N above the best label baseline; nothing without fine-tuning."""
+    side = summary.get("finetune_vs_icl") or {}
+    if not side.get("icl_method"):
+        return []
+    icl, cells = side["icl_method"], side["per_n"].items()
+    diff = "  ".join(f"{k}:{c['finetune_minus_icl']['mean']:+.3f} [{c['finetune_minus_icl']['ci95'][0]:+.2f}, "
+                     f"{c['finetune_minus_icl']['ci95'][1]:+.2f}]" for k, c in cells)
+    cost = "  ".join(f"{k}:{c['compute']['finetune']['train_flops'] / 1e9:.3g} vs {c['compute']['icl']['encode_flops'] / 1e9:.3g}"
+                     for k, c in cells)
+    first = ", ".join(f"{m} {n if n is not None else 'none'}" for m, n in side["first_beats_best_baseline"].items())
+    return [f"finetune - {icl}  {diff}", f"GFLOPs, fine-tune vs encoding the {icl} prompt  {cost}",
+            f"first N above the best label baseline (whole interval): {first}"]
+
+
 def _brief(cell: dict[str, Any]) -> dict[str, Any]:
     return {"accuracy": cell["accuracy_mean"], "accuracy_ci95": cell["accuracy_ci95"], "gain": cell["gain"]}
 

@@ -155,9 +155,10 @@ def test_refusals_are_one_line(tmp_path, capsys):
     assert "\n" not in str(caught.value)
 
 
-def test_cli_writes_both_side_by_side_and_resumes(tmp_path):
+def test_cli_writes_both_side_by_side_and_resumes(tmp_path, capsys):
     """The tiny end-to-end run: results.json has ICL and fine-tuning per N with the paired difference, the
-    first N beating the best baseline and the compute of each; a rerun resumes every unit unchanged."""
+    first N beating the best baseline and the compute of each, and the printed summary says them; a rerun
+    resumes every unit unchanged."""
     from evalm.icl_eval.cli import main
 
     argv = ["icl", "--out", str(tmp_path / "run"), "--synthetic.train_steps=5", "--methods", "incremental,finetune",
@@ -170,6 +171,10 @@ def test_cli_writes_both_side_by_side_and_resumes(tmp_path):
     assert four["finetune_minus_icl"]["ci95"][0] <= four["finetune_minus_icl"]["mean"] <= four["finetune_minus_icl"]["ci95"][1]
     assert four["compute"]["finetune"]["train_flops"] > 0 and four["compute"]["icl"]["encode_flops"] > 0
     assert set(side["first_beats_best_baseline"]) == {"incremental", "finetune"}
+    printed = capsys.readouterr().out
+    diff = four["finetune_minus_icl"]
+    assert f"finetune - incremental  0:+0.000 [+0.00, +0.00]  4:{diff['mean']:+.3f} [{diff['ci95'][0]:+.2f}," in printed
+    assert "first N above the best label baseline (whole interval): incremental " in printed
     assert main(argv) == 0
     second = json.loads((tmp_path / "run" / "results.json").read_text())
     assert second["records"] == first["records"]
