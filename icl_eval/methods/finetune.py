@@ -160,12 +160,25 @@ def trainable(lm) -> torch.nn.Module:
     return model
 
 
-def _lora(model: torch.nn.Module, sched: Schedule) -> torch.nn.Module:
-    """Rank-r LoRA adapters on every linear layer but the output head (peft); only they train."""
+def check_can_finetune(lm, mode: str) -> None:
+    """Before any scoring (the protocol calls it when `finetune` is in --methods): the one-line refusals of
+    a model that cannot be fine-tuned here and of LoRA without `peft`, not after the ICL methods' work."""
+    trainable(lm)
+    if mode == "lora":
+        _peft()
+
+
+def _peft():
     try:
         import peft
     except ImportError as err:
         raise MissingExtra("--eval.method.finetune=lora needs the optional extra: pip install 'evalm[peft]'") from err
+    return peft
+
+
+def _lora(model: torch.nn.Module, sched: Schedule) -> torch.nn.Module:
+    """Rank-r LoRA adapters on every linear layer but the output head (peft); only they train."""
+    peft = _peft()
     if hasattr(model, "get_output_embeddings"):  # transformers: peft's own choice (Conv1D too, never the head)
         targets: str | list[str] = "all-linear"
     else:

@@ -29,6 +29,7 @@ from evalm.icl_eval.protocol.label_map import remap
 from evalm.icl_eval.config import EvalConfig
 from evalm.icl_eval.models.lm import CausalLM
 from evalm.icl_eval.methods.decoder import METHODS, MethodOptions, MethodResult
+from evalm.icl_eval.methods.finetune import check_can_finetune
 from evalm.icl_eval.protocol.nearest import Embedder
 from evalm.icl_eval.protocol.nearest import apply as apply_nearest
 from evalm.icl_eval.protocol.nearest import nearest
@@ -92,6 +93,8 @@ class Runner:
                             "task_data.SeedSplits(for_seed, shares_test)")
         self.splits_for_seed, self.progress = splits_for_seed, progress
         check_once_per_draw(config)
+        if any(m in ONCE_PER_DRAW for m in config.methods):
+            check_can_finetune(lm, options.finetune)
         self.records: list[dict] = []
         self.baselines: list[dict] = []
         """Per (split, seed, shots): each label baseline's per-item correctness on the items scored."""

@@ -153,6 +153,9 @@ def test_refusals_are_one_line(tmp_path, capsys):
     with pytest.raises(ConfigError, match="no trainable output head") as caught:
         METHODS["finetune"](headless, prompt, demos, [], MethodOptions())
     assert "\n" not in str(caught.value)
+    with pytest.raises(ConfigError, match="no trainable output head"):  # before the ICL methods score anything
+        _runner(headless)
+    _runner(headless, methods=("incremental",))  # without finetune the same model is scored as before
 
 
 def test_cli_writes_both_side_by_side_and_resumes(tmp_path, capsys):
