@@ -157,6 +157,8 @@ def _write_icl(out: Path, results: dict, config) -> None:
 
 def _print_summary(summary: dict) -> None:
     """One line per method: accuracy [95% interval] per shot, then the best baseline per shot."""
+    from evalm.icl_eval.stats.summary import finetune_lines
+
     def ci(c):
         return f"[{c[0]:.2f}, {c[1]:.2f}]"
 
@@ -167,6 +169,8 @@ def _print_summary(summary: dict) -> None:
     ordered = sorted(next(iter(summary["test"].values())).items(), key=lambda kv: int(kv[0]))
     cells = "  ".join(f"{k}:{v['baselines'][v['gain']['over']]['mean']:.3f} ({v['gain']['over']})" for k, v in ordered)
     print(f"{'best label baseline':>12}  {cells}")
+    for line in finetune_lines(summary):  # --methods finetune: beside the first ICL method (docs/evaluation.md)
+        print(line)
     for method, best in summary.get("best_shot", {}).items():
         print(f"{method:>12}  best shot on validation {best['best_shot']}: test {best['test_accuracy']:.3f}")
 

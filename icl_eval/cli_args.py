@@ -108,6 +108,7 @@ def _keys(*own: str) -> str:
 def icl_parser() -> Parser:
     from evalm.icl_eval.config import EvalConfig
     from evalm.icl_eval.methods.decoder import METHODS
+    from evalm.icl_eval.methods.finetune import schedule_help
     from evalm.icl_eval.tasks.task import TEMPLATE_SETS
 
     tasks = "; ".join(f"{name}: {' '.join(sorted(t))}" for name, t in TEMPLATE_SETS.items())
@@ -115,7 +116,10 @@ def icl_parser() -> Parser:
         "Many-shot ICL evaluation: every method x shot count x seed on the test items (docs/evaluation.md).", "",
         "methods: incremental (context encoded once into the cache), concat (re-encoded per item), structured "
         "(Structured Prompting groups), saicl (SAICL), ensemble (one group per forward, scores averaged), "
-        "fid (T5 only)",
+        "fid (T5 only), finetune (a copy of the model fine-tuned on exactly the N demonstrations of each draw, "
+        "answer-only loss on the 0-shot layout, then every item scored with 0 shots; --eval.method.finetune=full|lora, "
+        "LoRA with the peft extra)",
+        "finetune's fixed schedule: " + schedule_help(),
         "built-in tasks (--eval.template_set=evalm|structured): " + tasks,
         "protocol: dataset-level seeded demonstrations (or --eval.selection=topk), label baselines on the same "
         "items, bootstrap intervals; the synthetic family draws a fresh rule per seed"))

@@ -33,14 +33,17 @@ FLOORS = {
 }
 """What each folder may import besides itself."""
 
-SIDEWAYS = {("evalm.train.metaicl", "icl_eval"), ("evalm.icl_eval.tasks.synthetic", "train")}
+SIDEWAYS = {("evalm.train.metaicl", "icl_eval"), ("evalm.icl_eval.tasks.synthetic", "train"),
+            ("evalm.icl_eval.methods.finetune", "train")}
 """Known exceptions to the floors, each with its reason (both inside functions, so neither package
 loads the other at import):
 - `evalm train metaicl` meta-trains a T5 on episodes laid out exactly as the evaluator lays out a
   prompt (the same PromptBuilder and segment split, SAICL §3.3): copying that code would let the
   two drift;
 - `icl_eval.tasks.synthetic.train_tiny_model` (the built-in model of `evalm eval icl` without a
-  checkpoint) trains through `train.local`, so that the project has one training step."""
+  checkpoint) trains through `train.local`, so that the project has one training step;
+- `icl_eval.methods.finetune.tune` (`--methods finetune`) fine-tunes a copy of the scored model on a
+  draw's demonstrations through the same `train.local`, for the same reason."""
 
 MAX_FILE_LINES, MAX_FUNCTION_LINES = 400, 60
 

@@ -39,6 +39,7 @@ import torch
 
 from evalm.config_toolkit import ConfigError
 from evalm.icl_eval.methods.encoder_decoder import ENCDEC_METHODS
+from evalm.icl_eval.methods.finetune import finetune
 from evalm.icl_eval.models.lm import CausalLM, right_pad
 from evalm.icl_eval.methods.item_scoring import SCORERS
 from evalm.icl_eval.methods.options import (  # noqa: F401  (re-exported: the methods' public signature)
@@ -331,4 +332,5 @@ METHODS: dict[str, Method] = {name: _encoder_decoder_aware(name, fn) for name, f
     "saicl": saicl,
     "ensemble": ensemble,
     "fid": fid,
+    "finetune": finetune,
 }.items()}

@@ -46,6 +46,8 @@ class MethodOptions:
     ensemble_reduce: Literal["mean_score", "mean_prob", "mean_logits"] = "mean_score"
     """ensemble: mean of the per-group scores (log-probabilities or logits), log of the mean probability,
     or SAICL §5.3's mean of the groups' logits at every position, scored once (`mean_logits`)."""
+    finetune: Literal["full", "lora"] = "full"
+    """finetune (`icl_eval/methods/finetune.py`): train every weight, or LoRA adapters (the `peft` extra)."""
     t5_cross: Literal["none", "aligned"] = "none"
     """saicl on T5 (icl_eval/models/t5.py): no position bias between a demonstration and the test (Appendix B),
     or the stock bias with each demonstration right before the test (then k = 1 equals concat)."""

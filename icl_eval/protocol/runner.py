@@ -29,6 +29,7 @@ from evalm.icl_eval.protocol.label_map import remap
 from evalm.icl_eval.config import EvalConfig
 from evalm.icl_eval.models.lm import CausalLM
 from evalm.icl_eval.methods.decoder import METHODS, MethodOptions, MethodResult
+from evalm.icl_eval.methods.finetune import check_can_finetune
 from evalm.icl_eval.protocol.nearest import Embedder
 from evalm.icl_eval.protocol.nearest import apply as apply_nearest
 from evalm.icl_eval.protocol.nearest import nearest
@@ -44,6 +45,22 @@ SUMMED = ("seconds", "encode_seconds", "context_encodings")
 """Per-item info fields that add up over items scored one context each (Top-k)."""
 MEANS = ("seconds_per_item", "marginal_seconds_per_item")
 PEAKS = ("context_tokens", "cache_bytes")
+ONCE_PER_DRAW = ("finetune",)
+"""Methods that learn from the draw's demonstrations as a set (`methods.finetune` trains on them in its own
+seeded order): scored once per draw, in the main order's cell, not again per order, order seed or
+nearest-demonstration arm, whose contexts differ only in how the same demonstrations are shown."""
+
+
+def check_once_per_draw(config: EvalConfig) -> None:
+    """A once-per-draw method needs one dataset-level draw per cell and no calibration (which would train
+    a second copy on content-free inputs): one line naming both ways out."""
+    names = [m for m in config.methods if m in ONCE_PER_DRAW]
+    if names and config.selection != "random":
+        raise ConfigError(f"--methods {names[0]} trains on one draw per cell, but selection = topk gives every test "
+                          "item its own demonstrations; use --eval.selection=random or drop it from --methods")
+    if names and config.calibration != "none":
+        raise ConfigError(f"--methods {names[0]} scores a fine-tuned copy with 0 shots, which calibration "
+                          f"{config.calibration!r} does not apply to; set --eval.calibration=none or drop it")
 
 
 def aggregate_info(parts: list[dict[str, Any]]) -> dict[str, Any]:
@@ -75,6 +92,9 @@ class Runner:
             raise TypeError("splits_for_seed must declare whether seeds share the test items: pass a "
                             "task_data.SeedSplits(for_seed, shares_test)")
         self.splits_for_seed, self.progress = splits_for_seed, progress
+        check_once_per_draw(config)
+        if any(m in ONCE_PER_DRAW for m in config.methods):
+            check_can_finetune(lm, options.finetune)
         self.records: list[dict] = []
         self.baselines: list[dict] = []
         """Per (split, seed, shots): each label baseline's per-item correctness on the items scored."""
@@ -209,6 +229,8 @@ class Runner:
                 if n == 0:
                     self._record_baselines(cell, arm.name, [[labels[j] for j in arranged]] * len(cell.items))
                 for name in self.config.methods:
+                    if (o or n) and name in ONCE_PER_DRAW:
+                        continue
                     if not ids and name in zero_shot:
                         result = zero_shot[name]
                         self._tick(len(cell.items))
@@ -242,7 +264,7 @@ class Runner:
                 shown.append([over.get(j, labels[j]) for j in ctx])
             if first:
                 self._record_baselines(cell, arm.name, shown)
-            for name in self.config.methods:
+            for name in (m for m in self.config.methods if m not in ONCE_PER_DRAW):
                 result = self._score(name, cell, contexts, per_item_context=True)
                 self._record(name, cell, contexts, result, arm)
 

@@ -147,7 +147,67 @@ def summarize(records: list[dict], baselines: list[dict]) -> dict[str, Any]:
         out[split] = table
     if "validation" in out:
         out["best_shot"] = _best_shot(out)
+    if any(r["method"] == "finetune" for r in records) and "test" in out:
+        out["finetune_vs_icl"] = finetune_vs_icl(records, out["test"], axis)
     return out
+
+
+def finetune_vs_icl(records: list[dict], table: dict[str, Any], axis: str) -> dict[str, Any]:
+    """Fine-tuning on the N demonstrations beside in-context learning with them (the run's first ICL
+    method), per N on the test split: both accuracies with their intervals and gains over the best label
+    baseline, fine-tuning minus ICL paired on the same draws and items, what each cost, and per method
+    the smallest N whose gain over the best baseline has its whole interval above 0."""
+    rows = [r for r in records if r["split"] == "test" and not r.get("arm")]
+    icl = next((m for m in dict.fromkeys(r["method"] for r in rows) if m != "finetune"), None)
+    if icl is None:
+        return {"icl_method": None, "why": "no in-context method in --methods to compare with"}
+    per_n: dict[str, Any] = {}
+    for k in sorted({r[axis] for r in rows if r["method"] == "finetune"}):
+        ft = [r for r in rows if r["method"] == "finetune" and r[axis] == k]
+        ic = [r for r in rows if r["method"] == icl and r[axis] == k]
+        if ic:
+            per_n[str(k)] = {"icl": _brief(table[icl][str(k)]), "finetune": _brief(table["finetune"][str(k)]),
+                             "finetune_minus_icl": _paired(ft, ic, "correct", "correct"), "compute": _compute(ft, ic)}
+    return {"icl_method": icl, "axis": axis, "per_n": per_n,
+            "first_beats_best_baseline": {m: _first_beating(table[m]) for m in (icl, "finetune")}}
+
+
+def finetune_lines(summary: dict[str, Any]) -> list[str]:
+    """The side-by-side of `finetune_vs_icl` as the command line prints it: the paired difference per N,
+    what each cost per N, and the first N above the best label baseline; nothing without fine-tuning."""
+    side = summary.get("finetune_vs_icl") or {}
+    if not side.get("icl_method"):
+        return []
+    icl, cells = side["icl_method"], side["per_n"].items()
+    diff = "  ".join(f"{k}:{c['finetune_minus_icl']['mean']:+.3f} [{c['finetune_minus_icl']['ci95'][0]:+.2f}, "
+                     f"{c['finetune_minus_icl']['ci95'][1]:+.2f}]" for k, c in cells)
+    cost = "  ".join(f"{k}:{c['compute']['finetune']['train_flops'] / 1e9:.3g} vs {c['compute']['icl']['encode_flops'] / 1e9:.3g}"
+                     for k, c in cells)
+    first = ", ".join(f"{m} {n if n is not None else 'none'}" for m, n in side["first_beats_best_baseline"].items())
+    return [f"finetune - {icl}  {diff}", f"GFLOPs, fine-tune vs encoding the {icl} prompt  {cost}",
+            f"first N above the best label baseline (whole interval): {first}"]
+
+
+def _brief(cell: dict[str, Any]) -> dict[str, Any]:
+    return {"accuracy": cell["accuracy_mean"], "accuracy_ci95": cell["accuracy_ci95"], "gain": cell["gain"]}
+
+
+def _first_beating(cells: dict[str, Any]) -> int | None:
+    """The smallest N > 0 whose gain over the best label baseline is above 0 with its whole interval."""
+    return next((int(k) for k in sorted(cells, key=int) if int(k) and cells[k]["gain"]["ci95"][0] > 0), None)
+
+
+def _compute(ft: list[dict], ic: list[dict]) -> dict[str, Any]:
+    """Means over the cell's records: the fine-tune's training cost against encoding the ICL prompt once
+    (`2 x params x prompt tokens` FLOPs, the matmuls; attention's share left out), and each one's
+    seconds per test item afterwards (the ICL item attends to the whole prompt, the tuned one to none)."""
+    params = ft[0].get("n_params", 0)
+    tokens = statistics.fmean(r.get("context_tokens", 0) for r in ic)
+    return {"icl": {"prompt_tokens": tokens, "encode_seconds": statistics.fmean(r.get("encode_seconds", 0.0) for r in ic),
+                    "encode_flops": 2.0 * params * tokens,
+                    "seconds_per_item": statistics.fmean(r["seconds_per_item"] for r in ic)},
+            "finetune": {key: statistics.fmean(r.get(key, 0) for r in ft) for key in
+                         ("train_steps", "train_tokens", "train_seconds", "train_flops", "seconds_per_item")}}
 
 
 def _learning_ratio(full: list[dict], removed: list[dict], zero: list[dict]) -> dict[str, Any]:

@@ -64,6 +64,9 @@ class Demo:
 
     item_id: int
     tokens: tuple[int, ...]
+    answer_start: int = 0
+    answer_end: int = 0
+    """The answer y occupies tokens[answer_start:answer_end] (the loss target of `methods.finetune`)."""
 
 
 def resolve_bos(tokenizer, spec: str = "auto") -> tuple[tuple[int, ...], str]:
@@ -116,8 +119,8 @@ class PromptBuilder:
     def demo(self, item_id: int, item: dict[str, Any], label: int | None = None) -> Demo:
         """I(x_i, y_i) with the item's gold label, or with `label` instead (a corrupted demonstration)."""
         shown = self.task.gold(item) if label is None else label
-        tokens, _, _ = self.instance(self.task.fields(item), self.task.candidates(item)[shown])
-        return Demo(item_id, tuple(tokens))
+        tokens, a0, a1 = self.instance(self.task.fields(item), self.task.candidates(item)[shown])
+        return Demo(item_id, tuple(tokens), a0, a1)
 
     def test_item(self, item_id: int, item: dict[str, Any], n_shots: int, gold: int | None = None) -> TestItem:
         fields = self.task.fields(item)
