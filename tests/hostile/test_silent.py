@@ -72,7 +72,7 @@ def test_a_misspelled_section_is_refused_by_every_command_as_by_training(tmp_pat
         (["train", "pretrain", "--config", run_file, "--out", tmp_path / "t", "--trian.steps=1"], "trian",
          "['model', 'data', 'optim', 'train', 'checkpoint']"),
         ([*icl, "--evl.seeds=[7]"], "evl", "['eval', 'eval.method', 'model', 'synthetic']"),
-        ([*icl, "--config", config], "evl", "['eval', 'eval.method', 'ppl', 'model', 'synthetic']"),  # icl's and ppl's
+        ([*icl, "--config", config], "evl", "['eval', 'eval.method', 'ppl', 'recall', 'model', 'synthetic']"),  # a shared file's
         ([*ppl, "--set", "pll.max_books=1"], "pll", "['ppl', 'model', 'synthetic']"),
         ([*icl, "--ppl.max_books=1"], "ppl", "['eval', 'eval.method', 'model', 'synthetic']"),  # a flag: its command's
     ]:

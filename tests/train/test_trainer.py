@@ -52,7 +52,7 @@ def test_unknown_key_names_file_section_and_valid_keys(tmp_path):
         load_run_config(path, [])
     run = load_run_config(CONFIGS / "pretrain-tiny.toml", ["train.steps=7", "model.attention=full"])
     assert (run.train.steps, run.model.attention) == (7, "full")
-    with pytest.raises(ConfigError, match="attention='flash' is not known; valid: \\['eva', 'full'\\]"):
+    with pytest.raises(ConfigError, match="attention='flash' is not known; valid: \\['eva', 'full', 'window'\\]"):
         load_run_config(CONFIGS / "pretrain-tiny.toml", ["model.attention=flash"])
 
 
