@@ -299,26 +299,39 @@ def _console_without_tracebacks(output: Path) -> Iterator[None]:
     console = os.dup(2)
     os.dup2(write_end, 2)
     os.close(write_end)
-    reader = threading.Thread(target=_drop_tracebacks, args=(read_end, console, output / "logs"), daemon=True)
+    drained = threading.Event()
+    reader = threading.Thread(target=_drop_tracebacks, args=(read_end, console, output / "logs", drained), daemon=True)
     reader.start()
     try:
         yield
     finally:
         sys.stderr.flush()
-        os.dup2(console, 2)  # closes the pipe's last write end held here: the reader sees its end
-        reader.join(timeout=10)
-        os.close(console)
+        # The last line through the pipe: the workers have exited, but datatrove's forkserver still holds
+        # the write end (it inherited fd 2) until this process exits, so an end of file never comes (waiting
+        # for it cost 10 s per data command, the timeout). The reader stays on, with its own copy of the
+        # console, for whatever the forkserver's later workers write; it closes both at the end of file.
+        os.write(2, END_OF_STEPS)
+        os.dup2(console, 2)
+        drained.wait(timeout=10)
+
+
+END_OF_STEPS = b"\x00evalm: end of the steps\n"
+"""Written last into the console pipe by this process: the reader sets `drained` when it gets there."""
 
 
 LOG_RECORD = re.compile(rb"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+ \| ")
 """The start of a loguru record as datatrove formats it: a traceback block ends at the next one."""
 
 
-def _drop_tracebacks(read_end: int, console: int, logs: Path) -> None:
-    """Copy lines from the pipe to the console, replacing each traceback block by one line."""
+def _drop_tracebacks(read_end: int, console: int, logs: Path, drained: threading.Event) -> None:
+    """Copy lines from the pipe to the console, replacing each traceback block by one line; set `drained`
+    at END_OF_STEPS."""
     skipping = False
-    with os.fdopen(read_end, "rb") as pipe:
+    with os.fdopen(read_end, "rb") as pipe, os.fdopen(console, "wb", buffering=0, closefd=True):
         for line in pipe:
+            if line == END_OF_STEPS:
+                drained.set()
+                continue
             if skipping and not LOG_RECORD.match(line) and not line.startswith(b"evalm "):
                 continue
             skipping = b"Traceback (most recent call last)" in line

@@ -3,10 +3,11 @@
     commands.py   the package commands (`data`, `train`, `eval`, `export`), each imported lazily
     cli.py        `evalm`: `run` plus the command table; --version, --debug
     run_file.py   the run file of `evalm run`: its sections, validated; the models a run trains
-    stages.py     the stage table: each stage's argv, built from the command table
+    stages.py     the stage table: each stage's steps (argv + the steps it reads from), from the command table
     keys.py       stage keys: commands, the files and sample folders they read, the previous key
     markers.py    stage markers, stale marks, peak memory
     console.py    the quiet console: a stage's output to its log, progress bars on screen
     report.py     the report folder (results.json, plots); summary.py its summary.md
-    run.py        `evalm run`: every stage in order, skip by key, --from, --only
+    schedule.py   the steps one at a time in this process, or `jobs` child processes at once
+    run.py        `evalm run`: every stage, skip by key, --from, --only
 """

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -25,14 +26,32 @@ def call(argv: list, log: Path) -> None:
     """Run one command in this process; its printed lines and the data library's log lines go to
     the stage's log file, while progress bars (stderr) stay on the console. An error names the log."""
     log.parent.mkdir(parents=True, exist_ok=True)
-    shown = " ".join(redact_argv(map(str, argv)))  # a --redis-url password reaches neither the log nor the screen
     with log.open("a", encoding="utf-8") as f:
-        f.write(f"\n$ evalm {shown}\n")
+        f.write(log_header(argv))
         f.flush()
         with _quiet(f):
             code = dispatch(argv)
+    check_exit(code, argv, log)
+
+
+def _shown(argv: list) -> str:
+    """The command as the log and the screen show it: a --redis-url password reaches neither."""
+    return " ".join(redact_argv(map(str, argv)))
+
+
+def log_header(argv: list) -> str:
+    return f"\n$ evalm {_shown(argv)}\n"
+
+
+def check_exit(code: int, argv: list, log: Path) -> None:
+    """A command's exit status as `evalm run` reports it: 0 passes, 130 is Ctrl-C, 1 a bug of ours
+    (config_toolkit.report), anything else the user's error, each naming the log with the details."""
+    shown = _shown(argv)
     if code == 130:  # Ctrl-C inside the command (a training stage keeps its last complete checkpoint)
         raise KeyboardInterrupt
+    if code < 0:  # killed by a signal: the out-of-memory killer's SIGKILL, most often
+        raise StageFailed(f"`evalm {shown}` was killed by {signal.Signals(-code).name}; its output is in {log}; "
+                          "free memory (or lower [run] jobs), then rerun `evalm run` to resume")
     if code == 1:  # config_toolkit.report: a bug of ours, its traceback in a file the log names
         raise StageFailed(f"`evalm {shown}` stopped on an internal error (a bug, not your input); "
                           f"its output in {log} names the file with the traceback; please report it with that file")

@@ -116,12 +116,14 @@ def _ppl_results(r: Run) -> dict[str, dict]:
 
 def _run_totals(r: Run) -> dict[str, Any]:
     """Seconds per stage and the whole run's peak memory, from the markers (not this invocation)."""
-    seconds, peak = {}, 0.0
+    seconds, peak, jobs = {}, 0.0, 1
     for marker_path in sorted(r.dir.glob(f"*/{MARKER}")):
         marker = json.loads(marker_path.read_text())
         seconds[marker["stage"]] = round(marker["seconds"], 1)
         peak = max(peak, marker.get("peak_rss_gib_so_far", 0.0))
-    return {"stage_seconds": seconds, "seconds": round(sum(seconds.values()), 1), "peak_rss_gib": round(peak, 2)}
+        jobs = max(jobs, marker.get("jobs", 1))
+    return {"stage_seconds": seconds, "seconds": round(sum(seconds.values()), 1), "peak_rss_gib": round(peak, 2),
+            "jobs": jobs}
 
 
 def write_report(r: Run, timings: dict[str, float], *, wall_seconds: float, peak_rss_gib: float) -> Path:

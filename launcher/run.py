@@ -10,8 +10,12 @@ Stages exchange files, never objects: each one is the same command a user runs a
 run's folders wired in and the config's extra arguments appended (launcher/stages.py). `twins`
 trains the baselines EVALM compares EVA with on the same data, steps and seed (full attention;
 learned absolute positions), `export` writes every model to export/NAME/, and `icl` / `ppl`
-evaluate the models each entry names. The console shows `stage k/N name`, progress bars and one
-result line per stage; everything else a stage prints goes to ROOT/NAME/logs/STAGE.log. A stage is
+evaluate the models each entry names. Steps that do not read each other's outputs run at once,
+`[run] jobs` of them (default 2, each a child process with cores // jobs threads; launcher/schedule.py),
+so the twins train beside EVA and a model's evaluations start when its export is written. The console
+shows `stage k/N name` when a stage starts, one result line when it ends and, on a terminal, the running
+steps; everything else a step prints goes to ROOT/NAME/logs/STEP.log (`jobs = 1`: one step at a time in
+this process, its progress bars on the console). A stage is
 complete when its marker `.evalm-stage.json` exists (written last, with the arguments it ran with,
 its seconds and the peak memory so far); a rerun skips complete stages, resumes interrupted data
 and training stages (their own relaunch logic), and redoes the rest. Each marker holds the stage's
@@ -28,45 +32,83 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from evalm.config_toolkit import ConfigError, Parser, report, shipped, split_overrides
-from evalm.launcher.console import call
 from evalm.launcher.keys import stage_key
 from evalm.launcher.markers import discard_stage, mark_stale, peak_rss_gib, read_marker, write_marker
 from evalm.launcher.report import stage_result, write_report
 from evalm.launcher.run_file import Run, load_run
-from evalm.launcher.stages import RESUMABLE, STAGES, stage_commands
+from evalm.launcher.schedule import run_steps
+from evalm.launcher.stages import RESUMABLE, STAGES, Step, stage_commands, stage_steps
 from evalm.storage import RunFolder
 
 DEFAULT_CONFIG = shipped("configs/tiny.toml")
 
 
-def run_stage(r: Run, stage: str, position: str = "", previous: str = "", folder: RunFolder | None = None
-              ) -> tuple[float, str]:
-    """Run one stage unless complete with the same key; returns its seconds (0 when skipped) and its key.
-
-    A complete stage whose key changed (or that `--only` marked stale) is redone from scratch."""
-    commands = stage_commands(r, stage)
-    key = stage_key(r, stage, commands, previous, identity=(folder or RunFolder(r.dir, "evalm run")).identity)
+def plan_stage(r: Run, stage: str, position: str, previous: str, folder: RunFolder) -> tuple[bool, str]:
+    """Whether a stage must run (not complete with the same key), and its key; a complete stage whose key
+    changed (or that `--only` marked stale) is discarded, to be redone from scratch."""
+    key = stage_key(r, stage, stage_commands(r, stage), previous, identity=folder.identity)
     done = read_marker(r, stage)
     if done is not None and done.get("key") == key and not done.get("stale"):
         print(f"stage {position} {stage}: complete, skipped ({done['seconds']:.0f} s when it ran)")
-        return 0.0, key
+        return False, key
     if done is not None:  # changed settings or inputs: the old outputs must not be resumed
         why = "marked stale by --only" if done.get("stale") else "its settings or inputs changed"
         print(f"stage {position} {stage}: {why}; redoing it")
         discard_stage(r, stage)
     elif stage not in RESUMABLE:
         discard_stage(r, stage)
-    RunFolder(r.stage_dir(stage), "evalm run").mark()  # made by this run: what discard_stage may delete later
-    print(f"stage {position} {stage} ...", flush=True)
-    t0 = time.perf_counter()
-    log = r.dir / "logs" / f"{stage}.log"
-    for argv in commands:
-        call(argv, log)
-    seconds = time.perf_counter() - t0
-    write_marker(r, stage, {"stage": stage, "key": key, "commands": commands, "seconds": seconds,
-                            "peak_rss_gib_so_far": peak_rss_gib()})
-    print(f"stage {position} {stage}: {stage_result(r, stage)} ({seconds:.0f} s; log {log})", flush=True)
-    return seconds, key
+    return True, key
+
+
+class _Stages:
+    """The stages one invocation runs, from their steps' start and end: the first step prints the
+    stage's line and marks its folder as made by this run; the last writes its marker (key, commands,
+    the seconds its steps ran, summed: with jobs > 1 stages overlap, and the invocation's wall is less)."""
+
+    def __init__(self, r: Run, planned: dict[str, tuple[str, str]]):
+        self.r, self.planned = r, planned
+        self.steps = {stage: stage_steps(r, stage) for stage in planned}
+        self.stage_of = {step.name: stage for stage, steps in self.steps.items() for step in steps}
+        self.left = {stage: len(steps) for stage, steps in self.steps.items()}
+        self.seconds = dict.fromkeys(planned, 0.0)
+        self.begun: set[str] = set()
+
+    def log(self, step: Step) -> Path:
+        return self.r.dir / "logs" / f"{step.name}.log"
+
+    def started(self, step: Step) -> None:
+        stage = self.stage_of[step.name]
+        if stage not in self.begun:
+            self.begun.add(stage)
+            self._begin(stage)
+
+    def _begin(self, stage: str) -> None:
+        RunFolder(self.r.stage_dir(stage), "evalm run").mark()  # made by this run: what discard_stage may delete later
+        print(f"stage {self.planned[stage][0]} {stage} ...", flush=True)
+
+    def finished(self, step: Step, seconds: float) -> None:
+        stage = self.stage_of[step.name]
+        self.seconds[stage] += seconds
+        self.left[stage] -= 1
+        if not self.left[stage]:
+            self._complete(stage)
+
+    def _complete(self, stage: str) -> None:
+        r, (position, key) = self.r, self.planned[stage]
+        seconds = self.seconds[stage]
+        write_marker(r, stage, {"stage": stage, "key": key, "commands": stage_commands(r, stage), "seconds": seconds,
+                                "jobs": r.run.jobs, "peak_rss_gib_so_far": peak_rss_gib()})
+        steps = self.steps[stage]
+        logs = self.log(steps[0]) if len(steps) == 1 else self.r.dir / "logs" / f"{stage}*.log"
+        print(f"stage {position} {stage}: {stage_result(r, stage)} ({seconds:.0f} s; log {logs})", flush=True)
+
+    def run(self) -> dict[str, float]:
+        for stage in [s for s, steps in self.steps.items() if not steps]:  # a stage with nothing to do (twins off)
+            self._begin(stage)
+            self._complete(stage)
+        steps = [step for steps in self.steps.values() for step in steps]
+        run_steps(steps, self.r.run.jobs, self.log, self.started, self.finished)
+        return self.seconds
 
 
 def ensure_samples(r: Run) -> None:
@@ -120,9 +162,16 @@ def run_all(r: Run, start: str | None, only: str | None) -> Path:
     ensure_samples(r)
     order = list(STAGES)
     previous = (read_marker(r, order[order.index(stages[0]) - 1]) or {}).get("key", "") if stages[0] != order[0] else ""
-    timings = {}
-    for i, stage in enumerate(stages, 1):
-        timings[stage], previous = run_stage(r, stage, f"{i}/{len(stages)}", previous, folder)
+    planned, timings = {}, {}
+    for i, stage in enumerate(stages, 1):  # keys first: they hash commands and settings, never a stage's outputs
+        position = f"{i}/{len(stages)}"
+        todo, previous = plan_stage(r, stage, position, previous, folder)
+        if todo:
+            planned[stage] = (position, previous)
+        else:
+            timings[stage] = 0.0
+    timings |= _Stages(r, planned).run()
+    timings = {stage: timings[stage] for stage in stages}
     if only:
         mark_stale(r, order[order.index(only) + 1:])
     return write_report(r, timings, wall_seconds=time.perf_counter() - t0, peak_rss_gib=peak_rss_gib())

@@ -1,6 +1,6 @@
 """The run file of `evalm run`: its sections, validated, and the folders and models they imply.
 
-    [run] name, root, samples, workers, data_tasks      where the run lives, how wide the data jobs are
+    [run] name, root, samples, workers, data_tasks, jobs   where the run lives, how wide the jobs are
     [data] [tokenizer] [pretrain] [msit] [twins]         each stage's settings and extra arguments
     [[eval]] [ppl] [recall]                              what is evaluated, on which models
 
@@ -34,6 +34,10 @@ class RunSection:
     """Data tasks run at once (local executor)."""
     data_tasks: int = 2
     """Tasks of each data stage (fixed for a run folder)."""
+    jobs: int = 2
+    """Steps run at once, each a child process with cores // jobs threads, started when the steps it
+    reads from are done (launcher/schedule.py); 1: one after another in this process. A step's floats
+    depend on its threads, so the same run file on the same machine gives the same figures."""
     seed: int | None = None
     """Training seed of every training stage (pretrain, msit, the twins), set as `train.seed` (weight
     init, dropout) and `data.seed` (line order) after the stage's own `set`; unset, each training
@@ -193,9 +197,12 @@ def load_run(path: str | Path, overrides: Sequence[str] = ()) -> Run:
         if unknown:
             raise ConfigError(f"{path} {where}: unknown model(s) {unknown}; valid: {list(MODELS)}")
     data_args = {k: [str(shipped(a)) for a in v] for k, v in data.get("data", {}).items()}
+    run = build(RunSection, data.get("run"), where=f"{path} [run]")
+    if run.jobs < 1:
+        raise ConfigError(f"{path} [run]: jobs = {run.jobs}; give 1 (one step at a time) or more")
     return Run(
         path=Path(path),
-        run=build(RunSection, data.get("run"), where=f"{path} [run]"),
+        run=run,
         data=build(DataSection, data_args, where=f"{path} [data]"),
         tokenizer=build(TokenizerSection, data.get("tokenizer"), where=f"{path} [tokenizer]"),
         pretrain=_shipped_config(build(TrainSection, data.get("pretrain"), where=f"{path} [pretrain]")),

@@ -1,36 +1,53 @@
-"""The stage table of `evalm run`: each stage's commands, built from the command table `evalm` dispatches.
+"""The stage table of `evalm run`: each stage's steps (one command each), built from the command table `evalm` dispatches.
 
-Stages exchange files, never objects: each one is the same command a user runs as a separate job
+Stages exchange files, never objects: each step is the same command a user runs as a separate job
 (`evalm data filter`, `evalm train msit-data`, `evalm train pretrain`, ...), written here with
 `launcher.commands.argv` with the run's folders wired in and the run file's extra arguments
 appended. `twins` trains the baselines EVALM compares EVA with on the same data, steps and seed
 (full attention; learned absolute positions), `export` writes every model to export/NAME/, and
-`icl` / `ppl` / `recall` evaluate the models each entry names (one process, resumable by unit: `icl_eval.protocol.units`).
+`icl` / `ppl` / `recall` evaluate the models each entry names (resumable by unit: `icl_eval.protocol.units`).
+
+Each step names the steps whose outputs it reads (`Step.needs`), so `launcher.schedule` can run the
+steps that do not depend on each other at once (`[run] jobs`): the twins train beside EVA, and every
+evaluation of a model starts when its export is written.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from evalm.launcher.commands import argv
 from evalm.launcher.run_file import MODELS, Run, trained_models
 
+
+@dataclass(frozen=True)
+class Step:
+    """One command of a stage: a name unique in the run (also its log's name), its argv, and the
+    names of the steps it reads outputs of (a step of a stage that is complete already counts as done)."""
+
+    name: str
+    argv: list[str]
+    needs: tuple[str, ...] = ()
+
+
 SYNTHETIC_SEED = 10**6
 """Seed of the tuning data's synthetic rules, far from the evaluation episodes' small seeds."""
 
 
-def _data_stage(name: str, source: Callable[[Run], Path]) -> Callable[[Run], list]:
-    def command(r: Run) -> list:
-        return argv("data", name, "--input", source(r), "--output", r.stage_dir(name),
-                    "--tasks", r.run.data_tasks, "--workers", r.run.workers, *getattr(r.data, name))
+def _data_stage(name: str, source: Callable[[Run], Path], after: tuple[str, ...]) -> Callable[[Run], list[Step]]:
+    def steps(r: Run) -> list[Step]:
+        return [Step(name, argv("data", name, "--input", source(r), "--output", r.stage_dir(name), "--tasks",
+                                r.run.data_tasks, "--workers", r.run.workers, *getattr(r.data, name)), after)]
 
-    return command
+    return steps
 
 
-def _tokenizer(r: Run) -> list:
-    return argv("train", "tokenizer", "--input", r.stage_dir("blend"), "--output", r.stage_dir("tokenizer"),
-                "--vocab-size", r.tokenizer.vocab_size, *r.tokenizer.args)
+def _tokenizer(r: Run) -> list[Step]:
+    return [Step("tokenizer", argv("train", "tokenizer", "--input", r.stage_dir("blend"), "--output",
+                                   r.stage_dir("tokenizer"), "--vocab-size", r.tokenizer.vocab_size,
+                                   *r.tokenizer.args), ("blend",))]
 
 
 def _train_command(command: str, config: str, out: Path, sets: Sequence[str]) -> list:
@@ -60,8 +77,9 @@ def _msit_sets(r: Run, init_from: Path) -> list[str]:
             *_seed_sets(r)]
 
 
-def _pretrain(r: Run) -> list:
-    return _train_command("pretrain", r.pretrain.config, r.stage_dir("pretrain"), _pretrain_sets(r))
+def _pretrain(r: Run) -> list[Step]:
+    return [Step("pretrain", _train_command("pretrain", r.pretrain.config, r.stage_dir("pretrain"), _pretrain_sets(r)),
+                 ("tokenizer",))]
 
 
 def _msit_data(r: Run) -> list:
@@ -75,40 +93,53 @@ def _msit_data(r: Run) -> list:
     return argv("train", "msit-data", *args)
 
 
-def _msit(r: Run) -> list:
-    return [_msit_data(r), _train_command("msit", r.msit.config, r.stage_dir("msit"),
-                                          _msit_sets(r, r.stage_dir("pretrain")))]
+def _msit(r: Run) -> list[Step]:
+    """The rows (read from the samples only) and the tuning of the pretrained model on them."""
+    return [Step("msit-data", _msit_data(r)),
+            Step("msit", _train_command("msit", r.msit.config, r.stage_dir("msit"), _msit_sets(r, r.stage_dir("pretrain"))),
+                 ("pretrain", "msit-data"))]
 
 
-def _twins(r: Run) -> list:
-    """The same recipe with the twin's overrides last (same data, steps and seed)."""
-    commands = []
+def _twins(r: Run) -> list[Step]:
+    """The same recipe with the twin's overrides last (same data, steps and seed); the full twin tunes on
+    the msit stage's rows."""
+    steps = []
     if r.twins.full:
         full = r.stage_dir("twins") / "full"
-        commands.append(_train_command("pretrain", r.pretrain.config, full / "pretrain", [*_pretrain_sets(r), *r.twins.full]))
-        commands.append(_train_command("msit", r.msit.config, full / "msit",
-                                       [*_msit_sets(r, full / "pretrain"), *r.twins.full]))
+        steps.append(Step(_training_step("full-pretrain"), _train_command(
+            "pretrain", r.pretrain.config, full / "pretrain", [*_pretrain_sets(r), *r.twins.full]), ("tokenizer",)))
+        steps.append(Step(_training_step("full-msit"), _train_command(
+            "msit", r.msit.config, full / "msit", [*_msit_sets(r, full / "pretrain"), *r.twins.full]),
+            (_training_step("full-pretrain"), "msit-data")))
     if r.twins.absolute:
-        commands.append(_train_command("pretrain", r.pretrain.config, r.stage_dir("twins") / "absolute" / "pretrain",
-                                       [*_pretrain_sets(r), *r.twins.absolute]))
-    return commands
+        steps.append(Step(_training_step("absolute-pretrain"), _train_command(
+            "pretrain", r.pretrain.config, r.stage_dir("twins") / "absolute" / "pretrain",
+            [*_pretrain_sets(r), *r.twins.absolute]), ("tokenizer",)))
+    return steps
 
 
-def _export(r: Run) -> list:
-    return [argv("export", "--checkpoint", r.dir.joinpath(*MODELS[m]), "--out", r.stage_dir("export") / m)
+def _training_step(model: str) -> str:
+    """The step that trains a model of `MODELS`: its folder under the run, dotted (twins.full.msit)."""
+    return ".".join(MODELS[model])
+
+
+def _export(r: Run) -> list[Step]:
+    return [Step(f"export.{m}", argv("export", "--checkpoint", r.dir.joinpath(*MODELS[m]), "--out", r.stage_dir("export") / m),
+                 (_training_step(m),))
             for m in trained_models(r)]
 
 
-def _icl(r: Run) -> list:
-    return [argv("eval", "icl", "--checkpoint", r.stage_dir("export") / m, "--out", r.stage_dir("icl") / e.name / m,
-                 "--task", e.task if e.task == "synthetic" or "/" not in e.task else r.samples / e.task, "--overwrite",
-                 *e.args)
+def _icl(r: Run) -> list[Step]:
+    return [Step(f"icl.{e.name}.{m}", argv(
+        "eval", "icl", "--checkpoint", r.stage_dir("export") / m, "--out", r.stage_dir("icl") / e.name / m, "--task",
+        e.task if e.task == "synthetic" or "/" not in e.task else r.samples / e.task, "--overwrite", *e.args), (f"export.{m}",))
             for e in r.evals for m in e.models if m in trained_models(r)]
 
 
-def _ppl(r: Run) -> list:
-    return [argv("eval", "ppl", "--checkpoint", r.stage_dir("export") / m, "--books", r.samples / r.ppl.books,
-                 "--unigram-shards", r.stage_dir("tokenizer"), "--out", r.stage_dir("ppl") / m, "--overwrite", *r.ppl.args)
+def _ppl(r: Run) -> list[Step]:
+    return [Step(f"ppl.{m}", argv("eval", "ppl", "--checkpoint", r.stage_dir("export") / m, "--books", r.samples / r.ppl.books,
+                                  "--unigram-shards", r.stage_dir("tokenizer"), "--out", r.stage_dir("ppl") / m,
+                                  "--overwrite", *r.ppl.args), (f"export.{m}",))
             for m in r.ppl.models if m in trained_models(r)]
 
 
@@ -119,18 +150,19 @@ def training_length(r: Run) -> int:
     return load_run_config(r.pretrain.config, _pretrain_sets(r)).data.seq_len
 
 
-def _recall(r: Run) -> list:
+def _recall(r: Run) -> list[Step]:
     """Recall through the cache at multiples of the training length, for EVA and its twins."""
     lengths = ",".join(str(m * training_length(r)) for m in r.recall.multiples)
-    return [argv("eval", "recall", "--checkpoint", r.stage_dir("export") / m, "--out", r.stage_dir("recall") / m,
-                 "--tasks", ",".join(r.recall.tasks), "--lengths", lengths, "--overwrite", *r.recall.args)
+    return [Step(f"recall.{m}", argv("eval", "recall", "--checkpoint", r.stage_dir("export") / m, "--out",
+                                     r.stage_dir("recall") / m, "--tasks", ",".join(r.recall.tasks), "--lengths", lengths,
+                                     "--overwrite", *r.recall.args), (f"export.{m}",))
             for m in r.recall.models if m in trained_models(r)]
 
 
-STAGES: dict[str, Callable[[Run], list]] = {
-    "filter": _data_stage("filter", lambda r: r.samples / "pile"),
-    "dedup": _data_stage("dedup", lambda r: r.stage_dir("filter")),
-    "blend": _data_stage("blend", lambda r: r.stage_dir("dedup")),
+STAGES: dict[str, Callable[[Run], list[Step]]] = {
+    "filter": _data_stage("filter", lambda r: r.samples / "pile", ()),
+    "dedup": _data_stage("dedup", lambda r: r.stage_dir("filter"), ("filter",)),
+    "blend": _data_stage("blend", lambda r: r.stage_dir("dedup"), ("dedup",)),
     "tokenizer": _tokenizer,
     "pretrain": _pretrain,
     "msit": _msit,
@@ -140,13 +172,16 @@ STAGES: dict[str, Callable[[Run], list]] = {
     "ppl": _ppl,
     "recall": _recall,
 }
-"""Each stage's command (one argv) or commands (a list of argvs), in run order."""
+"""Each stage's steps, stages in run order (the order of `--from`, of the key chain and of `[run] jobs = 1`)."""
 RESUMABLE = {"filter", "dedup", "blend", "pretrain", "msit", "twins", "icl", "ppl", "recall"}
 """Stages whose interrupted folder is continued, not wiped. The evaluations resume by unit (finished cells
 and books are kept); their `--overwrite` discards units of other settings instead of refusing them."""
 
 
+def stage_steps(r: Run, stage: str) -> list[Step]:
+    return STAGES[stage](r)
+
+
 def stage_commands(r: Run, stage: str) -> list[list[str]]:
-    """A stage's argvs, always as a list of them."""
-    commands = STAGES[stage](r)
-    return commands if commands and isinstance(commands[0], list) else [commands]
+    """A stage's argvs in order (what its key hashes)."""
+    return [step.argv for step in stage_steps(r, stage)]

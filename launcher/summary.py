@@ -19,7 +19,9 @@ def _run_lines(results: dict) -> list[str]:
     totals, inv = results["run_totals"], results["this_invocation"]
     lines = [f"# EVALM run: {results['run']['folder']}", "",
              f"Config `{results['run']['config']}`; samples `{results['run']['samples']}`.", "",
-             f"Whole run (from the stage markers): {totals['seconds']:.0f} s of stages, peak RSS "
+             f"Whole run (from the stage markers): {totals['seconds']:.0f} s of stage steps"
+             + (f" (up to {totals['jobs']} at once: more than the wall time)" if totals.get("jobs", 1) > 1 else "")
+             + ", peak RSS of the largest process "
              f"{totals['peak_rss_gib']:.2f} GiB. This invocation: {inv['wall_seconds']:.0f} s wall, peak RSS "
              f"{inv['peak_rss_gib']:.2f} GiB, stages run: {', '.join(inv['stages_run']) or 'none (all complete)'}.",
              "", "## Stages", "", "| stage | seconds |", "|---|---|"]

@@ -165,7 +165,12 @@ def missing_message(spec: str, misses: list[tuple[HubSpec, str]]) -> str:
             + f"; fetch it on a machine with network: {commands}; then set HF_HOME=DIR here")
 
 
-def iter_rows(source: str | Path, split: str | None = None) -> Iterator[dict[str, Any]]:
+ROWS_PER_BATCH = 64
+"""Rows `iter_rows` takes from the data library at a time by default (Arrow batches): memory flat in the rows,
+a batch of short rows (instructions, task items) small; a reader of long rows (books) takes 1."""
+
+
+def iter_rows(source: str | Path, split: str | None = None, rows_at_once: int = ROWS_PER_BATCH) -> Iterator[dict[str, Any]]:
     """Rows of one split, one at a time (files streamed, Arrow memory-mapped): memory flat in the rows."""
     data = open_source(source, split, streaming=True)
     if is_dataset_dict(data) and len(data) == 1:
@@ -173,4 +178,8 @@ def iter_rows(source: str | Path, split: str | None = None) -> Iterator[dict[str
     if is_dataset_dict(data):  # and no split named
         how = f"its split folder {Path(source) / 'SPLIT'}" if Path(source).exists() else f"`{source}:SPLIT`"
         raise DataSourceError(f"{source}: several splits {sorted(data)}; name one: {how}")
-    yield from data
+    if rows_at_once == 1:  # rows of their own size (books): one in memory at a time
+        yield from data
+        return
+    for batch in data.iter(batch_size=rows_at_once):  # 7x faster than row by row (192,400 rows: 0.7 s, 4.7 s)
+        yield from (dict(zip(batch, values)) for values in zip(*batch.values()))

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,14 +43,37 @@ def held_out(config: MsitDataConfig) -> set[str]:
 
 def encode_example(example: Example, tokenizer, config: MsitDataConfig) -> Encoded:
     """I(x, y) as ids with its loss mask: 0 on the prompt, 1 on the answer and its eos (or 1 everywhere)."""
-    prompt, answer = config.templates.get(example.task, config.default_template)
-    prompt_ids = tokenizer.encode(prompt.format(input=example.input, output=example.output))
-    answer_ids = [*tokenizer.encode(answer.format(input=example.input, output=example.output)), tokenizer.eos_id]
-    ids = np.asarray(prompt_ids + answer_ids, dtype=np.int64)
-    mask = np.ones(len(ids), dtype=np.uint8)
-    if config.loss_on == "answer":
-        mask[: len(prompt_ids)] = 0
-    return Encoded(example.task, ids, mask)
+    return next(encode_examples([example], tokenizer, config))
+
+
+def encode_examples(examples: Iterable[Example], tokenizer, config: MsitDataConfig, batch: int = 4096
+                    ) -> Iterator[Encoded]:
+    """`encode_example` of each, in order, the texts tokenized `batch` at a time (one `encode_batch` call:
+    the tokenizers library's loop instead of Python's; 192,296 tuning examples: 2.2 s -> well under 1)."""
+    pending: list[Example] = []
+    for example in examples:
+        pending.append(example)
+        if len(pending) == batch:
+            yield from _encode(pending, tokenizer, config)
+            pending = []
+    yield from _encode(pending, tokenizer, config)
+
+
+def _encode(examples: list[Example], tokenizer, config: MsitDataConfig) -> Iterator[Encoded]:
+    if not examples:
+        return
+    texts = []
+    for e in examples:
+        prompt, answer = config.templates.get(e.task, config.default_template)
+        texts += [prompt.format(input=e.input, output=e.output), answer.format(input=e.input, output=e.output)]
+    ids = tokenizer.encode_batch(texts)
+    for i, e in enumerate(examples):
+        prompt_ids, answer_ids = ids[2 * i], [*ids[2 * i + 1], tokenizer.eos_id]
+        whole = np.asarray(prompt_ids + answer_ids, dtype=np.int64)
+        mask = np.ones(len(whole), dtype=np.uint8)
+        if config.loss_on == "answer":
+            mask[: len(prompt_ids)] = 0
+        yield Encoded(e.task, whole, mask)
 
 
 def _groups(encoded: list[Encoded], config: MsitDataConfig) -> list[list[Encoded]]:
@@ -174,12 +197,17 @@ def build_lines(config: MsitDataConfig, tokenizer, examples: Iterable[Example] |
     the collection's text (FLAN collections are millions of rows)."""
     examples = iter_examples(config.train_file, config.columns) if examples is None else examples
     excluded = held_out(config)
-    encoded, removed = [], 0
-    for e in examples:
-        if e.task in excluded:
-            removed += 1
-        else:
-            encoded.append(encode_example(e, tokenizer, config))
+    removed = 0
+
+    def kept(stream: Iterable[Example]) -> Iterator[Example]:
+        nonlocal removed
+        for e in stream:
+            if e.task in excluded:
+                removed += 1
+            else:
+                yield e
+
+    encoded = list(encode_examples(kept(examples), tokenizer, config))
     ids, masks, stats = pack(encoded, config, tokenizer.eos_id)
     stats |= {"held_out_tasks": sorted(excluded), "removed_held_out": removed,
               "tasks": sorted({e.task for e in encoded})}

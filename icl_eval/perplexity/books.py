@@ -109,7 +109,7 @@ def _dataset_books(source: str) -> Iterator[tuple[str, str]]:
     """One book per row of a data file, saved folder or cached `id[/config]:split`; a row's `text` must be
     a string without NUL bytes (the rule of a .txt book: binary data is not a book)."""
     title = None
-    for i, row in enumerate(iter_rows(source)):
+    for i, row in enumerate(iter_rows(source, rows_at_once=1)):
         if i == 0:
             if "text" not in row:
                 raise DataSourceError(f"{source}: rows need a `text` column; it has {sorted(row)}")

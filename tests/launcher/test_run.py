@@ -199,8 +199,9 @@ def test_a_changed_task_file_reruns_that_stage_and_every_later_one(run_file, cap
 
 
 def test_only_a_stage_marks_the_later_ones_stale(run_file, capsys):
+    """With `jobs = 1` (one step at a time, in this process): the same keys, so nothing else reruns."""
     run_dir = run_file.parent / "runs" / "ci"
-    assert main([str(run_file), "--only", "icl"]) == 0
+    assert main([str(run_file), "--only", "icl", "--set", "run.jobs=1"]) == 0
     assert json.loads((run_dir / "ppl" / MARKER).read_text())["stale"] is True
     assert json.loads((run_dir / "recall" / MARKER).read_text())["stale"] is True
     before = markers(run_dir)
