@@ -10,7 +10,7 @@ errors are one line, and the subcommand `Dispatcher` of every `evalm` command gr
 
 from evalm.config_toolkit.dispatch import Dispatcher, lazy
 from evalm.config_toolkit.errors import (ConfigError, InputError, MissingExtra, MissingInput, UserError, debug,
-                                         is_user_error, note_folder, report)
+                                         is_user_error, note_folder, report, require_gguf)
 from evalm.config_toolkit.files import read_toml
 from evalm.config_toolkit.keys import settable_keys
 from evalm.config_toolkit.overrides import apply_overrides, split_overrides
@@ -22,5 +22,5 @@ from evalm.config_toolkit.toml_text import parse_toml
 __all__ = [
     "FROZEN", "ConfigError", "Dispatcher", "InputError", "MissingExtra", "MissingInput", "Parser", "UserError",
     "apply_overrides", "build", "check_sections", "debug", "is_user_error", "lazy", "note_folder", "parse_toml",
-    "read_toml", "report", "settable_keys", "shipped", "split_overrides", "to_dict",
+    "read_toml", "report", "require_gguf", "settable_keys", "shipped", "split_overrides", "to_dict",
 ]

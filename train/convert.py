@@ -39,7 +39,7 @@ from typing import Any, Literal
 
 from pydantic.dataclasses import dataclass
 
-from evalm.config_toolkit import FROZEN, ConfigError, MissingInput, Parser, apply_overrides, build, report
+from evalm.config_toolkit import FROZEN, ConfigError, MissingInput, Parser, apply_overrides, build, report, require_gguf
 from evalm.config_toolkit import check_sections, settable_keys, split_overrides
 from evalm.storage import folder_lock
 
@@ -126,6 +126,8 @@ def source_config(folder: str | Path, gguf_file: str | None, settings: EvaSettin
 
     tf = transformers_module()
     folder = Path(folder)
+    if gguf_file:
+        require_gguf()
     where = folder / gguf_file if gguf_file else folder / "config.json"
     if not where.is_file():
         raise MissingInput(f"{where}: not found; --hf-model names a transformers model folder"

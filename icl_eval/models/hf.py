@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from evalm.config_toolkit import ConfigError, InputError, MissingExtra, MissingInput
+from evalm.config_toolkit import ConfigError, InputError, MissingExtra, MissingInput, require_gguf
 
 
 def _transformers():
@@ -198,6 +198,7 @@ def load_hf(folder: str | Path, tokenizer=None, dtype: str = "float32", device: 
         attn_implementation = "eva"
     kwargs: dict[str, Any] = {"local_files_only": True, "trust_remote_code": False}  # never code from a folder
     if gguf_file:
+        require_gguf()
         kwargs["gguf_file"] = gguf_file
     try:
         model = tf.AutoModelForCausalLM.from_pretrained(
