@@ -103,8 +103,16 @@ def markers(run_dir: Path) -> dict[str, float]:
     return {stage: (run_dir / stage / MARKER).stat().st_mtime_ns for stage in STAGES}
 
 
-def test_every_stage_runs_and_writes_its_outputs(run_file):
+@pytest.fixture(scope="module")
+def ran(run_file) -> Path:
+    """The CI run made by the README's main-job line, once per module: the later tests read and rerun its
+    folder (each asks for this fixture, so any one of them runs alone, `-m slow` included)."""
     assert evalm([*shlex.split(readme_main_job())[1:], str(run_file)]) == 0
+    return run_file
+
+
+def test_every_stage_runs_and_writes_its_outputs(ran):
+    run_file = ran
     run_dir = run_file.parent / "runs" / "ci"
     for stage in STAGES:
         assert (run_dir / stage / MARKER).is_file(), stage
@@ -155,7 +163,8 @@ def test_every_stage_runs_and_writes_its_outputs(run_file):
     assert (run_dir / "report" / "icl_synthetic_accuracy_vs_shots.png").is_file()
 
 
-def test_second_run_skips_every_stage_and_keeps_the_first_runs_figures(run_file, capsys):
+def test_second_run_skips_every_stage_and_keeps_the_first_runs_figures(ran, capsys):
+    run_file = ran
     run_dir = run_file.parent / "runs" / "ci"
     before = markers(run_dir)
     first = json.loads((run_dir / "report" / "results.json").read_text())["run_totals"]
@@ -169,7 +178,9 @@ def test_second_run_skips_every_stage_and_keeps_the_first_runs_figures(run_file,
     assert report["this_invocation"]["stages_run"] == []
 
 
-def test_from_pretrain_reruns_only_the_later_stages(run_file):
+@pytest.mark.slow  # retrains every model of the CI run (about 100 s on 2 cores)
+def test_from_pretrain_reruns_only_the_later_stages(ran):
+    run_file = ran
     run_dir = run_file.parent / "runs" / "ci"
     before = markers(run_dir)
     assert main([str(run_file), "--from", "pretrain"]) == 0
@@ -180,9 +191,10 @@ def test_from_pretrain_reruns_only_the_later_stages(run_file):
         assert changed == (order.index(stage) >= order.index("pretrain")), stage
 
 
-def test_a_changed_task_file_reruns_that_stage_and_every_later_one(run_file, capsys):
+def test_a_changed_task_file_reruns_that_stage_and_every_later_one(ran, capsys):
     """Stage keys cover the content of the files a stage reads (here the polarity task file the
     icl stage names), chained through the later stages; earlier stages are untouched."""
+    run_file = ran
     run_dir = run_file.parent / "runs" / "ci"
     before = markers(run_dir)
     task = run_file.parent / "samples" / "tasks" / "polarity" / "task.toml"
@@ -198,7 +210,8 @@ def test_a_changed_task_file_reruns_that_stage_and_every_later_one(run_file, cap
     assert "Verdict" in report["protocol"]["template"]
 
 
-def test_only_a_stage_marks_the_later_ones_stale(run_file, capsys):
+def test_only_a_stage_marks_the_later_ones_stale(ran, capsys):
+    run_file = ran
     """With `jobs = 1` (one step at a time, in this process): the same keys, so nothing else reruns."""
     run_dir = run_file.parent / "runs" / "ci"
     assert main([str(run_file), "--only", "icl", "--set", "run.jobs=1"]) == 0
