@@ -17,6 +17,7 @@ first and the model is built only once it matches: config.json's sizes are not t
 from __future__ import annotations
 
 import json
+import struct
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,8 +43,25 @@ def save_model(model: EvalmModel, folder: str | Path) -> Path:
     config = to_dict(model.config)
     metadata = {META_KEY: json.dumps(config, sort_keys=True), "format": "pt"}  # "format": transformers reads it too
     _save_weights(model, str(folder / WEIGHTS), metadata=metadata)
+    _sort_metadata(folder / WEIGHTS)
     (folder / CONFIG).write_text(json.dumps({"model": config}, indent=2) + "\n")
     return folder
+
+
+def _sort_metadata(path: Path) -> None:
+    """safetensors writes the metadata in hash-map order, so the same weights gave files of different
+    bytes, and a different SHA-256 identity for every resume key built on them (icl_eval.protocol.units).
+    The keys are sorted in place: a permutation of the same compact JSON, so the same length and offsets."""
+    with path.open("r+b") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+        if "__metadata__" not in header:
+            return
+        header["__metadata__"] = dict(sorted(header["__metadata__"].items()))
+        text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+        if len(text) <= n:  # always (the same keys and values); otherwise the file is left as written
+            f.seek(8)
+            f.write(text + b" " * (n - len(text)))
 
 
 def load_config(folder: str | Path) -> ModelConfig:

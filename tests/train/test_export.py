@@ -45,3 +45,25 @@ def test_export_equals_torch_reading_of_the_checkpoint(tmp_path):
 def test_export_of_a_folder_without_checkpoints_is_a_clear_error(tmp_path, capsys):
     assert evalm(["export", "--checkpoint", str(tmp_path), "--out", str(tmp_path / "m")]) == 2
     assert "complete checkpoint" in capsys.readouterr().err
+
+
+def test_the_same_weights_are_the_same_bytes(tmp_path):
+    """safetensors writes its metadata in hash-map order; `save_model` sorts it, so identical weights give one
+    file and one SHA-256 identity (the resume keys of the evaluations are built on it). Oracle: the bytes of
+    eight saves, and the tensors and metadata read back by safetensors itself."""
+    import hashlib
+
+    from safetensors import safe_open
+
+    from evalm import EvalmModel, ModelConfig
+    from evalm.io import save_model
+
+    model = EvalmModel(ModelConfig(vocab_size=257, d_model=16, n_layer=1, n_head=2, d_ff=32, window_size=8,
+                                   chunk_size=4, circular_period=64))
+    model.init_weights()
+    files = [save_model(model, tmp_path / str(i)) / "model.safetensors" for i in range(8)]
+    assert len({hashlib.sha256(f.read_bytes()).hexdigest() for f in files}) == 1
+    with safe_open(str(files[0]), "pt") as f:
+        assert sorted(f.metadata()) == ["evalm.model", "format", "lm_head.weight"]
+    back = load_model(files[0].parent)
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), back.state_dict().values()))
