@@ -90,7 +90,7 @@ class _Pool:
                 elif failure is None:
                     failure = (step, proc.returncode)
                     self._interrupt()
-        except KeyboardInterrupt:
+        except BaseException:  # Ctrl-C, or an error of ours between steps (a marker that cannot be written)
             self._interrupt()
             self._wait_all()
             raise
