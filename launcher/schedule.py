@@ -2,7 +2,7 @@
 
 `[run] jobs = 1` runs each step in this process, in stage order (`console.call`: its lines to its
 log, progress bars on screen). With more jobs, each step runs as a child process, the same command a
-user runs (`python -m evalm.launcher.cli ARGV`), up to `jobs` at once, each started as soon as every
+user runs (`evalm ARGV`, launcher.cli's main), up to `jobs` at once, each started as soon as every
 step it reads from is done (`Step.needs`), the earliest in stage order first. Why: a tiny model uses a
 second thread poorly (msit: 1.25x the tokens/s of one thread on 2 cores, 26 Nov, AMD EPYC), so two
 one-thread steps side by side do more work per second than two threads on one step. Each child gets
@@ -29,6 +29,11 @@ from evalm.launcher.console import check_exit, log_header
 from evalm.launcher.stages import Step
 
 POLL_SECONDS = 0.2
+CHILD = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+         "from evalm.launcher.cli import main; sys.exit(main(sys.argv[1:]))")
+"""A step's process: `evalm ARGV`, with Python's own Ctrl-C handler whatever it inherited. A shell without
+job control starts `evalm run &` with SIGINT ignored, and an ignored signal stays ignored in every child
+(a Python started so never raises KeyboardInterrupt), so a step beside a failed one ran to its end."""
 STATUS_SECONDS = 1.0
 
 
@@ -116,7 +121,7 @@ class _Pool:
                 f.write(log_header(step.argv))
                 f.flush()
                 # its own session: Ctrl-C reaches the children once, forwarded by _interrupt, not twice
-                proc = subprocess.Popen([sys.executable, "-m", "evalm.launcher.cli", *step.argv], stdin=subprocess.DEVNULL,
+                proc = subprocess.Popen([sys.executable, "-c", CHILD, *step.argv], stdin=subprocess.DEVNULL,
                                         stdout=f, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
             self.running[proc] = (step, time.perf_counter())
 

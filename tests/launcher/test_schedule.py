@@ -8,6 +8,7 @@ another writes, so a schedule that ignored `needs` would hand it a missing or ha
 
 from __future__ import annotations
 
+import signal
 import time
 from pathlib import Path
 
@@ -74,8 +75,12 @@ def test_a_failed_step_stops_the_schedule_and_interrupts_the_one_beside_it(tmp_p
              Step("after", _rows(tmp_path / "after.jsonl", 5))]
     trace = _Trace(tmp_path)
     t0 = time.perf_counter()
-    with pytest.raises(StageFailed, match=r"exited with 2; its output is in .*bad\.log"):
-        run_steps(steps, 2, trace.log, trace.started, trace.finished)
+    ignored = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as `evalm run &` from a script inherits it
+    try:
+        with pytest.raises(StageFailed, match=r"exited with 2; its output is in .*bad\.log"):
+            run_steps(steps, 2, trace.log, trace.started, trace.finished)
+    finally:
+        signal.signal(signal.SIGINT, ignored)
     assert time.perf_counter() - t0 < 60  # the long step was interrupted, not waited for to its end
     assert trace.names("start") == ["long", "bad"] and trace.names("end") == []
     assert not (tmp_path / "after.jsonl").exists()
