@@ -47,11 +47,12 @@ def check_exit(code: int, argv: list, log: Path) -> None:
     """A command's exit status as `evalm run` reports it: 0 passes, 130 is Ctrl-C, 1 a bug of ours
     (config_toolkit.report), anything else the user's error, each naming the log with the details."""
     shown = _shown(argv)
-    if code == 130:  # Ctrl-C inside the command (a training stage keeps its last complete checkpoint)
-        raise KeyboardInterrupt
+    if code in (130, -signal.SIGINT):  # Ctrl-C inside the command (a training stage keeps its last complete
+        raise KeyboardInterrupt        # checkpoint); -SIGINT: a child process that let the KeyboardInterrupt out
     if code < 0:  # killed by a signal: the out-of-memory killer's SIGKILL, most often
-        raise StageFailed(f"`evalm {shown}` was killed by {signal.Signals(-code).name}; its output is in {log}; "
-                          "free memory (or lower [run] jobs), then rerun `evalm run` to resume")
+        why = "; free memory (or lower [run] jobs)" if -code == signal.SIGKILL else ""
+        raise StageFailed(f"`evalm {shown}` was killed by {signal.Signals(-code).name}; its output is in {log}{why}; "
+                          "then rerun `evalm run` to resume")
     if code == 1:  # config_toolkit.report: a bug of ours, its traceback in a file the log names
         raise StageFailed(f"`evalm {shown}` stopped on an internal error (a bug, not your input); "
                           f"its output in {log} names the file with the traceback; please report it with that file")

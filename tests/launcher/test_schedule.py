@@ -101,3 +101,15 @@ def test_children_get_an_even_share_of_the_cores_unless_the_caller_chose(monkeyp
     assert child_environment(10 * cores())["OMP_NUM_THREADS"] == "1"
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     assert child_environment(2)["OMP_NUM_THREADS"] == "3"
+
+
+def test_a_child_ended_by_a_signal_is_reported_as_what_the_signal_means(tmp_path):
+    """-SIGINT (a step that let Ctrl-C out) is an interruption; -SIGKILL names memory; any other signal says which."""
+    from evalm.launcher.console import check_exit
+
+    with pytest.raises(KeyboardInterrupt):
+        check_exit(-signal.SIGINT, ["train", "msit"], tmp_path / "msit.log")
+    with pytest.raises(StageFailed, match="killed by SIGKILL.*free memory"):
+        check_exit(-signal.SIGKILL, ["train", "msit"], tmp_path / "msit.log")
+    with pytest.raises(StageFailed, match="killed by SIGSEGV; its output is in .*msit.log; then rerun"):
+        check_exit(-signal.SIGSEGV, ["train", "msit"], tmp_path / "msit.log")
