@@ -37,16 +37,17 @@ from evalm.launcher.markers import discard_stage, mark_stale, peak_rss_gib, read
 from evalm.launcher.report import stage_result, write_report
 from evalm.launcher.run_file import Run, load_run
 from evalm.launcher.schedule import run_steps
-from evalm.launcher.stages import RESUMABLE, STAGES, Step, stage_commands, stage_steps
+from evalm.launcher.stages import RESUMABLE, STAGES, Step, stage_steps
 from evalm.storage import RunFolder
 
 DEFAULT_CONFIG = shipped("configs/tiny.toml")
 
 
-def plan_stage(r: Run, stage: str, position: str, previous: str, folder: RunFolder) -> tuple[bool, str]:
+def plan_stage(r: Run, stage: str, commands: list[list[str]], position: str, previous: str, folder: RunFolder
+               ) -> tuple[bool, str]:
     """Whether a stage must run (not complete with the same key), and its key; a complete stage whose key
     changed (or that `--only` marked stale) is discarded, to be redone from scratch."""
-    key = stage_key(r, stage, stage_commands(r, stage), previous, identity=folder.identity)
+    key = stage_key(r, stage, commands, previous, identity=folder.identity)
     done = read_marker(r, stage)
     if done is not None and done.get("key") == key and not done.get("stale"):
         print(f"stage {position} {stage}: complete, skipped ({done['seconds']:.0f} s when it ran)")
@@ -65,9 +66,9 @@ class _Stages:
     stage's line and marks its folder as made by this run; the last writes its marker (key, commands,
     the seconds its steps ran, summed: with jobs > 1 stages overlap, and the invocation's wall is less)."""
 
-    def __init__(self, r: Run, planned: dict[str, tuple[str, str]]):
+    def __init__(self, r: Run, planned: dict[str, tuple[str, str, list[Step]]]):
         self.r, self.planned = r, planned
-        self.steps = {stage: stage_steps(r, stage) for stage in planned}
+        self.steps = {stage: steps for stage, (_, _, steps) in planned.items()}
         self.stage_of = {step.name: stage for stage, steps in self.steps.items() for step in steps}
         self.left = {stage: len(steps) for stage, steps in self.steps.items()}
         self.seconds = dict.fromkeys(planned, 0.0)
@@ -94,11 +95,10 @@ class _Stages:
             self._complete(stage)
 
     def _complete(self, stage: str) -> None:
-        r, (position, key) = self.r, self.planned[stage]
+        r, (position, key, steps) = self.r, self.planned[stage]
         seconds = self.seconds[stage]
-        write_marker(r, stage, {"stage": stage, "key": key, "commands": stage_commands(r, stage), "seconds": seconds,
+        write_marker(r, stage, {"stage": stage, "key": key, "commands": [s.argv for s in steps], "seconds": seconds,
                                 "jobs": r.run.jobs, "peak_rss_gib_so_far": peak_rss_gib()})
-        steps = self.steps[stage]
         logs = self.log(steps[0]) if len(steps) == 1 else self.r.dir / "logs" / f"{stage}*.log"
         print(f"stage {position} {stage}: {stage_result(r, stage)} ({seconds:.0f} s; log {logs})", flush=True)
 
@@ -164,10 +164,10 @@ def run_all(r: Run, start: str | None, only: str | None) -> Path:
     previous = (read_marker(r, order[order.index(stages[0]) - 1]) or {}).get("key", "") if stages[0] != order[0] else ""
     planned, timings = {}, {}
     for i, stage in enumerate(stages, 1):  # keys first: they hash commands and settings, never a stage's outputs
-        position = f"{i}/{len(stages)}"
-        todo, previous = plan_stage(r, stage, position, previous, folder)
+        position, steps = f"{i}/{len(stages)}", stage_steps(r, stage)
+        todo, previous = plan_stage(r, stage, [s.argv for s in steps], position, previous, folder)
         if todo:
-            planned[stage] = (position, previous)
+            planned[stage] = (position, previous, steps)
         else:
             timings[stage] = 0.0
     timings |= _Stages(r, planned).run()
