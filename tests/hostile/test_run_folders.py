@@ -244,8 +244,12 @@ def _rank(rank: int, world: int, port: int, argv: list[str], fault: str, logs: s
         raise checkpoint.CheckpointError("the checkpoint you named is not a checkpoint; pass --resume auto")
 
     checkpoint.find_resume_path = fails
+    threads = len(os.listdir("/proc/self/task"))
     with open(Path(logs) / f"rank{rank}.err", "w") as err, contextlib.redirect_stderr(err):
         code = main(argv)
+    # gloo's worker threads must be gone when the command returns: one left releasing the broadcast's
+    # tensors at interpreter exit aborted the process (SIGABRT in place of the exit code, one run in five)
+    (Path(logs) / f"rank{rank}.threads").write_text(f"{threads} {len(os.listdir('/proc/self/task'))}")
     (Path(logs) / f"rank{rank}.code").write_text(str(code))
 
 
@@ -261,6 +265,9 @@ def test_rank_zeros_failure_reaches_the_other_rank_as_the_kind_it_was(tmp_path, 
              nprocs=2, join=True)
     codes = [int((tmp_path / f"rank{r}.code").read_text()) for r in range(2)]
     assert codes == [code, code]  # was for a bug: rank 1 "error: rank 0 stopped the run: ..." (exit 2)
+    for r in range(2):
+        before, after = (tmp_path / f"rank{r}.threads").read_text().split()
+        assert after == before, f"rank {r}: {before} threads before the command, {after} after"
     other = one_line((tmp_path / "rank1.err").read_text())
     assert other.startswith(line), other
     if fault == "bug":  # each rank's traceback kept beside the run
