@@ -10,15 +10,16 @@ serve this study on a CPU, so its forward is driven here, block by block, throug
   sequence first, (B, d_inner, T, N) tensors, and its backward materialises that tensor once per time
   step (the gradient of each slice): measured on this 2-core AMD EPYC at width 64, 4 blocks,
   batch 32 x 256 tokens, forward 5.2 s and one backward over 5 minutes; with `use_mambapy` (the
-  `mambapy` parallel scan) 6.2 s + 12.7 s. The scan below discretises one step at a time:
-  about 0.4 s + 1 s (`python benchmarks/recall_ssm.py`);
+  `mambapy` parallel scan) 0.9 s + 77 s (idle, 26 Nov). The scan below discretises one step at a time:
+  1.0 s + 1.7 s (`python benchmarks/recall_ssm.py`, same run);
 - segments: its full-sequence path starts every call from a zero state (the kernel's "initial
   state is not supported"), so a 262,144-token sequence would be one call holding
   (d_inner, 262144, N) floats per block. Here each segment starts from the previous one's state.
 
 `tests/benchmarks`-free check: `python benchmarks/recall_ssm.py` compares the logits with
 `MambaForCausalLM`'s own forward on the same tokens, whole and in segments (max difference printed,
-must be < 1e-4), then times both.
+must be < 1e-4), then times both, and then the twin at the main job's tiny shape beside its EVA model
+(why the twin is not in `evalm run`: docs/findings.md).
 """
 
 from __future__ import annotations
@@ -116,6 +117,35 @@ def main() -> None:
         t1 = time.perf_counter()
         logits.float().logsumexp(-1).mean().backward()
         print(f"{name}: forward {t1 - t0:.2f} s, backward {time.perf_counter() - t1:.2f} s (batch 32 x 256, width 64)")
+    _main_job_cost()
+
+
+def _main_job_cost() -> None:
+    """What the twin would cost in `evalm run`, per training token: a step of 8 lines of 1,024 tokens (the
+    main job trains on 1,024-token lines, then 512), the twin at the tiny shape (width 64, 4 blocks for 2
+    attention blocks, vocabulary 1,024) beside the EVA model of configs/model-tiny.toml, one thread each,
+    in this process."""
+    from evalm.config import ModelConfig
+    from evalm.config_toolkit.files import read_toml
+    from evalm.model import EvalmModel
+
+    shape = read_toml("configs/model-tiny.toml")["model"]
+    x = torch.randint(0, shape["vocab_size"], (8, 1024))
+    models = {"EVA (configs/model-tiny.toml)": lambda: EvalmModel(ModelConfig(**shape)),
+              "Mamba twin": lambda: MambaTwin(shape["vocab_size"], shape["d_model"], 2 * shape["n_layer"])}
+    seconds = {}
+    for name, make in models.items():
+        torch.manual_seed(0)
+        model = make().train()
+        for _ in range(2):  # the first step warms allocator and kernels
+            t0 = time.perf_counter()
+            out = model(x[:, :-1])
+            logits = out[0] if isinstance(out, tuple) else out
+            F.cross_entropy(logits.flatten(0, 1).float(), x[:, 1:].flatten()).backward()
+            seconds[name] = time.perf_counter() - t0
+        print(f"{name}: {seconds[name]:.2f} s per step of 8 x 1,024 tokens ({8 * 1023 / seconds[name]:,.0f} tokens/s)")
+    eva, twin = seconds.values()
+    print(f"Mamba twin / EVA per training token: {twin / eva:.1f}x")
 
 
 def _mambapy(twin: MambaTwin):
