@@ -70,6 +70,9 @@ class Dispatcher:
         try:
             with terminate_as_exit():
                 return int(self.commands[name][1](rest) or 0)
+        except KeyboardInterrupt:  # Ctrl-C is the user's own stop, not a failure: no traceback, the shell's 128 + 2
+            print(f"{self.prog} {name}: interrupted", file=sys.stderr)
+            return 130
         except Exception as err:  # noqa: BLE001 - the one rule: a user error in one line, else a bug with its log
             return report(f"{self.prog} {name}", err)
 

@@ -127,3 +127,14 @@ def test_report_is_one_line_and_exit_code_2_or_the_traceback_under_debug(capsys,
     assert capsys.readouterr().err == "evalm export: error: runs/x: not found; pass the run folder\n"
     with pytest.raises(FileNotFoundError, match="runs/x"):
         failing("1")
+
+
+def test_ctrl_c_ends_a_command_in_one_line_with_130():
+    """A real SIGINT inside a command (its Python handler installed, as in a terminal): the shell's 130 and one
+    line, not a traceback (`evalm train msit-data` printed one; `evalm run` reads 130 as an interruption)."""
+    code = ("import os, signal, sys, time; signal.signal(signal.SIGINT, signal.default_int_handler); "
+            "from evalm.config_toolkit import Dispatcher; "
+            "stop = lambda argv: (os.kill(os.getpid(), signal.SIGINT), time.sleep(30)); "
+            "sys.exit(Dispatcher('evalm demo', {'long': ('stopped by Ctrl-C', stop)}).main(['long']))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stderr) == (130, "evalm demo long: interrupted\n")
