@@ -4,6 +4,7 @@ trained from scratch on the same data, steps and width (Arora et al. 2023, "Zool
     pip install 'evalm[hf]'                              # transformers: the Mamba twin (benchmarks/recall_ssm.py)
     python benchmarks/recall.py --out runs/recall        # the grid: hours on 2 cores, resumable (rerun it)
     python benchmarks/recall.py --out runs/recall --tables          # its markdown tables (docs/results.md)
+    python benchmarks/recall.py --out runs/recall --chunk-mates     # where EVA's MQAR errors go
     python benchmarks/recall.py --widths 64 --archs eva,window --steps 20 --items 4 --lengths 128,512 --out runs/recall-small
 
 Every model of a width has the same data (one seeded stream, identical batches), steps, optimiser
@@ -309,11 +310,48 @@ def tables(out: Path) -> str:
     return "\n".join(lines)
 
 
+def chunk_mates(out: Path, kv: int = 16, n: int = 64) -> str:
+    """Where a trained EVA model's MQAR errors go: MQAR at the training length with `kv` pairs, n sequences
+    (seeded apart from the test cells); per EVA model of --out, the accuracy and how many wrong answers are
+    the value of a pair sharing the queried pair's chunk. A pair is 2 tokens and a chunk c, so the pairs
+    laid out from position 0 share each chunk c / 2 at a time; EVA's summary of a chunk is one key and one
+    value for all of its tokens (its weights within the chunk do not depend on the query: EVA_SPEC,
+    "chunk summaries"), so a model that reads the pair through that summary alone can tell the chunk,
+    not the pair. Beside it, what errors uniform over the other in-context values would give."""
+    args = argparse.Namespace(**json.loads((out / "settings.json").read_text()))
+    vocab, per_chunk = Vocab(args.vocab), max(1, args.chunk // 2)
+    lines = [f"| model | MQAR, {kv} pairs | wrong answers = a chunk-mate's value | if wrong answers were uniform |",
+             "|---|---|---|---|"]
+    for path in sorted((out / "models").glob("eva-*.pt"), key=lambda p: int(p.stem.split("-")[1])):
+        width = int(path.stem.split("-")[1])
+        model = build("eva", width, args)
+        model.load_state_dict(torch.load(path, weights_only=True)["model"])
+        x, y = mqar(np.random.default_rng([args.seed, 2_000_003, kv]), n, args.seq_len, kv, vocab)
+        right = wrong = mate = 0
+        for i in range(n):
+            labelled = np.nonzero(y[i] != -100)[0]
+            keys, values = x[i, 0 : 2 * kv : 2], x[i, 1 : 2 * kv : 2]
+            guesses = predict(model.eval(), torch.from_numpy(x[i : i + 1]), labelled)
+            for guess, query in zip(guesses, x[i, labelled]):  # y is x shifted: the key sits where its answer is due
+                j = int(np.nonzero(keys == query)[0][0])
+                if guess == values[j]:
+                    right += 1
+                    continue
+                wrong += 1
+                mates = [m for m in range(kv) if m // per_chunk == j // per_chunk and m != j]
+                mate += int(guess in values[mates])
+        others = (per_chunk - 1) / (kv - 1)
+        lines.append(f"| eva-{width} | {right / (right + wrong):.2f} | {mate}/{wrong} | {others:.2f} of them |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     ints = lambda text: [int(v) for v in text.split(",")]  # noqa: E731
     p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="runs/recall", help="output folder (default: runs/recall)")
     p.add_argument("--tables", action="store_true", help="print the markdown tables of --out and stop")
+    p.add_argument("--chunk-mates", action="store_true",
+                   help="print where the trained EVA models' MQAR errors go (chunk_mates) and stop")
     p.add_argument("--archs", type=lambda t: t.split(","), default=list(ARCHS), help="default: eva,full,window,mamba")
     p.add_argument("--widths", type=ints, default=[64, 128, 256], help="d_model (default: 64,128,256)")
     p.add_argument("--n-layer", type=int, default=2, help="attention blocks; Mamba gets twice as many (default: 2)")
@@ -343,6 +381,9 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     if args.tables:
         print(tables(Path(args.out)))
+        return
+    if args.chunk_mates:
+        print(chunk_mates(Path(args.out)))
         return
     bad = [a for a in args.archs if a not in ARCHS] + [a for a in args.ablations if a not in ("no-remote", "chunk-window")]
     if bad or max(args.train_kv + args.test_kv) * 4 > args.seq_len:

@@ -85,3 +85,25 @@ def test_a_grid_resumes_and_refuses_other_settings(tmp_path, capsys):
     study.main(["--out", str(tmp_path), "--tables"])
     table = capsys.readouterr().out
     assert "| eva | 16 |" in table and "| eva-no-remote | 16 |" in table and "| eva-chunk-window | 16 |" in table
+
+
+@pytest.mark.parametrize("answer, accuracy, mates", [("own", "1.00", "0/0"), ("mate", "0.00", "256/256"),
+                                                     ("other-chunk", "0.00", "0/256")])
+def test_chunk_mates_counts_the_wrong_answers_that_a_chunk_summary_holds(tmp_path, monkeypatch, answer, accuracy, mates):
+    """The diagnosis of where EVA's MQAR errors go, against answers built from the sequence itself: the
+    queried pair's own value, its chunk-mate's (pairs 2j and 2j+1 share a chunk of 4), another chunk's."""
+    study.main(["--out", str(tmp_path), "--archs", "eva", "--widths", "16", "--steps", "1", "--items", "1",
+                "--long-items", "1", "--lengths", "64", "--train-kv", "4", "--test-kv", "4", "--ablations", ""])
+
+    def answers(model, x, labelled):
+        seq = x[0].numpy()
+        keys, values = seq[0:32:2], seq[1:32:2]
+        out = []
+        for t in labelled:
+            j = int(np.nonzero(keys == seq[t])[0][0])
+            out.append(values[j if answer == "own" else j ^ 1 if answer == "mate" else (j + 2) % 16])
+        return np.asarray(out)
+
+    monkeypatch.setattr(study, "predict", answers)
+    table = study.chunk_mates(tmp_path, kv=16, n=16)
+    assert f"| eva-16 | {accuracy} | {mates} | 0.07 of them |" in table, table
