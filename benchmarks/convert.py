@@ -137,6 +137,8 @@ def ppl(root: Path, model: str, max_tokens: int) -> dict:
 
     if model == "original":
         max_tokens = min(max_tokens, 32768)  # full attention's cache: quadratic, 32k is what this CPU affords
+    if model == "original-lora":
+        max_tokens = min(max_tokens, 8192)  # exact attention within its window; past it the control would be EVA
     lm = load_hf(root / MODELS[model])
     lm.max_positions = None
     tokens = ([lm.tokenizer.eos_id] + lm.tokenizer.encode((ROOT / BOOK).read_text(encoding="utf-8")))[: max_tokens + 1]
