@@ -315,9 +315,9 @@ def chunk_mates(out: Path, kv: int = 16, n: int = 64) -> str:
     (seeded apart from the test cells); per EVA model of --out, the accuracy and how many wrong answers are
     the value of a pair sharing the queried pair's chunk. A pair is 2 tokens and a chunk c, so the pairs
     laid out from position 0 share each chunk c / 2 at a time; each past chunk is one pseudo-token to EVA,
-    one key and one value whose weights within the chunk do not depend on the query (EVA_SPEC §1.3), so a
-    model that reads the pair through that summary alone can tell the chunk, not the pair. Beside it,
-    what errors uniform over the other in-context values would give."""
+    one key and one value whose weights within the chunk do not depend on the query (docs/eva.md, "The
+    closed form"), so a model that reads the pair through that summary alone can tell the chunk, not the
+    pair. Beside it, what errors uniform over the other in-context values would give."""
     args = argparse.Namespace(**json.loads((out / "settings.json").read_text()))
     vocab, per_chunk = Vocab(args.vocab), max(1, args.chunk // 2)
     lines = [f"| model | MQAR, {kv} pairs | wrong answers = a chunk-mate's value | if wrong answers were uniform |",
