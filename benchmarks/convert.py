@@ -74,11 +74,10 @@ def plan(root: Path) -> list[list[str]]:
               str(root / MODELS[f"eva-{t}-0"]), *SETTINGS, *extra] for t, extra in TWINS.items()]
     cmds.append(["evalm", "train", "tokenizer", "--input", "data/samples/pile", "--output", str(root / "tokens"),
                  "--tokenizer", str(root / "smollm2-hf" / "tokenizer.json")])
-    # the control of LoRA: the original as a converted folder whose window covers every line (exact softmax
-    # attention, tests/train/test_convert.py), given the same LoRA run, so a gain that LoRA brings to any model
-    # on this data is not read as the conversion's
-    # (trained with a window of 2,048, one block per training line; a window of 8,192 pads each line to 8,192
-    # and ran 8x slower), then read with a window of 8,192 (`widen`) that covers every scored token
+    # the control of LoRA, so that what LoRA brings any model on this data is not read as the conversion's: the
+    # original converted with a window of one training line (2,048: exact softmax attention, tests/train/
+    # test_convert.py; 8,192 pads each line to 8,192 and ran 8x slower), given the same LoRA run, then read with
+    # a window of 8,192 (`widen`) that covers every scored token
     cmds.append(["evalm", "convert", "--hf-model", str(root / "smollm2-hf"), "--out", str(root / "smollm2-window2048"),
                  "--set", "eva.window_size=2048", "--set", "eva.chunk_size=16"])
     for out, config, source in (("transfer-rope", "transfer", "smollm2-eva-rope"), ("lora-rope", "lora", "transfer-rope/hf"),

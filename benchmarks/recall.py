@@ -326,12 +326,13 @@ def chunk_mates(out: Path, kv: int = 16, n: int = 64) -> str:
         width = int(path.stem.split("-")[1])
         model = build("eva", width, args)
         model.load_state_dict(torch.load(path, weights_only=True)["model"])
+        model.eval()
         x, y = mqar(np.random.default_rng([args.seed, 2_000_003, kv]), n, args.seq_len, kv, vocab)
         right = wrong = mate = 0
         for i in range(n):
             labelled = np.nonzero(y[i] != -100)[0]
             keys, values = x[i, 0 : 2 * kv : 2], x[i, 1 : 2 * kv : 2]
-            guesses = predict(model.eval(), torch.from_numpy(x[i : i + 1]), labelled)
+            guesses = predict(model, torch.from_numpy(x[i : i + 1]), labelled)
             for guess, query in zip(guesses, x[i, labelled]):  # y is x shifted: the key sits where its answer is due
                 j = int(np.nonzero(keys == query)[0][0])
                 if guess == values[j]:
