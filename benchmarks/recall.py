@@ -35,8 +35,13 @@ what it retrieves past its window (arXiv 2510.05901's question for window + line
 Resumable: a model's training checkpoints every --checkpoint-every steps (`OUT/models/`, loaded with
 weights_only=True), each test cell is one file in `OUT/cells/`; a rerun skips what is there. The
 settings are `OUT/settings.json`; a rerun with other ones is refused (--archs, --widths, --ablations
-and --threads aside: processes on different archs may share one --out, e.g. `--archs mamba` beside
-`--archs eva,full,window` on a second core).
+--threads and --device aside: processes on different archs may share one --out, e.g. `--archs mamba`
+beside `--archs eva,full,window` on a second core).
+
+`--device cuda` trains and reads on a GPU: the same data stream and the same initial weights (made on
+the CPU, then moved), so a model trained there is the CPU's model up to floating-point order; each model
+records the machine its steps ran on and each cell the machine that read it (the tables' device column).
+Mamba's scan is then launch-bound (one kernel a time step), without `mamba-ssm`'s fused kernels.
 """
 
 from __future__ import annotations
@@ -134,13 +139,22 @@ def build(arch: str, width: int, args) -> torch.nn.Module:
     if arch == "mamba":
         from recall_ssm import MambaTwin
 
-        return MambaTwin(Vocab(args.vocab).size, width, 2 * args.n_layer)
+        return MambaTwin(Vocab(args.vocab).size, width, 2 * args.n_layer).to(args.device)
     config = ModelConfig(vocab_size=Vocab(args.vocab).size, d_model=width, n_layer=args.n_layer, n_head=max(1, width // 32),
                          d_ff=4 * width, window_size=args.window, chunk_size=args.chunk, attention=arch,
                          circular_period=args.seq_len, dropout=0.0, attn_dropout=0.0, init_std=0.02)
     model = EvalmModel(config)
-    model.init_weights()
-    return model
+    model.init_weights()  # on the CPU, then moved: the same initial weights on any --device
+    return model.to(args.device)
+
+
+def device_name(device: str) -> str:
+    """What ran a model or a cell: the GPU's name, or the CPU's model name (docs/results.md names each figure's machine)."""
+    if torch.device(device).type == "cuda":
+        return torch.cuda.get_device_name(device)
+    names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+             if line.startswith("model name")] if Path("/proc/cpuinfo").is_file() else []
+    return names[0] if names else device
 
 
 def logits_of(model, x: torch.Tensor) -> torch.Tensor:
@@ -160,7 +174,8 @@ def train(arch: str, width: int, args, out: Path) -> tuple[torch.nn.Module, dict
     path = out / "models" / f"{arch}-{width}.pt"
     model = build(arch, width, args)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1, betas=(0.9, 0.98))
-    state = torch.load(path, weights_only=True) if path.is_file() else {"step": 0, "log": {"seconds": 0.0, "loss": []}}
+    state = (torch.load(path, weights_only=True, map_location=args.device) if path.is_file()
+             else {"step": 0, "log": {"seconds": 0.0, "loss": []}})
     if "model" in state:
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
@@ -168,11 +183,14 @@ def train(arch: str, width: int, args, out: Path) -> tuple[torch.nn.Module, dict
     for _ in range(state["step"]):  # the data stream is a pure function of (seed, width, step)
         training_batch(rng, args)
     model.train()
+    if state["step"] < args.steps:  # where the steps ran (a run resumed elsewhere names both machines)
+        here = device_name(args.device)
+        log["device"] = here if log.get("device", here) == here else f"{log['device']}, then {here}"
     t0 = time.perf_counter() - log["seconds"]
     for step in range(state["step"], args.steps):
         for group in opt.param_groups:
             group["lr"] = lr_at(step, args)
-        x, y = training_batch(rng, args)
+        x, y = (t.to(args.device) for t in training_batch(rng, args))
         loss = F.cross_entropy(logits_of(model, x).flatten(0, 1).float(), y.flatten(), ignore_index=-100)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -187,7 +205,7 @@ def train(arch: str, width: int, args, out: Path) -> tuple[torch.nn.Module, dict
             print(f"{arch}-{width} step {done}/{args.steps} loss {np.mean(log['loss'][-10:]):.3f} "
                   f"({log['seconds'] / done:.2f} s/step)", flush=True)
     log = {**log, "params": sum(p.numel() for p in model.parameters()), "steps": args.steps,
-           "seconds_per_step": log["seconds"] / max(1, args.steps)}
+           "seconds_per_step": log["seconds"] / max(1, args.steps), "device": log.get("device", "not recorded")}
     return model.eval(), log
 
 
@@ -203,7 +221,7 @@ def predict(model, x: torch.Tensor, labelled: np.ndarray) -> np.ndarray:
         else:
             logits, state = model(seg, state)
         want = labelled[(labelled >= lo) & (labelled < lo + seg.shape[1])] - lo
-        preds.append(logits[0, want].argmax(-1).numpy())
+        preds.append(logits[0, want].argmax(-1).cpu().numpy())
     return np.concatenate(preds)
 
 
@@ -219,14 +237,14 @@ def evaluate(model, test: str, x_value: int, args) -> dict:
     scores, t0 = [], time.perf_counter()
     for i in range(n):
         labelled = np.nonzero(y[i] != -100)[0]
-        hit = predict(model, torch.from_numpy(x[i : i + 1]), labelled) == y[i, labelled]
+        hit = predict(model, torch.from_numpy(x[i : i + 1]).to(args.device), labelled) == y[i, labelled]
         scores.append(float(hit.all()) if test == "passkey" else float(hit.mean()))
     lo, hi = hierarchical_interval([np.asarray(scores)], [list(range(n))])
     per_query = 1 / (vocab.values[1] - vocab.values[0])
     chance = per_query**PASSKEY_TOKENS if test == "passkey" else per_query
     return {"test": test, "x": x_value, "accuracy": float(np.mean(scores)), "ci95": [lo, hi], "items": n,
             "chance": chance, "context_guess": None if test == "passkey" else 1 / (x_value if test == "kv" else 8),
-            "seconds_per_item": (time.perf_counter() - t0) / n}
+            "seconds_per_item": (time.perf_counter() - t0) / n, "device": device_name(args.device)}
 
 
 ARGS_TESTS = ("kv", "passkey", "mqar_far")
@@ -243,8 +261,10 @@ def cells(arch: str, width: int, args) -> list[tuple[str, int]]:
 
 def run_grid(args) -> None:
     out = Path(args.out)
-    settings = {k: v for k, v in vars(args).items() if k not in ("out", "tables", "archs", "widths", "threads", "ablations")}
-    # (which models a process trains is not how any is trained: two processes may share --out on other archs)
+    settings = {k: v for k, v in vars(args).items()
+                if k not in ("out", "tables", "chunk_mates", "archs", "widths", "threads", "ablations", "device")}
+    # (which models a process trains, and on which device, is not how any is trained: two processes may share
+    # --out on other archs; the device is recorded per model and per cell)
     saved = out / "settings.json"
     if saved.is_file() and json.loads(saved.read_text()) != json.loads(json.dumps(settings)):
         raise SystemExit(f"{out}: computed with other settings ({saved}); use another --out or the same flags")
@@ -300,17 +320,20 @@ def tables(out: Path) -> str:
                 for x in xs) + " |")
         chance = {c["x"]: c["chance"] for c in rows}
         lines.append("| chance | | " + " | ".join(f"{chance[x]:.2g}" for x in xs) + " |")
-    lines += ["", "| model | width | parameters | train s/step | eval s/item at each length |", "|---|---|---|---|---|"]
-    for path in sorted((out / "models").glob("*.json")):
-        log, (arch, width) = json.loads(path.read_text()), path.stem.rsplit("-", 1)
+    lines += ["", "| model | width | parameters | device | train s/step | eval s/item at each length |",
+              "|---|---|---|---|---|---|"]
+    for arch, width in sorted((p.stem.rsplit("-", 1) for p in (out / "models").glob("*.json")),
+                              key=lambda m: (int(m[1]), _rank(m[0]))):
+        log = json.loads((out / "models" / f"{arch}-{width}.json").read_text())
         per = {c["x"]: c["seconds_per_item"] for c in found if (c["arch"], str(c["width"])) == (arch, width)
                and c["test"] == "passkey"}
-        lines.append(f"| {arch} | {width} | {log['params']:,} | {log['seconds_per_step']:.2f} | "
+        lines.append(f"| {arch} | {width} | {log['params']:,} | {log.get('device', 'not recorded')} | "
+                     f"{log['seconds_per_step']:.2f} | "
                      + ", ".join(f"{x:,}: {s:.1f}" for x, s in sorted(per.items())) + " |")
     return "\n".join(lines)
 
 
-def chunk_mates(out: Path, kv: int = 16, n: int = 64) -> str:
+def chunk_mates(out: Path, kv: int = 16, n: int = 64, device: str = "cpu") -> str:
     """Where a trained EVA model's MQAR errors go: MQAR at the training length with `kv` pairs, n sequences
     (seeded apart from the test cells); per EVA model of --out, the accuracy and how many wrong answers are
     the value of a pair sharing the queried pair's chunk. A pair is 2 tokens and a chunk c, so the pairs
@@ -318,21 +341,21 @@ def chunk_mates(out: Path, kv: int = 16, n: int = 64) -> str:
     one key and one value whose weights within the chunk do not depend on the query (docs/eva.md, "The
     closed form"), so a model that reads the pair through that summary alone can tell the chunk, not the
     pair. Beside it, what errors uniform over the other in-context values would give."""
-    args = argparse.Namespace(**json.loads((out / "settings.json").read_text()))
+    args = argparse.Namespace(**json.loads((out / "settings.json").read_text()), device=device)
     vocab, per_chunk = Vocab(args.vocab), max(1, args.chunk // 2)
     lines = [f"| model | MQAR, {kv} pairs | wrong answers = a chunk-mate's value | if wrong answers were uniform |",
              "|---|---|---|---|"]
     for path in sorted((out / "models").glob("eva-*.pt"), key=lambda p: int(p.stem.split("-")[1])):
         width = int(path.stem.split("-")[1])
         model = build("eva", width, args)
-        model.load_state_dict(torch.load(path, weights_only=True)["model"])
+        model.load_state_dict(torch.load(path, weights_only=True, map_location=args.device)["model"])
         model.eval()
         x, y = mqar(np.random.default_rng([args.seed, 2_000_003, kv]), n, args.seq_len, kv, vocab)
         right = wrong = mate = 0
         for i in range(n):
             labelled = np.nonzero(y[i] != -100)[0]
             keys, values = x[i, 0 : 2 * kv : 2], x[i, 1 : 2 * kv : 2]
-            guesses = predict(model, torch.from_numpy(x[i : i + 1]), labelled)
+            guesses = predict(model, torch.from_numpy(x[i : i + 1]).to(args.device), labelled)
             for guess, query in zip(guesses, x[i, labelled]):  # y is x shifted: the key sits where its answer is due
                 j = int(np.nonzero(keys == query)[0][0])
                 if guess == values[j]:
@@ -377,6 +400,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--long-from", type=int, default=4096, help="length past which --long-items apply (default: 4096)")
     p.add_argument("--seed", type=int, default=0, help="model init and data seed (default: 0)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
+    p.add_argument("--device", default="cpu", help="torch device of training and tests, e.g. cuda; recorded per model "
+                   "and per cell, not a setting: the data and initial weights are the same on any (default: cpu)")
     p.add_argument("--ablations", type=lambda t: [a for a in t.split(",") if a], default=["no-remote", "chunk-window"],
                    help="EVA's ablations read on the trained EVA model, '' for none (default: no-remote,chunk-window)")
     args = p.parse_args(argv)
@@ -384,7 +409,7 @@ def main(argv: list[str] | None = None) -> None:
         print(tables(Path(args.out)))
         return
     if args.chunk_mates:
-        print(chunk_mates(Path(args.out)))
+        print(chunk_mates(Path(args.out), device=args.device))
         return
     bad = [a for a in args.archs if a not in ARCHS] + [a for a in args.ablations if a not in ("no-remote", "chunk-window")]
     if bad or max(args.train_kv + args.test_kv) * 4 > args.seq_len:

@@ -76,14 +76,18 @@ def test_a_grid_resumes_and_refuses_other_settings(tmp_path, capsys):
     assert cells == sorted(f"{a}-16-{t}.json" for a in ("eva", "eva-no-remote", "eva-chunk-window", "mamba")
                            for t in ("kv-4", "passkey-64", "passkey-128", "mqar_far-64", "mqar_far-128"))
     first = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "cells").iterdir()}
-    study.main(args)  # everything there: nothing retrained, nothing rewritten
+    study.main([*args, "--device", "cpu:0"])  # everything there: nothing retrained, nothing rewritten; the
+    # device is where a model ran, not how it was trained (same data, same initial weights), so not "other settings"
     assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "cells").iterdir()} == first
     cell = json.loads((tmp_path / "cells" / "eva-16-kv-4.json").read_text())
     assert cell["chance"] == 1 / 64 and cell["context_guess"] == 1 / 4 and 0 <= cell["accuracy"] <= 1
+    machine = study.device_name("cpu")  # each figure names its machine: the CPU's model name here
+    assert cell["device"] == machine != "cpu" and json.loads((tmp_path / "models" / "eva-16.json").read_text())["device"] == machine
     with pytest.raises(SystemExit, match="other settings"):
         study.main([*args[:-2], "--test-kv", "8"])
     study.main(["--out", str(tmp_path), "--tables"])
     table = capsys.readouterr().out
+    assert f"| eva | 16 | {json.loads((tmp_path / 'models' / 'eva-16.json').read_text())['params']:,} | {machine} |" in table
     assert "| eva | 16 |" in table and "| eva-no-remote | 16 |" in table and "| eva-chunk-window | 16 |" in table
 
 
