@@ -6,6 +6,7 @@
     python benchmarks/convert.py widen                # the LoRA control read with a window of 8,192
     python benchmarks/convert.py ppl --model eva-rope-0 [--max-tokens 131072]
     python benchmarks/convert.py icl --model eva-rope-0
+    python benchmarks/convert.py recall --model eva-rope-lora
     python benchmarks/convert.py tables               # markdown of every finished run (docs/results.md)
 
 Not in CI. Models (`MODELS`, under --root, default runs/convert): `original` is SmolLM2-135M-Instruct
@@ -26,7 +27,12 @@ its cache to 32k (RoPE past its trained 8,192 positions). Uniform and unigram (f
 training shards) references on the same tokens. ICL (`icl`): `evalm eval icl` on Rotten Tomatoes
 with integer labels (`--label-map int`, docs/findings.md's protocol), 0/64/256/1,024 shots,
 `incremental`, answer-sum, 100 test items x 2 draws, intervals and label baselines from the
-evaluator. Each run writes its wall time, CPU time and peak resident memory (cost.json).
+evaluator. Recall (`recall`): `evalm eval recall`, passkey (filler) and a single needle (noise) at 1,024 /
+4,096 / 16,384 tokens, depths 0 / 50 / 100, 2 items, seed 1, the original's window behaviour
+(`drop_left`): the cells of the original's run in docs/results.md ("Recall", the same weights), so a
+converted model stands beside it; at 4,096 and 16,384 a needle at depth 0 or 50 lies past a converted
+model's 1,024-token window, where only its chunk summaries hold it. Each run writes its wall time, CPU
+time and peak resident memory (cost.json).
 """
 
 from __future__ import annotations
@@ -55,6 +61,8 @@ TWINS = {"rope": [], "circular": ["--set", "eva.positions=\"circular\""], "block
 MODELS = {"original": "smollm2-hf", "original-window": "smollm2-hf",
           **{f"eva-{t}-0": f"smollm2-eva-{t}" for t in TWINS},
           "eva-rope-transfer": "transfer-rope/hf", "eva-rope-lora": "lora-rope/hf", "original-lora": "lora-original/hf-8192"}
+RECALL = ["--tasks", "passkey,niah_single", "--lengths", "1024,4096,16384", "--depths", "0,50,100", "--seeds", "1",
+          "--items", "2", "--recall.overflow=drop_left", "--save-predictions"]
 ICL = ["--methods", "incremental", "--eval.method.scoring=answer-sum", "--eval.method.on_overflow=drop_left",
        "--eval.dtype=float32", "--seeds", "1,2", "--test-items", "100", "--task",
        "data/samples/tasks/rotten_tomatoes/task.toml", "--shots", "0,64,256,1024", "--label-map", "int"]
@@ -90,6 +98,8 @@ def plan(root: Path) -> list[list[str]]:
         cmds.append([sys.executable, __file__, "ppl", "--model", model, "--root", str(root)])
     for model in ("original", "eva-rope-0", "eva-rope-transfer", "eva-rope-lora"):
         cmds.append([sys.executable, __file__, "icl", "--model", model, "--root", str(root)])
+    for model in ("eva-rope-lora", "eva-rope-0"):
+        cmds.append([sys.executable, __file__, "recall", "--model", model, "--root", str(root)])
     cmds.append([sys.executable, __file__, "tables", "--root", str(root)])
     return cmds
 
@@ -159,10 +169,11 @@ def ppl(root: Path, model: str, max_tokens: int) -> dict:
     return result
 
 
-def icl(root: Path, model: str) -> None:
-    """`evalm eval icl` on the model, timed; its results.json and cost.json under ROOT/icl/MODEL."""
-    out = root / "icl" / model
-    cmd = ["evalm", "eval", "icl", "--hf-model", str(root / MODELS[model]), *ICL, "--out", str(out)]
+def icl(root: Path, model: str, what: str = "icl") -> None:
+    """`evalm eval icl` (or `recall`) on the model, timed; its results.json and cost.json under ROOT/WHAT/MODEL."""
+    out = root / what / model
+    cmd = ["evalm", "eval", what, "--hf-model", str(root / MODELS[model]), *(ICL if what == "icl" else RECALL),
+           "--out", str(out)]
     start = time.perf_counter()
     subprocess.run(cmd, check=True)
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -192,11 +203,13 @@ def tables(root: Path) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
-    p.add_argument("what", choices=("plan", "prepare", "widen", "ppl", "icl", "tables"))
+    p.add_argument("what", choices=("plan", "prepare", "widen", "ppl", "icl", "recall", "tables"))
     p.add_argument("--root", type=Path, default=Path("runs/convert"), help="folder of the study (default runs/convert)")
-    p.add_argument("--model", choices=tuple(MODELS), help="the model of `ppl` / `icl`")
+    p.add_argument("--model", choices=tuple(MODELS), help="the model of `ppl` / `icl` / `recall`")
     p.add_argument("--max-tokens", type=int, default=131072, help="tokens of the book scored (default 131072)")
     args = p.parse_args(argv)
+    if args.what in ("ppl", "icl", "recall") and args.model is None:
+        p.error(f"{args.what} needs --model, one of {', '.join(MODELS)}")
     if args.what == "plan":
         print("\n".join(" ".join(c) for c in plan(args.root)))
     elif args.what == "prepare":
@@ -205,8 +218,8 @@ def main(argv=None) -> int:
         widen(args.root)
     elif args.what == "ppl":
         print(json.dumps(ppl(args.root, args.model, args.max_tokens)["cost"]))
-    elif args.what == "icl":
-        icl(args.root, args.model)
+    elif args.what in ("icl", "recall"):
+        icl(args.root, args.model, args.what)
     else:
         print(tables(args.root))
     return 0
