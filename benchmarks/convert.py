@@ -156,12 +156,14 @@ def by_block_offset(nll, first: int = BLOCK) -> dict[str, float]:
     blocks, scored on the same positions is the reference."""
     import numpy as np
 
+    nll = np.asarray(nll)
     pos = np.arange(1, len(nll) + 1)
+    offset = pos % BLOCK
     out = {}
     for lo, hi in OFFSETS:
-        keep = (pos >= first) & (pos % BLOCK >= lo) & (pos % BLOCK < hi)
+        keep = (pos >= first) & (offset >= lo) & (offset < hi)
         if keep.any():
-            out[f"[{lo}, {hi})"] = float(np.exp(np.asarray(nll)[keep].mean()))
+            out[f"[{lo}, {hi})"] = float(np.exp(nll[keep].mean()))
     return out
 
 
@@ -206,7 +208,7 @@ def ppl(root: Path, model: str, max_tokens: int, ablation: str = "none") -> dict
     return result
 
 
-def icl(root: Path, model: str, what: str = "icl") -> None:
+def run_eval(root: Path, model: str, what: str) -> None:
     """`evalm eval icl` (or `recall`) on the model, timed; its results.json and cost.json under ROOT/WHAT/MODEL."""
     out = root / what / model
     cmd = ["evalm", "eval", what, "--hf-model", str(root / MODELS[model]), *(ICL if what == "icl" else RECALL),
@@ -266,7 +268,7 @@ def main(argv=None) -> int:
     elif args.what == "ppl":
         print(json.dumps(ppl(args.root, args.model, args.max_tokens, args.eva_ablation)["cost"]))
     elif args.what in ("icl", "recall"):
-        icl(args.root, args.model, args.what)
+        run_eval(args.root, args.model, args.what)
     else:
         print(tables(args.root))
     return 0
