@@ -6,7 +6,7 @@
     python benchmarks/convert.py widen                # the LoRA control read with a window of 8,192
     python benchmarks/convert.py ppl --model eva-rope-0 [--max-tokens 131072]
     python benchmarks/convert.py icl --model eva-rope-0
-    python benchmarks/convert.py recall --model eva-rope-lora
+    python benchmarks/convert.py recall --model eva-rope-lora [--lengths 1024,4096]
     python benchmarks/convert.py tables               # markdown of every finished run (docs/results.md)
 
 Not in CI. Models (`MODELS`, under --root, default runs/convert): `original` is
@@ -68,8 +68,9 @@ MODELS = {"original": "smollm2-hf", "original-window": "smollm2-hf",
           **{f"eva-{t}-0": f"smollm2-eva-{t}" for t in TWINS},
           "eva-overlap-0": "smollm2-eva-rope-overlap", "eva-rope-transfer": "transfer-rope/hf", "eva-rope-lora": "lora-rope/hf",
           "original-lora": "lora-original/hf-8192"}
-RECALL = ["--tasks", "passkey,niah_single", "--lengths", "1024,4096,16384", "--depths", "0,50,100", "--seeds", "1",
-          "--items", "2", "--recall.overflow=drop_left", "--save-predictions"]
+RECALL_LENGTHS = "1024,4096,16384"
+RECALL = ["--tasks", "passkey,niah_single", "--depths", "0,50,100", "--seeds", "1", "--items", "2",
+          "--recall.overflow=drop_left", "--save-predictions"]
 ICL = ["--methods", "incremental", "--eval.method.scoring=answer-sum", "--eval.method.on_overflow=drop_left",
        "--eval.dtype=float32", "--seeds", "1,2", "--test-items", "100", "--task",
        "data/samples/tasks/rotten_tomatoes/task.toml", "--shots", "0,64,256,1024", "--label-map", "int"]
@@ -208,11 +209,19 @@ def ppl(root: Path, model: str, max_tokens: int, ablation: str = "none") -> dict
     return result
 
 
-def run_eval(root: Path, model: str, what: str) -> None:
-    """`evalm eval icl` (or `recall`) on the model, timed; its results.json and cost.json under ROOT/WHAT/MODEL."""
-    out = root / what / model
-    cmd = ["evalm", "eval", what, "--hf-model", str(root / MODELS[model]), *(ICL if what == "icl" else RECALL),
-           "--out", str(out)]
+def eval_command(root: Path, model: str, what: str, lengths: str = RECALL_LENGTHS) -> tuple[list[str], Path]:
+    """`evalm eval icl` (or `recall`) on the model and its run folder, ROOT/WHAT/MODEL. Recall at other
+    `lengths` than the study's has its own folder, MODEL-L1-L2: a run folder keeps one grid (evalm
+    refuses to resume it with other settings), so a shorter first pass cannot block the study's run."""
+    name = model if what == "icl" or lengths == RECALL_LENGTHS else f"{model}-{lengths.replace(',', '-')}"
+    out = root / what / name
+    grid = ICL if what == "icl" else [*RECALL, "--lengths", lengths]
+    return ["evalm", "eval", what, "--hf-model", str(root / MODELS[model]), *grid, "--out", str(out)], out
+
+
+def run_eval(root: Path, model: str, what: str, lengths: str = RECALL_LENGTHS) -> None:
+    """`eval_command`, timed; its results.json and cost.json under its run folder."""
+    cmd, out = eval_command(root, model, what, lengths)
     start = time.perf_counter()
     subprocess.run(cmd, check=True)
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -256,6 +265,8 @@ def main(argv=None) -> int:
     p.add_argument("--max-tokens", type=int, default=131072, help="tokens of the book scored (default 131072)")
     p.add_argument("--eva-ablation", choices=("none", "no-remote", "chunk-window"), default="none",
                    help="`ppl` of an EVA model with one branch switched off (default none)")
+    p.add_argument("--lengths", default=RECALL_LENGTHS,
+                   help=f"`recall`'s prompt lengths, comma-separated (default {RECALL_LENGTHS}; others: their own folder)")
     args = p.parse_args(argv)
     if args.what in ("ppl", "icl", "recall") and args.model is None:
         p.error(f"{args.what} needs --model, one of {', '.join(MODELS)}")
@@ -268,7 +279,7 @@ def main(argv=None) -> int:
     elif args.what == "ppl":
         print(json.dumps(ppl(args.root, args.model, args.max_tokens, args.eva_ablation)["cost"]))
     elif args.what in ("icl", "recall"):
-        run_eval(args.root, args.model, args.what)
+        run_eval(args.root, args.model, args.what, args.lengths)
     else:
         print(tables(args.root))
     return 0

@@ -23,3 +23,16 @@ def test_block_offsets_read_each_token_where_it_sits_in_its_block():
     assert got == pytest.approx({"[0, 16)": 10.0, "[16, 64)": 2.0, "[64, 256)": 2.0, "[256, 1024)": 2.0})
     shifted = study.by_block_offset(np.roll(nll, 1))  # one position off: position 1,024 (offset 0) now costs ln 1000
     assert shifted["[0, 16)"] > 10.5
+
+
+def test_recall_at_other_lengths_has_its_own_run_folder(tmp_path):
+    """The study's grid keeps ROOT/recall/MODEL; a first pass at fewer lengths gets a folder of its own (a
+    folder holds one grid), and the lengths reach `evalm eval recall` once."""
+    cmd, out = study.eval_command(tmp_path, "eva-rope-0", "recall")
+    assert out == tmp_path / "recall" / "eva-rope-0"
+    assert cmd[cmd.index("--lengths") + 1] == "1024,4096,16384" and cmd.count("--lengths") == 1
+    cmd, out = study.eval_command(tmp_path, "eva-rope-0", "recall", "1024,4096")
+    assert out == tmp_path / "recall" / "eva-rope-0-1024-4096"
+    assert cmd[cmd.index("--lengths") + 1] == "1024,4096" and cmd[cmd.index("--out") + 1] == str(out)
+    cmd, out = study.eval_command(tmp_path, "original", "icl", "1024,4096")  # icl has no lengths: one folder
+    assert out == tmp_path / "icl" / "original" and "--lengths" not in cmd
