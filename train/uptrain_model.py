@@ -75,6 +75,16 @@ def decoder_layers(hf: nn.Module) -> nn.ModuleList:
     return base.model.layers
 
 
+def enable_checkpointing(hf: nn.Module) -> None:
+    """Recompute each decoder layer in backward: transformers 5.x's `activation_checkpointing_enable`, or the
+    name it had before (4.x, deprecated in 5.x)."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(hf, "activation_checkpointing_enable"):
+        hf.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
 def build_sharded(config, runtime) -> nn.Module:
     """The trainer's model of an uptraining run (`trainer.run(build=...)`): loaded, trainable set, sharded."""
     tcfg = config.train
@@ -87,7 +97,7 @@ def build_sharded(config, runtime) -> nn.Module:
                               "attention calls alone); set train.activation_checkpointing=false")
         use_transfer(hf)
     elif tcfg.activation_checkpointing:
-        hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_checkpointing(hf)
     model = CausalLMLogits(hf, config.uptrain.summary_noise).train()
     bf16 = tcfg.mixed_precision == "bf16"
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()

@@ -146,3 +146,41 @@ def test_the_documented_lines_run_on_the_tiny_llama(tmp_path, monkeypatch):
         assert evalm([*argv[1:], *small[line.split(" --")[0]]]) == 0, line
     assert (tmp_path / "runs" / "llama-lora" / "hf" / "model.safetensors").is_file()
     assert json.loads((tmp_path / "runs" / "llama-lora" / "hf" / "convert.json").read_text())["convert"]["source"]
+
+
+def test_activation_checkpointing_recomputes_each_layer_and_changes_no_number(converted, tmp_path):
+    """`train.activation_checkpointing=true` on an uptraining run: every decoder layer runs again in backward
+    (counted by forward pre-hooks on its MLPs, inside what is recomputed: a recomputation stops once it has
+    what backward needs, before an MLP returns), and the gradients are those without it, with the summaries'
+    training noise off (the default) and on (the recomputation replays the same ε); a LoRA run's logged
+    losses are the same steps' losses."""
+    from evalm.train.uptrain_model import CausalLMLogits, enable_checkpointing, load_converted
+
+    _, eva, shards = converted
+    ids = torch.arange(3, 35).reshape(1, 32)
+    for noise in (False, True):
+        grads, calls = [], []
+        for checkpointed in (False, True):
+            hf = load_converted(eva)
+            if checkpointed:
+                enable_checkpointing(hf)
+            model = CausalLMLogits(hf, summary_noise=noise).train()
+            count = [0]
+            for layer in hf.model.layers:
+                layer.mlp.register_forward_pre_hook(lambda *_: count.__setitem__(0, count[0] + 1))
+            torch.manual_seed(7)
+            logits = model(ids[:, :-1])
+            torch.nn.functional.cross_entropy(logits.flatten(0, 1), ids[0, 1:]).backward()
+            calls.append(count[0])
+            grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
+        n = len(hf.model.layers)
+        assert calls == [n, 2 * n]
+        torch.testing.assert_close(grads[1], grads[0], rtol=0, atol=1e-6)
+    losses = []
+    for name, extra in (("plain", ""), ("ac", "activation_checkpointing = true\n")):
+        run = uptrain_file(tmp_path / f"{name}.toml", eva, shards, parameters="lora", objective="lm", steps=2)
+        run.write_text(run.read_text().replace('device = "cpu"\n', f'device = "cpu"\n{extra}'))
+        assert main(["--config", str(run), "--out", str(tmp_path / name)]) == 0
+        rows = (tmp_path / name / "metrics.jsonl").read_text().splitlines()
+        losses.append([json.loads(line)["loss"] for line in rows])
+    assert len(losses[0]) == 2 and losses[1] == pytest.approx(losses[0], rel=1e-6, abs=0)
