@@ -15,7 +15,9 @@ figure here is of those weights); `eva-*-0` are its conversions at zero steps (`
 1024, c = 16, window chunks excluded, identity maps), one per position scheme, and `eva-overlap-0`
 the rope one whose blocks also see the whole previous block (`eva.overlap_window`: exact keys 1,024
 to 2,048 back); `eva-rope-transfer` is the rope twin after attention transfer, `eva-rope-lora` after
-LoRA on top of it (`evalm train uptrain`); `original-lora` is its control: the original after the
+LoRA on top of it (`evalm train uptrain`, 2,048-token lines: one block of summaries in view), and
+`eva-rope-lora-8k` after as many tokens again on 8,192-token lines (up to seven blocks of summaries in
+view: does training with many summaries keep them from breaking the model past 16k?); `original-lora` is its control: the original after the
 same LoRA run, converted with a window of 2,048 (every training line one block: exact softmax
 attention, no summaries) and read with a window of 8,192 (`widen`: exact on every scored token up to
 8,192).
@@ -67,7 +69,7 @@ TWINS = {"rope": [], "circular": ["--set", "eva.positions=\"circular\""], "block
 MODELS = {"original": "smollm2-hf", "original-window": "smollm2-hf",
           **{f"eva-{t}-0": f"smollm2-eva-{t}" for t in TWINS},
           "eva-overlap-0": "smollm2-eva-rope-overlap", "eva-rope-transfer": "transfer-rope/hf", "eva-rope-lora": "lora-rope/hf",
-          "original-lora": "lora-original/hf-8192"}
+          "eva-rope-lora-8k": "lora-rope-8k/hf", "original-lora": "lora-original/hf-8192"}
 RECALL_LENGTHS = "1024,4096,16384"
 RECALL = ["--tasks", "passkey,niah_single", "--depths", "0,50,100", "--seeds", "1", "--items", "2",
           "--recall.overflow=drop_left", "--save-predictions"]
@@ -101,6 +103,13 @@ def plan(root: Path) -> list[list[str]]:
         cmds.append(["evalm", "train", "uptrain", "--config", f"configs/uptrain-smollm2-{config}.toml", "--out",
                      str(root / out), "--set", f"model.hf_model={root / source}",
                      "--set", f"data.shards={root / 'tokens'}"])
+    # the same LoRA again on 8,192-token lines, 25 steps: the 2,048-token run's 204,800 tokens, with seven blocks of
+    # summaries in view instead of one (activation checkpointing: a line's logits alone are 1.6 GB in float32)
+    cmds.append(["evalm", "train", "uptrain", "--config", "configs/uptrain-smollm2-lora.toml", "--out",
+                 str(root / "lora-rope-8k"), "--set", f"model.hf_model={root / 'lora-rope/hf'}",
+                 "--set", f"data.shards={root / 'tokens'}", "--set", "data.seq_len=8192", "--set", "train.steps=25",
+                 "--set", "optim.warmup_steps=3", "--set", "checkpoint.save_every=5",
+                 "--set", "train.activation_checkpointing=true"])
     cmds.append([sys.executable, __file__, "widen", "--root", str(root)])
     # the block-start test: each block also sees the whole previous one (exact keys from 1,024 to 2,048 back)
     cmds.append(["evalm", "convert", "--hf-model", str(root / "smollm2-hf"), "--out", str(root / MODELS["eva-overlap-0"]),
