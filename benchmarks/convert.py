@@ -7,6 +7,7 @@
     python benchmarks/convert.py ppl --model eva-rope-0 [--max-tokens 131072]
     python benchmarks/convert.py icl --model eva-rope-0
     python benchmarks/convert.py recall --model eva-rope-lora [--lengths 1024,4096]
+    python benchmarks/convert.py sink                 # the original with EVA's window as a mask, +- first tokens
     python benchmarks/convert.py tables               # markdown of every finished run (docs/results.md)
 
 Not in CI. Models (`MODELS`, under --root, default runs/convert): `original` is
@@ -218,6 +219,68 @@ def ppl(root: Path, model: str, max_tokens: int, ablation: str = "none") -> dict
     return result
 
 
+def window_mask(length: int, window: int, ext: int, sink: int):
+    """(length, length) bool, True where the query (row) reads the key (column) exactly: EVA's local rule
+    (evalm/tiling.py, window_start(i) = max(0, ⌊i/w⌋·w − ext)) plus the first `sink` positions for every
+    query, and no summaries. sink = 0 is an EVA model read with `--eva-ablation no-remote`."""
+    import torch
+
+    i, j = torch.arange(length)[:, None], torch.arange(length)[None, :]
+    start = (i // window * window - ext).clamp(min=0)
+    return (j <= i) & ((j >= start) | (j < sink))
+
+
+def masked_nll(model, tokens, mask):
+    """Per-token NLL of a `transformers` causal LM with softmax attention under `mask` (one forward, the
+    mask as a 4D additive float mask, which transformers passes to its attention as given)."""
+    import torch
+
+    ids = torch.tensor([tokens])
+    additive = torch.zeros(mask.shape, dtype=model.dtype).masked_fill(~mask, float("-inf"))[None, None]
+    with torch.no_grad():
+        logits = model(input_ids=ids[:, :-1], attention_mask=additive[..., :-1, :-1], use_cache=False).logits
+        return torch.nn.functional.cross_entropy(logits[0].double(), ids[0, 1:], reduction="none").numpy()
+
+
+SINKS = (0, 1, 4, 16)  # StreamingLLM keeps 4; 16 is one of the conversions' chunks
+
+
+def sink(root: Path, max_tokens: int) -> dict:
+    """The attention-sink test, on the original's own weights with exact softmax attention: EVA's window
+    (block, and overlap: each block also sees the previous one) as a mask, with the first SINKS tokens
+    kept among every query's keys or not, no summaries. Sink 0 reproduces the conversions read without
+    their summaries (eva-rope-0 and eva-overlap-0 with `no-remote`: the same weights, RoPE at i, the same
+    keys); a sink that restores the block starts and the overlap's later blocks isolates position 0's
+    role. Written to ROOT/ppl/sink-TOKENS.json."""
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from evalm.icl_eval.models.hf import load_hf
+    from evalm.icl_eval.perplexity.lengths import bucket_report, token_spans
+
+    lm = load_hf(root / MODELS["original"])
+    tokens = ([lm.tokenizer.eos_id] + lm.tokenizer.encode((ROOT / BOOK).read_text(encoding="utf-8")))[: max_tokens + 1]
+    model = AutoModelForCausalLM.from_pretrained(root / MODELS["original"], dtype=torch.float32,
+                                                 attn_implementation="sdpa").eval()
+    words, token_bytes = token_spans(lm.tokenizer, tokens)
+    edges = tuple(b for b in BUCKETS if b <= len(tokens) - 1)
+    rows = []
+    for geometry, ext in (("block", 0), ("overlap", BLOCK)):
+        for first in SINKS:
+            start = time.perf_counter()
+            nll = masked_nll(model, tokens, window_mask(len(tokens), BLOCK, ext, first))
+            rows.append({"window": geometry, "sink": first, "buckets": bucket_report([(nll, words, BOOK, token_bytes)], edges),
+                         "block_offsets": by_block_offset(nll), "wall_s": time.perf_counter() - start})
+            print(json.dumps({k: rows[-1][k] for k in ("window", "sink", "block_offsets", "wall_s")}), flush=True)
+    result = {"model": "original", "folder": str(root / MODELS["original"]), "book": BOOK, "tokens": len(tokens) - 1,
+              "window": BLOCK, "rows": rows, "peak_rss_gib": peak_rss_gib()}
+    out = root / "ppl" / f"sink-{len(tokens) - 1}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
 def eval_command(root: Path, model: str, what: str, lengths: str = RECALL_LENGTHS) -> tuple[list[str], Path]:
     """`evalm eval icl` (or `recall`) on the model and its run folder, ROOT/WHAT/MODEL. Recall at other
     `lengths` than the study's has its own folder, MODEL-L1-L2: a run folder keeps one grid (evalm
@@ -268,10 +331,10 @@ def tables(root: Path) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
-    p.add_argument("what", choices=("plan", "prepare", "widen", "ppl", "icl", "recall", "tables"))
+    p.add_argument("what", choices=("plan", "prepare", "widen", "ppl", "icl", "recall", "sink", "tables"))
     p.add_argument("--root", type=Path, default=Path("runs/convert"), help="folder of the study (default runs/convert)")
     p.add_argument("--model", choices=tuple(MODELS), help="the model of `ppl` / `icl` / `recall`")
-    p.add_argument("--max-tokens", type=int, default=131072, help="tokens of the book scored (default 131072)")
+    p.add_argument("--max-tokens", type=int, default=131072, help="tokens of the book scored (default 131072; `sink` at most 4096: its mask is length x length)")
     p.add_argument("--eva-ablation", choices=("none", "no-remote", "chunk-window"), default="none",
                    help="`ppl` of an EVA model with one branch switched off (default none)")
     p.add_argument("--lengths", default=RECALL_LENGTHS,
@@ -287,6 +350,8 @@ def main(argv=None) -> int:
         widen(args.root)
     elif args.what == "ppl":
         print(json.dumps(ppl(args.root, args.model, args.max_tokens, args.eva_ablation)["cost"]))
+    elif args.what == "sink":
+        sink(args.root, min(args.max_tokens, 4096))
     elif args.what in ("icl", "recall"):
         run_eval(args.root, args.model, args.what, args.lengths)
     else:

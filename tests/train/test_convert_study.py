@@ -36,3 +36,37 @@ def test_recall_at_other_lengths_has_its_own_run_folder(tmp_path):
     assert cmd[cmd.index("--lengths") + 1] == "1024,4096" and cmd[cmd.index("--out") + 1] == str(out)
     cmd, out = study.eval_command(tmp_path, "original", "icl", "1024,4096")  # icl has no lengths: one folder
     assert out == tmp_path / "icl" / "original" and "--lengths" not in cmd
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_the_window_as_a_mask_is_the_conversion_without_its_summaries(tmp_path, overlap):
+    """`convert.py sink`'s oracle: the original softmax model under `window_mask` (no sink) gives the
+    per-token losses of its EVA conversion read with `--eva-ablation no-remote` (EVA's own paths), block
+    and overlap geometry; a sink of one token changes exactly the rows that did not see position 0."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    from evalm.eva import ablate
+    from evalm.train.convert import main as convert_main
+    from tests.train.llama_helpers import tiny_llama_folder
+
+    source = tiny_llama_folder(tmp_path / "llama", dtype="float32")
+    extra = ["--set", "eva.overlap_window=true"] if overlap else []
+    assert convert_main(["--hf-model", str(source), "--out", str(tmp_path / "eva"), "--set", "eva.window_size=8",
+                         "--set", "eva.chunk_size=4", *extra]) == 0
+    original = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval()
+    eva = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "eva", trust_remote_code=True).eval()
+    assert ablate(eva, "no-remote") > 0
+    tokens = [int(t) for t in torch.randint(0, original.config.vocab_size, (41,), generator=torch.Generator().manual_seed(3))]
+    ext = 8 if overlap else 0
+    with torch.no_grad():
+        logits = eva(input_ids=torch.tensor([tokens[:-1]]), use_cache=False).logits[0]
+    want = torch.nn.functional.cross_entropy(logits.double(), torch.tensor(tokens[1:]), reduction="none").numpy()
+    got = study.masked_nll(original, tokens, study.window_mask(len(tokens), 8, ext, 0))
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-5)
+    full = study.masked_nll(original, tokens, study.window_mask(len(tokens), 8, ext, len(tokens)))
+    assert np.abs(full - want).max() > 1e-3  # the window is not softmax attention over everything
+    sunk = study.masked_nll(original, tokens, study.window_mask(len(tokens), 8, ext, 1))
+    sees_zero = np.array([max(0, q // 8 * 8 - ext) == 0 for q in range(len(tokens) - 1)])  # query q predicts token q+1
+    np.testing.assert_allclose(sunk[sees_zero], got[sees_zero], rtol=0, atol=1e-6)
+    assert (np.abs(sunk - got) > 1e-6)[~sees_zero].all()
