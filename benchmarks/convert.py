@@ -39,7 +39,9 @@ single needle (noise) at 1,024 / 4,096 / 16,384 tokens, depths 0 / 50 / 100, 2 i
 original's window behaviour (`drop_left`): the cells of the original's run in docs/results.md
 ("Recall", the same weights), so a converted model stands beside it; at 4,096 and 16,384 a needle at
 depth 0 or 50 lies past a converted model's 1,024-token window, where only its chunk summaries hold
-it. Each run writes its wall time, CPU time and peak resident memory (cost.json).
+it. Each run writes its wall time, CPU time and peak resident memory (cost.json). The sink test (`sink`):
+the original with exact softmax attention under EVA's window written as a mask (`window_mask`, block or
+overlap), with the first 0/1/4/16 tokens added to every query's keys and no summaries, 4,096 tokens.
 """
 
 from __future__ import annotations
@@ -115,6 +117,7 @@ def plan(root: Path) -> list[list[str]]:
     # the block-start test: each block also sees the whole previous one (exact keys from 1,024 to 2,048 back)
     cmds.append(["evalm", "convert", "--hf-model", str(root / "smollm2-hf"), "--out", str(root / MODELS["eva-overlap-0"]),
                  *SETTINGS, "--set", "eva.overlap_window=true"])
+    cmds.append([sys.executable, __file__, "sink", "--root", str(root)])  # the window as a mask on the original, +- a sink
     for model in MODELS:
         cmds.append([sys.executable, __file__, "ppl", "--model", model, "--root", str(root)])
     for model in ("eva-rope-0", "eva-overlap-0", "eva-rope-lora"):  # what the summaries carry: the same weights without them
