@@ -255,17 +255,12 @@ def sink(root: Path, max_tokens: int) -> dict:
     their summaries (eva-rope-0 and eva-overlap-0 with `no-remote`: the same weights, RoPE at i, the same
     keys); a sink that restores the block starts and the overlap's later blocks isolates position 0's
     role. Written to ROOT/ppl/sink-TOKENS.json."""
-    import numpy as np
-    import torch
-    from transformers import AutoModelForCausalLM
-
     from evalm.icl_eval.models.hf import load_hf
     from evalm.icl_eval.perplexity.lengths import bucket_report, token_spans
 
-    lm = load_hf(root / MODELS["original"])
+    lm = load_hf(root / MODELS["original"])  # float32, sdpa: softmax attention that takes a 4D mask as given
+    model = lm.model.eval()
     tokens = ([lm.tokenizer.eos_id] + lm.tokenizer.encode((ROOT / BOOK).read_text(encoding="utf-8")))[: max_tokens + 1]
-    model = AutoModelForCausalLM.from_pretrained(root / MODELS["original"], dtype=torch.float32,
-                                                 attn_implementation="sdpa").eval()
     words, token_bytes = token_spans(lm.tokenizer, tokens)
     edges = tuple(b for b in BUCKETS if b <= len(tokens) - 1)
     rows = []
