@@ -125,7 +125,7 @@ def plan(root: Path) -> list[list[str]]:
                      "--root", str(root)])
     for model in ("original", "eva-rope-0", "eva-rope-transfer", "eva-rope-lora"):
         cmds.append([sys.executable, __file__, "icl", "--model", model, "--root", str(root)])
-    for model in ("eva-rope-lora", "eva-rope-0"):
+    for model in ("eva-rope-lora", "eva-rope-0", "eva-rope-transfer"):
         cmds.append([sys.executable, __file__, "recall", "--model", model, "--root", str(root)])
     cmds.append([sys.executable, __file__, "tables", "--root", str(root)])
     return cmds
