@@ -163,6 +163,11 @@ def peak_rss_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
+def book_tokens(tokenizer, max_tokens: int) -> list[int]:
+    """The scored sequence: `[eos]` + the book's first `max_tokens` tokens (the same for every model)."""
+    return ([tokenizer.eos_id] + tokenizer.encode((ROOT / BOOK).read_text(encoding="utf-8")))[: max_tokens + 1]
+
+
 def by_block_offset(nll, first: int = BLOCK) -> dict[str, float]:
     """Token perplexity by a token's offset inside its BLOCK-token block, over positions `first` on (every
     block there has whole blocks before it). nll[i] is the token at position i + 1. A converted model's
@@ -201,7 +206,7 @@ def ppl(root: Path, model: str, max_tokens: int, ablation: str = "none") -> dict
     lm.max_positions = None
     if ablation != "none" and not ablate(lm.model, ablation):
         raise SystemExit(f"--eva-ablation {ablation}: {model} has no EVA attention")
-    tokens = ([lm.tokenizer.eos_id] + lm.tokenizer.encode((ROOT / BOOK).read_text(encoding="utf-8")))[: max_tokens + 1]
+    tokens = book_tokens(lm.tokenizer, max_tokens)
     start, cpu = time.perf_counter(), time.process_time()
     nll = window_nll(lm, tokens, 8192, 8191) if model == "original-window" else cached_nll(lm, tokens, 8192)
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu
@@ -228,9 +233,11 @@ def window_mask(length: int, window: int, ext: int, sink: int):
     query, and no summaries. sink = 0 is an EVA model read with `--eva-ablation no-remote`."""
     import torch
 
+    from evalm.tiling import Tiling
+
+    rule = Tiling(window=window, chunk=window, ext=ext, exclude_window_chunks=True, scale=1.0)  # chunk: unused here
     i, j = torch.arange(length)[:, None], torch.arange(length)[None, :]
-    start = (i // window * window - ext).clamp(min=0)
-    return (j <= i) & ((j >= start) | (j < sink))
+    return (j <= i) & ((j >= rule.window_start(i)) | (j < sink))
 
 
 def masked_nll(model, tokens, mask):
@@ -246,6 +253,7 @@ def masked_nll(model, tokens, mask):
 
 
 SINKS = (0, 1, 4, 16)  # StreamingLLM keeps 4; 16 is one of the conversions' chunks
+SINK_TOKENS = 4096  # the mask and each layer's attention weights are length x length: 4,096 is what this CPU affords
 
 
 def sink(root: Path, max_tokens: int) -> dict:
@@ -260,7 +268,7 @@ def sink(root: Path, max_tokens: int) -> dict:
 
     lm = load_hf(root / MODELS["original"])  # float32, sdpa: softmax attention that takes a 4D mask as given
     model = lm.model.eval()
-    tokens = ([lm.tokenizer.eos_id] + lm.tokenizer.encode((ROOT / BOOK).read_text(encoding="utf-8")))[: max_tokens + 1]
+    tokens = book_tokens(lm.tokenizer, min(max_tokens, SINK_TOKENS))
     words, token_bytes = token_spans(lm.tokenizer, tokens)
     edges = tuple(b for b in BUCKETS if b <= len(tokens) - 1)
     rows = []
@@ -332,7 +340,7 @@ def main(argv=None) -> int:
     p.add_argument("what", choices=("plan", "prepare", "widen", "ppl", "icl", "recall", "sink", "tables"))
     p.add_argument("--root", type=Path, default=Path("runs/convert"), help="folder of the study (default runs/convert)")
     p.add_argument("--model", choices=tuple(MODELS), help="the model of `ppl` / `icl` / `recall`")
-    p.add_argument("--max-tokens", type=int, default=131072, help="tokens of the book scored (default 131072; `sink` at most 4096: its mask is length x length)")
+    p.add_argument("--max-tokens", type=int, default=131072, help=f"tokens of the book scored (default 131072; `sink` at most {SINK_TOKENS}: its mask is length x length)")
     p.add_argument("--eva-ablation", choices=("none", "no-remote", "chunk-window"), default="none",
                    help="`ppl` of an EVA model with one branch switched off (default none)")
     p.add_argument("--lengths", default=RECALL_LENGTHS,
@@ -349,7 +357,7 @@ def main(argv=None) -> int:
     elif args.what == "ppl":
         print(json.dumps(ppl(args.root, args.model, args.max_tokens, args.eva_ablation)["cost"]))
     elif args.what == "sink":
-        sink(args.root, min(args.max_tokens, 4096))
+        sink(args.root, args.max_tokens)
     elif args.what in ("icl", "recall"):
         run_eval(args.root, args.model, args.what, args.lengths)
     else:
