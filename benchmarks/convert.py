@@ -301,7 +301,9 @@ def run_eval(root: Path, model: str, what: str, lengths: str = RECALL_LENGTHS) -
     """`eval_command`, timed; its results.json and cost.json under its run folder."""
     cmd, out = eval_command(root, model, what, lengths)
     start = time.perf_counter()
-    subprocess.run(cmd, check=True)
+    code = subprocess.run(cmd).returncode
+    if code:  # evalm has said why in one line (bad --lengths, a missing folder): no traceback on top of it
+        raise SystemExit(code)
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     cost = {"command": " ".join(cmd), "wall_s": time.perf_counter() - start, "cpu_s": usage.ru_utime + usage.ru_stime,
             "peak_rss_gib": usage.ru_maxrss / 2**20}

@@ -70,3 +70,13 @@ def test_the_window_as_a_mask_is_the_conversion_without_its_summaries(tmp_path, 
     sees_zero = np.array([max(0, q // 8 * 8 - ext) == 0 for q in range(len(tokens) - 1)])  # query q predicts token q+1
     np.testing.assert_allclose(sunk[sees_zero], got[sees_zero], rtol=0, atol=1e-6)
     assert (np.abs(sunk - got) > 1e-6)[~sees_zero].all()
+
+
+def test_a_refused_evaluation_is_evalms_one_line_and_its_exit_code(tmp_path, capfd):
+    """A bad `--lengths` reaches `evalm eval recall`, which refuses it in one line; the study exits with
+    its code, adds no traceback, and writes nothing under --root."""
+    with pytest.raises(SystemExit) as stop:
+        study.main(["recall", "--model", "eva-rope-0", "--lengths", "abc", "--root", str(tmp_path / "study")])
+    err = capfd.readouterr().err.strip()
+    assert stop.value.code == 2 and "--lengths" in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "study").exists()
