@@ -41,6 +41,9 @@ class ModelConfig:
     """T5 relative-position bias inside the local block, shared across heads (§1.2)."""
     exclude_window_chunks: bool = False
     """EvaByte semantics (§1.7): chunks inside the query's own block are not remote entries."""
+    sink_tokens: int = 0
+    """S: the first S tokens stay exact keys of every later query, in place of their chunks' summaries
+    (attention sinks, Xiao et al. 2024, §3.2; docs/eva.md, "Sink tokens"); a multiple of chunk_size, 0: none."""
     adaptive_proj: Literal["qk", "no-ln"] = "qk"
     """A_q/A_k: Linear+LayerNorm ('qk') or Linear only ('no-ln'); the reference's 'default' crashes."""
     circular_period: int = 8192
@@ -74,6 +77,14 @@ class ModelConfig:
                 f"window_size={self.window_size} must be a positive multiple of chunk_size="
                 f"{self.chunk_size}: chunks never cross block boundaries (docs/model.md)"
             )
+        if self.sink_tokens < 0 or self.sink_tokens % self.chunk_size:
+            raise ConfigError(
+                f"sink_tokens={self.sink_tokens} must be a multiple of chunk_size={self.chunk_size} (0: no sink): the "
+                "sink tokens replace whole chunks' summaries (docs/eva.md, \"Sink tokens\")"
+            )
+        if self.sink_tokens and self.attention != "eva":
+            raise ConfigError(f"sink_tokens={self.sink_tokens} is EVA's: attention={self.attention!r} has no summaries "
+                              "to replace; set sink_tokens=0 or attention='eva'")
         if not (0.0 <= self.dropout < 1.0 and 0.0 <= self.attn_dropout < 1.0):
             raise ConfigError("dropout and attn_dropout must lie in [0, 1)")
 

@@ -3,10 +3,12 @@ completed earlier chunk, in one softmax (docs/eva.md, "The closed form"; EVALM p
 
 For the query at absolute position i (the visibility rule is `Tiling.window_start` / `Tiling.limit`):
   local keys  L(i) = { j : max(0, ⌊i/w⌋·w − ext) ≤ j ≤ i }   (a causal block, not a sliding window)
-  remote keys R(i) = { chunks r : r < ⌊i/c⌋ }                 (or before the query's window, with
+  remote keys R(i) = { chunks r : S/c ≤ r < ⌊i/c⌋ }          (or before the query's window, with
                                                                exclude_window_chunks)
+  sink keys   S(i) = { j : j < min(S, window_start(i)) }      (sink_tokens S, 0 by default: the first
+                                                               S tokens exact, their chunks unsummarized)
   chunk r:    k̃_r and β_r from evalm/summaries.py
-  o_i = softmax([s·q_i·k_j + t5(i, j)]_{j∈L(i)} ⧺ [s·q_i·k̃_r]_{r∈R(i)}) · [v_j ⧺ β_r]
+  o_i = softmax([s·q_i·k_j + t5(i, j)]_{j∈L(i)} ⧺ [s·q_i·k_j]_{j∈S(i)} ⧺ [s·q_i·k̃_r]_{r∈R(i)}) · [v_j ⧺ v_j ⧺ β_r]
 
 Legend of this file:
   B sequences, H heads, D head dimension, T new tokens, w window (block), c chunk, ext 0 or w
@@ -84,16 +86,23 @@ class EvaState:
     local_k: Tensor  # (B, H, ℓ, D) window keys, positions max(0, ⌊n/w⌋·w − ext) … n−1
     local_v: Tensor  # (B, H, ℓ, D) window values
     pending_q: Tensor  # (B, H, n − ⌊n/c⌋·c, D) queries of the incomplete chunk
-    remote_k: Parts = ()  # parts (B, H, C_i, D): k̃_r of completed chunks, in order
+    remote_k: Parts = ()  # parts (B, H, C_i, D): k̃_r of completed chunks from S/c on, in order
     remote_v: Parts = ()  # parts (B, H, C_i, D): β_r
     n_owned: int = 0  # trailing remote parts this cache may merge into
+    sink_k: Tensor | None = None  # (B or 1, H, min(S, n), D) keys of the sink tokens (None: S = 0)
+    sink_v: Tensor | None = None
+    sink_out: int = 0  # sink tokens before the window start, min(S, first window row): not local keys
 
     def entries(self) -> tuple[Tensor, Tensor]:
-        """Everything a later token may attend to: (B, H, ℓ + n_chunks, D) keys and values."""
-        return (torch.cat([*self.remote_k, self.local_k], -2), torch.cat([*self.remote_v, self.local_v], -2))
+        """Everything a later token may attend to: (B, H, sink_out + n_chunks + ℓ, D) keys and values."""
+        sink = [(x[..., : self.sink_out, :].expand(self.local_k.shape[0], -1, -1, -1),) if self.sink_out else ()
+                for x in (self.sink_k, self.sink_v)]
+        return (torch.cat([*sink[0], *self.remote_k, self.local_k], -2),
+                torch.cat([*sink[1], *self.remote_v, self.local_v], -2))
 
     def nbytes(self) -> int:
-        return parts_bytes((self.local_k, self.local_v, self.pending_q, *self.remote_k, *self.remote_v))
+        sink = tuple(x for x in (self.sink_k, self.sink_v) if x is not None)
+        return parts_bytes((self.local_k, self.local_v, self.pending_q, *self.remote_k, *self.remote_v, *sink))
 
     def disowned(self) -> EvaState:
         return dataclasses.replace(self, n_owned=0)
@@ -110,7 +119,8 @@ class EvaAttention(HeadProjections):
         self.adaptive_mu_q = _adaptive_map(self.head_dim, config.adaptive_proj == "qk")
         self.adaptive_mu_k = _adaptive_map(self.head_dim, config.adaptive_proj == "qk")
         self.rel_pos_bias = T5RelativeBias(self.window_size, self.ext) if config.use_t5_bias else None
-        self.layout = Tiling(self.window_size, self.chunk_size, self.ext, self.exclude_window_chunks, self.head_dim**-0.5)
+        self.layout = Tiling(self.window_size, self.chunk_size, self.ext, self.exclude_window_chunks, self.head_dim**-0.5,
+                             sink=config.sink_tokens)
         # Rows per query tile: a tile copies the remote entries once, so larger tiles copy them
         # less often but waste more masked local logits; 2w or 256 rows measured fastest
         # (benchmarks/attention.py at w=128, benchmarks/incremental.py at w=16).
@@ -187,9 +197,12 @@ class EvaAttention(HeadProjections):
         state = cache.layers[self.layer_idx] if cache is not None else None
         prefix = cache.prefix[self.layer_idx] if cache is not None else None
         n_prefix = prefix[0].shape[-2] if prefix is not None else 0
-        plan = tiles.plan(self.layout, self.query_tile, B * self.n_head, n_seen, T, (n_seen + T) // self.chunk_size + n_prefix)
+        sink = self.layout.sink
+        plan = tiles.plan(self.layout, self.query_tile, B * self.n_head, n_seen, T,
+                          (n_seen + T) // self.chunk_size + n_prefix + sink)
         cached = [*(state.remote_k if state is not None else ()), *(prefix or ())]
-        no_new_chunk = (n_seen + T) // self.chunk_size == parts_len(state.remote_k if state is not None else ())
+        summarized = parts_len(state.remote_k if state is not None else ())
+        no_new_chunk = max(0, (n_seen + T) // self.chunk_size - self.layout.first_chunk) == summarized
         call = EvaCall(
             whole=cache is None,
             kernel=flash.usable_on(q),
@@ -197,7 +210,9 @@ class EvaAttention(HeadProjections):
             grad=torch.is_grad_enabled(),
             full_precision=q.dtype in (torch.float32, torch.float64),
             one_tile_per_group=plan.n_tiles == 1 or plan.group == 1,
-            forks=B > 1 and plan.n_tiles == 1 and no_new_chunk and all(p.shape[0] == 1 for p in cached),
+            # a sink still filling would become the batch's own, not the parent's shared one
+            forks=B > 1 and plan.n_tiles == 1 and no_new_chunk and n_seen >= sink and all(p.shape[0] == 1 for p in cached),
+            sink=sink > 0,
         )
         return plan, call
 
@@ -216,7 +231,7 @@ class EvaAttention(HeadProjections):
     def _entries(self, cache: Cache | None) -> tiles.Entries:
         """What a cached call reads besides its window: completed chunks are added in `_encode`."""
         prefix = cache.prefix[self.layer_idx] if cache is not None else None
-        return tiles.Entries((), (), prefix, cache.own_logit_bias if cache is not None else 0.0)
+        return tiles.Entries((), (), prefix, cache.own_logit_bias if cache is not None else 0.0, None)
 
     def _encode(self, call: tiles.TiledCall, q: Tensor, k: Tensor, v: Tensor, cache: Cache | None) -> Tensor:
         """New queries q, k, v (B, H, T, D) after the cache's n_seen tokens (paths tiles and forks):
@@ -231,17 +246,26 @@ class EvaAttention(HeadProjections):
             seq_v = torch.cat([state.local_v.expand(B, -1, -1, -1), v], -2)
             chunk_q = torch.cat([state.pending_q.expand(B, -1, -1, -1), q], -2)
             remote_k, remote_v, n_owned = state.remote_k, state.remote_v, state.n_owned
+            sink_k, sink_v = state.sink_k, state.sink_v
         else:
             seq_k, seq_v, chunk_q, remote_k, remote_v, n_owned = k, v, q, (), (), 0
+            sink_k = sink_v = None
+        S = call.t.sink
+        if n_seen < S:  # this segment holds sink tokens: keep their rows (copies: a view would keep all of k)
+            head_k, head_v = k[..., : S - n_seen, :], v[..., : S - n_seen, :]
+            sink_k = head_k.clone() if sink_k is None else torch.cat([sink_k.expand(B, -1, -1, -1), head_k], -2)
+            sink_v = head_v.clone() if sink_v is None else torch.cat([sink_v.expand(B, -1, -1, -1), head_v], -2)
 
-        # Chunks completed by this segment become remote entries (Algorithm 1: compress every c tokens).
-        n_done = parts_len(remote_k)
-        n_new = (n_seen + T) // c - n_done
+        # Chunks completed by this segment become remote entries (Algorithm 1: compress every c tokens);
+        # the S/c chunks of sink tokens have none.
+        n_done = parts_len(remote_k)  # summaries of chunks first_chunk … first_chunk + n_done − 1
+        n_new = max(0, (n_seen + T) // c - call.t.first_chunk) - n_done
         if n_new > 0:
-            at = n_done * c - first_row
+            first = (call.t.first_chunk + n_done) * c  # the first new chunk's first token
+            at, q_at = first - first_row, first - n_seen // c * c
             shape = (B, H, n_new, c, D)
             new_k, new_v = self.summarize(
-                chunk_q[..., : n_new * c, :].reshape(shape),
+                chunk_q[..., q_at : q_at + n_new * c, :].reshape(shape),
                 seq_k[..., at : at + n_new * c, :].reshape(shape),
                 seq_v[..., at : at + n_new * c, :].reshape(shape),
                 call.t.noise_seed,
@@ -249,7 +273,8 @@ class EvaAttention(HeadProjections):
             remote_k, _ = parts_append(remote_k, new_k, n_owned)
             remote_v, n_owned = parts_append(remote_v, new_v, n_owned)
 
-        entries = call.entries._replace(remote_k=remote_k, remote_v=remote_v)
+        sink = (sink_k, sink_v) if sink_k is not None else None
+        entries = call.entries._replace(remote_k=remote_k, remote_v=remote_v, sink=sink)
         out = tiles.attend(dataclasses.replace(call, entries=entries), q, seq_k, seq_v)
         if cache is not None:
             n_after = n_seen + T
@@ -261,6 +286,9 @@ class EvaAttention(HeadProjections):
                 remote_k=remote_k,
                 remote_v=remote_v,
                 n_owned=n_owned,
+                sink_k=sink_k,
+                sink_v=sink_v,
+                sink_out=min(S, max(0, n_after // w * w - ext)),
             )
         return out
 

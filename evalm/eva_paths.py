@@ -10,7 +10,8 @@ may see (docs/eva.md, "The closed form"); they differ in memory, speed and what 
                CPU kernel does not take (evalm/recompute.py)
   tiles        query tiles over a cache's entries, one additive mask per tile group and
                `F.scaled_dot_product_attention` (with attention dropout, the same softmax written
-               out), autograd's own backward (evalm/tiles.py)
+               out), autograd's own backward (evalm/tiles.py); also whole sequences with sink
+               tokens, which the fused and plain paths do not read
   tiles-split  the same tiles without a graph, each key set softmaxed apart and joined by one max
                and one sum, so thousands of cached summaries are never concatenated (evalm/joint_softmax.py)
   forks        a batch of forks scoring short inputs over one shared parent: their rows folded
@@ -58,6 +59,7 @@ class EvaCall:
     full_precision: bool  # fp32 or fp64 queries (the split softmax has no low-precision accumulation)
     one_tile_per_group: bool  # every tile group holds one tile (a short segment, or a huge key set)
     forks: bool  # several sequences over one shared parent's entries, in one tile
+    sink: bool = False  # the layer keeps sink tokens (`Tiling.sink`): only the tiles read them
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,8 @@ def choose(call: EvaCall) -> EvaPath:
     """The path of a call: the whole-sequence kernel where it applies (with or without attention
     dropout), else the plain recompute; with a cache, tiles, folded forks, and the split softmax
     where no graph or dropout needs the mask."""
+    if call.whole and call.sink:  # the fused and plain kernels split a sequence into blocks and chunks only
+        return EvaPath(Route.TILES, "a whole sequence with sink tokens, which only the tiles read (autograd's backward)")
     if call.whole:
         if call.kernel:
             why = "; attention dropout as −inf in its mask, regenerated in backward" if call.dropout else ""

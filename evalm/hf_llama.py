@@ -8,7 +8,7 @@ settings are the config's `evalm` section:
 
 | key | meaning | default |
 |---|---|---|
-| `window_size`, `chunk_size`, `overlap_window`, `use_t5_bias`, `exclude_window_chunks`, `adaptive_proj` | EVA's, as in `ModelConfig` (docs/model.md) | `ModelConfig`'s |
+| `window_size`, `chunk_size`, `overlap_window`, `use_t5_bias`, `exclude_window_chunks`, `adaptive_proj`, `sink_tokens` | EVA's, as in `ModelConfig` (docs/model.md) | `ModelConfig`'s |
 | `positions` | `"rope"`: RoPE at each token's position; `"circular"`: at position i mod `circular_period` (EVALM §3.1's circular positions, applied to RoPE) | `"rope"` |
 | `circular_period` | M, with `positions = "circular"` | 8192 |
 

@@ -1,8 +1,8 @@
 """EVA over a cache's entries: the paths "tiles" and "forks", and their split-softmax forms
 (evalm/eva_paths.py chooses; `EvaAttention` keeps the cache, evalm/eva.py).
 
-New queries at n_seen … n_seen + T − 1 attend to their window, the chunk summaries they may see
-and any prefix merged from other caches, in one softmax (docs/eva.md, "The closed form"):
+New queries at n_seen … n_seen + T − 1 attend to their window, the sink tokens and chunk summaries
+they may see and any prefix merged from other caches, in one softmax (docs/eva.md, "The closed form"):
   a tile     `rows` queries on a block-aligned grid from ⌊n_seen/w⌋·w, with the ext + rows keys that
              end with it; G tiles of a group share one mask and one read of the remote entries
   one group  `F.scaled_dot_product_attention` over the concatenated key sets with an additive
@@ -43,6 +43,7 @@ class Entries(NamedTuple):
     remote_v: Parts  # parts (B or 1, H, C_i, D): β
     prefix: tuple[Tensor, Tensor] | None  # entries merged from other caches: all visible, no bias
     own_bias: float  # added to this cache's own logits (merged prompts weigh their parts)
+    sink: tuple[Tensor, Tensor] | None = None  # (B or 1, H, ≤ S, D) keys, values of the sink tokens
 
 
 class TilePlan(NamedTuple):
@@ -95,12 +96,13 @@ class TileGroup(NamedTuple):
 
 
 class KeySets(NamedTuple):
-    """A group's key sets: its local rows, the chunks its queries may see, any merged prefix."""
+    """A group's key sets: its local rows, its sink tokens, the chunks its queries may see, any merged prefix."""
 
     masks: list[Tensor]  # additive (G, rows, K_p)
     keys: list[Tensor]  # (B, G, H, K_p, D)
     values: list[Tensor]
-    n_vis: int  # chunks visible to some query of the group
+    n_vis: int  # chunks visible to some query of the group (chunks first_chunk … first_chunk + n_vis − 1)
+    n_sink: int = 0  # sink tokens visible to some query of the group (positions 0 … n_sink − 1)
 
 
 def attend(call: TiledCall, q: Tensor, seq_k: Tensor, seq_v: Tensor) -> Tensor:
@@ -178,15 +180,16 @@ def _attend_group(call: TiledCall, g: TileGroup) -> Tensor:
 def _attend_dropped(call: TiledCall, g: TileGroup, sets: KeySets, joined: tuple[Tensor, Tensor, Tensor]) -> Tensor:
     """The group's attention with attention dropout on the joint probabilities: softmax (in at least
     fp32), times the keep mask of (seed, sequence, head, query position, key id) scaled by 1/(1 − p)
-    (evalm/dropout_mask.py), times the values -> (B, G, H, rows, D). Key ids: a token's position,
-    −1 − r for chunk r, `dropout_mask.prefix_key(m)` for the m-th merged prefix entry."""
+    (evalm/dropout_mask.py), times the values -> (B, G, H, rows, D). Key ids: a token's position
+    (local or sink), −1 − r for chunk r, `dropout_mask.prefix_key(m)` for the m-th merged prefix entry."""
     keys, values, mask = joined
     t = call.t
     G, rows = g.q.shape[2:4]
     logits = upcast(torch.matmul(g.q.transpose(1, 2) * t.scale, keys.transpose(-1, -2))).add_(mask)
     probs = torch.softmax(logits, -1)
     device = g.q.device
-    ids = [g.k_pos.squeeze(1), dropout_mask.chunk_key(torch.arange(sets.n_vis, device=device)).expand(G, -1)]
+    ids = [g.k_pos.squeeze(1), torch.arange(sets.n_sink, device=device).expand(G, -1),  # sink tokens: by position
+           dropout_mask.chunk_key(t.first_chunk + torch.arange(sets.n_vis, device=device)).expand(G, -1)]
     if call.entries.prefix is not None:
         ids.append(dropout_mask.prefix_key(torch.arange(call.entries.prefix[0].shape[-2], device=device)).expand(G, -1))
     heads = torch.arange(g.q.shape[1], device=device).view(1, 1, -1, 1)
@@ -197,8 +200,8 @@ def _attend_dropped(call: TiledCall, g: TileGroup, sets: KeySets, joined: tuple[
 
 
 def _key_sets(call: TiledCall, g: TileGroup) -> KeySets:
-    """Additive masks, keys and values of a group's key sets: its local rows, the chunks its
-    queries may see (in order, as their key ids), any merged prefix."""
+    """Additive masks, keys and values of a group's key sets: its local rows, the sink tokens and
+    the chunks its queries may see (in order, as their key ids), any merged prefix."""
     B, H, G = g.k.shape[:3]
     t, entries, dtype = call.t, call.entries, g.q.dtype
     window_start = t.window_start(g.q_pos)  # (G, rows, 1)
@@ -211,7 +214,17 @@ def _key_sets(call: TiledCall, g: TileGroup) -> KeySets:
     masks = [local.masked_fill(~visible, float("-inf"))]
     keys, values = [g.k.permute(0, 2, 1, 4, 3)], [g.v.permute(0, 2, 1, 4, 3)]  # (B, G, H, L, D)
 
-    limit = t.limit(g.q_pos)  # (G, rows, 1): chunks r < limit are visible
+    n_sink = 0
+    if entries.sink is not None:  # sink tokens j < sink_count are visible; later ones are local keys
+        count = t.sink_count(g.q_pos)  # (G, rows, 1)
+        n_sink = min(int(count.max()), entries.sink[0].shape[-2])
+        if n_sink > 0:
+            keys.append(entries.sink[0][..., :n_sink, :].unsqueeze(1).expand(B, G, -1, -1, -1))
+            values.append(entries.sink[1][..., :n_sink, :].unsqueeze(1).expand(B, G, -1, -1, -1))
+            hidden = torch.arange(n_sink, device=g.q_pos.device) >= count  # (G, rows, n_sink)
+            masks.append(torch.full(hidden.shape, entries.own_bias, dtype=dtype, device=g.q_pos.device).masked_fill(hidden, float("-inf")))
+
+    limit = t.remote_count(g.q_pos)  # (G, rows, 1): the first `limit` summaries are visible
     n_vis = min(int(limit.max()), parts_len(entries.remote_k))
     if n_vis > 0:
         keys.extend(p.unsqueeze(1).expand(B, G, -1, -1, -1) for p in parts_head(entries.remote_k, n_vis))
@@ -223,4 +236,4 @@ def _key_sets(call: TiledCall, g: TileGroup) -> KeySets:
         keys.append(prefix_k.unsqueeze(1).expand(B, G, -1, -1, -1))
         values.append(prefix_v.unsqueeze(1).expand(B, G, -1, -1, -1))
         masks.append(torch.zeros(G, g.q_pos.shape[1], prefix_k.shape[-2], dtype=dtype, device=g.q_pos.device))
-    return KeySets(masks, keys, values, n_vis)
+    return KeySets(masks, keys, values, n_vis, n_sink)

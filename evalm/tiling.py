@@ -4,7 +4,10 @@ The rule, for the query at absolute position i (docs/eva.md, "The closed form"):
   local keys   j with window_start(i) ≤ j ≤ i,   window_start(i) = max(0, ⌊i/w⌋·w − ext)
   remote keys  chunks r < chunk_limit(i),       chunk_limit(i) = ⌊i/c⌋, or ⌊window_start(i)/c⌋
                                                  with exclude_window_chunks (no chunk counted twice)
-Every path of EVA (evalm/eva_paths.py lists them) asks `Tiling` for these two numbers (and the
+  sink keys    j < min(S, window_start(i))      with S = sink_tokens > 0: the first S tokens stay exact
+                                                 keys of every later query, and their S/c chunks have
+                                                 no summary (remote chunks start at r = S/c)
+Every path of EVA (evalm/eva_paths.py lists them) asks `Tiling` for these numbers (and the
 fused and plain paths for `local_mask`, the same rule as one block's mask); none writes the rule again.
 
 Component ablations at evaluation time (`Ablation`, `evalm eval recall --eva-ablation`) change the
@@ -48,6 +51,7 @@ class Tiling:
     group_logits: int = GROUP_LOGITS
     noise_seed: int | None = None  # training noise ε of the chunk summaries, replayed in backward (None: no ε)
     ablation: Ablation = Ablation.NONE  # an evaluation-time component ablation (module docstring)
+    sink: int = 0  # S: sink tokens, a multiple of c (module docstring; 0: none)
 
     def window_start(self, pos: Tensor | int) -> Tensor | int:
         """First local key of the query at `pos`: its block's start, less ext, at least 0 (chunk-window:
@@ -64,6 +68,23 @@ class Tiling:
         if self.exclude_window_chunks:  # chunk-window: its window starts at ⌊pos/c⌋·c, so this is ⌊pos/c⌋ too
             return self.window_start(pos) // self.chunk
         return pos // self.chunk
+
+    @property
+    def first_chunk(self) -> int:
+        """The first chunk with a summary: the S/c chunks before it are sink tokens."""
+        return self.sink // self.chunk
+
+    def sink_count(self, pos: Tensor | int) -> Tensor | int:
+        """Sink tokens the query at `pos` reads as sink keys, j < min(S, window_start(pos)): those
+        of its own window are local keys already (no key counted twice)."""
+        start = self.window_start(pos)
+        return start.clamp(max=self.sink) if isinstance(start, Tensor) else min(self.sink, start)
+
+    def remote_count(self, pos: Tensor | int) -> Tensor | int:
+        """Summaries the query at `pos` reads: chunks first_chunk … limit(pos) − 1, the first
+        remote_count(pos) of a cache's summaries (which start at chunk first_chunk)."""
+        n = self.limit(pos) - self.first_chunk
+        return n.clamp(min=0) if isinstance(n, Tensor) else max(0, n)
 
     def local_mask(self, bias: Tensor | None, device, dtype) -> Tensor:
         """Additive (w, ext + w) mask of one block, the same for every block: the T5 bias where

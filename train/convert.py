@@ -79,6 +79,9 @@ class EvaSettings:
     """Chunks inside the query's own block are not summaries too: with w >= n the model is the original."""
     adaptive_proj: Literal["qk", "no-ln"] = "no-ln"
     """A_q/A_k: Linear then LayerNorm ("qk"), or the Linear alone ("no-ln", which the identity needs)."""
+    sink_tokens: int = 0
+    """S: the first S tokens stay exact keys of every query (attention sinks), without summaries; a multiple of
+    chunk_size."""
     positions: Literal["rope", "circular", "block"] = "rope"
     """RoPE at i, at i mod circular_period, or at i mod window_size (module docstring)."""
     circular_period: int = 0
@@ -90,6 +93,9 @@ class EvaSettings:
         if self.window_size < 1 or self.chunk_size < 1 or self.window_size % self.chunk_size:
             raise ConfigError(f"eva.window_size={self.window_size} must be a positive multiple of eva.chunk_size="
                               f"{self.chunk_size}: chunks never cross block boundaries")
+        if self.sink_tokens < 0 or self.sink_tokens % self.chunk_size:
+            raise ConfigError(f"eva.sink_tokens={self.sink_tokens} must be a multiple of eva.chunk_size={self.chunk_size} "
+                              "(0: no sink): sink tokens replace whole chunks' summaries")
         if self.circular_period < 0:
             raise ConfigError(f"eva.circular_period={self.circular_period} must be >= 1 (0: the model's "
                               "max_position_embeddings)")
@@ -102,7 +108,8 @@ class EvaSettings:
 
     def evalm_section(self, max_positions: int) -> dict[str, Any]:
         """The `evalm` section of the output's config.json (evalm/hf_llama.py's keys)."""
-        fields = ("window_size", "chunk_size", "overlap_window", "use_t5_bias", "exclude_window_chunks", "adaptive_proj")
+        fields = ("window_size", "chunk_size", "overlap_window", "use_t5_bias", "exclude_window_chunks", "adaptive_proj",
+                  "sink_tokens")  # evalm.hf_attention.EVA_FIELDS, not imported: it loads torch before --help
         section: dict[str, Any] = {name: getattr(self, name) for name in fields}
         if self.positions == "circular":
             section |= {"positions": "circular", "circular_period": self.circular_period or max_positions}

@@ -176,14 +176,15 @@ def _recompute_greedy(model, prompt, n_new: int) -> torch.Tensor:
 
 def eva_bytes(config, n: int, n_layer: int, H: int, D: int, B: int = 1) -> int:
     """The EVA formula: per layer, n // c summaries (k̃, β), the window rows from ⌊n/w⌋·w − ext, the
-    queries of the incomplete chunk; float64."""
-    w, c = config["window_size"], config["chunk_size"]
+    queries of the incomplete chunk; float64. With S sink tokens: their min(S, n) keys and values, and
+    no summaries of their S/c chunks."""
+    w, c, S = config["window_size"], config["chunk_size"], config.get("sink_tokens", 0)
     ext = w if config.get("overlap_window") else 0
     rows = n - max(0, n // w * w - ext)
-    return n_layer * B * H * D * 8 * (2 * (n // c) + 2 * rows + (n - n // c * c))
+    return n_layer * B * H * D * 8 * (2 * max(0, n // c - S // c) + 2 * min(S, n) + 2 * rows + (n - n // c * c))
 
 
-@pytest.mark.parametrize("kind", ["evalm", "llama"])
+@pytest.mark.parametrize("kind", ["evalm", "llama", "llama-sink"])
 def test_generate_keeps_an_eva_cache_greedy_equals_recompute_and_its_size_is_the_formula(kind):
     if kind == "evalm":
         settings = {**SHAPE, "use_t5_bias": True, "overlap_window": True}
@@ -191,6 +192,8 @@ def test_generate_keeps_an_eva_cache_greedy_equals_recompute_and_its_size_is_the
         H, D, L = SHAPE["n_head"], SHAPE["d_model"] // SHAPE["n_head"], SHAPE["n_layer"]
     else:
         settings = dict(window_size=8, chunk_size=2, use_t5_bias=True)
+        if kind == "llama-sink":  # the prompt (11) ends inside the sink (12): generation fills it
+            settings |= dict(sink_tokens=12, overlap_window=True)
         model = eva_llama(**settings)
         H, D, L = 4, 8, 2  # the 4 query heads: grouped keys and values are kept repeated
     prompt = ids(B=1, T=11)

@@ -133,6 +133,7 @@ def test_what_convert_cannot_take_is_one_line(tmp_path, capsys):
     assert "num_key_value_heads=3 does not divide" in _refused(capsys, ["--hf-model", str(odd), *out])
     assert "not found" in _refused(capsys, ["--hf-model", str(tmp_path / "none"), *out])
     for setting, said in [("eva.window_size=10", "multiple of eva.chunk_size"),
+                          ("eva.sink_tokens=6", "eva.sink_tokens=6 must be a multiple of eva.chunk_size=16"),
                           ("eva.bogus=1", "bogus"),
                           ("eva.positions=\"sideways\"", "positions"),
                           ("eva.adaptive_proj=\"qk\"", "needs eva.adaptive_proj='no-ln'")]:

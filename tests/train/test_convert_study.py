@@ -72,6 +72,41 @@ def test_the_window_as_a_mask_is_the_conversion_without_its_summaries(tmp_path, 
     assert (np.abs(sunk - got) > 1e-6)[~sees_zero].all()
 
 
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_conversion_with_sink_tokens_is_the_masked_sink_test_without_its_summaries(tmp_path, overlap):
+    """`eva.sink_tokens=4` (EVA's own paths, evalm/tiling.py) read with `no-remote` gives the original
+    under `window_mask` with a 4-token sink, per token; with its summaries it differs."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    from evalm.eva import ablate
+    from evalm.train.convert import main as convert_main
+    from tests.train.llama_helpers import tiny_llama_folder
+
+    source = tiny_llama_folder(tmp_path / "llama", dtype="float32")
+    extra = ["--set", "eva.overlap_window=true"] if overlap else []
+    assert convert_main(["--hf-model", str(source), "--out", str(tmp_path / "eva"), "--set", "eva.window_size=8",
+                         "--set", "eva.chunk_size=4", "--set", "eva.sink_tokens=4", *extra]) == 0
+    original = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval()
+    eva = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "eva", trust_remote_code=True).eval()
+    tokens = [int(t) for t in torch.randint(0, original.config.vocab_size, (41,), generator=torch.Generator().manual_seed(3))]
+    ids, target = torch.tensor([tokens[:-1]]), torch.tensor(tokens[1:])
+
+    def nll():
+        with torch.no_grad():
+            logits = eva(input_ids=ids, use_cache=False).logits[0]
+        return torch.nn.functional.cross_entropy(logits.double(), target, reduction="none").numpy()
+
+    with_summaries = nll()
+    assert ablate(eva, "no-remote") > 0
+    want = nll()
+    ext = 8 if overlap else 0
+    np.testing.assert_allclose(study.masked_nll(original, tokens, study.window_mask(len(tokens), 8, ext, 4)), want,
+                               rtol=0, atol=2e-5)
+    no_sink = study.masked_nll(original, tokens, study.window_mask(len(tokens), 8, ext, 0))
+    assert np.abs(no_sink - want).max() > 1e-3 and np.abs(with_summaries - want).max() > 1e-3
+
+
 def test_a_refused_evaluation_is_evalms_one_line_and_its_exit_code(tmp_path, capfd):
     """A bad `--lengths` reaches `evalm eval recall`, which refuses it in one line; the study exits with
     its code, adds no traceback, and writes nothing under --root."""
