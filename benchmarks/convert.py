@@ -71,7 +71,9 @@ SETTINGS = ["--set", f"eva.window_size={BLOCK}", "--set", "eva.chunk_size=16"]
 TWINS = {"rope": [], "circular": ["--set", "eva.positions=\"circular\""], "block": ["--set", "eva.positions=\"block\""]}
 MODELS = {"original": "smollm2-hf", "original-window": "smollm2-hf",
           **{f"eva-{t}-0": f"smollm2-eva-{t}" for t in TWINS},
-          "eva-overlap-0": "smollm2-eva-rope-overlap", "eva-rope-transfer": "transfer-rope/hf", "eva-rope-lora": "lora-rope/hf",
+          "eva-overlap-0": "smollm2-eva-rope-overlap", "eva-overlap-sink-0": "smollm2-eva-rope-overlap-sink",
+          "eva-overlap-sinkwin-0": "smollm2-eva-rope-overlap-sink-window",
+          "eva-rope-transfer": "transfer-rope/hf", "eva-rope-lora": "lora-rope/hf",
           "eva-rope-lora-8k": "lora-rope-8k/hf", "original-lora": "lora-original/hf-8192"}
 RECALL_LENGTHS = "1024,4096,16384"
 RECALL = ["--tasks", "passkey,niah_single", "--depths", "0,50,100", "--seeds", "1", "--items", "2",
@@ -118,9 +120,16 @@ def plan(root: Path) -> list[list[str]]:
     cmds.append(["evalm", "convert", "--hf-model", str(root / "smollm2-hf"), "--out", str(root / MODELS["eva-overlap-0"]),
                  *SETTINGS, "--set", "eva.overlap_window=true"])
     cmds.append([sys.executable, __file__, "sink", "--root", str(root)])  # the window as a mask on the original, +- a sink
+    # what the sink test points to, inside EVA: overlap, and the first chunk (16 tokens) exact for every query
+    cmds.append(["evalm", "convert", "--hf-model", str(root / "smollm2-hf"), "--out", str(root / MODELS["eva-overlap-sink-0"]),
+                 *SETTINGS, "--set", "eva.overlap_window=true", "--set", "eva.sink_tokens=16"])
+    # its twin whose sink keys sit right before each block's window (RoPE distances inside the trained 8,192)
+    cmds.append(["evalm", "convert", "--hf-model", str(root / "smollm2-hf"), "--out", str(root / MODELS["eva-overlap-sinkwin-0"]),
+                 *SETTINGS, "--set", "eva.overlap_window=true", "--set", "eva.sink_tokens=16",
+                 "--set", "eva.sink_positions=\"window\""])
     for model in MODELS:
         cmds.append([sys.executable, __file__, "ppl", "--model", model, "--root", str(root)])
-    for model in ("eva-rope-0", "eva-overlap-0", "eva-rope-lora"):  # what the summaries carry: the same weights without them
+    for model in ("eva-rope-0", "eva-overlap-0", "eva-overlap-sink-0", "eva-rope-lora"):  # the same weights without summaries
         cmds.append([sys.executable, __file__, "ppl", "--model", model, "--max-tokens", "4096", "--eva-ablation", "no-remote",
                      "--root", str(root)])
     for model in ("original", "eva-rope-0", "eva-rope-transfer", "eva-rope-lora"):

@@ -119,6 +119,10 @@ class EvaAttention(HeadProjections):
         self.adaptive_mu_q = _adaptive_map(self.head_dim, config.adaptive_proj == "qk")
         self.adaptive_mu_k = _adaptive_map(self.head_dim, config.adaptive_proj == "qk")
         self.rel_pos_bias = T5RelativeBias(self.window_size, self.ext) if config.use_t5_bias else None
+        # Where sink keys sit for a query (docs/eva.md, "Sink tokens"): None, at their own positions; or a
+        # function moving keys (…, D) by a position shift (broadcast over their rows) that a rotary host
+        # sets (evalm/hf_llama.py), so a block's sink sits right before its window as in StreamingLLM's cache
+        self.sink_shift = None
         self.layout = Tiling(self.window_size, self.chunk_size, self.ext, self.exclude_window_chunks, self.head_dim**-0.5,
                              sink=config.sink_tokens)
         # Rows per query tile: a tile copies the remote entries once, so larger tiles copy them
@@ -177,7 +181,7 @@ class EvaAttention(HeadProjections):
         t = self._tiling()
         if path.route.whole:
             return self._attend_whole(t, path, q, k, v)
-        out = self._encode(tiles.TiledCall(t, plan, path, self._entries(cache), self.rel_pos_bias),
+        out = self._encode(tiles.TiledCall(t, plan, path, self._entries(cache), self.rel_pos_bias, self.sink_shift),
                            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), cache)
         return out.transpose(1, 2)
 

@@ -11,6 +11,7 @@ settings are the config's `evalm` section:
 | `window_size`, `chunk_size`, `overlap_window`, `use_t5_bias`, `exclude_window_chunks`, `adaptive_proj`, `sink_tokens` | EVA's, as in `ModelConfig` (docs/model.md) | `ModelConfig`'s |
 | `positions` | `"rope"`: RoPE at each token's position; `"circular"`: at position i mod `circular_period` (EVALM §3.1's circular positions, applied to RoPE) | `"rope"` |
 | `circular_period` | M, with `positions = "circular"` | 8192 |
+| `sink_positions` | with `sink_tokens`: `"own"`, sink keys at their own positions; `"window"`, moved to sit right before the query's window (StreamingLLM's positions inside its cache), so their distance from a query stays inside the trained range at any length | `"own"` |
 
 `EvaLlamaForCausalLM.from_llama(model, **settings)` turns a loaded `LlamaForCausalLM` into one (its
 weights kept, A_q/A_k initialised as the EVA reference does). Its forward replaces the empty cache
@@ -28,7 +29,9 @@ from evalm.hf_cache import CACHE_ARG, EvaCache
 
 tf = transformers_module()
 
-POSITION_FIELDS = ("positions", "circular_period")
+POSITION_FIELDS = ("positions", "circular_period", "sink_positions")
+STATIC_ROPE = ("default", "linear", "llama3")
+"""RoPE types whose rotation is a fixed angle per position, so RoPE at p then at s is RoPE at p + s."""
 WHERE = "config.json [evalm]"
 
 
@@ -45,6 +48,8 @@ class EvaLlamaConfig(tf.LlamaConfig):
             raise ConfigError(f"{WHERE}: unknown key(s) {unknown}; valid keys: {[*EVA_FIELDS, *POSITION_FIELDS]}")
         if self.evalm.get("positions", "rope") not in ("rope", "circular"):
             raise ConfigError(f"{WHERE}: positions={self.evalm['positions']!r}; valid: 'rope', 'circular'")
+        if self.evalm.get("sink_positions", "own") not in ("own", "window"):
+            raise ConfigError(f"{WHERE}: sink_positions={self.evalm['sink_positions']!r}; valid: 'own', 'window'")
         period = self.evalm.get("circular_period", 8192)
         if isinstance(period, bool) or not isinstance(period, int) or period < 1:
             raise ConfigError(f"{WHERE}: circular_period={period!r} must be an integer >= 1")
@@ -84,9 +89,27 @@ class EvaLlamaForCausalLM(tf.LlamaForCausalLM):
         settings = {k: v for k, v in config.evalm.items() if k in EVA_FIELDS}
         if config.circular_period() is not None:
             self.model.rotary_emb = CircularRotary(self.model.rotary_emb, config.circular_period())
+        move = self._sink_move(config)
         for layer in self.model.layers:
             attn = layer.self_attn
             attn.eva = eva_parts(settings, H, D, float(config.attention_dropout or 0.0), attn.layer_idx, WHERE)
+            attn.eva.sink_shift = move
+
+    def _sink_move(self, config: EvaLlamaConfig) -> RotaryMove | None:
+        """The move of sink keys `sink_positions = "window"` asks for, refused in one line where RoPE
+        cannot compose it."""
+        if config.evalm.get("sink_positions", "own") == "own":
+            return None
+        rope = getattr(self.model.rotary_emb, "rope_type", "default")
+        if not config.evalm.get("sink_tokens"):
+            raise ConfigError(f"{WHERE}: sink_positions='window' without sink_tokens: there is no sink to place")
+        if config.circular_period() is not None:
+            raise ConfigError(f"{WHERE}: sink_positions='window' with positions='circular': a circular rotation wraps "
+                              "and does not compose; use positions='rope'")
+        if rope not in STATIC_ROPE or getattr(self.model.rotary_emb, "attention_scaling", 1.0) != 1.0:
+            raise ConfigError(f"{WHERE}: sink_positions='window' needs a RoPE that is a fixed rotation per position "
+                              f"({', '.join(STATIC_ROPE)}), not rope_type {rope!r}")
+        return RotaryMove(self.model.rotary_emb)
 
     @classmethod
     def from_llama(cls, llama, **settings) -> EvaLlamaForCausalLM:
@@ -124,6 +147,24 @@ class CircularRotary(nn.Module):
 
     def forward(self, x: Tensor, position_ids: Tensor):
         return self.rotary(x, position_ids % self.period)
+
+
+class RotaryMove:
+    """Moves RoPE-rotated keys by a position shift: RoPE rotates each pair of a head's dimensions by an
+    angle linear in the position, so rotating a key already at position p by RoPE at s puts it at p + s.
+    EVA's sink keys (rotated at their positions 0 … S − 1) are moved so that a block's sink sits right
+    before its window (`EvaAttention.sink_shift`, evalm/tiles.py)."""
+
+    def __init__(self, rotary: nn.Module):
+        self.rotary = rotary
+
+    def __call__(self, keys: Tensor, shift: Tensor) -> Tensor:
+        """keys (…, D) moved by `shift` (integers, broadcast over keys' leading dimensions)."""
+        cos, sin = self.rotary(keys, shift.reshape(1, -1))  # (1, N, D), one angle set per shift
+        cos, sin = (x.view(*shift.shape, -1) for x in (cos, sin))
+        half = keys.shape[-1] // 2
+        rotated_half = torch.cat([-keys[..., half:], keys[..., :half]], -1)  # Llama's rotate_half
+        return keys * cos + rotated_half * sin
 
 
 @torch.no_grad()

@@ -19,6 +19,7 @@ seq_k/v (B, H, n_seen − first_row + T, D) the cached window rows, then the new
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -81,6 +82,7 @@ class TiledCall:
     path: EvaPath  # its route (tiles or forks) and whether it splits the softmax
     entries: Entries
     bias: nn.Module | None  # the layer's T5 bias of key distances (unscaled), or None
+    sink_shift: Callable[[Tensor, Tensor], Tensor] | None = None  # moves sink keys by a position shift (EvaAttention)
 
 
 class TileGroup(NamedTuple):
@@ -102,7 +104,7 @@ class KeySets(NamedTuple):
     keys: list[Tensor]  # (B, G, H, K_p, D)
     values: list[Tensor]
     n_vis: int  # chunks visible to some query of the group (chunks first_chunk … first_chunk + n_vis − 1)
-    n_sink: int = 0  # sink tokens visible to some query of the group (positions 0 … n_sink − 1)
+    sink_ids: Tensor | None = None  # each sink column's token position (moved copies repeat them)
 
 
 def attend(call: TiledCall, q: Tensor, seq_k: Tensor, seq_v: Tensor) -> Tensor:
@@ -188,8 +190,9 @@ def _attend_dropped(call: TiledCall, g: TileGroup, sets: KeySets, joined: tuple[
     logits = upcast(torch.matmul(g.q.transpose(1, 2) * t.scale, keys.transpose(-1, -2))).add_(mask)
     probs = torch.softmax(logits, -1)
     device = g.q.device
-    ids = [g.k_pos.squeeze(1), torch.arange(sets.n_sink, device=device).expand(G, -1),  # sink tokens: by position
-           dropout_mask.chunk_key(t.first_chunk + torch.arange(sets.n_vis, device=device)).expand(G, -1)]
+    ids = [g.k_pos.squeeze(1), dropout_mask.chunk_key(t.first_chunk + torch.arange(sets.n_vis, device=device)).expand(G, -1)]
+    if sets.sink_ids is not None:  # sink tokens by position, after the local keys (the sets' order)
+        ids.insert(1, sets.sink_ids.expand(G, -1))
     if call.entries.prefix is not None:
         ids.append(dropout_mask.prefix_key(torch.arange(call.entries.prefix[0].shape[-2], device=device)).expand(G, -1))
     heads = torch.arange(g.q.shape[1], device=device).view(1, 1, -1, 1)
@@ -214,14 +217,18 @@ def _key_sets(call: TiledCall, g: TileGroup) -> KeySets:
     masks = [local.masked_fill(~visible, float("-inf"))]
     keys, values = [g.k.permute(0, 2, 1, 4, 3)], [g.v.permute(0, 2, 1, 4, 3)]  # (B, G, H, L, D)
 
-    n_sink = 0
+    sink_ids = None
     if entries.sink is not None:  # sink tokens j < sink_count are visible; later ones are local keys
         count = t.sink_count(g.q_pos)  # (G, rows, 1)
         n_sink = min(int(count.max()), entries.sink[0].shape[-2])
         if n_sink > 0:
-            keys.append(entries.sink[0][..., :n_sink, :].unsqueeze(1).expand(B, G, -1, -1, -1))
-            values.append(entries.sink[1][..., :n_sink, :].unsqueeze(1).expand(B, G, -1, -1, -1))
-            hidden = torch.arange(n_sink, device=g.q_pos.device) >= count  # (G, rows, n_sink)
+            sink_k, sink_v = (x[..., :n_sink, :].unsqueeze(1) for x in entries.sink)  # (B or 1, 1, H, n_sink, D)
+            sink_ids = torch.arange(n_sink, device=g.q_pos.device)
+            hidden = sink_ids >= count  # (G, rows, n_sink)
+            if call.sink_shift is not None:
+                sink_k, sink_v, sink_ids, hidden = _moved_sink(call, g, sink_k, sink_v, hidden)
+            keys.append(sink_k.expand(B, G, -1, -1, -1))
+            values.append(sink_v.expand(B, G, -1, -1, -1))
             masks.append(torch.full(hidden.shape, entries.own_bias, dtype=dtype, device=g.q_pos.device).masked_fill(hidden, float("-inf")))
 
     limit = t.remote_count(g.q_pos)  # (G, rows, 1): the first `limit` summaries are visible
@@ -236,4 +243,24 @@ def _key_sets(call: TiledCall, g: TileGroup) -> KeySets:
         keys.append(prefix_k.unsqueeze(1).expand(B, G, -1, -1, -1))
         values.append(prefix_v.unsqueeze(1).expand(B, G, -1, -1, -1))
         masks.append(torch.zeros(G, g.q_pos.shape[1], prefix_k.shape[-2], dtype=dtype, device=g.q_pos.device))
-    return KeySets(masks, keys, values, n_vis, n_sink)
+    return KeySets(masks, keys, values, n_vis, sink_ids)
+
+
+def _moved_sink(call: TiledCall, g: TileGroup, sink_k: Tensor, sink_v: Tensor, hidden: Tensor) -> tuple[Tensor, ...]:
+    """The sink keys each block of the group's tiles reads, moved to sit right before that block's
+    window (StreamingLLM's positions inside its cache, Xiao et al. 2024, §3.2): sink token j at
+    window_start(block start) − S + j, so its distance from a query is that query's offset in its
+    window plus S − j, at any absolute position. One moved copy per block of a tile; a row sees its
+    block's copy only. sink_k, sink_v (B or 1, 1, H, n, D), hidden (G, rows, n) -> keys and values
+    (B or 1, G, H, nb·n, D), their token ids (nb·n,) and hidden (G, rows, nb·n)."""
+    t, n = call.t, sink_k.shape[-2]
+    block = g.q_pos // t.window  # (G, rows, 1)
+    copy = block - block[:, :1]  # the row's block within its tile
+    nb = int(copy.max()) + 1
+    starts = (block[:, 0] + torch.arange(nb, device=block.device)) * t.window  # (G, nb) block starts
+    shift = (t.window_start(starts) - t.sink).view(1, -1, 1, nb, 1)  # (1, G, 1, nb, 1): over heads and rows
+    keys = call.sink_shift(sink_k.unsqueeze(3), shift).flatten(3, 4)  # (B or 1, G, H, nb·n, D)
+    values = sink_v.unsqueeze(3).expand(-1, -1, -1, nb, -1, -1).flatten(3, 4)
+    column_copy = torch.arange(nb, device=block.device).repeat_interleave(n)  # (nb·n,)
+    hidden = hidden.repeat(1, 1, nb) | (column_copy != copy)
+    return keys, values, torch.arange(n, device=block.device).repeat(nb), hidden

@@ -82,6 +82,9 @@ class EvaSettings:
     sink_tokens: int = 0
     """S: the first S tokens stay exact keys of every query (attention sinks), without summaries; a multiple of
     chunk_size."""
+    sink_positions: Literal["own", "window"] = "own"
+    """Sink keys at their own RoPE positions, or moved right before each query's window ("window", as
+    StreamingLLM re-indexes its cache): their distance from a query then stays within the trained range."""
     positions: Literal["rope", "circular", "block"] = "rope"
     """RoPE at i, at i mod circular_period, or at i mod window_size (module docstring)."""
     circular_period: int = 0
@@ -96,6 +99,9 @@ class EvaSettings:
         if self.sink_tokens < 0 or self.sink_tokens % self.chunk_size:
             raise ConfigError(f"eva.sink_tokens={self.sink_tokens} must be a multiple of eva.chunk_size={self.chunk_size} "
                               "(0: no sink): sink tokens replace whole chunks' summaries")
+        if self.sink_positions == "window" and (not self.sink_tokens or self.positions != "rope"):
+            raise ConfigError("eva.sink_positions='window' needs eva.sink_tokens > 0 and eva.positions='rope' (a "
+                              "circular rotation wraps and does not compose)")
         if self.circular_period < 0:
             raise ConfigError(f"eva.circular_period={self.circular_period} must be >= 1 (0: the model's "
                               "max_position_embeddings)")
@@ -111,6 +117,8 @@ class EvaSettings:
         fields = ("window_size", "chunk_size", "overlap_window", "use_t5_bias", "exclude_window_chunks", "adaptive_proj",
                   "sink_tokens")  # evalm.hf_attention.EVA_FIELDS, not imported: it loads torch before --help
         section: dict[str, Any] = {name: getattr(self, name) for name in fields}
+        if self.sink_positions != "own":
+            section["sink_positions"] = self.sink_positions
         if self.positions == "circular":
             section |= {"positions": "circular", "circular_period": self.circular_period or max_positions}
         elif self.positions == "block":

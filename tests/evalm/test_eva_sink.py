@@ -60,8 +60,9 @@ def visibility(attn, T: int, sink: int, ablation: Ablation = Ablation.NONE) -> t
     return local, sunk, remote
 
 
-def oracle(attn, q, k, v, sink: int, ablation: Ablation = Ablation.NONE) -> torch.Tensor:
-    """EVA's closed form with sink tokens: q, k, v (B, T, H, D) -> (B, T, H, D)."""
+def oracle(attn, q, k, v, sink: int, ablation: Ablation = Ablation.NONE, move=None) -> torch.Tensor:
+    """EVA's closed form with sink tokens: q, k, v (B, T, H, D) -> (B, T, H, D). `move(keys, shift)`:
+    the sink keys a query reads are move(k_j, window_start(its block's start) − S)."""
     B, T, H, D = q.shape
     c, s, C = attn.chunk_size, D**-0.5, T // attn.chunk_size
     qc, kc, vc = (x[:, : C * c].reshape(B, C, c, H, D) for x in (q, k, v))
@@ -78,7 +79,13 @@ def oracle(attn, q, k, v, sink: int, ablation: Ablation = Ablation.NONE) -> torc
         local_logits = local_logits + s * table[torch.tensor(bucket)]
     remote_logits = s * torch.einsum("bihd,brhd->bhir", q, k_tilde)
     local, sunk, remote = visibility(attn, T, sink, ablation)
-    logits = torch.cat([local_logits.masked_fill(~local, float("-inf")), token_logits.masked_fill(~sunk, float("-inf")),
+    sink_logits = token_logits
+    if move is not None:
+        w, ext = attn.window_size, attn.ext
+        shift = (torch.arange(T) // w * w - ext).clamp(min=0) - sink  # (T,) per query
+        moved = move(k[:, None], shift.view(1, T, 1, 1))  # (B, T queries, T keys, H, D)
+        sink_logits = s * torch.einsum("bihd,bijhd->bhij", q, moved)
+    logits = torch.cat([local_logits.masked_fill(~local, float("-inf")), sink_logits.masked_fill(~sunk, float("-inf")),
                         remote_logits.masked_fill(~remote, float("-inf"))], -1)
     values = torch.cat([v.transpose(1, 2), v.transpose(1, 2), beta.transpose(1, 2)], -2)  # (B, H, 2T + C, D)
     return (torch.softmax(logits, -1) @ values).transpose(1, 2)
@@ -101,6 +108,47 @@ def test_every_whole_sequence_path_equals_the_equation_with_sink_tokens(shape):
             assert (out - expected).abs().max() < EXACT, taken[0].name
             names |= {p.name for p in taken}
     assert names == {"tiles", "tiles-split"}  # the fused and plain paths do not read sink tokens: never taken
+
+
+def move(keys: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """A stand-in for a rotary host's move of sink keys (evalm/hf_llama.py): any function of the key and
+    the shift serves the equation; this one is a rotation of each (even, odd) pair by 0.05·shift."""
+    angle = 0.05 * shift.to(keys.dtype).unsqueeze(-1)
+    even, odd = keys[..., 0::2], keys[..., 1::2]
+    return torch.stack([even * angle.cos() - odd * angle.sin(), even * angle.sin() + odd * angle.cos()], -1).flatten(-2)
+
+
+@pytest.mark.parametrize("shape", ["plain-12", "overlap-t5-exclude-4"])
+def test_sink_keys_moved_before_each_block_equal_the_equation_on_every_path(shape):
+    """With `sink_shift` (what a RoPE host sets) each block reads the sink keys moved by its own shift:
+    whole sequences (several blocks per tile, several tiles per group), the cache in segments, forks."""
+    m = model(**SHAPES[shape])
+    S = SHAPES[shape]["sink_tokens"]
+    for block in m.blocks:
+        block.attn.sink_shift = move
+    attn = m.blocks[0].attn
+    x = torch.randn(2, 45, BASE.d_model, dtype=torch.float64)
+    with torch.no_grad():
+        q, k, v = heads(attn, x)
+        expected = oracle(attn, q, k, v, S, move=move)
+        assert (expected - oracle(attn, q, k, v, S)).abs().max() > APART  # the move changes the equation
+        for grad in (False, True):
+            with torch.set_grad_enabled(grad):
+                assert (attn.attend(q.clone(), k.clone(), v.clone()) - expected).abs().max() < EXACT
+        attn.query_tile = 8  # one block per tile, many tiles per group
+        assert (attn.attend(q.clone(), k.clone(), v.clone()) - expected).abs().max() < EXACT
+        tokens = torch.randint(0, BASE.vocab_size, (2, 61), generator=torch.Generator().manual_seed(1))
+        whole = m(tokens)
+        cache, parts = m.new_cache(batch_size=2), []
+        for lo, hi in ((0, 3), (3, 11), (11, 30), (30, 61)):
+            parts.append(m(tokens[:, lo:hi], cache=cache))
+        assert (torch.cat(parts, 1) - whole).abs().max() < EXACT
+        trunk = m.new_cache()
+        m(tokens[:1, :29], cache=trunk)
+        tails = torch.randint(0, BASE.vocab_size, (3, 2), generator=torch.Generator().manual_seed(5))
+        batched = m(tails, cache=trunk.fork(batch_size=3))
+        for b in range(3):
+            assert (batched[b : b + 1] - m(torch.cat([tokens[:1, :29], tails[b : b + 1]], 1))[:, 29:]).abs().max() < EXACT
 
 
 @pytest.mark.parametrize("shape", ["plain-12", "overlap-t5-exclude-4"])

@@ -167,6 +167,58 @@ def test_with_the_exclusion_and_a_window_over_everything_eva_is_transformers_sof
         assert (other(tokens, use_cache=False).logits - want).abs().max() > 1e-3
 
 
+def test_sink_keys_moved_before_the_window_are_the_keys_at_those_positions():
+    """`sink_positions = "window"`: layer 1's attention (summaries off) is the softmax over the local keys
+    at their positions and sink key j rotated at window_start(i) − S + j (StreamingLLM's positions),
+    computed here from the unrotated projections with transformers' own RoPE at those positions. The
+    move composes rotations in float32 angles, so the match is to 1e-6, not float64 rounding."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, rotate_half
+
+    from evalm.eva import ablate
+
+    S, w = 4, 8
+    model = eva_llama(window_size=w, chunk_size=4, sink_tokens=S, overlap_window=True, sink_positions="window")
+    assert ablate(model, "no-remote") == 2
+    tokens = ids(T=40)
+    seen, _ = _attention_inputs(model, 1, tokens)
+    attn, x = model.model.layers[1].self_attn, seen["x"]
+    B, T, D = *x.shape[:2], attn.head_dim
+    q, k, v = (proj(x).view(B, T, -1, D).transpose(1, 2) for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
+    k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], 1) for t in (k, v))
+    q_rot, k_rot = apply_rotary_pos_emb(q, k, *model.model.rotary_emb(x, torch.arange(T)[None]))
+    i, j = torch.arange(T)[:, None], torch.arange(T)[None]
+    start = (i // w * w - w).clamp(min=0)  # overlap: from the previous block's start
+    at = start - S + torch.arange(S)[None]  # (T, S): where each query reads sink key j
+    cos, sin = (t.view(T, S, D) for t in model.model.rotary_emb(x, at.reshape(1, -1)))
+    sink_k = k[:, :, None, :S] * cos + rotate_half(k[:, :, None, :S]) * sin  # (B, H, T, S, D)
+    s = D**-0.5
+    local = (s * q_rot @ k_rot.transpose(-1, -2)).masked_fill(~((j <= i) & (j >= start)), float("-inf"))
+    sunk = (s * torch.einsum("bhid,bhijd->bhij", q_rot, sink_k)).masked_fill(~(torch.arange(S)[None] < start.clamp(max=S)),
+                                                                              float("-inf"))
+    p = torch.softmax(torch.cat([local, sunk], -1), -1)
+    heads = p[..., :T] @ v + p[..., T:] @ v[:, :, :S]
+    want = attn.o_proj(heads.transpose(1, 2).reshape(B, T, -1))
+    assert (seen["out"] - want).abs().max() < 1e-6
+    own = eva_llama(window_size=w, chunk_size=4, sink_tokens=S, overlap_window=True)  # the same weights, keys unmoved
+    ablate(own, "no-remote")
+    assert (_attention_inputs(own, 1, tokens)[0]["out"] - want).abs().max() > 1e-3
+
+
+def test_sink_positions_that_cannot_compose_are_refused_in_one_line():
+    llama = hf_llama()
+    for settings, said in [(dict(window_size=8, chunk_size=4, sink_positions="window"), "without sink_tokens"),
+                           (dict(window_size=8, chunk_size=4, sink_tokens=4, sink_positions="window", positions="circular"),
+                            "does not compose"),
+                           (dict(window_size=8, chunk_size=4, sink_tokens=4, sink_positions="moved"), "valid: 'own', 'window'")]:
+        with pytest.raises(ConfigError) as err:
+            EvaLlamaForCausalLM.from_llama(llama, **settings)
+        assert said in _one_line(err), settings
+    scaled = hf_llama(rope_scaling={"rope_type": "dynamic", "factor": 2.0})
+    with pytest.raises(ConfigError) as err:
+        EvaLlamaForCausalLM.from_llama(scaled, window_size=8, chunk_size=4, sink_tokens=4, sink_positions="window")
+    assert "fixed rotation per position" in _one_line(err)
+
+
 def _recompute_greedy(model, prompt, n_new: int) -> torch.Tensor:
     seq = prompt
     for _ in range(n_new):
@@ -193,7 +245,7 @@ def test_generate_keeps_an_eva_cache_greedy_equals_recompute_and_its_size_is_the
     else:
         settings = dict(window_size=8, chunk_size=2, use_t5_bias=True)
         if kind == "llama-sink":  # the prompt (11) ends inside the sink (12): generation fills it
-            settings |= dict(sink_tokens=12, overlap_window=True)
+            settings |= dict(sink_tokens=12, overlap_window=True, sink_positions="window")
         model = eva_llama(**settings)
         H, D, L = 4, 8, 2  # the 4 query heads: grouped keys and values are kept repeated
     prompt = ids(B=1, T=11)

@@ -134,6 +134,7 @@ def test_what_convert_cannot_take_is_one_line(tmp_path, capsys):
     assert "not found" in _refused(capsys, ["--hf-model", str(tmp_path / "none"), *out])
     for setting, said in [("eva.window_size=10", "multiple of eva.chunk_size"),
                           ("eva.sink_tokens=6", "eva.sink_tokens=6 must be a multiple of eva.chunk_size=16"),
+                          ("eva.sink_positions=\"window\"", "eva.sink_positions='window' needs eva.sink_tokens > 0"),
                           ("eva.bogus=1", "bogus"),
                           ("eva.positions=\"sideways\"", "positions"),
                           ("eva.adaptive_proj=\"qk\"", "needs eva.adaptive_proj='no-ln'")]:
