@@ -235,7 +235,7 @@ class EvaAttention(HeadProjections):
     def _entries(self, cache: Cache | None) -> tiles.Entries:
         """What a cached call reads besides its window: completed chunks are added in `_encode`."""
         prefix = cache.prefix[self.layer_idx] if cache is not None else None
-        return tiles.Entries((), (), prefix, cache.own_logit_bias if cache is not None else 0.0, None)
+        return tiles.Entries((), (), prefix, cache.own_logit_bias if cache is not None else 0.0)
 
     def _encode(self, call: tiles.TiledCall, q: Tensor, k: Tensor, v: Tensor, cache: Cache | None) -> Tensor:
         """New queries q, k, v (B, H, T, D) after the cache's n_seen tokens (paths tiles and forks):

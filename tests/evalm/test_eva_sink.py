@@ -17,7 +17,7 @@ import dataclasses
 import pytest
 import torch
 
-from evalm import EvalmModel, ModelConfig
+from evalm import EvalmModel, ModelConfig, dropout_mask, summaries
 from evalm.cache import merge
 from evalm.config_toolkit import ConfigError, build
 from evalm.eva import ablate
@@ -60,14 +60,21 @@ def visibility(attn, T: int, sink: int, ablation: Ablation = Ablation.NONE) -> t
     return local, sunk, remote
 
 
-def oracle(attn, q, k, v, sink: int, ablation: Ablation = Ablation.NONE, move=None) -> torch.Tensor:
+def oracle(attn, q, k, v, sink: int, ablation: Ablation = Ablation.NONE, move=None, training=None) -> torch.Tensor:
     """EVA's closed form with sink tokens: q, k, v (B, T, H, D) -> (B, T, H, D). `move(keys, shift)`:
-    the sink keys a query reads are move(k_j, window_start(its block's start) − S)."""
+    the sink keys a query reads are move(k_j, window_start(its block's start) − S). `training` (dropout
+    seed, rate, noise seed): ε of the summarised chunks drawn as evalm/summaries.py draws it, and each
+    probability times the keep decision of evalm/dropout_mask.py (token keys by position, local or
+    sink; chunk r as −1 − r), scaled by 1/(1 − p)."""
     B, T, H, D = q.shape
     c, s, C = attn.chunk_size, D**-0.5, T // attn.chunk_size
     qc, kc, vc = (x[:, : C * c].reshape(B, C, c, H, D) for x in (q, k, v))
     k_tilde = attn.adaptive_mu_k(kc.mean(2))  # (B, C, H, D)
     omega = attn.adaptive_mu_q(qc.mean(2)) + k_tilde
+    first = sink // c
+    if training is not None:  # one draw for the chunks the call summarises, laid out (B, H, chunks, D)
+        eps = summaries.noise(training[2], torch.empty(B, H, C - first, D, dtype=q.dtype)).transpose(1, 2)
+        omega = torch.cat([omega[:, :first], omega[:, first:] + eps], 1)
     lam = s * (kc * omega[:, :, None]).sum(-1) - s * kc.pow(2).sum(-1) / 2  # (B, C, c, H)
     beta = (torch.softmax(lam, 2)[..., None] * vc).sum(2)  # (B, C, H, D)
     token_logits = s * torch.einsum("bihd,bjhd->bhij", q, k)
@@ -88,7 +95,14 @@ def oracle(attn, q, k, v, sink: int, ablation: Ablation = Ablation.NONE, move=No
     logits = torch.cat([local_logits.masked_fill(~local, float("-inf")), sink_logits.masked_fill(~sunk, float("-inf")),
                         remote_logits.masked_fill(~remote, float("-inf"))], -1)
     values = torch.cat([v.transpose(1, 2), v.transpose(1, 2), beta.transpose(1, 2)], -2)  # (B, H, 2T + C, D)
-    return (torch.softmax(logits, -1) @ values).transpose(1, 2)
+    p = torch.softmax(logits, -1)
+    if training is not None:
+        seed, rate, _ = training
+        ids = torch.cat([torch.arange(T), torch.arange(T), dropout_mask.chunk_key(torch.arange(C))])
+        kept = dropout_mask.keep(seed, rate, torch.arange(B).view(B, 1, 1, 1), torch.arange(H).view(1, H, 1, 1),
+                                 torch.arange(T).view(1, 1, T, 1), ids.view(1, 1, 1, -1))
+        p = p * kept / (1 - rate)
+    return (p @ values).transpose(1, 2)
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -149,6 +163,25 @@ def test_sink_keys_moved_before_each_block_equal_the_equation_on_every_path(shap
         batched = m(tails, cache=trunk.fork(batch_size=3))
         for b in range(3):
             assert (batched[b : b + 1] - m(torch.cat([tokens[:1, :29], tails[b : b + 1]], 1))[:, 29:]).abs().max() < EXACT
+
+
+@pytest.mark.parametrize("shape", ["plain-12", "overlap-t5-exclude-4"])
+def test_in_training_the_sink_takes_the_dropout_and_noise_every_path_draws(shape):
+    """Attention dropout and the summaries' noise ε in training, replayed by the oracle from the seeds
+    the layer draws from torch's RNG (dropout's, then ε's); sink keys are dropped by their position."""
+    m = model(**SHAPES[shape], attn_dropout=0.3)
+    attn, S = m.blocks[0].attn, SHAPES[shape]["sink_tokens"]
+    attn.train()
+    x = torch.randn(2, 45, BASE.d_model, dtype=torch.float64)
+    with torch.no_grad():
+        q, k, v = heads(attn, x)
+        torch.manual_seed(7)
+        out = attn.attend(q.clone(), k.clone(), v.clone())
+        torch.manual_seed(7)
+        seeds = [int(torch.randint(0, 2**62, (1,))) for _ in range(2)]  # EvaAttention._tiling's order
+        expected = oracle(attn, q, k, v, S, training=(seeds[0], 0.3, seeds[1]))
+        assert (out - expected).abs().max() < EXACT
+        assert (out - oracle(attn, q, k, v, S, training=(seeds[0] + 1, 0.3, seeds[1]))).abs().max() > APART
 
 
 @pytest.mark.parametrize("shape", ["plain-12", "overlap-t5-exclude-4"])
