@@ -5,10 +5,10 @@ For the query at absolute position i (the visibility rule is `Tiling.window_star
   local keys  L(i) = { j : max(0, ⌊i/w⌋·w − ext) ≤ j ≤ i }   (a causal block, not a sliding window)
   remote keys R(i) = { chunks r : S/c ≤ r < ⌊i/c⌋ }          (or before the query's window, with
                                                                exclude_window_chunks)
-  sink keys   S(i) = { j : j < min(S, window_start(i)) }      (sink_tokens S, 0 by default: the first
+  sink keys   Z(i) = { j : j < min(S, window_start(i)) }      (sink_tokens S, 0 by default: the first
                                                                S tokens exact, their chunks unsummarized)
   chunk r:    k̃_r and β_r from evalm/summaries.py
-  o_i = softmax([s·q_i·k_j + t5(i, j)]_{j∈L(i)} ⧺ [s·q_i·k_j]_{j∈S(i)} ⧺ [s·q_i·k̃_r]_{r∈R(i)}) · [v_j ⧺ v_j ⧺ β_r]
+  o_i = softmax([s·q_i·k_j + t5(i, j)]_{j∈L(i)} ⧺ [s·q_i·k_j]_{j∈Z(i)} ⧺ [s·q_i·k̃_r]_{r∈R(i)}) · [v_j ⧺ v_j ⧺ β_r]
 
 Legend of this file:
   B sequences, H heads, D head dimension, T new tokens, w window (block), c chunk, ext 0 or w
