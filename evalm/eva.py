@@ -205,8 +205,7 @@ class EvaAttention(HeadProjections):
         plan = tiles.plan(self.layout, self.query_tile, B * self.n_head, n_seen, T,
                           (n_seen + T) // self.chunk_size + n_prefix + sink)
         cached = [*(state.remote_k if state is not None else ()), *(prefix or ())]
-        summarized = parts_len(state.remote_k if state is not None else ())
-        no_new_chunk = max(0, (n_seen + T) // self.chunk_size - self.layout.first_chunk) == summarized
+        no_new_chunk = self.layout.summarized(n_seen + T) == parts_len(state.remote_k if state is not None else ())
         call = EvaCall(
             whole=cache is None,
             kernel=flash.usable_on(q),
@@ -263,7 +262,7 @@ class EvaAttention(HeadProjections):
         # Chunks completed by this segment become remote entries (Algorithm 1: compress every c tokens);
         # the S/c chunks of sink tokens have none.
         n_done = parts_len(remote_k)  # summaries of chunks first_chunk … first_chunk + n_done − 1
-        n_new = max(0, (n_seen + T) // c - call.t.first_chunk) - n_done
+        n_new = call.t.summarized(n_seen + T) - n_done
         if n_new > 0:
             first = (call.t.first_chunk + n_done) * c  # the first new chunk's first token
             at, q_at = first - first_row, first - n_seen // c * c

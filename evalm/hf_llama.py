@@ -100,12 +100,12 @@ class EvaLlamaForCausalLM(tf.LlamaForCausalLM):
         cannot compose it."""
         if config.evalm.get("sink_positions", "own") == "own":
             return None
-        rope = getattr(self.model.rotary_emb, "rope_type", "default")
         if not config.evalm.get("sink_tokens"):
             raise ConfigError(f"{WHERE}: sink_positions='window' without sink_tokens: there is no sink to place")
         if config.circular_period() is not None:
             raise ConfigError(f"{WHERE}: sink_positions='window' with positions='circular': a circular rotation wraps "
                               "and does not compose; use positions='rope'")
+        rope = getattr(self.model.rotary_emb, "rope_type", "default")
         if rope not in STATIC_ROPE or getattr(self.model.rotary_emb, "attention_scaling", 1.0) != 1.0:
             raise ConfigError(f"{WHERE}: sink_positions='window' needs a RoPE that is a fixed rotation per position "
                               f"({', '.join(STATIC_ROPE)}), not rope_type {rope!r}")

@@ -74,6 +74,10 @@ class Tiling:
         """The first chunk with a summary: the S/c chunks before it are sink tokens."""
         return self.sink // self.chunk
 
+    def summarized(self, n: int) -> int:
+        """Chunks with a summary after n tokens: the completed ones from first_chunk on."""
+        return max(0, n // self.chunk - self.first_chunk)
+
     def sink_count(self, pos: Tensor | int) -> Tensor | int:
         """Sink tokens the query at `pos` reads as sink keys, j < min(S, window_start(pos)): those
         of its own window are local keys already (no key counted twice)."""
