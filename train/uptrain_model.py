@@ -111,21 +111,50 @@ def build_sharded(config, runtime) -> nn.Module:
     return model
 
 
-def export_run(out: str | Path, config) -> Path:
-    """Write the newest intact checkpoint of run `out` as a converted folder OUT/hf (LoRA merged); one process."""
+def trained_model(out: str | Path, config, trainables: str | Path | None = None):
+    """The run's model, its newest intact checkpoint loaded (or, given `trainables`, the file of
+    `save_trainables`), LoRA not yet merged; with where its weights came from. One process."""
     from evalm.train.checkpoint import load_model_only, resolve_checkpoint
+
+    hf = with_trainable(load_converted(config.model.hf_model), config.model, config.train.seed)
+    if trainables is None:
+        path = resolve_checkpoint(out)
+        load_model_only(path, CausalLMLogits(hf))
+        return hf, {"checkpoint": str(path), "config": read_json(path / "config.json")}
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(trainables))
+    expected = {name for name, p in hf.named_parameters() if p.requires_grad}
+    if set(tensors) != expected:  # another run's file, or another [model] section: nothing loads silently
+        raise ValueError(f"{trainables}: its tensors are not this run's trainable ones "
+                         f"({len(set(tensors) - expected)} unexpected, {len(expected - set(tensors))} missing)")
+    hf.load_state_dict(tensors, strict=False)
+    return hf, {"trainables": str(trainables)}
+
+
+def save_trainables(out: str | Path, config, dest: str | Path) -> Path:
+    """The trainable tensors of run `out`'s newest checkpoint (LoRA adapters and EVA's maps: megabytes where
+    the whole model is hundreds), so a run trained on another machine is rebuilt here with
+    `export_run(..., trainables=dest)` from the same converted folder."""
+    from safetensors.torch import save_file
+
+    hf, source = trained_model(out, config)
+    tensors = {name: p.detach().contiguous() for name, p in hf.named_parameters() if p.requires_grad}
+    save_file(tensors, str(dest), metadata={"checkpoint": source["checkpoint"]})
+    return Path(dest)
+
+
+def export_run(out: str | Path, config, trainables: str | Path | None = None) -> Path:
+    """Write the run's trained model (`trained_model`) as a converted folder OUT/hf (LoRA merged); one process."""
     from evalm.train.convert import save_converted
     from evalm.hf_attention import transformers_module
 
-    path = resolve_checkpoint(out)
-    hf = with_trainable(load_converted(config.model.hf_model), config.model, config.train.seed)
-    load_model_only(path, CausalLMLogits(hf))
+    hf, weights = trained_model(out, config, trainables)
     if hasattr(hf, "merge_and_unload"):
         hf = hf.merge_and_unload()
     hf.config._attn_implementation = "eva"  # a transfer run ran it as "eva_transfer"
-    state = read_json(path / "config.json")
     source = Path(config.model.hf_model)
-    record = {"source": str(source), "uptrained": {"run": str(out), "checkpoint": str(path), "config": state},
+    record = {"source": str(source), "uptrained": {"run": str(out), **weights},
               "convert": _read(source / "convert.json")}
     tokenizer = transformers_module().AutoTokenizer.from_pretrained(source, local_files_only=True)
     return save_converted(hf.requires_grad_(False).eval(), tokenizer, Path(out) / "hf", record)

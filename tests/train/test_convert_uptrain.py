@@ -8,6 +8,8 @@
   own attention outputs), not by the training loss.
 - LoRA uptraining changes the adapted projections and EVA's maps only, and OUT/hf (adapters
   merged) loads with `AutoModelForCausalLM(..., trust_remote_code=True)` and runs `generate()`.
+- The trainable tensors of a run's newest checkpoint (a small file) rebuild its OUT/hf bit for bit from
+  the converted folder alone; a file that is not the run's is refused.
 - A run file that cannot work is one line, exit 2.
 """
 
@@ -95,6 +97,35 @@ def test_lora_uptraining_changes_the_adapted_projections_and_the_export_generate
     model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out" / "hf", trust_remote_code=True)
     out = model.generate(torch.tensor([[5, 6, 7, 8]]), max_new_tokens=12, do_sample=False, pad_token_id=0)
     assert out.shape == (1, 16)
+
+
+def test_a_run_rebuilt_from_its_trainable_tensors_is_its_export_bit_for_bit(converted, tmp_path):
+    """The GPU study's way home (benchmarks/convert.py `trainables` / `rebuild`): the trainable tensors of
+    the newest checkpoint, a small file, rebuild OUT/hf from the converted folder alone."""
+    from safetensors.torch import load_file, save_file
+
+    from evalm.train.uptrain import load_config
+    from evalm.train.uptrain_model import export_run, save_trainables
+
+    _, eva, shards = converted
+    run = uptrain_file(tmp_path / "run.toml", eva, shards, parameters="lora", objective="lm", steps=3)
+    assert main(["--config", str(run), "--out", str(tmp_path / "out")]) == 0
+    config = load_config(run, [])
+    small = save_trainables(tmp_path / "out", config, tmp_path / "trainables.safetensors")
+    names = set(load_file(small))
+    assert names and all("lora_" in n or ".eva." in n for n in names), sorted(names)
+    assert small.stat().st_size < (eva / "model.safetensors").stat().st_size / 2
+    rebuilt = export_run(tmp_path / "elsewhere", config, trainables=small)  # no checkpoint there
+    want, got = weights(tmp_path / "out" / "hf"), weights(rebuilt)
+    assert want.keys() == got.keys() and all(torch.equal(want[n], got[n]) for n in want)
+    assert any(not torch.equal(want[n], weights(eva)[n]) for n in want)  # it trained: the file carried something
+    record = json.loads((rebuilt / "convert.json").read_text())
+    assert record["uptrained"]["trainables"] == str(small)
+    tensors = load_file(small)
+    tensors.pop(sorted(tensors)[0])
+    save_file(tensors, str(tmp_path / "short.safetensors"))
+    with pytest.raises(ValueError, match="1 missing"):
+        export_run(tmp_path / "other", config, trainables=tmp_path / "short.safetensors")
 
 
 def test_what_uptrain_cannot_run_is_one_line(converted, tmp_path, capsys):
