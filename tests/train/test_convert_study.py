@@ -36,6 +36,44 @@ def test_recall_at_other_lengths_has_its_own_run_folder(tmp_path):
     assert cmd[cmd.index("--lengths") + 1] == "1024,4096" and cmd[cmd.index("--out") + 1] == str(out)
     cmd, out = study.eval_command(tmp_path, "original", "icl", "1024,4096")  # icl has no lengths: one folder
     assert out == tmp_path / "icl" / "original" and "--lengths" not in cmd
+    cmd, out = study.eval_command(tmp_path, "eva-rope-0", "recall", "16384", depths="100", ablation="no-remote")
+    assert out == tmp_path / "recall" / "eva-rope-0-no-remote-16384-d100"
+    assert cmd[cmd.index("--depths") + 1] == "100" and cmd.count("--depths") == 1
+    assert "--recall.eva_ablation=no-remote" in cmd
+    assert "--depths" not in study.eval_command(tmp_path, "original", "icl")[0]
+
+
+def test_evaluations_on_a_gpu_name_the_device_in_each_commands_own_section(tmp_path, capsys):
+    """`--device cuda` reaches `evalm eval recall` as recall.device and `evalm eval icl` as eval.device (the
+    fields each command's --help lists); on the CPU nothing is added."""
+    from evalm.icl_eval.cli import main as eval_main
+
+    for what, field in (("recall", "recall.device"), ("icl", "eval.device")):
+        cmd, _ = study.eval_command(tmp_path, "eva-rope-0", what, device="cuda")
+        assert [a for a in cmd if "device" in a] == [f"--{field}=cuda"]
+        assert not [a for a in study.eval_command(tmp_path, "eva-rope-0", what)[0] if "device" in a]
+        with pytest.raises(SystemExit):
+            eval_main([what, "--help"])
+        assert f"{field} = 'cpu'" in capsys.readouterr().out
+
+
+def test_the_weights_digest_reads_tensors_not_the_files_metadata(tmp_path):
+    """The same tensors under other file metadata give one digest (two machines, two save_pretrained); one
+    changed value, or a renamed tensor, another."""
+    import torch
+    from safetensors.torch import save_file
+
+    tensors = {"b": torch.arange(6.0).reshape(2, 3), "a": torch.ones(4, dtype=torch.bfloat16)}
+
+    def digest(name, tensors, metadata):
+        (tmp_path / name).mkdir()
+        save_file(tensors, str(tmp_path / name / "model.safetensors"), metadata=metadata)
+        return study.weights_digest(tmp_path / name)
+
+    first = digest("one", tensors, {"format": "pt"})
+    assert digest("two", dict(reversed(tensors.items())), {"format": "pt", "saved_by": "elsewhere"}) == first
+    assert digest("three", {**tensors, "b": tensors["b"] + torch.eye(2, 3) * 1e-6}, None) != first
+    assert digest("four", {"c": tensors["b"], "a": tensors["a"]}, None) != first
 
 
 @pytest.mark.parametrize("overlap", [False, True])
