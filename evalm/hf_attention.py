@@ -28,16 +28,13 @@ from torch import Tensor
 from evalm.config_toolkit import ConfigError, MissingExtra, build
 from evalm.config import ModelConfig
 from evalm.eva import EvaAttention
+from evalm.eva_fields import EVA_FIELDS
 
 NAME = "eva"
 """The attention implementation's name: `attn_implementation="eva"`."""
 
 CARRIER = "_evalm_eva_layer"
 """Attribute of the key tensor an `EvaCache.update` returns: the cache layer the attention continues."""
-
-EVA_FIELDS = ("window_size", "chunk_size", "overlap_window", "use_t5_bias", "exclude_window_chunks", "adaptive_proj",
-              "sink_tokens")
-"""The `evalm` settings of a `transformers` config that shape EVA (docs/model.md, "Configuration")."""
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "out_proj")
 

@@ -41,6 +41,7 @@ from pydantic.dataclasses import dataclass
 
 from evalm.config_toolkit import FROZEN, ConfigError, MissingInput, Parser, apply_overrides, build, report, require_gguf
 from evalm.config_toolkit import check_sections, settable_keys, split_overrides
+from evalm.eva_fields import EVA_FIELDS
 from evalm.storage import folder_lock
 
 LLAMA_TYPES = ("llama",)
@@ -114,9 +115,7 @@ class EvaSettings:
 
     def evalm_section(self, max_positions: int) -> dict[str, Any]:
         """The `evalm` section of the output's config.json (evalm/hf_llama.py's keys)."""
-        fields = ("window_size", "chunk_size", "overlap_window", "use_t5_bias", "exclude_window_chunks", "adaptive_proj",
-                  "sink_tokens")  # evalm.hf_attention.EVA_FIELDS, not imported: it loads torch before --help
-        section: dict[str, Any] = {name: getattr(self, name) for name in fields}
+        section: dict[str, Any] = {name: getattr(self, name) for name in EVA_FIELDS}
         if self.sink_positions != "own":
             section["sink_positions"] = self.sink_positions
         if self.positions == "circular":

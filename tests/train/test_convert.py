@@ -142,3 +142,22 @@ def test_what_convert_cannot_take_is_one_line(tmp_path, capsys):
     both = ["--set", "eva.positions=\"block\"", "--set", "eva.overlap_window=true"]
     assert "wrong offsets" in _refused(capsys, ["--hf-model", str(source), *out, *both])
     assert not (tmp_path / "out" / "model.safetensors").exists()
+
+
+def test_the_converter_reads_the_attentions_eva_fields_and_loads_no_torch_for_its_settings():
+    """One tuple of EVA's config keys (evalm/eva_fields.py) for the converter and the attention; reading
+    settings and writing the `evalm` section imports neither torch nor transformers (--help, refusals)."""
+    import subprocess
+    import sys
+
+    from evalm.eva_fields import EVA_FIELDS
+    from evalm.hf_attention import EVA_FIELDS as attention_fields
+
+    assert attention_fields is EVA_FIELDS
+    section = EvaSettings(window_size=64, chunk_size=16, sink_tokens=16).evalm_section(8192)
+    assert set(EVA_FIELDS) <= set(section) and section["sink_tokens"] == 16
+    code = ("import sys\nfrom evalm.train.convert import read_settings\n"
+            "read_settings(['eva.window_size=64', 'eva.chunk_size=16']).evalm_section(8192)\n"
+            "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'loaded'\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
