@@ -203,14 +203,14 @@ def weights_digest(folder: Path) -> str:
     return digest.hexdigest()
 
 
-def run_config(root: Path, run: str = SINKWIN_RUN):
-    """The validated config of uptraining run ROOT/RUN, from the config.json it wrote, its converted folder read
-    under `root` (the run may have been made on another machine)."""
+def run_config(root: Path, run: str = SINKWIN_RUN, source: str = "eva-overlap-sinkwin-0"):
+    """The validated config of uptraining run ROOT/RUN, from the config.json it wrote, with its converted folder
+    read as model `source` under `root` (the run was made on another machine, where the folder had another path)."""
     from evalm.config_toolkit import build
     from evalm.train.uptrain import SECTIONS, UptrainConfig
 
     raw = json.loads((root / run / "config.json").read_text())
-    raw["model"]["hf_model"] = str(root / MODELS["eva-overlap-sinkwin-0"])
+    raw["model"]["hf_model"] = str(root / MODELS[source])
     return UptrainConfig(**{name: build(cls, raw[name], where=f"{root / run}/config.json [{name}]")
                             for name, cls in SECTIONS.items()})
 
