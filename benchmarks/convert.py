@@ -162,7 +162,9 @@ def plan(root: Path) -> list[list[str]]:
         cmds.append([sys.executable, __file__, "recall", "--model", model, "--root", str(root)])
     for model in ("eva-overlap-sinkwin-0", "eva-sinkwin-lora-8k"):
         cmds.append([sys.executable, __file__, "recall", "--model", model, "--lengths", "1024,4096", "--root", str(root)])
-    # the sink model's health far out: a key in its last block, read with the summaries off (on, it fails at 16k)
+    # the sink model far out: a key in its last block (inside its exact keys), with its summaries and without them
+    cmds.append([sys.executable, __file__, "recall", "--model", "eva-sinkwin-lora-8k", "--lengths", "16384",
+                 "--depths", "100", "--root", str(root)])
     cmds.append([sys.executable, __file__, "recall", "--model", "eva-sinkwin-lora-8k", "--lengths", "16384,65536",
                  "--depths", "100", "--eva-ablation", "no-remote", "--root", str(root)])
     cmds.append([sys.executable, __file__, "tables", "--root", str(root)])
