@@ -486,10 +486,13 @@ def main(argv=None) -> int:
         sink(args.root, args.max_tokens)
     elif args.what in ("icl", "recall"):
         run_eval(args.root, args.model, args.what, args.lengths, args.device, args.depths, args.eva_ablation)
-    elif args.what == "trainables":
-        trainables(args.root)
-    elif args.what == "rebuild":
-        rebuild(args.root)
+    elif args.what in ("trainables", "rebuild"):
+        from evalm.config_toolkit import report
+
+        try:  # a missing run folder or a file of another run: one line, not a traceback
+            (trainables if args.what == "trainables" else rebuild)(args.root)
+        except Exception as err:  # noqa: BLE001 - the one rule
+            return report(f"convert.py {args.what}", err)
     else:
         print(tables(args.root))
     return 0

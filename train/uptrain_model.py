@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from evalm.config_toolkit import MissingExtra
+from evalm.config_toolkit import InputError, MissingExtra
 from evalm.storage import read_json
 from evalm.train.attention_transfer import EVA_PARAMETER, eva_parameters, use_transfer
 
@@ -124,12 +124,18 @@ def trained_model(out: str | Path, config, trainables: str | Path | None = None)
     from safetensors.torch import load_file
 
     tensors = load_file(str(trainables))
-    expected = {name for name, p in hf.named_parameters() if p.requires_grad}
+    expected = set(trainable_tensors(hf))
     if set(tensors) != expected:  # another run's file, or another [model] section: nothing loads silently
-        raise ValueError(f"{trainables}: its tensors are not this run's trainable ones "
-                         f"({len(set(tensors) - expected)} unexpected, {len(expected - set(tensors))} missing)")
+        raise InputError(f"{trainables}: its tensors are not this run's trainable ones "
+                         f"({len(set(tensors) - expected)} unexpected, {len(expected - set(tensors))} missing); "
+                         "write it from this run with save_trainables")
     hf.load_state_dict(tensors, strict=False)
     return hf, {"trainables": str(trainables)}
+
+
+def trainable_tensors(hf: nn.Module) -> dict[str, Tensor]:
+    """What a run trains (`with_trainable`'s choice), by parameter name: what `save_trainables` keeps."""
+    return {name: p.detach().contiguous() for name, p in hf.named_parameters() if p.requires_grad}
 
 
 def save_trainables(out: str | Path, config, dest: str | Path) -> Path:
@@ -139,8 +145,7 @@ def save_trainables(out: str | Path, config, dest: str | Path) -> Path:
     from safetensors.torch import save_file
 
     hf, source = trained_model(out, config)
-    tensors = {name: p.detach().contiguous() for name, p in hf.named_parameters() if p.requires_grad}
-    save_file(tensors, str(dest), metadata={"checkpoint": source["checkpoint"]})
+    save_file(trainable_tensors(hf), str(dest), metadata={"checkpoint": source["checkpoint"]})
     return Path(dest)
 
 
