@@ -271,10 +271,14 @@ def _native(value: Any) -> Any:
 
 
 class Progress:
-    """Units done / total, items per second and time left, over every rank (rank 0 prints)."""
+    """Units done / total, items per second and time left, over every rank (rank 0 prints). Where every
+    unit holds `per_unit` items, time left is counted in items, so a run of few long units (recall at 64k
+    tokens: one unit is an hour) says how long it has left before its first unit ends."""
 
-    def __init__(self, store: UnitStore, total: int, resumed: int, label: str, unit: str = "items"):
+    def __init__(self, store: UnitStore, total: int, resumed: int, label: str, unit: str = "items",
+                 per_unit: int | None = None):
         self.store, self.total, self.resumed, self.label, self.unit = store, total, resumed, label, unit
+        self.per_unit = per_unit
         self.t0 = self._last_write = self._last_print = time.time()
         self.units = self.items = 0
 
@@ -312,7 +316,10 @@ class Progress:
         units, items = self.totals()
         elapsed = max(time.time() - self.t0, 1e-9)
         done = len(list(self.store.folder.glob("*.npz")))  # the files are the truth
-        left = (self.total - done) * elapsed / units if units else None
+        if self.per_unit and items:
+            left = max(0, (self.total - self.resumed) * self.per_unit - items) * elapsed / items
+        else:
+            left = (self.total - done) * elapsed / units if units else None
         eta = str(datetime.timedelta(seconds=round(left))) if left is not None else "?"
         print(f"{self.label}: units {done}/{self.total} ({self.resumed} resumed)  {items} {self.unit}  "
               f"{items / elapsed:.1f} {self.unit}/s  {eta} left", file=sys.stderr, flush=True)

@@ -127,7 +127,7 @@ def _run(args, config, settings: dict, model_cfg, syn, folder, world) -> None:
     units = runner.units()
     names = [f"{i:05d}-{u.name}" for i, u in enumerate(units)]
     resumed = store.finished(names)
-    progress = Progress(store, len(names), len(resumed), "evalm eval recall", unit="items")
+    progress = Progress(store, len(names), len(resumed), "evalm eval recall", unit="items", per_unit=config.items)
     runner.progress = progress.tick
     t0 = time.perf_counter()
     run_units(names, lambda i: (runner.run_unit(units[i]), None), store, progress)
