@@ -167,9 +167,9 @@ def plan(root: Path) -> list[list[str]]:
                  "--depths", "100", "--root", str(root)])
     cmds.append([sys.executable, __file__, "recall", "--model", "eva-sinkwin-lora-8k", "--lengths", "16384,65536",
                  "--depths", "100", "--eva-ablation", "no-remote", "--root", str(root)])
-    # the zero-step sink model past its trained 8,192: the whole grid at 16,384 with and without its summaries, at 32,768
-    # with them (its last block without them too), the last block at 65,536 (14 minutes a prompt here); the original reads its last 8,174 tokens of
-    # each (`drop_left`), so only the last block's key is in what it reads
+    # the zero-step sink model past its trained 8,192: the whole grid at 16,384 with and without its summaries, at
+    # 32,768 with them (its last block without them too), the last block at 65,536 (14 minutes a prompt here); the
+    # original reads its last 8,174 tokens of each (`drop_left`), so only the last block's key is in what it reads
     for ablation in ("none", "no-remote"):
         cmds.append([sys.executable, __file__, "recall", "--model", "eva-overlap-sinkwin-0", "--lengths", "16384",
                      "--eva-ablation", ablation, "--root", str(root)])
