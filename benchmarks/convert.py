@@ -150,35 +150,29 @@ def plan(root: Path) -> list[list[str]]:
                  *SINKWIN_LORA])
     cmds.append([sys.executable, __file__, "trainables", "--root", str(root)])  # on the GPU machine: the adapters
     cmds.append([sys.executable, __file__, "rebuild", "--root", str(root)])  # here: its hf folder from them
-    for model in MODELS:
-        cmds.append([sys.executable, __file__, "ppl", "--model", model, "--root", str(root)])
-    for model in ("eva-rope-0", "eva-overlap-0", "eva-overlap-sink-0", "eva-rope-lora"):  # the same weights without summaries
-        cmds.append([sys.executable, __file__, "ppl", "--model", model, "--max-tokens", "4096", "--eva-ablation", "no-remote",
-                     "--root", str(root)])
-    for model in ("original", "eva-rope-0", "eva-rope-transfer", "eva-rope-lora", "eva-rope-lora-8k", "eva-overlap-sinkwin-0",
-                  "eva-sinkwin-lora-8k"):
-        cmds.append([sys.executable, __file__, "icl", "--model", model, "--root", str(root)])
-    for model in ("eva-rope-lora", "eva-rope-0", "eva-rope-transfer"):
-        cmds.append([sys.executable, __file__, "recall", "--model", model, "--root", str(root)])
-    for model in ("eva-overlap-sinkwin-0", "eva-sinkwin-lora-8k"):
-        cmds.append([sys.executable, __file__, "recall", "--model", model, "--lengths", "1024,4096", "--root", str(root)])
+    def own(what: str, model: str, *flags: str) -> list[str]:
+        """This script's `what` (ppl / icl / recall) on one model of the study."""
+        return [sys.executable, __file__, what, "--model", model, *flags, "--root", str(root)]
+
+    cmds += [own("ppl", model) for model in MODELS]
+    cmds += [own("ppl", model, "--max-tokens", "4096", "--eva-ablation", "no-remote")  # the same weights without summaries
+             for model in ("eva-rope-0", "eva-overlap-0", "eva-overlap-sink-0", "eva-rope-lora")]
+    cmds += [own("icl", model) for model in ("original", "eva-rope-0", "eva-rope-transfer", "eva-rope-lora", "eva-rope-lora-8k",
+                                             "eva-overlap-sinkwin-0", "eva-sinkwin-lora-8k")]
+    cmds += [own("recall", model) for model in ("eva-rope-lora", "eva-rope-0", "eva-rope-transfer")]
+    cmds += [own("recall", model, "--lengths", "1024,4096") for model in ("eva-overlap-sinkwin-0", "eva-sinkwin-lora-8k")]
     # the sink model far out: a key in its last block (inside its exact keys), with its summaries and without them
-    cmds.append([sys.executable, __file__, "recall", "--model", "eva-sinkwin-lora-8k", "--lengths", "16384",
-                 "--depths", "100", "--root", str(root)])
-    cmds.append([sys.executable, __file__, "recall", "--model", "eva-sinkwin-lora-8k", "--lengths", "16384,65536",
-                 "--depths", "100", "--eva-ablation", "no-remote", "--root", str(root)])
+    cmds.append(own("recall", "eva-sinkwin-lora-8k", "--lengths", "16384", "--depths", "100"))
+    cmds.append(own("recall", "eva-sinkwin-lora-8k", "--lengths", "16384,65536", "--depths", "100",
+                    "--eva-ablation", "no-remote"))
     # the zero-step sink model past its trained 8,192: the whole grid at 16,384 with and without its summaries, at
     # 32,768 with them (its last block without them too), the last block at 65,536 (14 minutes a prompt here); the
     # original reads its last 8,174 tokens of each (`drop_left`), so only the last block's key is in what it reads
-    for ablation in ("none", "no-remote"):
-        cmds.append([sys.executable, __file__, "recall", "--model", "eva-overlap-sinkwin-0", "--lengths", "16384",
-                     "--eva-ablation", ablation, "--root", str(root)])
-    cmds.append([sys.executable, __file__, "recall", "--model", "eva-overlap-sinkwin-0", "--lengths", "32768", "--root", str(root)])
-    cmds.append([sys.executable, __file__, "recall", "--model", "eva-overlap-sinkwin-0", "--lengths", "32768", "--depths", "100",
-                 "--eva-ablation", "no-remote", "--root", str(root)])
-    cmds.append([sys.executable, __file__, "recall", "--model", "eva-overlap-sinkwin-0", "--lengths", "65536", "--depths", "100",
-                 "--root", str(root)])
-    cmds.append([sys.executable, __file__, "recall", "--model", "original", "--lengths", "32768,65536", "--root", str(root)])
+    cmds += [own("recall", "eva-overlap-sinkwin-0", "--lengths", "16384", "--eva-ablation", a) for a in ("none", "no-remote")]
+    cmds.append(own("recall", "eva-overlap-sinkwin-0", "--lengths", "32768"))
+    cmds.append(own("recall", "eva-overlap-sinkwin-0", "--lengths", "32768", "--depths", "100", "--eva-ablation", "no-remote"))
+    cmds.append(own("recall", "eva-overlap-sinkwin-0", "--lengths", "65536", "--depths", "100"))
+    cmds.append(own("recall", "original", "--lengths", "32768,65536"))
     cmds.append([sys.executable, __file__, "tables", "--root", str(root)])
     return cmds
 
