@@ -81,26 +81,34 @@ def _hash(rows: Tensor, keys: Tensor, scratch: tuple[Tensor, Tensor] | None = No
     multiply–xorshift–multiply in int32 (wrapping). `scratch`: two flat int32 buffers of at least
     the broadcast size to compute in (fresh tensors of a tile's size cost more than the arithmetic)."""
     if scratch is None:
-        x, y = rows ^ keys, None
-    else:
-        shape = torch.broadcast_shapes(rows.shape, keys.shape)
-        x, y = (buffer[: math.prod(shape)].view(shape) for buffer in scratch)
-        torch.bitwise_xor(rows, keys, out=x)
+        return scramble(rows ^ keys)
+    shape = torch.broadcast_shapes(rows.shape, keys.shape)
+    x, y = (buffer[: math.prod(shape)].view(shape) for buffer in scratch)
+    torch.bitwise_xor(rows, keys, out=x)
     x.mul_(_MUL32[0])
-    y = torch.bitwise_right_shift(x, 15, out=y) if y is not None else x.bitwise_right_shift(15)
+    torch.bitwise_right_shift(x, 15, out=y)
     x.bitwise_xor_(y.bitwise_and_(0x1FFFF))  # a logical shift of the int32 bits
     x.mul_(_MUL32[1])
     return x.bitwise_and_(0x7FFFFFFF)
 
 
-def _cut(p: float) -> int:
+def scramble(x: Tensor) -> Tensor:
+    """The per-logit round of `_hash` on x = row key ^ key key (int32), out of place: the form a
+    fused kernel's score_mod traces (evalm/flex.py), and `_hash` without scratch buffers."""
+    x = x * _MUL32[0]
+    x = x ^ ((x >> 15) & 0x1FFFF)  # a logical shift of the int32 bits
+    x = x * _MUL32[1]
+    return x & 0x7FFFFFFF
+
+
+def cut(p: float) -> int:
     """Hashes below it are dropped: ⌈p·2³¹⌉ of the 2³¹ values."""
     return math.ceil(p * (1 << 31))
 
 
 def keep_of(rows: Tensor, keys: Tensor, p: float) -> Tensor:
     """The keep decisions (bool) of broadcast `row_keys` × `key_keys`."""
-    return _hash(rows, keys) >= _cut(p)
+    return _hash(rows, keys) >= cut(p)
 
 
 _NEG_INF_BITS = {torch.float32: -(1 << 23), torch.float64: -(1 << 52)}  # 0xFF800000, 0xFFF0000000000000
@@ -114,7 +122,7 @@ def additive_of(rows: Tensor, keys: Tensor, p: float, dtype: torch.dtype,
     x = _hash(rows, keys, scratch)
     if dtype == torch.float64:
         x = x.long()
-    x.sub_(_cut(p)).bitwise_right_shift_(8 * x.element_size() - 1)  # −1 where dropped, 0 where kept
+    x.sub_(cut(p)).bitwise_right_shift_(8 * x.element_size() - 1)  # −1 where dropped, 0 where kept
     return x.bitwise_and_(_NEG_INF_BITS[dtype]).view(dtype)
 
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from evalm import eva_paths, flash, summaries, tiles, tiling, whole_sequence
+from evalm import eva_paths, flash, flex, summaries, tiles, tiling, whole_sequence
 from evalm.cache import Cache, Parts, parts_append, parts_bytes, parts_len
 from evalm.eva_paths import EvaCall, EvaPath, Route
 from evalm.heads import HeadProjections
@@ -216,12 +216,16 @@ class EvaAttention(HeadProjections):
             # a sink still filling would become the batch's own, not the parent's shared one
             forks=B > 1 and plan.n_tiles == 1 and no_new_chunk and n_seen >= sink and all(p.shape[0] == 1 for p in cached),
             sink=sink > 0,
+            flex=cache is None and flex.usable_on(q),
         )
         return plan, call
 
     def _attend_whole(self, t: Tiling, path: EvaPath, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        """A whole sequence (training, one-shot scoring), q, k, v (B, T, H, D): linear memory, the
-        chunk state and the logits recomputed in backward (paths fused and recompute)."""
+        """A whole sequence (training, one-shot scoring), q, k, v (B, T, H, D): on a GPU one flex_attention
+        call (path flex); else linear memory, the chunk state and the logits recomputed in backward
+        (paths fused and recompute)."""
+        if path.route is Route.FLEX:
+            return self._attend_flex(t, q, k, v)
         w = self.window_size
         bias = None
         if self.rel_pos_bias is not None:  # one block's (w, ext + w) bias: it depends on i − j only
@@ -230,6 +234,10 @@ class EvaAttention(HeadProjections):
         implementation = whole_sequence.FUSED if path.route is Route.FUSED else whole_sequence.PLAIN
         call = whole_sequence.WholeSequence(t, implementation, self.maps, consume=True)  # q, k, v: this call's own
         return whole_sequence.eva_attention(call, q, k, v, bias)
+
+    def _attend_flex(self, t: Tiling, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """Path flex: one flex_attention call over tokens, summaries and sink keys (evalm/flex.py)."""
+        return flex.eva(flex.Layer(t, self.maps, self.rel_pos_bias, self.sink_shift), q, k, v)
 
     def _entries(self, cache: Cache | None) -> tiles.Entries:
         """What a cached call reads besides its window: completed chunks are added in `_encode`."""

@@ -3,11 +3,15 @@
 All paths compute the same joint softmax over a query's local block and the chunk summaries it
 may see (docs/eva.md, "The closed form"); they differ in memory, speed and what they support:
 
+  flex         a whole sequence on a GPU: one compiled `flex_attention` call per layer over the
+               tokens, the chunk summaries and the sink keys with a block mask from the rule;
+               autograd's backward (the kernel's own); attention dropout as −inf in its score_mod
+               (evalm/flex.py); sink tokens included, moved or not
   fused        a whole sequence (training, one-shot scoring) on PyTorch's fused CPU attention
                kernel, three parts merged by log-sum-exp; backward recomputes; attention dropout
                as −inf in the kernel's mask (evalm/flash.py, evalm/flash_sweep.py, evalm/flash_dropout.py)
-  recompute    the same whole sequence in plain PyTorch ops, backward recomputes: tensors the
-               CPU kernel does not take (evalm/recompute.py)
+  recompute    the same whole sequence in plain PyTorch ops, backward recomputes: tensors neither
+               kernel takes (float64 or a head dimension below 16 on a GPU; evalm/recompute.py)
   tiles        query tiles over a cache's entries, one additive mask per tile group and
                `F.scaled_dot_product_attention` (with attention dropout, the same softmax written
                out), autograd's own backward (evalm/tiles.py); also whole sequences with sink
@@ -37,6 +41,7 @@ from evalm.config_toolkit import debug
 class Route(enum.Enum):
     """How a call's queries meet their keys; the value is the name `--debug` prints."""
 
+    FLEX = "flex"  # a whole sequence on a GPU: one flex_attention call (evalm/flex.py)
     FUSED = "fused"  # a whole sequence on the fused CPU kernel (evalm/whole_sequence.py, FUSED)
     RECOMPUTE = "recompute"  # a whole sequence in plain PyTorch ops (evalm/whole_sequence.py, PLAIN)
     TILES = "tiles"  # query tiles over a cache's entries (evalm/tiles.py)
@@ -45,7 +50,7 @@ class Route(enum.Enum):
     @property
     def whole(self) -> bool:
         """A whole sequence at once, without a cache."""
-        return self in (Route.FUSED, Route.RECOMPUTE)
+        return self in (Route.FLEX, Route.FUSED, Route.RECOMPUTE)
 
 
 @dataclass(frozen=True)
@@ -59,7 +64,8 @@ class EvaCall:
     full_precision: bool  # fp32 or fp64 queries (the split softmax has no low-precision accumulation)
     one_tile_per_group: bool  # every tile group holds one tile (a short segment, or a huge key set)
     forks: bool  # several sequences over one shared parent's entries, in one tile
-    sink: bool = False  # the layer keeps sink tokens (`Tiling.sink`): only the tiles read them
+    sink: bool = False  # the layer keeps sink tokens (`Tiling.sink`): the flex route and the tiles read them
+    flex: bool = False  # flex_attention compiles for these tensors (a GPU; evalm/flex.py `usable_on`)
 
 
 @dataclass(frozen=True)
@@ -77,9 +83,13 @@ class EvaPath:
 
 
 def choose(call: EvaCall) -> EvaPath:
-    """The path of a call: the whole-sequence kernel where it applies (with or without attention
-    dropout), else the plain recompute; with a cache, tiles, folded forks, and the split softmax
-    where no graph or dropout needs the mask."""
+    """The path of a call: a whole sequence on the GPU's flex_attention, else on the fused CPU kernel
+    where it applies (with or without attention dropout), else the plain recompute; with a cache,
+    tiles, folded forks, and the split softmax where no graph or dropout needs the mask."""
+    if call.whole and call.flex:
+        why = "; attention dropout as −inf in its score_mod, renormalised by the undropped log-sum-exp" if call.dropout else ""
+        return EvaPath(Route.FLEX, "a whole sequence on a GPU: one compiled flex_attention call over tokens, "
+                                   f"summaries{' and sink keys' if call.sink else ''} with the rule's block mask{why}")
     if call.whole and call.sink:  # the fused and plain kernels split a sequence into blocks and chunks only
         return EvaPath(Route.TILES, "a whole sequence with sink tokens, which only the tiles read (autograd's backward)")
     if call.whole:

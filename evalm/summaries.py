@@ -63,6 +63,25 @@ def values(k: Tensor, v: Tensor, omega: Tensor, scale: float) -> tuple[Tensor, T
     return beta, weights
 
 
+def batched(maps: AdaptiveMaps, q: Tensor, k: Tensor, v: Tensor, chunks: range, c: int, scale: float,
+            noise_seed: int | None) -> tuple[Tensor, Tensor]:
+    """k̃ and β (B, H, m, D) of `chunks` (m consecutive chunk indices) of q, k, v (B, N, H, D): every
+    chunk and head in one batched product each, differentiable by autograd (the GPU route,
+    evalm/flex.py, where a (B, H, N)-sized λ costs less than a loop's launches). Means and λ in at
+    least fp32 (`upcast`); k̃ in the maps' dtype; ε (`noise_seed`) drawn like ω, as every path draws it."""
+    rows = slice(chunks.start * c, chunks.stop * c)
+
+    def by_chunk(x: Tensor) -> Tensor:  # (B, m, c, H, D), a view
+        return upcast(x[:, rows].unflatten(1, (len(chunks), c)))
+
+    dtype = maps.parameters()[0].dtype
+    q_mean, k_mean = (by_chunk(x).mean(2).transpose(1, 2).to(dtype) for x in (q, k))
+    k_tilde, omega = keys(maps, q_mean, k_mean, noise_seed)
+    kc, vc = (by_chunk(x).permute(0, 3, 1, 2, 4) for x in (k, v))  # (B, H, m, c, D)
+    beta, _ = values(kc, vc, upcast(omega).to(kc.dtype), scale)
+    return k_tilde, beta
+
+
 class ChunkValues(NamedTuple):
     """ω and what `values` makes of it: β (…, n, D) and the softmax weights (…, n, c)."""
 

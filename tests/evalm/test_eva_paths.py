@@ -30,12 +30,17 @@ SCORING = EvaCall(whole=False, kernel=True, dropout=False, grad=False, full_prec
     ({"kernel": False}, Route.RECOMPUTE),
     ({"kernel": False, "dropout": True}, Route.RECOMPUTE),
     ({"whole": False}, Route.TILES),  # a cache in training: autograd through tiles
+    ({"flex": True}, Route.FLEX),  # a GPU: one flex_attention call, before the CPU kernel
+    ({"flex": True, "dropout": True}, Route.FLEX),
+    ({"flex": True, "sink": True}, Route.FLEX),  # the flex route reads sink tokens, moved or not
+    ({"flex": True, "whole": False}, Route.TILES),  # a cache on a GPU: the tiles
+    ({"sink": True}, Route.TILES),  # no flex: only the tiles read sink tokens
 ])
 def test_a_whole_sequence_takes_the_kernel_unless_the_device_forbids(facts, route):
     path = choose(dataclasses.replace(TRAINING, **facts))
     assert path.route is route and not path.split and path.reason
-    assert path.route.whole == facts.get("whole", True) and path.name == route.value
-    assert ("dropout" in path.reason) == (route is Route.FUSED and facts.get("dropout", False))
+    assert path.route.whole == (route is not Route.TILES) and path.name == route.value
+    assert ("dropout" in path.reason) == (route in (Route.FUSED, Route.FLEX) and facts.get("dropout", False))
 
 
 @pytest.mark.parametrize("facts, route, split", [

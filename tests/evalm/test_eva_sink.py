@@ -52,7 +52,7 @@ def visibility(attn, T: int, sink: int, ablation: Ablation = Ablation.NONE) -> t
     """(T, T) local, (T, T) sink and (T, C) remote visibility of EVA with `sink` sink tokens."""
     w, c, ext = attn.window_size, attn.chunk_size, attn.ext
     i, j, r = torch.arange(T)[:, None], torch.arange(T)[None], torch.arange(T // c)[None]
-    start = (i // w * w - ext).clamp(min=0)
+    start = i // c * c if ablation is Ablation.CHUNK_WINDOW else (i // w * w - ext).clamp(min=0)
     local = (j <= i) & (j >= start)
     sunk = j < torch.minimum(start, torch.tensor(sink))
     limit = start // c if attn.exclude_window_chunks else i // c
@@ -63,7 +63,8 @@ def visibility(attn, T: int, sink: int, ablation: Ablation = Ablation.NONE) -> t
 def oracle(attn, q, k, v, sink: int, ablation: Ablation = Ablation.NONE, move=None, training=None) -> torch.Tensor:
     """EVA's closed form with sink tokens: q, k, v (B, T, H, D) -> (B, T, H, D). `move(keys, shift)`:
     the sink keys a query reads are move(k_j, window_start(its block's start) − S). `training` (dropout
-    seed, rate, noise seed): ε of the summarised chunks drawn as evalm/summaries.py draws it, and each
+    seed, rate, noise seed[, a tensor like the route's ω: where and in which dtype ε is drawn, the CPU
+    in q's dtype by default]): ε of the summarised chunks drawn as evalm/summaries.py draws it, and each
     probability times the keep decision of evalm/dropout_mask.py (token keys by position, local or
     sink; chunk r as −1 − r), scaled by 1/(1 − p)."""
     B, T, H, D = q.shape
@@ -73,7 +74,8 @@ def oracle(attn, q, k, v, sink: int, ablation: Ablation = Ablation.NONE, move=No
     omega = attn.adaptive_mu_q(qc.mean(2)) + k_tilde
     first = sink // c
     if training is not None:  # one draw for the chunks the call summarises, laid out (B, H, chunks, D)
-        eps = summaries.noise(training[2], torch.empty(B, H, C - first, D, dtype=q.dtype)).transpose(1, 2)
+        like = training[3] if len(training) > 3 else torch.empty((), dtype=q.dtype)
+        eps = summaries.noise(training[2], like.new_empty(B, H, C - first, D)).to(q).transpose(1, 2)
         omega = torch.cat([omega[:, :first], omega[:, first:] + eps], 1)
     lam = s * (kc * omega[:, :, None]).sum(-1) - s * kc.pow(2).sum(-1) / 2  # (B, C, c, H)
     beta = (torch.softmax(lam, 2)[..., None] * vc).sum(2)  # (B, C, H, D)
@@ -89,7 +91,9 @@ def oracle(attn, q, k, v, sink: int, ablation: Ablation = Ablation.NONE, move=No
     sink_logits = token_logits
     if move is not None:
         w, ext = attn.window_size, attn.ext
-        shift = (torch.arange(T) // w * w - ext).clamp(min=0) - sink  # (T,) per query
+        block = torch.arange(T) // w * w  # the query's block start, and that block's window start
+        start = block if ablation is Ablation.CHUNK_WINDOW else (block - ext).clamp(min=0)
+        shift = start - sink  # (T,) per query
         moved = move(k[:, None], shift.view(1, T, 1, 1))  # (B, T queries, T keys, H, D)
         sink_logits = s * torch.einsum("bihd,bijhd->bhij", q, moved)
     logits = torch.cat([local_logits.masked_fill(~local, float("-inf")), sink_logits.masked_fill(~sunk, float("-inf")),
@@ -97,7 +101,7 @@ def oracle(attn, q, k, v, sink: int, ablation: Ablation = Ablation.NONE, move=No
     values = torch.cat([v.transpose(1, 2), v.transpose(1, 2), beta.transpose(1, 2)], -2)  # (B, H, 2T + C, D)
     p = torch.softmax(logits, -1)
     if training is not None:
-        seed, rate, _ = training
+        seed, rate = training[:2]
         ids = torch.cat([torch.arange(T), torch.arange(T), dropout_mask.chunk_key(torch.arange(C))])
         kept = dropout_mask.keep(seed, rate, torch.arange(B).view(B, 1, 1, 1), torch.arange(H).view(1, H, 1, 1),
                                  torch.arange(T).view(1, 1, T, 1), ids.view(1, 1, 1, -1))
