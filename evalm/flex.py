@@ -243,6 +243,10 @@ def _compiled():
     """flex_attention compiled once per process (dynamic=False: one kernel per shape and rule); every
     EVA layer of a model calls it with the same rule object, so it compiles once per shape."""
     module, _ = _flex()
+    # One compiled kernel per shape and score_mod: a run holds a few (its lengths; with dropout, the
+    # masked and the undropped call), tests and benchmarks more. Past dynamo's recompile limit (8) a
+    # call would silently run the eager reference, which materialises every score: raise it.
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     return torch.compile(module.flex_attention, dynamic=False)
 
 

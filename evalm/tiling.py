@@ -90,6 +90,13 @@ class Tiling:
         n = self.limit(pos) - self.first_chunk
         return n.clamp(min=0) if isinstance(n, Tensor) else max(0, n)
 
+    def mean_keys(self, n: int) -> float:
+        """Keys a query reads on average over a whole sequence of n tokens: its local block, sink keys
+        and visible summaries (the work of attention per query, for FLOP counts)."""
+        pos = torch.arange(n, dtype=torch.float64)
+        keys = pos - self.window_start(pos.long()) + 1 + self.sink_count(pos.long()) + self.remote_count(pos.long())
+        return float(keys.mean()) if n else 0.0
+
     def local_mask(self, bias: Tensor | None, device, dtype) -> Tensor:
         """Additive (w, ext + w) mask of one block, the same for every block: the T5 bias where
         visible, −inf after the query (causal) and, with chunk-window, before the query's chunk (c

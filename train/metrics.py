@@ -31,10 +31,37 @@ def peak_flops(device: torch.device) -> float | None:
     return next((v for k, v in PEAK_FLOPS.items() if k in name), None)
 
 
-def flops_per_token(n_params: int, n_layer: int, d_model: int, seq_len: int) -> float:
-    """Training FLOPs per token: 6N for the matmuls plus 6 L T E for causal attention scores
-    (PaLM appendix B, halved for the causal mask); EVA's attention costs less, so MFU is a bound."""
-    return 6 * n_params + 6 * n_layer * seq_len * d_model
+def attention_keys(model, seq_len: int) -> float:
+    """Keys a query reads on average in a line of seq_len tokens: (T + 1)/2 for exact causal
+    attention; for EVA its local block, sink keys and visible chunk summaries (`Tiling.mean_keys`,
+    the rule of docs/eva.md); for window-only attention the block alone. A `[model]` that is not an
+    EVALM decoder (a converted model's) counts as exact attention."""
+    kind = getattr(model, "attention", "full")
+    if kind == "full":
+        return (seq_len + 1) / 2
+    from evalm.tiling import Ablation, Tiling  # torch: only where a decoder's rule is counted
+
+    t = Tiling(model.window_size, model.chunk_size, model.window_size if model.overlap_window else 0,
+               model.exclude_window_chunks, 1.0, sink=model.sink_tokens,
+               ablation=Ablation.NO_REMOTE if kind == "window" else Ablation.NONE)
+    return t.mean_keys(seq_len)
+
+
+def flops_per_token(n_params: int, model, seq_len: int) -> dict[str, float]:
+    """Training FLOPs per token (forward + backward, PaLM appendix B): 6N for the parameters' matrix
+    products (N: `n_params`, `matmul_params` of the model) plus attention's own, 12·L·E·K for the
+    QKᵀ and PV products over the K keys a query reads on average (`attention_keys`); activation
+    checkpointing's recomputed forward is not counted (MFU, not HFU). Returns the parts and "total"."""
+    keys = attention_keys(model, seq_len)
+    parts = {"params": 6.0 * n_params, "attention": 12.0 * model.n_layer * model.d_model * keys, "keys_per_query": keys}
+    return {**parts, "total": parts["params"] + parts["attention"]}
+
+
+def matmul_params(model: torch.nn.Module) -> int:
+    """Parameters used in matrix products per token: the weights of every `nn.Linear`, each once (a
+    tied output matrix is the LM head's; lookup tables, norms and biases do no products)."""
+    weights = {id(m.weight): m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)}
+    return sum(w.numel() for w in weights.values())
 
 
 def peak_memory_gib(device: torch.device) -> float:

@@ -37,7 +37,7 @@ from evalm.train.identity import run_identity
 from evalm.train.config import RunConfig
 from evalm.train.structure import Packed
 from evalm.train.data import IGNORE, LineLoader, LineSource
-from evalm.train.metrics import MetricsLogger, flops_per_token, peak_flops, peak_memory_gib
+from evalm.train.metrics import MetricsLogger, flops_per_token, matmul_params, peak_flops, peak_memory_gib
 from evalm.train.parallelize import Runtime, build_model, init_distributed, weight_decay_groups
 from evalm.train.schedule import set_lr
 from evalm.train.state import TrainState
@@ -245,8 +245,7 @@ class _Meter:
     def __init__(self, session: Session, step: int, tokens_per_step: int):
         config, seq_len = session.config, session.loader.source.seq_len
         self.session, self.tokens_per_step = session, tokens_per_step
-        self.flops = flops_per_token(sum(p.numel() for p in session.model.parameters()), config.model.n_layer,
-                                     config.model.d_model, seq_len)
+        self.flops = flops_per_token(matmul_params(session.model), config.model, seq_len)["total"]
         self.peak = peak_flops(session.runtime.device)
         self.last_time, self.last_step = time.perf_counter(), step
         self.records: list[dict] = []

@@ -1,0 +1,360 @@
+"""EVA where pretraining runs: its GPU route checked and measured on one GPU, in one command.
+
+    python benchmarks/gpu.py --out OUT [--budget 450] [--sections tests attention train cache]
+
+Writes OUT/gpu.json (every figure) and OUT/gpu.md (the tables docs/results.md takes), printing the
+tables last. Each section is timed; one that would start past the budget is skipped and says so.
+Every ratio is against a baseline measured in the same process on the same GPU.
+
+  tests      `pytest -m cuda tests/evalm/test_flex_cuda.py`: the compiled route's forward and backward
+             against the float64 equation (fp32 and bf16), dropout as the CPU route draws it,
+             incremental encoding on CUDA equal to the one-shot forward
+  attention  one EVA layer's attention (summaries, slots, one flex_attention call) forward + backward
+             against PyTorch's Flash SDPA (causal), 16 heads of 64, bf16, w 128, c 8, at 8k / 32k / 128k
+             tokens (32,768 tokens a batch below 32k), without and with attention dropout 0.1
+  train      configs/evalm-350m.toml on one GPU (FSDP2 world of one, bf16, activation checkpointing,
+             dropout 0.1 and attention dropout 0.1 as Table 6) on random tokens at 8,192 and 32,768
+             tokens a line, 32,768 tokens a micro-batch, EVA and its full-attention twin (Flash SDPA)
+  cache      the 350M shape's cache (bf16, random weights): 16 / 256 / 2,000 demonstrations encoded
+             once, then per test item a fork, its 10-token shared test prefix, two 2-token candidates;
+             the full-attention twin's K/V cache over the same context beside it
+
+FLOPs per token of training (train/metrics.py): 6N for the Linear weights plus attention's own,
+12·L·E·K for K keys a query reads on average (exact: (T + 1)/2; EVA: its block, its visible
+summaries). Attention FLOPs of one call: 4·B·H·D·Σ_i K(i) forward, 3.5× that forward + backward
+(FlashAttention's count: the backward's five products, one of them recomputing the scores). MFU
+uses the vendor's dense bf16 peak (train/metrics.py) and, beside it, the matrix-product rate
+measured here (8192³ bf16, `matmul_tflops`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+# Run as a script, this file's folder comes first on sys.path and its name would shadow nothing,
+# but `benchmarks/train.py` would shadow the `train` package: drop that entry.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "configs" / "evalm-350m.toml"
+TOKENS_PER_BATCH = 32768
+
+
+def sync_time(fn, repeats: int, warmup: int = 2) -> float:
+    """Median seconds of fn() over `repeats` runs after `warmup`, with the GPU synchronised around each."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def matmul_tflops() -> float:
+    """The bf16 matrix-product rate of this GPU: an 8192³ product on random data."""
+    a, b = (torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    return 2 * 8192**3 / sync_time(lambda: a @ b, 10, 3) / 1e12
+
+
+def model_config(**changes):
+    from evalm import ModelConfig
+    from evalm.config_toolkit import build, read_toml
+
+    return build(ModelConfig, {**read_toml(CONFIG)["model"], **changes}, where=f"{CONFIG} [model]")
+
+
+# ------------------------------------------------------------------------------------ sections
+
+def tests(_: dict) -> dict:
+    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "cuda", "tests/evalm/test_flex_cuda.py", "-p", "no:cacheprovider"]
+    if importlib.util.find_spec("xdist"):  # each test compiles its own kernels: in parallel processes
+        cmd += ["-n", "6"]
+    t0 = time.perf_counter()
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    tail = (done.stdout + done.stderr).strip().splitlines()[-12:]
+    print("\n".join(tail), flush=True)
+    return {"command": " ".join(cmd[1:]), "rc": done.returncode, "seconds": time.perf_counter() - t0, "tail": tail}
+
+
+def _attention_pair(n: int, dropout: float):
+    """(EVA fwd+bwd, SDPA fwd+bwd) closures over fresh bf16 q, k, v of 16 heads of 64, and the layer's Tiling."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from evalm.eva import EvaAttention
+
+    B = max(1, TOKENS_PER_BATCH // n)
+    layer = EvaAttention(model_config(attn_dropout=dropout)).cuda().train()
+    q, k, v = (torch.randn(B, n, 16, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    d_out = torch.randn(B, n, 16, 64, device="cuda", dtype=torch.bfloat16)
+
+    def eva():
+        layer.attend(q, k, v).backward(d_out)
+
+    def sdpa():
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            out = torch.nn.functional.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, dropout_p=dropout)
+        out.transpose(1, 2).backward(d_out)
+
+    return eva, sdpa, layer.layout, B
+
+
+def _peak_gib(fn) -> float:
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 2**30
+
+
+def attention(ctx: dict) -> dict:
+    rows = []
+    for n, dropout in ((8192, 0.0), (32768, 0.0), (131072, 0.0), (8192, 0.1), (32768, 0.1)):
+        if time.perf_counter() > ctx["deadline"] - 30:
+            rows.append({"n": n, "dropout": dropout, "skipped": "budget"})
+            continue
+        try:
+            rows.append(_attention_row(n, dropout))
+        except Exception as err:  # noqa: BLE001 (one failed length is a finding; the others still run)
+            rows.append({"n": n, "dropout": dropout, "skipped": f"{type(err).__name__}: {err}"[:500]})
+            print(f"attention n={n} dropout={dropout}: {rows[-1]['skipped']}", flush=True)
+        torch.cuda.empty_cache()
+    return {"rows": rows}
+
+
+def _attention_row(n: int, dropout: float) -> dict:
+    eva, sdpa, t, B = _attention_pair(n, dropout)
+    t0 = time.perf_counter()
+    eva()  # compiles
+    compile_s = time.perf_counter() - t0
+    repeats = 10 if n <= 32768 else 4
+    eva_s, sdpa_s = sync_time(eva, repeats), sync_time(sdpa, repeats)
+    fwd_eva = 4 * B * 16 * 64 * n * t.mean_keys(n)
+    fwd_full = 4 * B * 16 * 64 * n * (n + 1) / 2
+    row = {"n": n, "batch": B, "dropout": dropout, "eva_ms": eva_s * 1e3, "sdpa_ms": sdpa_s * 1e3,
+           "speedup": sdpa_s / eva_s, "flop_limit": fwd_full / fwd_eva, "eva_keys_per_query": t.mean_keys(n),
+           "eva_tflops": 3.5 * fwd_eva / eva_s / 1e12, "sdpa_tflops": 3.5 * fwd_full / sdpa_s / 1e12,
+           "eva_peak_gib": _peak_gib(eva), "sdpa_peak_gib": _peak_gib(sdpa), "eva_compile_s": compile_s}
+    print(f"attention n={n} dropout={dropout}: EVA {row['eva_ms']:.2f} ms, SDPA {row['sdpa_ms']:.2f} ms, "
+          f"{row['speedup']:.2f}x (FLOP limit {row['flop_limit']:.1f}x), compile {compile_s:.0f} s", flush=True)
+    return row
+
+
+class RandomLines:
+    """A line source of random tokens (train/data.py `LineSource`): line i drawn from seed i."""
+
+    def __init__(self, seq_len: int, vocab: int, n: int = 4096):
+        self.seq_len, self.vocab, self.n = seq_len, vocab, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def line(self, i: int):
+        return np.random.default_rng(i).integers(0, self.vocab, self.seq_len + 1, dtype=np.int64), None
+
+
+def _train_row(attention_kind: str, n: int, runtime, steps: int, peaks: dict) -> dict:
+    from evalm.config_toolkit import build, read_toml
+    from evalm.train.config import OptimConfig
+    from evalm.train.data import LineLoader
+    from evalm.train.metrics import flops_per_token, matmul_params
+    from evalm.train.parallelize import build_model
+    from evalm.train.trainer import make_optimizer, train_step
+
+    config = model_config(attention=attention_kind)
+    model = build_model(config, runtime, seed=0, bf16=True, activation_checkpointing=True)
+    optimizer = make_optimizer(model, build(OptimConfig, read_toml(CONFIG)["optim"], where=str(CONFIG)))
+    loader = LineLoader(RandomLines(n, config.vocab_size), rank=0, world_size=1, batch_size=TOKENS_PER_BATCH // n,
+                        shuffle=False, seed=0)
+    model.train()
+    t0 = time.perf_counter()
+    losses = [train_step(model, optimizer, loader, runtime, 1, 1.0)[0] for _ in range(2)]  # compiles, warms up
+    warm_s = time.perf_counter() - t0
+    torch.cuda.reset_peak_memory_stats()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    losses += [train_step(model, optimizer, loader, runtime, 1, 1.0)[0] for _ in range(steps)]
+    torch.cuda.synchronize()
+    step_s = (time.perf_counter() - t0) / steps
+    flops = flops_per_token(matmul_params(model), config, n)
+    tok_s = TOKENS_PER_BATCH / step_s
+    row = {"attention": attention_kind, "n": n, "steps": steps, "step_s": step_s, "tokens_per_s": tok_s,
+           "flops_per_token": flops, "mfu_datasheet": tok_s * flops["total"] / peaks["datasheet"],
+           "mfu_measured_peak": tok_s * flops["total"] / peaks["measured"], "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
+           "warmup_s": warm_s, "loss_first": losses[0], "loss_last": losses[-1]}
+    del model, optimizer
+    torch.cuda.empty_cache()
+    print(f"train {attention_kind} n={n}: {tok_s:,.0f} tok/s, MFU {100 * row['mfu_datasheet']:.1f}% "
+          f"(measured peak: {100 * row['mfu_measured_peak']:.1f}%), {row['peak_gib']:.1f} GiB", flush=True)
+    return row
+
+
+def train(ctx: dict) -> dict:
+    from evalm.train.parallelize import init_distributed
+
+    runtime = init_distributed("cuda")
+    rows = []
+    for n in (8192, 32768):
+        for kind in ("eva", "full"):
+            if time.perf_counter() > ctx["deadline"] - 40:
+                rows.append({"attention": kind, "n": n, "skipped": "budget"})
+                continue
+            try:
+                rows.append(_train_row(kind, n, runtime, ctx["train_steps"], ctx["peaks"]))
+            except Exception as err:  # noqa: BLE001 (one failed row is a finding; the others still run)
+                rows.append({"attention": kind, "n": n, "skipped": f"{type(err).__name__}: {err}"[:500]})
+                print(f"train {kind} n={n}: {rows[-1]['skipped']}", flush=True)
+                torch.cuda.empty_cache()
+    torch.distributed.destroy_process_group()
+    return {"rows": rows, "batch_tokens": TOKENS_PER_BATCH}
+
+
+def _scoring_model(kind: str):
+    from evalm import EvalmModel
+
+    torch.manual_seed(0)
+    model = EvalmModel(model_config(attention=kind, dropout=0.0, attn_dropout=0.0))
+    model.init_weights()
+    return model.to("cuda", torch.bfloat16).eval()
+
+
+@torch.no_grad()
+def _item_seconds(model, context: torch.Tensor, items: int) -> tuple[float, float, int]:
+    """(encode seconds of the context, median seconds per test item, cache bytes)."""
+    cache = model.new_cache()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for lo in range(0, context.shape[1], 4096):  # segments: the full twin's logits stay (4,096 × n)
+        model(context[:, lo : lo + 4096], cache=cache)
+    torch.cuda.synchronize()
+    encode_s = time.perf_counter() - t0
+    gen = torch.Generator().manual_seed(1)
+    V = model.config.vocab_size
+
+    def item():
+        node = cache.fork()
+        model(torch.randint(0, V, (1, 10), generator=gen).cuda(), cache=node)  # the shared test prefix
+        model(torch.randint(0, V, (2, 2), generator=gen).cuda(), cache=node.fork(batch_size=2))  # two candidates
+
+    return encode_s, sync_time(item, items, 3), cache.nbytes()
+
+
+def cache(ctx: dict) -> dict:
+    rng = np.random.default_rng(0)
+    rows = []
+    for kind in ("eva", "full"):
+        model = _scoring_model(kind)
+        for shots in (16, 256, 2000):
+            if time.perf_counter() > ctx["deadline"] - 15:
+                rows.append({"attention": kind, "shots": shots, "skipped": "budget"})
+                continue
+            tokens = sum(int(rng.integers(8, 15)) for _ in range(shots))
+            context = torch.from_numpy(rng.integers(0, model.config.vocab_size, (1, tokens))).cuda()
+            encode_s, item_s, nbytes = _item_seconds(model, context, 20)
+            kv = 2 * model.config.n_layer * tokens * model.config.d_model * 2  # bf16 K and V of every token
+            rows.append({"attention": kind, "shots": shots, "tokens": tokens, "encode_s": encode_s,
+                         "item_ms": item_s * 1e3, "cache_mib": nbytes / 2**20, "kv_cache_mib": kv / 2**20})
+            print(f"cache {kind} {shots} shots ({tokens} tokens): {item_s * 1e3:.2f} ms/item, "
+                  f"{nbytes / 2**20:.1f} MiB (K/V {kv / 2**20:.1f} MiB)", flush=True)
+        del model
+        torch.cuda.empty_cache()
+    return {"rows": rows}
+
+
+SECTIONS = {"tests": tests, "attention": attention, "train": train, "cache": cache}
+
+
+# ---------------------------------------------------------------------------------------- report
+
+def _rows(section: dict, header: list[str], cells) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in section.get("rows", []):
+        lines.append("| " + " | ".join(cells(row) if "skipped" not in row else [str(row.get("n", row.get("shots")))]
+                                        + [f"skipped ({row['skipped']})"]) + " |")
+    return lines if "error" not in section else [f"error: {section['error']}"]
+
+
+def table(r: dict) -> str:
+    """The markdown tables of a report (docs/results.md, "EVA on a GPU")."""
+    out = [f"{r['device']}, torch {r['torch']} (CUDA {r['cuda']}), commit {r['commit'] or 'n/a'}; bf16 matrix products "
+           f"{r['peaks_tflops']['measured']:.0f} TFLOP/s measured here, {r['peaks_tflops']['datasheet']:.0f} datasheet", ""]
+    t = r.get("tests", {})
+    out += [f"CUDA tests: rc {t.get('rc')} in {t.get('seconds', 0):.0f} s: {(t.get('tail') or ['not run'])[-1]}", ""]
+    out += _rows(r.get("attention", {}), ["tokens", "batch", "attn dropout", "EVA ms", "Flash SDPA ms", "speed-up",
+                                          "FLOP limit", "EVA TFLOP/s", "SDPA TFLOP/s", "EVA GiB", "SDPA GiB"],
+                 lambda x: [f"{x['n']:,}", str(x["batch"]), str(x["dropout"]), f"{x['eva_ms']:.2f}", f"{x['sdpa_ms']:.2f}",
+                            f"{x['speedup']:.2f}x", f"{x['flop_limit']:.1f}x", f"{x['eva_tflops']:.0f}",
+                            f"{x['sdpa_tflops']:.0f}", f"{x['eva_peak_gib']:.2f}", f"{x['sdpa_peak_gib']:.2f}"]) + [""]
+    out += _rows(r.get("train", {}), ["tokens a line", "attention", "tokens/s", "step s", "MFU (datasheet)",
+                                      "MFU (measured peak)", "FLOPs/token: 6N + attention", "peak GiB", "loss first → last"],
+                 lambda x: [f"{x['n']:,}", x["attention"], f"{x['tokens_per_s']:,.0f}", f"{x['step_s']:.3f}",
+                            f"{100 * x['mfu_datasheet']:.1f}%", f"{100 * x['mfu_measured_peak']:.1f}%",
+                            f"{x['flops_per_token']['params'] / 1e9:.2f}G + {x['flops_per_token']['attention'] / 1e9:.2f}G",
+                            f"{x['peak_gib']:.1f}", f"{x['loss_first']:.2f} → {x['loss_last']:.2f}"]) + [""]
+    out += _rows(r.get("cache", {}), ["attention", "shots", "tokens", "encode s", "ms per test item", "cache MiB",
+                                      "K/V cache MiB"],
+                 lambda x: [x["attention"], str(x["shots"]), f"{x['tokens']:,}", f"{x['encode_s']:.2f}",
+                            f"{x['item_ms']:.2f}", f"{x['cache_mib']:.1f}", f"{x['kv_cache_mib']:.1f}"])
+    return "\n".join(out) + f"\n\ntotal {r.get('total_s', 0):.0f} s\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser.add_argument("--out", type=Path, required=True, help="folder for gpu.json and gpu.md (made if missing)")
+    parser.add_argument("--budget", type=float, default=450.0,
+                        help="seconds for all sections; a section (or a row) that would start too late is skipped (default 450)")
+    parser.add_argument("--sections", nargs="+", choices=list(SECTIONS), default=list(SECTIONS),
+                        help="which sections, in this order (default: all)")
+    parser.add_argument("--train-steps", type=int, default=30, help="timed optimizer steps per training row, after 2 warm-up steps (default 30)")
+    parser.add_argument("--commit", default="", help="the commit the run was made at (recorded in the report)")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("benchmarks/gpu.py: no CUDA GPU here; run it on a GPU machine", file=sys.stderr)
+        return 2
+    from evalm.train.metrics import peak_flops
+
+    start = time.perf_counter()
+    device = torch.device("cuda")
+    ctx = {"deadline": start + args.budget, "train_steps": args.train_steps,
+           "peaks": {"datasheet": peak_flops(device) or float("nan"), "measured": matmul_tflops() * 1e12}}
+    report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
+              "commit": args.commit, "peaks_tflops": {k: v / 1e12 for k, v in ctx["peaks"].items()}}
+    args.out.mkdir(parents=True, exist_ok=True)
+    for name in args.sections:
+        t0 = time.perf_counter()
+        if t0 > ctx["deadline"]:
+            report[name] = {"skipped": "budget"}
+            continue
+        try:
+            report[name] = SECTIONS[name](ctx)
+        except Exception as err:  # noqa: BLE001 (a broken section is a finding; the others still run)
+            report[name] = {"error": f"{type(err).__name__}: {err}"[:2000]}
+            print(f"section {name}: {type(err).__name__}: {err}", flush=True)
+        report[name]["section_s"] = time.perf_counter() - t0
+        (args.out / "gpu.json").write_text(json.dumps(report, indent=2, default=str))
+    report["total_s"] = time.perf_counter() - start
+    (args.out / "gpu.json").write_text(json.dumps(report, indent=2, default=str))
+    text = table(report)
+    (args.out / "gpu.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
