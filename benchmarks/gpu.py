@@ -113,6 +113,22 @@ def _attention_pair(n: int, dropout: float):
     return eva, sdpa, layer.layout, B
 
 
+def top_kernels(fn, k: int = 12) -> list[dict]:
+    """The k GPU kernels fn() spends most time in (the profile behind a gap), ms per call of fn."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    events = [e for e in prof.key_averages() if e.self_device_time_total > 0]  # kernels (host ops have none of their own)
+    events.sort(key=lambda e: -e.self_device_time_total)
+    total = sum(e.self_device_time_total for e in events) or 1
+    return [{"kernel": e.key[:90], "ms": e.self_device_time_total / 1e3, "share": e.self_device_time_total / total}
+            for e in events[:k]]
+
+
 def _peak_gib(fn) -> float:
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
@@ -150,6 +166,8 @@ def _attention_row(n: int, dropout: float) -> dict:
            "speedup": sdpa_s / eva_s, "flop_limit": fwd_full / fwd_eva, "eva_keys_per_query": t.mean_keys(n),
            "eva_tflops": 3.5 * fwd_eva / eva_s / 1e12, "sdpa_tflops": 3.5 * fwd_full / sdpa_s / 1e12,
            "eva_peak_gib": _peak_gib(eva), "sdpa_peak_gib": _peak_gib(sdpa), "eva_compile_s": compile_s}
+    if n == 8192 and dropout == 0:
+        row["eva_profile"] = top_kernels(eva)
     print(f"attention n={n} dropout={dropout}: EVA {row['eva_ms']:.2f} ms, SDPA {row['sdpa_ms']:.2f} ms, "
           f"{row['speedup']:.2f}x (FLOP limit {row['flop_limit']:.1f}x), compile {compile_s:.0f} s", flush=True)
     return row
@@ -191,12 +209,14 @@ def _train_row(attention_kind: str, n: int, runtime, steps: int, peaks: dict) ->
     losses += [train_step(model, optimizer, loader, runtime, 1, 1.0)[0] for _ in range(steps)]
     torch.cuda.synchronize()
     step_s = (time.perf_counter() - t0) / steps
+    step = lambda m=model, o=optimizer: train_step(m, o, loader, runtime, 1, 1.0)  # noqa: E731
+    profile = top_kernels(step) if n == 8192 else None
     flops = flops_per_token(matmul_params(model), config, n)
     tok_s = TOKENS_PER_BATCH / step_s
     row = {"attention": attention_kind, "n": n, "steps": steps, "step_s": step_s, "tokens_per_s": tok_s,
            "flops_per_token": flops, "mfu_datasheet": tok_s * flops["total"] / peaks["datasheet"],
            "mfu_measured_peak": tok_s * flops["total"] / peaks["measured"], "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
-           "warmup_s": warm_s, "loss_first": losses[0], "loss_last": losses[-1]}
+           "warmup_s": warm_s, "loss_first": losses[0], "loss_last": losses[-1], "profile": profile}
     del model, optimizer
     torch.cuda.empty_cache()
     print(f"train {attention_kind} n={n}: {tok_s:,.0f} tok/s, MFU {100 * row['mfu_datasheet']:.1f}% "

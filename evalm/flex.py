@@ -188,17 +188,6 @@ class Operands:
     keys: Tensor | None  # (L,) int32: the dropout mask's key keys of every slot
 
 
-def slot_tensors(s: Slots, k: Tensor, k_tilde: Tensor, moved: Tensor | None) -> Tensor:
-    """(B, H, L, D): token rows k (B, n, H, D), summaries k_tilde (B, H, m, D), moved copies
-    (B, H, nb·S, D) or None, each region zero-padded to its 128-slot boundary."""
-    B, n, H, D = k.shape
-    parts = [k.transpose(1, 2), k.new_zeros(B, H, s.remote - n, D), k_tilde.to(k.dtype),
-             k.new_zeros(B, H, s.moved - s.remote - s.chunks, D)]
-    if moved is not None:
-        parts += [moved.to(k.dtype), k.new_zeros(B, H, s.length - s.moved - s.copies, D)]
-    return torch.cat(parts, 2)
-
-
 def slot_keys(t: Tiling, s: Slots, device) -> Tensor:
     """(L,) int32: the dropout mask's key of every slot: token j by its position, the summary of chunk
     r as −1 − r, a moved copy of sink token j as j (evalm/dropout_mask.py); padding as 0 (never seen)."""
@@ -303,23 +292,54 @@ class Layer(NamedTuple):
 
 
 def eva(layer: Layer, q: Tensor, k: Tensor, v: Tensor, kernel=None) -> Tensor:
-    """EVA of one layer's heads q, k, v (B, n, H, D) -> (B, n, H, D): the chunk summaries from
-    first_chunk on (batched, evalm/summaries.py), block b's sink copy moved by window_start(b·w) − S
-    (evalm/tiles.py's shift), the T5 bias by distance i − j < w + ext, then one `attend`."""
-    t, n = layer.t, q.shape[1]
-    chunks = range(t.first_chunk, max(t.first_chunk, n // t.chunk))
-    k_tilde, beta = summaries.batched(layer.maps, q, k, v, chunks, t.chunk, t.scale, t.noise_seed)
+    """EVA of one layer's heads q, k, v (B, n, H, D) -> (B, n, H, D): the slots' keys and values
+    (`slots`: the chunk summaries from first_chunk on, block b's sink copy moved by
+    window_start(b·w) − S as evalm/tiles.py moves it), the T5 bias by distance i − j < w + ext, then
+    one `attend`. On CUDA `slots` is compiled (one graph for every layer: its maps come as tensors)."""
+    t, (B, n, H, D) = layer.t, q.shape
+    first, m = t.first_chunk, max(0, n // t.chunk - t.first_chunk)
+    maps = (summaries.MapTensors.of(layer.maps.mu_q), summaries.MapTensors.of(layer.maps.mu_k))
+    eps = None  # ε drawn here, as every path draws it (a generator cannot be traced)
+    if t.noise_seed is not None:
+        eps = summaries.noise(t.noise_seed, q.new_empty(B, H, m, D, dtype=maps[0].weight.dtype))
     bias = None
     if layer.bias is not None:
         bias = upcast(t.scale * layer.bias(torch.arange(t.window + t.ext, device=q.device)).to(q.dtype))
     copies = n_copies(t, n, layer.sink_shift is not None)
-    moved = moved_v = None
+    moved = None
     if copies:
         sink_k, sink_v = (F.pad(x[:, : t.sink], (0, 0, 0, 0, 0, t.sink - min(n, t.sink))).transpose(1, 2)
                           for x in (k, v))  # (B, H, S, D); zero rows past n are never visible
         blocks = copies // t.sink
         shift = (t.window_start(torch.arange(blocks, device=q.device) * t.window) - t.sink).view(1, 1, blocks, 1)
-        moved = layer.sink_shift(sink_k.unsqueeze(2), shift).flatten(2, 3)  # (B, H, nb·S, D)
-        moved_v = sink_v.unsqueeze(2).expand(-1, -1, blocks, -1, -1).flatten(2, 3)
-    s = Slots(n, len(chunks), t.sink, copies)
-    return attend(t, s, q, slot_tensors(s, k, k_tilde, moved), slot_tensors(s, v, beta, moved_v), bias, kernel)
+        moved = (layer.sink_shift(sink_k.unsqueeze(2), shift).flatten(2, 3),  # (B, H, nb·S, D)
+                 sink_v.unsqueeze(2).expand(-1, -1, blocks, -1, -1).flatten(2, 3))
+    s = Slots(n, m, t.sink, copies)
+    build = _compiled_slots() if q.is_cuda else slots
+    k_slots, v_slots = build(maps, q, k, v, eps, moved, (first, m, t.chunk, s.remote, s.moved, s.length), t.scale)
+    return attend(t, s, q, k_slots, v_slots, bias, kernel)
+
+
+def slots(maps, q: Tensor, k: Tensor, v: Tensor, eps: Tensor | None, moved: tuple[Tensor, Tensor] | None,
+          shape: tuple[int, ...], scale: float) -> tuple[Tensor, Tensor]:
+    """The slots' keys and values (B, H, L, D) (module docstring): token rows, the summaries of
+    chunks first … first + m − 1 (`summaries.batched`), the moved sink copies; zeros between.
+    `shape` = (first, m, c, R, Z, L): plain ints, so a compiled graph is reused for every layer."""
+    first, m, c, remote, moved_at, length = shape
+    k_tilde, beta = summaries.batched(maps, q, k, v, first, m, c, scale, eps)
+    out = []
+    for rows, summary, copy in ((k, k_tilde, moved[0] if moved else None), (v, beta, moved[1] if moved else None)):
+        B, n, H, D = rows.shape
+        parts = [rows.transpose(1, 2), rows.new_zeros(B, H, remote - n, D), summary.to(rows.dtype),
+                 rows.new_zeros(B, H, moved_at - remote - m, D)]
+        if copy is not None:
+            parts += [copy.to(rows.dtype), rows.new_zeros(B, H, length - moved_at - copy.shape[2], D)]
+        out.append(torch.cat(parts, 2))
+    return out[0], out[1]
+
+
+@functools.cache
+def _compiled_slots():
+    """`slots` compiled once per shape (dynamic=False): the chunk means, the maps, λ, β and the
+    slot tensors as a few fused kernels forward and backward instead of dozens of small launches."""
+    return torch.compile(slots, dynamic=False)

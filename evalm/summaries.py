@@ -56,27 +56,50 @@ def keys(maps: AdaptiveMaps, q_mean: Tensor, k_mean: Tensor, noise_seed: int | N
 def values(k: Tensor, v: Tensor, omega: Tensor, scale: float) -> tuple[Tensor, Tensor]:
     """β (…, n, D) and the softmax weights (…, n, c) from chunk keys and values k, v (…, n, c, D)
     and ω (…, n, D): the one place λ and β are written."""
-    lam = torch.matmul(k, omega.unsqueeze(-1)).squeeze(-1)  # ω_r·k_j
-    lam = lam - k.pow(2).sum(-1) / 2
+    lam = (k * (omega.unsqueeze(-2) - k / 2)).sum(-1)  # ω_r·k_j − ‖k_j‖²/2, elementwise: a fused kernel, not c-row products
     weights = torch.softmax(upcast(lam * scale), dim=-1).to(v.dtype)
-    beta = torch.matmul(weights.unsqueeze(-2), v).squeeze(-2)
+    beta = (weights.unsqueeze(-1) * v).sum(-2)
     return beta, weights
 
 
-def batched(maps: AdaptiveMaps, q: Tensor, k: Tensor, v: Tensor, chunks: range, c: int, scale: float,
-            noise_seed: int | None) -> tuple[Tensor, Tensor]:
-    """k̃ and β (B, H, m, D) of `chunks` (m consecutive chunk indices) of q, k, v (B, N, H, D): every
-    chunk and head in one batched product each, differentiable by autograd (the GPU route,
-    evalm/flex.py, where a (B, H, N)-sized λ costs less than a loop's launches). Means and λ in at
-    least fp32 (`upcast`); k̃ in the maps' dtype; ε (`noise_seed`) drawn like ω, as every path draws it."""
-    rows = slice(chunks.start * c, chunks.stop * c)
+class MapTensors(NamedTuple):
+    """A_q or A_k as tensors: Linear(D→D), then LayerNorm(D) when `norm_weight` is given ('qk')."""
 
+    weight: Tensor
+    bias: Tensor
+    norm_weight: Tensor | None
+    norm_bias: Tensor | None
+    eps: float
+
+    @classmethod
+    def of(cls, seq: nn.Module) -> MapTensors:
+        norm = seq[1] if len(seq) > 1 else None
+        return cls(seq[0].weight, seq[0].bias, norm.weight if norm else None, norm.bias if norm else None,
+                   norm.eps if norm else 0.0)
+
+    def __call__(self, x: Tensor) -> Tensor:
+        y = torch.nn.functional.linear(x, self.weight, self.bias)
+        if self.norm_weight is None:
+            return y
+        return torch.nn.functional.layer_norm(y, y.shape[-1:], self.norm_weight, self.norm_bias, self.eps)
+
+
+def batched(maps: tuple[MapTensors, MapTensors], q: Tensor, k: Tensor, v: Tensor, first: int, m: int, c: int,
+            scale: float, eps: Tensor | None) -> tuple[Tensor, Tensor]:
+    """k̃ and β (B, H, m, D) of chunks first … first + m − 1 of q, k, v (B, N, H, D), every chunk and
+    head at once, differentiable by autograd (the GPU route, evalm/flex.py, which compiles this into
+    a few fused kernels). The maps come as tensors (`MapTensors`), so one compiled graph serves every
+    layer; ε (B, H, m, D) as drawn by `noise`, or None. Means and λ in at least fp32; k̃ in the maps' dtype."""
     def by_chunk(x: Tensor) -> Tensor:  # (B, m, c, H, D), a view
-        return upcast(x[:, rows].unflatten(1, (len(chunks), c)))
+        return upcast(x[:, first * c : (first + m) * c].unflatten(1, (m, c)))
 
-    dtype = maps.parameters()[0].dtype
+    mu_q, mu_k = maps
+    dtype = mu_q.weight.dtype
     q_mean, k_mean = (by_chunk(x).mean(2).transpose(1, 2).to(dtype) for x in (q, k))
-    k_tilde, omega = keys(maps, q_mean, k_mean, noise_seed)
+    k_tilde = mu_k(k_mean)
+    omega = mu_q(q_mean) + k_tilde
+    if eps is not None:
+        omega = omega + eps
     kc, vc = (by_chunk(x).permute(0, 3, 1, 2, 4) for x in (k, v))  # (B, H, m, c, D)
     beta, _ = values(kc, vc, upcast(omega).to(kc.dtype), scale)
     return k_tilde, beta
