@@ -79,15 +79,24 @@ def model_config(**changes):
 
 # ------------------------------------------------------------------------------------ sections
 
-def tests(_: dict) -> dict:
-    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "cuda", "tests/evalm/test_flex_cuda.py", "-p", "no:cacheprovider"]
+def tests(ctx: dict) -> dict:
+    """The CUDA tests in a subprocess; their whole output in OUT/tests.log, the summary lines (a failure's
+    name and message, the counts) in the report."""
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rfE", "-m", "cuda", "tests/evalm/test_flex_cuda.py",
+           "-p", "no:cacheprovider", "-W", "ignore::UserWarning"]
+    if importlib.util.find_spec("pytest_benchmark"):  # its warnings under xdist would fill the summary
+        cmd += ["-p", "no:benchmark"]
     if importlib.util.find_spec("xdist"):  # each test compiles its own kernels: in parallel processes
         cmd += ["-n", "6"]
     t0 = time.perf_counter()
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    tail = (done.stdout + done.stderr).strip().splitlines()[-12:]
-    print("\n".join(tail), flush=True)
-    return {"command": " ".join(cmd[1:]), "rc": done.returncode, "seconds": time.perf_counter() - t0, "tail": tail}
+    text = done.stdout + done.stderr
+    (ctx["out"] / "tests.log").write_text(text)
+    counts = (" passed", " failed", " skipped", " error")
+    summary = [line for line in text.splitlines()
+               if line.startswith(("FAILED", "ERROR", "E ")) or any(word in line for word in counts)][-20:]
+    print("\n".join(summary), flush=True)
+    return {"command": " ".join(cmd[1:]), "rc": done.returncode, "seconds": time.perf_counter() - t0, "tail": summary}
 
 
 def _attention_pair(n: int, dropout: float):
@@ -353,12 +362,12 @@ def main(argv=None) -> int:
     from evalm.train.metrics import peak_flops
 
     start = time.perf_counter()
+    args.out.mkdir(parents=True, exist_ok=True)
     device = torch.device("cuda")
-    ctx = {"deadline": start + args.budget, "train_steps": args.train_steps,
+    ctx = {"deadline": start + args.budget, "train_steps": args.train_steps, "out": args.out,
            "peaks": {"datasheet": peak_flops(device) or float("nan"), "measured": matmul_tflops() * 1e12}}
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
               "commit": args.commit, "peaks_tflops": {k: v / 1e12 for k, v in ctx["peaks"].items()}}
-    args.out.mkdir(parents=True, exist_ok=True)
     for name in args.sections:
         t0 = time.perf_counter()
         if t0 > ctx["deadline"]:
