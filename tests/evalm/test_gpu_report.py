@@ -1,0 +1,53 @@
+"""benchmarks/gpu.py off the GPU: its refusal without CUDA and its report's tables (a GPU run's last
+step must not be the one that fails: the tables are rendered from the JSON every section wrote)."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def gpu_module():
+    spec = importlib.util.spec_from_file_location("gpu_benchmark", ROOT / "benchmarks" / "gpu.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without CUDA")
+def test_without_a_gpu_it_says_so_in_one_line(tmp_path):
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu.py"), "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 2 and done.stderr.strip().count("\n") == 0 and "no CUDA GPU" in done.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_tables_hold_every_row_with_skipped_and_failed_sections_named():
+    report = {
+        "device": "NVIDIA H200", "torch": "2.11.0", "cuda": "13.0", "commit": "abc1234",
+        "peaks_tflops": {"measured": 753.0, "datasheet": 989.0},
+        "tests": {"rc": 1, "seconds": 48.0, "tail": ["FAILED tests/evalm/test_flex_cuda.py::test_x - assert 1", "1 failed, 5 passed"]},
+        "attention": {"rows": [
+            {"n": 8192, "batch": 4, "dropout": 0.0, "eva_ms": 3.63, "sdpa_ms": 7.46, "speedup": 2.06, "flop_limit": 7.1,
+             "eva_tflops": 75, "sdpa_tflops": 258, "eva_peak_gib": 0.55, "sdpa_peak_gib": 0.38},
+            {"n": 131072, "dropout": 0.0, "skipped": "budget"}]},
+        "train": {"error": "RuntimeError: out of memory"},
+        "cache": {"rows": [{"attention": "eva", "shots": 2000, "tokens": 21838, "encode_s": 3.8, "item_ms": 95.2,
+                            "cache_mib": 263.4, "kv_cache_mib": 2047.3}]},
+        "total_s": 272.0,
+    }
+    text = gpu_module().table(report)
+    assert "NVIDIA H200, torch 2.11.0 (CUDA 13.0), commit abc1234" in text
+    assert "CUDA tests: rc 1 in 48 s: 1 failed, 5 passed" in text
+    assert "| 8,192 | 4 | 0.0 | 3.63 | 7.46 | 2.06x | 7.1x |" in text
+    assert "| 131072 | skipped (budget) |" in text
+    assert "error: RuntimeError: out of memory" in text
+    assert "| eva | 2000 | 21,838 | 3.80 | 95.20 | 263.4 | 2047.3 |" in text
+    assert text.rstrip().endswith("total 272 s")
