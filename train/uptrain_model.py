@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from evalm.config_toolkit import InputError, MissingExtra
+from evalm.config_toolkit import ConfigError, InputError, MissingExtra
 from evalm.storage import read_json
 from evalm.train.attention_transfer import EVA_PARAMETER, eva_parameters, use_transfer
 
@@ -44,14 +44,24 @@ class CausalLMLogits(nn.Module):
 
 
 def load_converted(folder: str | Path):
-    """The converted model of `folder` in float32, through evalm's classes (no remote code)."""
-    from evalm import register_with_transformers
+    """The converted model of `folder` in float32, through evalm's classes (no code from the folder; its
+    weights checked against its config.json first: evalm.hf_folder)."""
+    from evalm import hf_folder, register_with_transformers
     from evalm.hf_attention import transformers_module
     from evalm.hf_llama import EvaLlamaForCausalLM
 
-    register_with_transformers()
     transformers_module()
-    return EvaLlamaForCausalLM.from_pretrained(folder, dtype=torch.float32, local_files_only=True)
+    register_with_transformers()
+    return hf_folder.model(EvaLlamaForCausalLM, folder, dtype=torch.float32)
+
+
+def check_targets(hf: nn.Module, targets) -> None:
+    """Every name of `lora_targets` names a linear layer of the model: peft's own refusal of an unknown one
+    ended as a bug line."""
+    linear = sorted({name.rsplit(".", 1)[-1] for name, m in hf.named_modules() if isinstance(m, nn.Linear)})
+    unknown = [t for t in targets if t not in linear]
+    if unknown:
+        raise ConfigError(f"[model] lora_targets {unknown}: no linear layer of the model has that name; valid: {linear}")
 
 
 def with_trainable(hf: nn.Module, model_config, seed: int) -> nn.Module:
@@ -61,6 +71,7 @@ def with_trainable(hf: nn.Module, model_config, seed: int) -> nn.Module:
             from peft import LoraConfig, get_peft_model
         except ImportError as err:
             raise MissingExtra("[model] parameters = \"lora\" needs peft: pip install 'evalm[lora]'") from err
+        check_targets(hf, model_config.lora_targets)
         torch.manual_seed(seed)  # the same adapters on every rank
         hf = get_peft_model(hf, LoraConfig(r=model_config.lora_rank, lora_alpha=model_config.lora_alpha,
                                            target_modules=list(model_config.lora_targets), lora_dropout=0.0))
@@ -152,7 +163,6 @@ def save_trainables(out: str | Path, config, dest: str | Path) -> Path:
 def export_run(out: str | Path, config, trainables: str | Path | None = None) -> Path:
     """Write the run's trained model (`trained_model`) as a converted folder OUT/hf (LoRA merged); one process."""
     from evalm.train.convert import save_converted
-    from evalm.hf_attention import transformers_module
 
     hf, weights = trained_model(out, config, trainables)
     if hasattr(hf, "merge_and_unload"):
@@ -161,9 +171,9 @@ def export_run(out: str | Path, config, trainables: str | Path | None = None) ->
     source = Path(config.model.hf_model)
     record = {"source": str(source), "uptrained": {"run": str(out), **weights},
               "convert": _read(source / "convert.json")}
-    tokenizer = transformers_module().AutoTokenizer.from_pretrained(source, local_files_only=True)
-    return save_converted(hf.requires_grad_(False).eval(), tokenizer, Path(out) / "hf", record)
+    return save_converted(hf.requires_grad_(False).eval(), hf_folder.tokenizer(source), Path(out) / "hf", record)
 
 
 def _read(path: Path):
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    from evalm import hf_folder
