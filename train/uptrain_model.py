@@ -134,6 +134,7 @@ def trained_model(out: str | Path, config, trainables: str | Path | None = None)
         return hf, {"checkpoint": str(path), "config": read_json(path / "config.json")}
     from safetensors.torch import load_file
 
+    check_run(trainables, config)
     tensors = load_file(str(trainables))
     expected = set(trainable_tensors(hf))
     if set(tensors) != expected:  # another run's file, or another [model] section: nothing loads silently
@@ -149,19 +150,65 @@ def trainable_tensors(hf: nn.Module) -> dict[str, Tensor]:
     return {name: p.detach().contiguous() for name, p in hf.named_parameters() if p.requires_grad}
 
 
+RUN_KEY = "evalm.run"
+"""Metadata key of a trainables file: the run key (`run_key`) of the run that wrote it."""
+
+
+def run_key(config) -> str:
+    """What makes trainable tensors one run's, by content, the same on every machine: the converted folder's
+    files (their SHA-256), every setting of [model], [optim], [train], [uptrain] and the non-path settings of
+    [data] (paths differ between machines; the files' content is in the weights' identity and the run's
+    checkpoint). Not the device or how often it logs."""
+    import hashlib
+
+    from evalm.config_toolkit import to_dict
+    from evalm.storage import identity
+
+    model = {k: v for k, v in to_dict(config.model).items() if k != "hf_model"}
+    train = {k: v for k, v in to_dict(config.train).items() if k not in ("device", "log_every", "tensorboard")}
+    data = {k: v for k, v in to_dict(config.data).items() if not isinstance(v, str)}
+    record = {"weights": identity(Path(config.model.hf_model)), "model": model, "optim": to_dict(config.optim),
+              "train": train, "uptrain": to_dict(config.uptrain), "data": data}
+    return "sha256:" + hashlib.sha256(json.dumps(record, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def check_run(trainables: str | Path, config) -> None:
+    """Refuse a trainables file that another run wrote (or one written before files named their run): its
+    tensors have this run's names and shapes whenever the [model] sections agree, so they loaded silently."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(trainables), framework="pt") as f:
+            meta = f.metadata() or {}
+    except (SafetensorError, OSError, ValueError) as err:
+        raise InputError(f"{trainables}: not a readable safetensors file ({str(err)[:120]}); write it with "
+                         "save_trainables") from None
+    recorded, now = meta.get(RUN_KEY), run_key(config)
+    if recorded != now:
+        whose = (f"run {meta.get('run', '?')} (key {recorded[:19]}..., this run's {now[:19]}...)" if recorded
+                 else "a run that did not record itself")
+        raise InputError(f"{trainables}: written by {whose}; its tensors are another run's: write the file from this "
+                         "run with save_trainables, or pass the run file it was trained with")
+
+
 def save_trainables(out: str | Path, config, dest: str | Path) -> Path:
     """The trainable tensors of run `out`'s newest checkpoint (LoRA adapters and EVA's maps: megabytes where
     the whole model is hundreds), so a run trained on another machine is rebuilt here with
-    `export_run(..., trainables=dest)` from the same converted folder."""
+    `export_run(..., trainables=dest)` from the same converted folder; the file names its run (`run_key`)."""
     from safetensors.torch import save_file
 
+    from evalm.storage import replaced
+
     hf, source = trained_model(out, config)
-    save_file(trainable_tensors(hf), str(dest), metadata={"checkpoint": source["checkpoint"]})
+    with replaced(dest) as tmp:
+        save_file(trainable_tensors(hf), str(tmp), metadata={"checkpoint": source["checkpoint"], "run": str(out),
+                                                              RUN_KEY: run_key(config)})
     return Path(dest)
 
 
 def export_run(out: str | Path, config, trainables: str | Path | None = None) -> Path:
     """Write the run's trained model (`trained_model`) as a converted folder OUT/hf (LoRA merged); one process."""
+    from evalm import hf_folder
     from evalm.train.convert import save_converted
 
     hf, weights = trained_model(out, config, trainables)
