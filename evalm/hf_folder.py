@@ -81,8 +81,9 @@ def refuse_custom_code(folder: Path, config: dict[str, Any]) -> None:
                    for t in (v if isinstance(v, (list, tuple)) else [v]) if t]
         if path.name == CONFIG and own and all(isinstance(t, str) and t.startswith(own) for t in targets):
             continue  # evalm's shim: its classes come from evalm itself, the file is never imported
-        raise CustomCode(f"{path}: auto_map names code that ships with the folder ({', '.join(map(str, targets[:3]))}); "
-                         "evalm never runs a model folder's own code (trust_remote_code is never set): use a model "
+        named = ", ".join(map(str, targets[:3]))
+        raise CustomCode(f"{path}: auto_map names code that ships with the folder ({named}); "
+                         "evalm never runs a model folder's own code (trust_remote_code is always False): use a model "
                          "whose code ships with transformers, without auto_map")
     kind = config.get("model_type")
     if not isinstance(kind, str) or kind not in CONFIG_MAPPING:
@@ -161,7 +162,7 @@ def model(loader, folder: str | Path, *, gguf_file: str | None = None, dtype=Non
     size = torch.empty((), dtype=dtype or torch.float32).element_size()
     check_fits(n * size, f"{folder}: a model of {n:.3g} parameters in {str(dtype or torch.float32).split('.')[-1]}",
                str(device))
-    return pretrained(loader, folder, dtype=dtype, **kwargs) if dtype is not None else pretrained(loader, folder, **kwargs)
+    return pretrained(loader, folder, **({"dtype": dtype} if dtype is not None else {}), **kwargs)
 
 
 def tokenizer(folder: str | Path, gguf_file: str | None = None):

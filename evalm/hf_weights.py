@@ -128,7 +128,8 @@ def compare(folder: Path, model, shapes: dict[str, tuple[int, ...]], weights: Pa
     missing = sorted(k for k in set(want) - set(have)
                      if k not in tied and not any(re.search(p, k) for p in missing_ok))
     extra = sorted(k for k in set(have) - set(want) if not any(re.search(p, k) for p in extra_ok))
-    wrong = [f"{k}: weights {have[k]}, config.json {want[k]}" for k in sorted(set(want) & set(have)) if have[k] != want[k]]
+    wrong = [f"{k}: weights {have[k]}, config.json {want[k]}" for k in sorted(set(want) & set(have))
+             if have[k] != want[k]]
     problems = ([f"shapes differ ({'; '.join(wrong[:SHOWN])}{' ...' if len(wrong) > SHOWN else ''})"] if wrong else []) \
         + ([f"{len(missing)} tensor(s) missing ({', '.join(missing[:SHOWN])}{' ...' if len(missing) > SHOWN else ''})"]
            if missing else []) \

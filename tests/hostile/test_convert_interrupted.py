@@ -19,9 +19,8 @@ import sys
 
 import pytest
 
-from tests.hostile.conftest import REPO
+from tests.hostile.conftest import REPO, one_line
 from tests.hostile.hf_folders import llama
-from tests.hostile.limits import evalm, user_error
 from tests.models import two_label_task
 
 pytest.importorskip("transformers")
@@ -39,7 +38,7 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-def test_a_convert_killed_before_its_tokenizer_leaves_no_model_and_the_next_one_is_whole(tmp_path):
+def test_a_convert_killed_before_its_tokenizer_leaves_no_model_and_the_next_one_is_whole(tmp_path, capsys):
     source, out = llama(tmp_path / "llama"), tmp_path / "eva"
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, "-c", KILLED_AT_THE_TOKENIZER, "--hf-model", str(source), "--out", str(out)],
@@ -47,9 +46,12 @@ def test_a_convert_killed_before_its_tokenizer_leaves_no_model_and_the_next_one_
     assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
     visible = sorted(p.name for p in out.iterdir() if not p.name.startswith("."))
     assert visible == [], visible  # was: config.json and model.safetensors, and no tokenizer
-    line = user_error(evalm("eval", "icl", "--hf-model", out, "--task", two_label_task(tmp_path / "task"), "--shots",
-                            "0", "--seeds", "1", "--methods", "concat", "--out", tmp_path / "icl", timeout=240))
-    assert f"{out / 'config.json'}: not found" in line, line  # was: a bug line
+    from evalm.icl_eval.cli import main as evaluate
+
+    code = evaluate(["icl", "--hf-model", str(out), "--task", str(two_label_task(tmp_path / "task")), "--shots", "0",
+                     "--seeds", "1", "--methods", "concat", "--out", str(tmp_path / "icl")])
+    assert code == 2  # was: a bug line (exit 1)
+    assert f"{out / 'config.json'}: not found" in one_line(capsys.readouterr().err)
     from evalm.train.convert import main as convert
 
     assert convert(["--hf-model", str(source), "--out", str(out)]) == 0

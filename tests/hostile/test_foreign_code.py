@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.hostile.conftest import REPO
+from tests.hostile.conftest import REPO, refused_in_process
 from tests.hostile.hf_folders import PLANTED, copy, edit_json, llama, plant_code
 from tests.hostile.limits import user_error
 from tests.models import two_label_task
@@ -89,12 +89,13 @@ def test_an_unknown_model_type_with_code_is_one_line_not_a_bug(source, tmp_path)
     for argv in (["convert", "--hf-model", folder, "--out", tmp_path / "eva"],
                  ["eval", "icl", "--hf-model", folder, "--task", two_label_task(tmp_path / "task"), "--shots", "0",
                   "--seeds", "1", "--methods", "concat", "--out", tmp_path / "icl"]):
-        line = user_error(answering_yes(*argv))  # was: bug: ValueError ... contains custom code
+        line = refused_in_process(argv)  # was: bug: ValueError ... contains custom code
         assert f"{folder / 'config.json'}: auto_map names code" in line, line
     edit_json(folder / "config.json", auto_map=None)
-    line = user_error(answering_yes("eval", "icl", "--hf-model", folder, "--task", tmp_path / "task" / "task.toml",
-                                    "--shots", "0", "--seeds", "1", "--methods", "concat", "--out", tmp_path / "icl"))
+    line = refused_in_process(["eval", "icl", "--hf-model", folder, "--task", tmp_path / "task" / "task.toml",
+                               "--shots", "0", "--seeds", "1", "--methods", "concat", "--out", tmp_path / "icl"])
     assert "model_type 'evil-llama' is not one that transformers knows" in line, line
+    assert not (folder / PLANTED).exists()
 
 
 def test_nearest_embedding_and_uptraining_never_run_a_folders_code(source, tmp_path, byte_model):
@@ -115,7 +116,7 @@ def test_nearest_embedding_and_uptraining_never_run_a_folders_code(source, tmp_p
     plant_code(tmp_path / "eva")  # the converted folder, edited afterwards
     write_shards(tmp_path / "tokens")
     run = uptrain_file(tmp_path / "run.toml", tmp_path / "eva", tmp_path / "tokens")
-    line = user_error(answering_yes("train", "uptrain", "--config", run, "--out", tmp_path / "up"))
+    line = refused_in_process(["train", "uptrain", "--config", run, "--out", tmp_path / "up"])
     assert f"{tmp_path / 'eva' / 'tokenizer_config.json'}: auto_map names code" in line, line
     assert not (folder / PLANTED).exists() and not (tmp_path / "eva" / PLANTED).exists()
 
@@ -160,7 +161,8 @@ def test_export_hf_writes_a_shim_pinned_to_its_evalm_with_its_digest(tmp_path, b
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     done = subprocess.run([sys.executable, "-c", load, str(out)], capture_output=True, text=True, env=env, timeout=240)
     assert done.returncode == 0 and done.stdout.strip() == "EvalmForCausalLM", done.stderr[-2000:]  # this evalm: loads
-    done = subprocess.run([sys.executable, "-c", load, str(other)], capture_output=True, text=True, env=env, timeout=240)
+    done = subprocess.run([sys.executable, "-c", load, str(other)], capture_output=True, text=True, env=env,
+                          timeout=240)
     assert done.returncode != 0
     assert f"ImportError: this folder was written by evalm 0.0.1, and evalm {version('evalm')} is installed" \
         in done.stderr, done.stderr[-2000:]
