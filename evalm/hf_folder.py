@@ -66,9 +66,9 @@ def check_files(folder: Path) -> None:
                              "only (remove it)")
 
 
-def refuse_custom_code(folder: Path, config: dict[str, Any]) -> None:
-    """An `auto_map` anywhere (except evalm's own shims in its own folders) or a model_type `transformers`
-    does not know: refused, naming the file."""
+def refuse_custom_code(folder: Path, config: dict[str, Any], known_type: bool = True) -> None:
+    """An `auto_map` anywhere (except evalm's own shims in its own folders) or (`known_type`) a model_type
+    `transformers` does not know: refused, naming the file."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     own = EVALM_TYPES.get(config.get("model_type"), ())
@@ -86,7 +86,7 @@ def refuse_custom_code(folder: Path, config: dict[str, Any]) -> None:
                          "evalm never runs a model folder's own code (trust_remote_code is always False): use a model "
                          "whose code ships with transformers, without auto_map")
     kind = config.get("model_type")
-    if not isinstance(kind, str) or kind not in CONFIG_MAPPING:
+    if known_type and (not isinstance(kind, str) or kind not in CONFIG_MAPPING):
         raise CustomCode(f"{folder / CONFIG}: model_type {kind!r} is not one that transformers knows; only code "
                          "shipped with the folder could build it, and evalm never runs that: give a model of a type "
                          "transformers ships")
@@ -107,7 +107,7 @@ def check_folder(folder: str | Path, gguf_file: str | None = None) -> dict[str, 
         raise MissingInput(f"{folder}: Hugging Face model folder not found")
     check_files(folder)
     if gguf_file and not (folder / CONFIG).exists():
-        refuse_custom_code(folder, {"model_type": "llama"})  # the GGUF's architecture is checked by its reader
+        refuse_custom_code(folder, {}, known_type=False)  # the GGUF's architecture is checked by its reader
         return {}
     config = read_config(folder)
     from evalm.hf_attention import transformers_module
