@@ -15,12 +15,12 @@ from evalm.config_toolkit.files import read_toml
 from evalm.config_toolkit.keys import settable_keys
 from evalm.config_toolkit.overrides import apply_overrides, split_overrides
 from evalm.config_toolkit.parser import Parser
-from evalm.config_toolkit.schema import FROZEN, build, check_sections, to_dict
+from evalm.config_toolkit.schema import FROZEN, build, check_overrides, check_sections, to_dict
 from evalm.config_toolkit.shipped import shipped
 from evalm.config_toolkit.toml_text import parse_toml
 
 __all__ = [
     "FROZEN", "ConfigError", "Dispatcher", "InputError", "MissingExtra", "MissingInput", "Parser", "UserError",
-    "apply_overrides", "build", "check_sections", "debug", "is_user_error", "lazy", "note_folder", "parse_toml",
+    "apply_overrides", "build", "check_overrides", "check_sections", "debug", "is_user_error", "lazy", "note_folder", "parse_toml",
     "read_toml", "report", "require_gguf", "settable_keys", "shipped", "split_overrides", "to_dict",
 ]

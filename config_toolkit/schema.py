@@ -59,6 +59,25 @@ def check_sections(data: Mapping[str, Any], known: Sequence[str], where: str) ->
         raise ConfigError(f"{where}: unknown section(s) {unknown}; valid sections: {list(known)}")
 
 
+def check_overrides(overrides: Sequence[str], sections: Mapping[str, type]) -> None:
+    """Each `section.key=value` override names a section of `sections` and a key of its class, else an error
+    naming the override: a misspelled `--set trian.steps=1` or `--train.stpes=1` is the flag's mistake,
+    and was reported as the `--config` file's (`FILE: unknown key(s) ...`), sending the user to a file
+    that is fine. Sub-sections (`eval.method`) are matched longest first; a table-valued key
+    (`filter.overrides."DM Mathematics".min_words`) is checked down to the key of its section."""
+    for item in overrides:
+        dotted = item.partition("=")[0].strip()
+        parts = dotted.split(".")
+        section = next((".".join(parts[:n]) for n in range(len(parts) - 1, 0, -1) if ".".join(parts[:n]) in sections),
+                       None)
+        if section is None:
+            raise ConfigError(f"--set {item}: unknown section(s) {[parts[0]]}; valid sections: {list(sections)}")
+        key = parts[len(section.split("."))]
+        fields = [f.name for f in dataclasses.fields(sections[section])]
+        if key not in fields:
+            raise ConfigError(f"--set {item}: [{section}]: unknown key(s) {[key]}; valid keys: {fields}")
+
+
 def _number_problem(hint: Any, value: Any) -> str | None:
     """What pydantic would let through but is never meant: a boolean where a number is expected
     (`steps=true` is not 1 step) and an infinite or NaN float (`lr=inf` trains to NaN). Checked on

@@ -17,6 +17,7 @@ import numpy as np
 from datatrove.pipeline.base import PipelineStep
 
 from evalm.config_toolkit import to_dict
+from evalm.storage import replaced
 from evalm.data_pipeline import blend
 from evalm.data_pipeline.config import BlendConfig, Budgets
 from evalm.data_pipeline.runner import Manifest, Step, read_all, write_errors, write_json, writer
@@ -36,8 +37,7 @@ class PlanStep(PipelineStep):
             subsets.append(doc.subset)
             tokens.append(blend.estimate_tokens(doc.text, c.bytes_per_token))
         result = blend.plan(subsets, tokens, self.budgets, c.seed)
-        (output / "plan").mkdir(parents=True, exist_ok=True)
-        with open(output / "plan" / "copies.npy", "wb") as f:
+        with replaced(output / "plan" / "copies.npy") as tmp, open(tmp, "wb") as f:
             np.save(f, result.copies, allow_pickle=False)
         write_errors(output, 0, errors, len(subsets) + len(errors), c.max_error_fraction)
         write_json(output / "blend_report.json", {"subsets": result.report, "documents_out": int(len(result.copies)),

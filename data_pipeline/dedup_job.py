@@ -32,7 +32,7 @@ import orjson
 from datatrove.pipeline.base import PipelineStep
 
 from evalm.config_toolkit import to_dict
-from evalm.storage import Secret, redact
+from evalm.storage import Secret, redact, replaced, write_atomic
 from evalm.data_pipeline import dedup_graph, dedup_index, dedup_verify, lsh
 from evalm.data_pipeline.config import DedupConfig
 from evalm.data_pipeline.fingerprint_store import fingerprint_path, load_fingerprints, offsets
@@ -82,8 +82,7 @@ class FingerprintStep(DedupStep):
         parts.append(fingerprinter.signatures(sets))
         signatures = np.concatenate(parts)
         path = fingerprint_path(output, rank)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "wb") as f:  # np.savez on a handle: no ".npz" appended, same bytes each run
+        with replaced(path) as tmp, open(tmp, "wb") as f:  # np.savez on a handle: no ".npz" appended, same bytes
             np.savez(f, signatures=signatures, ids=np.array(ids, dtype=str), subsets=np.array(subsets, dtype=str),
                      lengths=np.array(lengths, dtype=np.int64), scheme=np.array(SCHEME), seed=np.array(c.seed),
                      num_perm=np.array(c.num_perm))
@@ -94,9 +93,8 @@ class FingerprintStep(DedupStep):
 
 def _write_candidates(output: Path, rank: int, pairs: list[tuple[int, int]]) -> None:
     path = output / "candidates" / f"{rank:05d}.npy"
-    path.parent.mkdir(parents=True, exist_ok=True)
     arr = np.array(sorted(set(pairs)), dtype=np.int64).reshape(-1, 2)
-    with open(path, "wb") as f:
+    with replaced(path) as tmp, open(tmp, "wb") as f:
         np.save(f, arr, allow_pickle=False)
 
 
@@ -184,8 +182,7 @@ class GraphStep(DedupStep):
              "survivor": ids[s], "survivor_subset": subsets[s]}
             for k, s in sorted(removed.items())
         ]
-        (output / "graph").mkdir(parents=True, exist_ok=True)
-        (output / "graph" / "removals.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+        write_atomic(output / "graph" / "removals.jsonl", b"".join(orjson.dumps(r) + b"\n" for r in rows))
         candidates = sum(len(f) for f in dedup_verify.candidate_rows(output))
         write_json(output / "graph" / "stats.json",
                    graph_stats(candidates, len(edges), grouped_labels, subsets, removed, lengths))

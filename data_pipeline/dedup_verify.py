@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 from datatrove.pipeline.base import PipelineStep
 
+from evalm.storage import replaced
 from evalm.data_pipeline.config import DedupConfig
 from evalm.data_pipeline.fingerprint_store import offsets
 from evalm.data_pipeline.minhash import token_set
@@ -54,8 +55,7 @@ def candidate_rows(output: Path) -> list[np.ndarray]:
 
 
 def _save(path: Path, array: np.ndarray) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "wb") as f:  # a handle: np.save appends nothing, same bytes each run
+    with replaced(path) as tmp, open(tmp, "wb") as f:  # a handle: np.save appends nothing, same bytes each run
         np.save(f, array, allow_pickle=False)
 
 

@@ -120,8 +120,7 @@ def write_json(path: Path, data: Any) -> None:
 def write_errors(output: Path, rank: int, errors: list[dict], records: int, max_fraction: float) -> None:
     """errors/<rank>.jsonl (always written, possibly empty); fail past the allowed fraction."""
     path = output / "errors" / f"{rank:05d}.jsonl"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(b"".join(orjson.dumps(e, option=orjson.OPT_APPEND_NEWLINE) for e in errors))
+    write_atomic(path, b"".join(orjson.dumps(e, option=orjson.OPT_APPEND_NEWLINE) for e in errors))
     if records and len(errors) / records > max_fraction:
         raise StageError(
             f"task {rank}: {len(errors)} bad records out of {records} exceed max_error_fraction="

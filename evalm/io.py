@@ -30,7 +30,7 @@ from safetensors.torch import save_model as _save_weights
 from evalm.config_toolkit import MissingInput, build, to_dict
 from evalm.config import ModelConfig, architecture_differences
 from evalm.model import EvalmModel
-from evalm.storage import DamagedFile, read_json
+from evalm.storage import DamagedFile, read_json, replaced, write_atomic
 
 WEIGHTS, CONFIG = "model.safetensors", "config.json"
 META_KEY = "evalm.model"
@@ -42,9 +42,10 @@ def save_model(model: EvalmModel, folder: str | Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     config = to_dict(model.config)
     metadata = {META_KEY: json.dumps(config, sort_keys=True), "format": "pt"}  # "format": transformers reads it too
-    _save_weights(model, str(folder / WEIGHTS), metadata=metadata)
-    _sort_metadata(folder / WEIGHTS)
-    (folder / CONFIG).write_text(json.dumps({"model": config}, indent=2) + "\n")
+    with replaced(folder / WEIGHTS) as tmp:  # whole or not at all, never through a link
+        _save_weights(model, str(tmp), metadata=metadata)
+        _sort_metadata(tmp)
+    write_atomic(folder / CONFIG, json.dumps({"model": config}, indent=2) + "\n")
     return folder
 
 

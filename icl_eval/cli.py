@@ -27,8 +27,8 @@ import numpy as np
 
 from evalm.config_toolkit import ConfigError, Dispatcher, Parser, build, lazy, split_overrides, to_dict
 from evalm.storage import RunFolder
-from evalm.icl_eval.protocol.units import (Progress, UnitStore, icl_inputs, icl_key, join, ppl_inputs, ppl_key,
-                                           run_folder, run_units)
+from evalm.icl_eval.protocol.units import (Progress, UnitStore, icl_inputs, icl_key, join, model_inputs, ppl_inputs,
+                                           ppl_key, run_folder, run_units)
 from evalm.icl_eval.cli_args import ICL_SECTIONS, PPL_SECTIONS, common, csv, icl_parser, ppl_parser
 
 
@@ -54,6 +54,12 @@ def _tiny_sections(layers, args, where: str, need_synthetic: bool):
     model = build(ModelConfig, {**tiny_model(), **layers.section("model")}, where=f"{where} [model]") if tiny else None
     syn = build(SyntheticConfig, {**TINY_SYNTHETIC_TRAINING, **layers.section("synthetic")},
                 where=f"{where} [synthetic]") if tiny or need_synthetic else None
+    if model is not None:  # `--set model.n_layer=1e9` grew for minutes without a line: refused before anything is built
+        from evalm.footprint import check_fits, parameters, training_bytes
+
+        n = parameters(model.vocab_size, model.d_model, model.n_layer, model.d_ff)
+        check_fits(training_bytes(n, model.vocab_size, syn.batch_size * syn.train_shots * 2),
+                   f"{where} [model]: the built-in model of about {n:.3g} parameters, trained here first")
     return model, syn
 
 
@@ -85,7 +91,7 @@ def icl(argv: Sequence[str]) -> int:
                       {"skipped": skipped} if skipped else None)
     world = join(config.device)
     try:
-        with run_folder(args.out, "evalm eval icl", world).held() as folder:
+        with run_folder(args.out, "evalm eval icl", world, icl_inputs(args, data_info)).held() as folder:
             if world.rank == 0:
                 print(render("evalm eval icl", settings), flush=True)
             key = folder.share(lambda: icl_key(args, folder, settings, task, data_info))  # rank 0 reads the files
@@ -199,7 +205,7 @@ def ppl(argv: Sequence[str]) -> int:
     settings = record(layers, {"ppl": config, "model": model_cfg, "synthetic": syn})
     world = join(config.device)
     try:
-        with run_folder(args.out, "evalm eval ppl", world).held() as folder:
+        with run_folder(args.out, "evalm eval ppl", world, ppl_inputs(args, config)).held() as folder:
             return _ppl(args, config, settings, model_cfg, syn, folder, world)
     finally:
         world.close()
@@ -346,7 +352,7 @@ def harness(argv: Sequence[str]) -> int:
     from evalm.icl_eval.report import write_json
 
     out = Path(args.out)
-    with RunFolder(out, "evalm eval harness").held():
+    with RunFolder(out, "evalm eval harness", inputs=model_inputs(args)).held():
         lm = load_lm(args, args.device, args.dtype, None, None, None)
         limit = None if args.limit is None else (int(args.limit) if args.limit >= 1 else args.limit)
         results = evaluate(lm, args.tasks, args.num_fewshot, args.seeds, limit, args.include_path,

@@ -17,19 +17,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from evalm.storage import replaced, write_atomic
+
 
 def write_json(path: Path, data: Any) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    return path
+    """`data` as indented JSON, written whole or not at all and never through a link (`storage.write_atomic`)."""
+    return write_atomic(path, json.dumps(data, indent=2, default=str) + "\n")
 
 
 def write_predictions(path: Path, rows: list[dict]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
-    return path
+    return write_atomic(path, "".join(json.dumps(row) + "\n" for row in rows))
 
 
 @contextmanager
@@ -48,9 +45,11 @@ def _figure(path: Path, title: str, panels: int = 1):
             ax.legend(fontsize=7)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120, bbox_inches="tight")  # a legend placed outside the axes stays in the image
-    plt.close(fig)
+    try:
+        with replaced(path) as tmp:  # whole or not at all, never through a link
+            fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")  # a legend outside the axes stays in the image
+    finally:
+        plt.close(fig)
 
 
 MARKERS, LINESTYLES = "osD^v<>", ("-", "--", "-.", ":")

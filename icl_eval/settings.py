@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from evalm.config_toolkit import ConfigError, apply_overrides, check_sections, read_toml, to_dict
+from evalm.config_toolkit import ConfigError, apply_overrides, check_overrides, check_sections, read_toml, to_dict
 from evalm.config_toolkit.shipped import package_config
 
 
@@ -31,6 +31,19 @@ FILE_SECTIONS = ("eval", "eval.method", "ppl", "recall", "model", "synthetic")
 so each command reads its own sections of it and leaves the other's."""
 
 
+def section_classes(sections: Sequence[str]) -> dict[str, type]:
+    """The config class of each of `sections`."""
+    from evalm import ModelConfig
+    from evalm.icl_eval.config import EvalConfig, PerplexityConfig
+    from evalm.icl_eval.methods.options import MethodOptions
+    from evalm.icl_eval.recall.config import RecallConfig
+    from evalm.text.synthetic import SyntheticConfig
+
+    classes = {"eval": EvalConfig, "eval.method": MethodOptions, "ppl": PerplexityConfig, "recall": RecallConfig,
+               "model": ModelConfig, "synthetic": SyntheticConfig}
+    return {name: classes[name] for name in sections}
+
+
 class Layers:
     """Raw sections (nested dicts) with the source of every value that is not a built-in default."""
 
@@ -44,6 +57,7 @@ class Layers:
         names = [item.partition("=")[0].strip() for item in overrides]
         stray = [n for n in names if n.split(".")[0] not in {s.split(".")[0] for s in self.sections}]
         check_sections({n.split(".")[0]: None for n in stray}, self.sections, ", ".join(f"--{n}" for n in stray))
+        check_overrides(overrides, section_classes(self.sections))  # a misspelled key is the flag's, not the file's
         self.sources: dict[str, str] = {key: "config" for key in _leaves(self.data)}
         self.data = apply_overrides(self.data, overrides)
         self.sources.update({name: f"--{name}" for name in names})

@@ -16,6 +16,7 @@ from pathlib import Path
 from evalm.config_toolkit import UserError
 from evalm.launcher.commands import dispatch
 from evalm.storage import redact_argv
+from evalm.storage.files import appended
 
 
 class StageFailed(UserError, RuntimeError):
@@ -25,8 +26,7 @@ class StageFailed(UserError, RuntimeError):
 def call(argv: list, log: Path) -> None:
     """Run one command in this process; its printed lines and the data library's log lines go to
     the stage's log file, while progress bars (stderr) stay on the console. An error names the log."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("a", encoding="utf-8") as f:
+    with appended(log) as f:  # never through a link
         f.write(log_header(argv))
         f.flush()
         with _quiet(f):

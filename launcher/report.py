@@ -20,6 +20,7 @@ from evalm.icl_eval.report import plot_accuracy, plot_perplexity
 from evalm.launcher.markers import MARKER
 from evalm.launcher.run_file import Run
 from evalm.launcher.summary import summary_markdown
+from evalm.storage import replaced, write_atomic
 
 
 def _read(path: Path) -> dict | None:
@@ -142,7 +143,8 @@ def write_report(r: Run, timings: dict[str, float], *, wall_seconds: float, peak
         plot_perplexity({_label(m): res for m, res in ppl.items()}, out / "perplexity_vs_length.png",
                         "perplexity vs context length (two books)", train_length=train_length)
     for png in r.stage_dir("icl").glob("*/*/*.png"):
-        shutil.copyfile(png, out / f"icl_{png.parent.parent.name}_{png.parent.name}_{png.name}")
+        with replaced(out / f"icl_{png.parent.parent.name}_{png.parent.name}_{png.name}") as tmp:
+            shutil.copyfile(png, tmp)
     data = {name: _read(r.stage_dir(name) / "manifest.json") for name in ("filter", "dedup", "blend")}
     results = {
         "run": {"config": str(r.path), "folder": str(r.dir), "samples": str(r.samples),
@@ -158,8 +160,8 @@ def write_report(r: Run, timings: dict[str, float], *, wall_seconds: float, peak
         "pretrain_seq_len": train_length if ppl else None,
         "recall": {"line": recall_line(recall), "models": recall} if (recall := _recall_results(r)) else None,
     }
-    (out / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
-    (out / "summary.md").write_text(summary_markdown(results))
+    write_atomic(out / "results.json", json.dumps(results, indent=2, default=str) + "\n")
+    write_atomic(out / "summary.md", summary_markdown(results))
     return out
 
 

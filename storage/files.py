@@ -8,6 +8,12 @@ never a result computed from U+FFFD replacement characters.
 Every file a later run reads back (settings, markers, unit results, manifests, caches) is written
 to a hidden temporary name beside it, flushed to disk, then renamed over it (`os.replace` is atomic
 on POSIX), so a process killed at any moment leaves the old file or the new one, never half of one.
+A name that is a symbolic link (or anything but a regular file) is refused before anything is
+written (`refuse_link`): a `results.json` linked to a file elsewhere was overwritten through the link.
+
+What a command reads as a small file (a config, a task file, a model's config.json) is read by
+`read_bounded` (config_toolkit/files.py, re-exported here): a regular file (a FIFO blocked the read
+forever, a link to `/dev/zero` filled memory) of at most a stated size, refused in one line otherwise.
 """
 
 from __future__ import annotations
@@ -16,12 +22,14 @@ import errno
 import json
 import os
 import shutil
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from evalm.config_toolkit import UserError
+from evalm.config_toolkit.files import MiB, NotRegular, kind_of, read_bounded, regular  # noqa: F401 - re-exported
 
 MAX_UNDECODABLE = 0.001
 """Share of a text file's bytes that may be invalid UTF-8 (old scans carry a stray byte or two);
@@ -36,17 +44,47 @@ class NoSpace(UserError, OSError):
     """A write failed because its filesystem is full; the message names the file."""
 
 
-def read_json(path: str | Path) -> Any:
-    """The JSON value of `path`, or DamagedFile naming the file, line and column."""
+class LinkedOutput(UserError, OSError):
+    """A file a command would write is a symbolic link or not a regular file; the message names it."""
+
+
+def refuse_link(path: str | Path) -> Path:
+    """`path` when nothing is there or a regular file is; a symbolic link (even a dangling one) or a
+    FIFO, device or folder in its place is refused: writing there would write through the link into
+    another file, or block."""
     path = Path(path)
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return path
+    if stat.S_ISLNK(st.st_mode):
+        raise LinkedOutput(f"{path} is a symbolic link (to {os.readlink(path)}); evalm never writes through a link "
+                           "(it would overwrite the file it points to): remove the link and rerun")
+    if not stat.S_ISREG(st.st_mode):
+        raise LinkedOutput(f"{path} is {kind_of(st.st_mode)}, not a regular file; evalm writes its outputs only as "
+                           "regular files: remove it and rerun")
+    return path
+
+
+MAX_JSON_BYTES = 256 * MiB
+"""The largest JSON file read (a config.json is kilobytes; a digest cache of a large data set megabytes)."""
+
+
+def read_json(path: str | Path, what: str = "a JSON file", limit: int = MAX_JSON_BYTES) -> Any:
+    """The JSON value of `path` (a regular file of at most `limit` bytes), or DamagedFile naming the
+    file, line and column."""
+    path = Path(path)
+    try:
+        return json.loads(read_bounded(path, limit, what).decode("utf-8"))
     except UnicodeDecodeError as err:
         raise DamagedFile(f"{path}: not JSON (not UTF-8 text at byte {err.start}); restore it or "
                           "re-create it with the command that wrote it") from None
     except json.JSONDecodeError as err:
         raise DamagedFile(f"{path}: not valid JSON (line {err.lineno}, column {err.colno}: {err.msg}); "
                           "restore it or re-create it with the command that wrote it") from None
+    except RecursionError:  # `[[[[...]]]]` thousands deep: json recurses per level
+        raise DamagedFile(f"{path}: nested deeper than the JSON reader can follow; restore it or re-create it "
+                          "with the command that wrote it") from None
 
 
 def read_text(path: str | Path, what: str = "text file") -> str:
@@ -98,17 +136,37 @@ TEMPORARY = ".tmp-"
 """Infix of the temporary files `replaced` writes (`.NAME.tmp-PID`): hidden, and found by `temporaries`."""
 
 
+def appended(path: str | Path):
+    """`path` opened for appending text (created if missing), never through a link (O_NOFOLLOW): a log or a
+    metrics file linked to another file would grow that file."""
+    path = refuse_link(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as err:
+        if err.errno != errno.ELOOP:
+            raise
+        refuse_link(path)  # placed since: the message names its target
+        raise
+    return os.fdopen(fd, "a", encoding="utf-8")
+
+
 @contextmanager
 def replaced(path: str | Path) -> Iterator[Path]:
     """A temporary path beside `path` to write; on a clean exit it is flushed to disk and renamed over
-    `path` (the parent folder is created), on an error removed, so `path` is old or new, never half."""
-    path = Path(path)
+    `path` (the parent folder is created), on an error removed, so `path` is old or new, never half.
+    A `path` that is a link is refused first (`refuse_link`); the temporary file is created new, never
+    followed (O_EXCL | O_NOFOLLOW)."""
+    path = refuse_link(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}{TEMPORARY}{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644))
     try:
         yield tmp
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
+        refuse_link(path)  # placed while the file was being written
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)

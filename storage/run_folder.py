@@ -6,6 +6,9 @@ icl|ppl`, `evalm data filter|dedup|blend`, `evalm run`) does the same things to 
 - **hold** it (`storage.lock`): rank 0 of a torchrun launch takes the lock for every rank, and what
   rank 0 does for all of them is shared with its value or its error, a user error staying one and a
   bug a bug (`storage.ranks`);
+- **claim** it: a command writes only into a folder it made (its marker names the command) or an
+  empty one, and never into one of its inputs (the model it reads, its data) or a folder inside one
+  (`claim`); a stage folder `evalm run` made for its stages is taken by the stage's command;
 - **mark** what it made: a folder the command creates (or finds empty) gets `.evalm-folder.json`
   naming the command; `--overwrite` deletes only a folder whose marker names the same command, and
   never one that is, or holds, an input of the run (`discard`);
@@ -26,11 +29,12 @@ from pathlib import Path
 from typing import Any
 
 from evalm.config_toolkit import UserError, note_folder
-from evalm.storage.files import read_json, write_json
+from evalm.storage.files import LinkedOutput, read_json, write_json
 from evalm.storage.identity import DigestCache
 from evalm.storage.lock import LOCK_FILE, folder_lock
 from evalm.storage.ranks import Ranks
 from evalm.storage.settings import SettingsChanged, as_read_back, describe, differences
+from evalm.storage.staging import STAGING
 
 MARKER = ".evalm-folder.json"
 """`{"command": ..., "made": ...}` in a folder a command created: what `--overwrite` may delete."""
@@ -40,6 +44,8 @@ KEPT = (LOCK_FILE, MARKER)
 """A folder holding only these holds nothing of a run."""
 BOOKKEEPING = (*KEPT, DIGESTS)
 """What a folder records about itself, not what a run wrote in it (two equal runs differ only there)."""
+RUN = "evalm run"
+"""`evalm run` marks each stage folder it creates; the stage's own command takes such a folder."""
 
 
 class NotOurs(UserError, OSError):
@@ -57,15 +63,33 @@ def made_by(folder: str | Path) -> str | None:
 
 
 def is_empty(folder: str | Path) -> bool:
-    """Whether `folder` holds nothing but a lock and a marker (or does not exist)."""
+    """Whether `folder` holds nothing but a lock, a marker and what a killed write left in staging (or does
+    not exist)."""
     folder = Path(folder)
-    return not folder.is_dir() or all(p.name in KEPT for p in folder.iterdir())
+    return not folder.is_dir() or all(p.name in KEPT or p.name.startswith(STAGING) for p in folder.iterdir())
 
 
 def overlap(a: str | Path, b: str | Path) -> bool:
     """Whether one path is the other or lies inside it (resolved, links followed)."""
     a, b = Path(a).resolve(), Path(b).resolve()
     return a == b or a in b.parents or b in a.parents
+
+
+def inside(a: str | Path, b: str | Path) -> bool:
+    """Whether `a` is `b` or lies inside it (resolved, links followed)."""
+    a, b = Path(a).resolve(), Path(b).resolve()
+    return a == b or b in a.parents
+
+
+def foreign(folder: Path, command: str) -> str | None:
+    """Why `command` may not write into `folder` (None when it may): the folder is neither empty nor made by
+    `command` (or by `evalm run` for its stage)."""
+    if is_empty(folder):
+        return None
+    maker = made_by(folder)
+    if maker in (command, RUN):
+        return None
+    return f"it was made by `{maker}`" if maker else f"it has no {MARKER} naming the command that made it"
 
 
 def guard_inputs(folder: str | Path, inputs: Sequence[str | Path], action: str) -> None:
@@ -79,18 +103,22 @@ def guard_inputs(folder: str | Path, inputs: Sequence[str | Path], action: str) 
 class RunFolder:
     """One command's output folder (`path`), as `command` (e.g. "evalm data filter") writes it."""
 
-    def __init__(self, path: str | Path, command: str, ranks: Ranks = Ranks()):
+    def __init__(self, path: str | Path, command: str, ranks: Ranks = Ranks(), inputs: Sequence[str | Path] = ()):
         self.path, self.command, self.ranks = Path(path), command, ranks
+        self.inputs = [Path(i) for i in inputs if i]
+        """What the command reads (a model, its data): never written into."""
         self._digests: DigestCache | None = None
 
     @contextmanager
     def held(self) -> Iterator[RunFolder]:
         """Hold the folder for the block: rank 0 takes the lock (refusing a folder another live run
-        holds, or a path that is not a folder) and marks a new or empty folder as this command's; an
-        error escaping the block on any rank is tagged with the folder, where its bug log goes."""
+        holds, or a path that is not a folder), `claim`s it and marks a new or empty folder as this
+        command's; an error escaping the block on any rank is tagged with the folder, where its bug log goes."""
         with ExitStack() as stack:
             def take() -> None:
+                self.refuse_inputs()
                 stack.enter_context(folder_lock(self.path, self.command))
+                self.claim()
                 self.mark()
 
             try:
@@ -105,12 +133,32 @@ class RunFolder:
         """`action()` on rank 0 for every rank (`storage.ranks.Ranks.share`)."""
         return self.ranks.share(action)
 
+    def refuse_inputs(self) -> None:
+        """Refuse a folder that is one of the command's inputs or lies inside one (before anything is made
+        there: not even the lock file): `eval icl --out MODEL` replaced the model's config.json."""
+        for path in self.inputs:
+            if path.exists() and inside(self.path, path):
+                raise NotOurs(f"{self.path} is, or lies inside, {path}, which `{self.command}` reads; it would "
+                              "write into its own input: choose an output folder apart from every input")
+
+    def claim(self) -> None:
+        """Refuse a folder this command did not make that holds anything (a training run, an export, a
+        data stage, the user's own files): only an empty folder or one of its own is written into."""
+        why = foreign(self.path, self.command)
+        if why:
+            raise NotOurs(f"`{self.command}` writes only into a folder it made or an empty one, and {self.path} is "
+                          f"not one ({why}); choose another output folder, or delete it yourself if it is disposable")
+
     def mark(self, sub: str | None = None) -> Path:
-        """Create FOLDER[/sub]; mark it as this command's when it is new or empty. Returns it."""
+        """Create FOLDER[/sub]; mark it as this command's when it is new or empty (or a stage folder
+        `evalm run` made for it). A sub-folder that is a symbolic link is refused. Returns it."""
         folder = self.path / sub if sub else self.path
+        if sub and folder.is_symlink():
+            raise LinkedOutput(f"{folder} is a symbolic link; evalm never writes through a link (its files would "
+                               "land in the folder it points to): remove the link and rerun")
         fresh = is_empty(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        if fresh and made_by(folder) is None:
+        if fresh and made_by(folder) in (None, RUN):
             write_json(folder / MARKER, {"command": self.command, "made": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
         return folder
 

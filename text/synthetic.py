@@ -27,6 +27,10 @@ LETTERS = "abcdefghijklmnopqrstuvwxyz"
 LABEL_LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
 
+MAX_ITEMS = 1_000_000
+"""Items of one split of a synthetic episode at most (its default pool is 512)."""
+
+
 @dataclass(config=FROZEN, frozen=True)
 class SyntheticConfig:
     """The synthetic family and the tiny model's training run (section `[synthetic]`)."""
@@ -66,6 +70,9 @@ class SyntheticConfig:
     def __post_init__(self) -> None:
         if not 2 <= self.n_inputs <= 26 or not 2 <= self.n_labels <= 26:
             raise ConfigError("n_inputs and n_labels must lie in 2..26")
+        for name in ("n_train", "n_test"):  # the episode's items are made as lists: n_test = 1e12 filled memory
+            if not 1 <= getattr(self, name) <= MAX_ITEMS:
+                raise ConfigError(f"{name} = {getattr(self, name)}: give from 1 to {MAX_ITEMS:,} items per episode")
         if self.dominant_prob is not None and not 0.0 <= self.dominant_prob <= 1.0:
             raise ConfigError(f"dominant_prob must be None (uniform rule) or lie in [0, 1], got {self.dominant_prob}")
 

@@ -63,6 +63,7 @@ def run_command(argv: Sequence[str] | None, *, command: str, doc: str, default_c
     again = " ".join(["evalm train", command, *_without_resume(argv), "--resume auto"])
     interrupt.set_hint(f"the last complete checkpoint under {out}/checkpoints is kept; resume with: {again}")
     try:
+        config.check_memory()  # a shape or batch this machine cannot hold: one line, before anything is made
         run(config, out, make_source(config.data, config.model.vocab_size), resume=resume, command=command,
             **(options(config) if options else {}))
     except Exception as err:  # noqa: BLE001 - also under torchrun, where no dispatcher is above: the one rule

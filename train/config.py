@@ -8,6 +8,7 @@ metaseq/OPT recipe it started from (docs/training.md), marked as such.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass as _std_dataclass
 from dataclasses import field
 from pathlib import Path
@@ -15,7 +16,8 @@ from typing import Any, Literal
 
 from pydantic.dataclasses import dataclass
 
-from evalm.config_toolkit import FROZEN, ConfigError, apply_overrides, build, check_sections, read_toml, to_dict
+from evalm.config_toolkit import (FROZEN, ConfigError, apply_overrides, build, check_overrides, check_sections, read_toml,
+                                  to_dict)
 from evalm.config import ModelConfig
 from evalm.train.instructions import MSIT_COLUMNS
 
@@ -202,15 +204,49 @@ class RunConfig:
     def to_json(self) -> dict[str, Any]:
         return {name: to_dict(getattr(self, name)) for name in ("model", "data", "optim", "train", "checkpoint")}
 
+    def inputs(self) -> list[str]:
+        """The files and folders the run reads (token shards, tokenizer, instruction file, the checkpoint it
+        starts from): the run folder may be none of them, nor lie inside one (storage.RunFolder)."""
+        values = [v for v in to_dict(self.data).values() if isinstance(v, str)]
+        return [v for v in (*values, self.checkpoint.init_from) if v]
+
+    def identity(self, digest) -> dict[str, str]:
+        """What a resumed run must share with the checkpoint's run besides the architecture (train.identity);
+        `digest` is the run folder's cached one (`RunFolder.identity`)."""
+        from evalm.train.identity import run_identity
+
+        return run_identity(to_dict(self.data), digest)
+
+    def check_memory(self) -> None:
+        """Refuse, before anything is built or written, a model and micro-batch that cannot fit in this machine's
+        memory (evalm.footprint): `--set model.n_layer=1e9` or `train.batch_size=1e9` once grew without a line of
+        output. Checked when a run starts (`train.command`), not when a config is read: a 1.3B run file is
+        valid on a machine too small to train it."""
+        from evalm.footprint import check_fits, parameters, training_bytes
+
+        m, t = self.model, self.train
+        n = parameters(m.vocab_size, m.d_model, m.n_layer, m.d_ff)
+        need = training_bytes(n, m.vocab_size, t.batch_size * self.data.seq_len, int(os.environ.get("WORLD_SIZE", "1")))
+        device = "cuda" if t.device == "cuda" or (t.device == "auto" and _cuda()) else "cpu"
+        check_fits(need, f"[model] and [train]: a model of about {n:.3g} parameters trained on micro-batches of "
+                   f"train.batch_size={t.batch_size} x data.seq_len={self.data.seq_len} tokens", device)
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
 
 SECTIONS = ("model", "data", "optim", "train", "checkpoint")
 
 
 def load_run_config(path: str | Path, overrides: list[str], data_cls: type = DataConfig) -> RunConfig:
     """Read a run file, apply `section.key=value` overrides, validate each section."""
-    raw = apply_overrides(read_toml(path), overrides)
-    check_sections(raw, SECTIONS, str(path))
     classes = {"model": ModelConfig, "data": data_cls, "optim": OptimConfig, "train": TrainConfig,
                "checkpoint": CheckpointConfig}
+    check_overrides(overrides, classes)  # a misspelled override is the flag's mistake, not the file's
+    raw = apply_overrides(read_toml(path), overrides)
+    check_sections(raw, SECTIONS, str(path))
     built = {name: build(cls, raw.get(name), where=f"{path} [{name}]") for name, cls in classes.items()}
     return RunConfig(**built)

@@ -7,9 +7,19 @@ The source is a `transformers` folder (or a GGUF file in it) of model_type "llam
 TinyLlama); anything else, and a head layout EVA cannot take, is refused in one line. The output is
 an `eva_llama` folder (evalm/hf_llama.py): the source's weights (float32 unless --dtype), EVA's summary maps A_q/A_k
 added per layer, `config.json` with the `[eva]` settings as its `evalm` section and `auto_map` to the
-folder's `modeling_eva_llama.py`, the tokenizer, and `convert.json` (source, its quantisation, the
-settings). It loads with `AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True)`, and
-with `evalm eval ... --hf-model out`.
+folder's `modeling_eva_llama.py` (pinned to the evalm version that wrote it), the tokenizer, and
+`convert.json` (source, its quantisation, the settings, the modeling file's SHA-256). It loads with
+`AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True)`, and with `evalm eval ...
+--hf-model out` (evalm's classes: no code from the folder).
+
+What it reads and writes is checked as every model folder is (evalm/hf_folder.py): the source must
+need no code of its own (an `auto_map` anywhere, or a model_type transformers does not know, is
+refused: nothing of it is copied), its safetensors weights must be what its config.json describes
+(evalm/hf_weights.py), a `--gguf-file` a GGUF file inside it (evalm/gguf_file.py). `--out` is a new
+or empty folder, or one `evalm convert` made (replaced only with `--overwrite`), never the source or
+a folder inside it; the model is written into a hidden staging folder inside it and moved into place
+with config.json last (storage/staging.py), so a convert killed at any point leaves no folder that a
+loader takes for a model.
 
 How close the zero-step model is to the original (`eva.init`, docs/training.md "Converting a
 pretrained model"): with `identity` (the default) A_q and A_k are the identity (no LayerNorm), so a
@@ -31,7 +41,7 @@ the summaries' offsets stay within ±w).
 
 from __future__ import annotations
 
-import json
+import hashlib
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -39,29 +49,43 @@ from typing import Any, Literal
 
 from pydantic.dataclasses import dataclass
 
-from evalm.config_toolkit import FROZEN, ConfigError, MissingInput, Parser, apply_overrides, build, report, require_gguf
+from evalm.config_toolkit import FROZEN, ConfigError, Parser, apply_overrides, build, report
 from evalm.config_toolkit import check_sections, settable_keys, split_overrides
 from evalm.eva_fields import EVA_FIELDS
-from evalm.storage import folder_lock
+from evalm.storage import NotOurs, RunFolder, read_json, staged, write_atomic, write_json
+from evalm.storage.run_folder import is_empty
 
 LLAMA_TYPES = ("llama",)
 """Model types `evalm convert` takes: transformers' Llama (SmolLM2's architecture)."""
 
 MODELING = '''"""A Llama-family model with EVA attention, written by `evalm convert` (evalm {version}).
 
-The model's code is evalm's own (evalm/hf_llama.py): install `pip install 'evalm[hf]'`, then
-`AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)`, or, without remote code,
-`import evalm; evalm.register_with_transformers()` first.
+The model's code is evalm's own (evalm/hf_llama.py), of the version that wrote this folder: install
+`pip install 'evalm[hf]=={version}'`, then `AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)`,
+or, without remote code, `import evalm; evalm.register_with_transformers()` first.
 """
 
-from evalm.hf_llama import EvaLlamaConfig, EvaLlamaForCausalLM
+from importlib.metadata import version
+
+WRITTEN_BY = "{version}"
+if version("evalm") != WRITTEN_BY:
+    raise ImportError(f"this folder was written by evalm {{WRITTEN_BY}}, and evalm {{version('evalm')}} is installed: "
+                      f"pip install 'evalm=={{WRITTEN_BY}}', or load it without this file (evalm.register_with_transformers())")
+
+from evalm.hf_llama import EvaLlamaConfig, EvaLlamaForCausalLM  # noqa: E402
 
 __all__ = ["EvaLlamaConfig", "EvaLlamaForCausalLM"]
 '''
 NOT_CARRIED = ("model_type", "architectures", "quantization_config")
 """Source config keys the converted config does not take over."""
+MODELING_FILE = "modeling_eva_llama.py"
 AUTO_MAP = {"AutoConfig": "modeling_eva_llama.EvaLlamaConfig",
             "AutoModelForCausalLM": "modeling_eva_llama.EvaLlamaForCausalLM"}
+
+
+MAX_WINDOW = 1 << 20
+"""The largest window, chunk or sink a conversion takes (a million tokens, four times the longest context any
+evaluation here reads): `eva.window_size=1e12` converted, then every evaluation of it was a bug line."""
 
 
 @dataclass(config=FROZEN, frozen=True)
@@ -94,6 +118,10 @@ class EvaSettings:
     """A_q/A_k at zero steps: both the identity, A_q zero and A_k the identity, or the EVA reference's draw."""
 
     def __post_init__(self) -> None:
+        for name in ("window_size", "chunk_size", "sink_tokens", "circular_period"):
+            if getattr(self, name) > MAX_WINDOW:
+                raise ConfigError(f"eva.{name}={getattr(self, name)}: at most {MAX_WINDOW} tokens (a window past any "
+                                  "input is the input itself: give at most the longest context you evaluate)")
         if self.window_size < 1 or self.chunk_size < 1 or self.window_size % self.chunk_size:
             raise ConfigError(f"eva.window_size={self.window_size} must be a positive multiple of eva.chunk_size="
                               f"{self.chunk_size}: chunks never cross block boundaries")
@@ -135,29 +163,30 @@ def read_settings(overrides: Sequence[str]) -> EvaSettings:
 def source_config(folder: str | Path, gguf_file: str | None, settings: EvaSettings):
     """The source's `transformers` config, refused in one line unless it is a Llama of a shape EVA takes
     (checked by building the converted config before any weight is read)."""
+    from evalm import hf_folder
     from evalm.hf_attention import transformers_module
     from evalm.hf_llama import EvaLlamaConfig
 
     tf = transformers_module()
     folder = Path(folder)
-    if gguf_file:
-        require_gguf()
-    where = folder / gguf_file if gguf_file else folder / "config.json"
-    if not where.is_file():
-        raise MissingInput(f"{where}: not found; --hf-model names a transformers model folder"
-                           f"{' and --gguf-file a file in it' if gguf_file else ' (with config.json)'}")
-    kind = (tf.AutoConfig.from_pretrained(folder, gguf_file=gguf_file, local_files_only=True).model_type if gguf_file
-            else json.loads(where.read_text(encoding="utf-8")).get("model_type"))
-    if kind not in LLAMA_TYPES:
-        raise ConfigError(f"{where}: model_type {kind!r} is not Llama-family; evalm convert takes model_type "
-                          f"{' or '.join(map(repr, LLAMA_TYPES))} (LlamaForCausalLM: SmolLM2, Llama, TinyLlama)")
-    config = tf.AutoConfig.from_pretrained(folder, gguf_file=gguf_file, local_files_only=True)
+    where = hf_folder.gguf(folder, gguf_file) if gguf_file else folder / "config.json"
+    kind = hf_folder.check_folder(folder, gguf_file).get("model_type")  # no code of its own, first
+    if not gguf_file and kind not in LLAMA_TYPES:
+        _not_llama(where, kind)
+    config = hf_folder.pretrained(tf.AutoConfig, folder, **({"gguf_file": gguf_file} if gguf_file else {}))
+    if config.model_type not in LLAMA_TYPES:
+        _not_llama(where, config.model_type)
     values = {k: v for k, v in config.to_dict().items() if k not in NOT_CARRIED}
     try:
         EvaLlamaConfig(evalm=settings.evalm_section(config.max_position_embeddings), **values)
     except ConfigError as err:
         raise ConfigError(str(err).replace("config.json", str(where), 1)) from None
     return config
+
+
+def _not_llama(where: Path, kind) -> None:
+    raise ConfigError(f"{where}: model_type {kind!r} is not Llama-family; evalm convert takes model_type "
+                      f"{' or '.join(map(repr, LLAMA_TYPES))} (LlamaForCausalLM: SmolLM2, Llama, TinyLlama)")
 
 
 def convert_llama(llama, settings: EvaSettings):
@@ -193,7 +222,7 @@ def init_identity(eva, query: bool = True) -> None:
 def quantisation(folder: Path, gguf_file: str | None) -> str:
     """How the source's weights were stored: a GGUF's file type (e.g. MOSTLY_Q4_1), else their dtype."""
     if not gguf_file:
-        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        config = read_json(folder / "config.json")
         return f"none ({config.get('dtype') or config.get('torch_dtype') or 'float32'} weights)"
     from gguf import GGUFReader, LlamaFileType
 
@@ -203,8 +232,23 @@ def quantisation(folder: Path, gguf_file: str | None) -> str:
     return f"GGUF {LlamaFileType(int(field.parts[field.data[0]][0])).name}, dequantised to float32"
 
 
+def scrub(folder: Path, modeling: str) -> None:
+    """Nothing of a source's own code in the output: no `auto_map` but config.json's (evalm's shim), no
+    Python file but the shim. (A source that needs code is refused before it is read; this is what a
+    library's save could still carry over.)"""
+    for path in folder.glob("*.py"):
+        if path.name != modeling:
+            path.unlink()
+    for path in folder.glob("*.json"):
+        data = read_json(path) if path.name != "config.json" else None
+        if isinstance(data, dict) and "auto_map" in data:
+            del data["auto_map"]
+            write_json(path, data)
+
+
 def save_converted(eva, tokenizer, out: Path, record: dict[str, Any]) -> Path:
-    """Write the `eva_llama` folder: weights, config with auto_map, modeling file, tokenizer, convert.json."""
+    """Write the `eva_llama` folder: weights, config with auto_map, modeling file, tokenizer, convert.json;
+    in a staging folder moved into `out` complete, config.json last (storage.staged)."""
     from importlib.metadata import version
 
     eva.config.auto_map = AUTO_MAP
@@ -214,36 +258,50 @@ def save_converted(eva, tokenizer, out: Path, record: dict[str, Any]) -> Path:
     marks = {cls: cls.__dict__["_auto_class"] for cls in (type(eva), type(eva.config)) if "_auto_class" in cls.__dict__}
     for cls in marks:
         cls._auto_class = None
-    try:
-        eva.save_pretrained(out)
-    finally:
-        for cls, mark in marks.items():
-            cls._auto_class = mark
-    tokenizer.save_pretrained(out)
-    (out / "modeling_eva_llama.py").write_text(MODELING.format(version=version("evalm")), encoding="utf-8")
-    (out / "convert.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    with staged(out) as stage:
+        try:
+            eva.save_pretrained(stage)
+        finally:
+            for cls, mark in marks.items():
+                cls._auto_class = mark
+        tokenizer.save_pretrained(stage)
+        modeling = MODELING.format(version=version("evalm"))
+        write_atomic(stage / MODELING_FILE, modeling)
+        scrub(stage, MODELING_FILE)
+        record = {**record, "modeling": {"file": MODELING_FILE, "evalm": version("evalm"),
+                                         "sha256": hashlib.sha256(modeling.encode()).hexdigest()}}
+        write_json(stage / "convert.json", record)
     return out
 
 
 def convert(folder: str | Path, out: str | Path, settings: EvaSettings, gguf_file: str | None = None,
-            dtype: str = "float32") -> Path:
-    """Convert the model in `folder` (or its `gguf_file`) and write it to `out` in `dtype`; returns `out`."""
+            dtype: str = "float32", overwrite: bool = False) -> Path:
+    """Convert the model in `folder` (or its `gguf_file`) and write it to `out` in `dtype`; returns `out`.
+    `out` is a new or empty folder, or one `evalm convert` made (replaced with `overwrite`); never the source."""
     import torch
 
+    from evalm import hf_folder
     from evalm.hf_attention import transformers_module
 
     tf = transformers_module()
     folder = Path(folder)
     source_config(folder, gguf_file, settings)
-    options = {"gguf_file": gguf_file, "local_files_only": True}
-    llama = tf.AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype), **options)
-    tokenizer = tf.AutoTokenizer.from_pretrained(folder, **options)
+    target = RunFolder(out, "evalm convert", inputs=[folder])
+    target.refuse_inputs()
+    target.claim()  # before the source is read: a wrong --out is refused at once (again once it is held)
+    if not overwrite and not is_empty(target.path):
+        raise NotOurs(f"{target.path} already holds a conversion; --overwrite replaces it, or choose another --out")
+    llama = hf_folder.model(tf.AutoModelForCausalLM, folder, gguf_file=gguf_file, dtype=getattr(torch, dtype))
+    tokenizer = hf_folder.tokenizer(folder, gguf_file)
     eva = convert_llama(llama.eval(), settings)
     record = {"source": str(folder), "gguf_file": gguf_file, "quantisation": quantisation(folder, gguf_file),
-              "eva": {k: getattr(settings, k) for k in settings.__dataclass_fields__},
-              "evalm": dict(eva.config.evalm)}
-    with folder_lock(out, "evalm convert"):
-        return save_converted(eva, tokenizer, Path(out), record)
+              "eva": {k: getattr(settings, k) for k in settings.__dataclass_fields__}, "evalm": dict(eva.config.evalm)}
+    with target.held() as run:
+        if overwrite:
+            run.discard(inputs=[folder])
+        elif not is_empty(run.path):  # another convert finished there meanwhile
+            raise NotOurs(f"{run.path} already holds a conversion; --overwrite replaces it, or choose another --out")
+        return save_converted(eva, tokenizer, run.path, record)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -258,10 +316,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="dtype of the converted weights (default: float32)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="eva.KEY=VALUE",
                         help="one EVA setting, e.g. --set eva.window_size=512; repeatable (default: none)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace the conversion already in --out (only a folder evalm convert made) (default: off)")
     try:
         dotted, rest = split_overrides(list(argv if argv is not None else sys.argv[1:]))
         args = parser.parse_args(rest)
-        out = convert(args.hf_model, args.out, read_settings([*dotted, *args.overrides]), args.gguf_file, args.dtype)
+        out = convert(args.hf_model, args.out, read_settings([*dotted, *args.overrides]), args.gguf_file, args.dtype,
+                      args.overwrite)
     except Exception as err:  # noqa: BLE001 - the one rule: a user error in one line, else a bug with its log
         return report("evalm convert", err)
     print(f"converted {out}")

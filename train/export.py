@@ -19,7 +19,7 @@ from pathlib import Path
 from evalm.config_toolkit import Parser, build, report
 from evalm import EvalmModel, ModelConfig
 from evalm.io import save_model
-from evalm.storage import RunFolder, read_json, replaced
+from evalm.storage import RunFolder, read_json, regular, staged, write_json
 from evalm.train.identity import run_tokenizer
 
 
@@ -37,14 +37,13 @@ def checkpoint_model(checkpoint: str | Path) -> tuple[EvalmModel, Path, dict]:
 
 def export(checkpoint: str | Path, out: str | Path, tokenizer: str | Path | None = None) -> Path:
     model, path, run_config = checkpoint_model(checkpoint)
-    with RunFolder(out, "evalm export").held() as folder:
-        out = save_model(model.eval(), folder.path)
-        source = Path(tokenizer) if tokenizer else run_tokenizer(run_config.get("data", {}))
+    source = Path(tokenizer) if tokenizer else run_tokenizer(run_config.get("data", {}))
+    with RunFolder(out, "evalm export", inputs=[checkpoint, path]).held() as folder, staged(folder.path) as stage:
+        save_model(model.eval(), stage)  # moved into OUT complete, config.json last, never through a link
         if source is not None:
-            with replaced(out / "tokenizer.json") as tmp:
-                shutil.copyfile(source, tmp)
-        folder.write_json("export.json", {"checkpoint": str(path), "tokenizer": str(source) if source else None})
-    return out
+            shutil.copyfile(regular(source, "--tokenizer"), stage / "tokenizer.json")
+        write_json(stage / "export.json", {"checkpoint": str(path), "tokenizer": str(source) if source else None})
+    return folder.path
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -14,6 +14,7 @@ from pathlib import Path
 import orjson
 
 from evalm.config_toolkit import InputError
+from evalm.storage import write_atomic
 
 MSIT_COLUMNS = {"task": "task", "input": "input", "output": "output"}
 """The fields of an instruction example and their default data columns."""
@@ -48,6 +49,5 @@ def write_examples(path: Path, examples: Iterable[Example]) -> int:
     """One jsonl row per example, the MSIT_COLUMNS keys in order; returns the number written."""
     rows = [{MSIT_COLUMNS["task"]: e.task, MSIT_COLUMNS["input"]: e.input, MSIT_COLUMNS["output"]: e.output}
             for e in examples]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    write_atomic(path, b"".join(orjson.dumps(r) + b"\n" for r in rows))  # whole, never through a link
     return len(rows)

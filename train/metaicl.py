@@ -33,8 +33,9 @@ from typing import Literal
 import torch
 from pydantic.dataclasses import dataclass
 
-from evalm.config_toolkit import (ConfigError, FROZEN, Parser, apply_overrides, build, check_sections, read_toml, report,
-                                  shipped, split_overrides, to_dict)
+from evalm.config_toolkit import (ConfigError, FROZEN, Parser, apply_overrides, build, check_overrides, check_sections,
+                                  read_toml, report, shipped, split_overrides, to_dict)
+from evalm.storage import RunFolder, staged, write_atomic
 from evalm.train.config import OptimConfig
 from evalm.train.schedule import set_lr
 
@@ -171,9 +172,9 @@ def _train(model_cfg: T5ModelConfig, cfg: MetaIclConfig, optim: OptimConfig, syn
                   f"{rec['seconds']:.0f}s", flush=True)
     model.eval()
     if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        lm.save(out)
-        (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        with staged(out) as stage:  # moved into OUT complete, config.json last
+            lm.save(stage)
+            write_atomic(stage / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in records))
     return lm, records
 
 
@@ -182,6 +183,8 @@ def load_configs(path: str | Path | None, overrides: Sequence[str]):
     from evalm.text.synthetic import SyntheticConfig
 
     where = str(path or "defaults")
+    check_overrides(overrides, {"model": T5ModelConfig, "metaicl": MetaIclConfig, "optim": OptimConfig,
+                                "synthetic": SyntheticConfig})
     data = apply_overrides(read_toml(path) if path else {}, overrides)
     check_sections(data, ("model", "metaicl", "optim", "synthetic"), where)
     return (build(T5ModelConfig, data.get("model"), where=f"{where} [model]"),
@@ -203,11 +206,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(rest)
     try:
         model_cfg, cfg, optim, syn = load_configs(args.config, overrides)
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "metaicl.json").write_text(json.dumps({"model": to_dict(model_cfg), "metaicl": to_dict(cfg),
-                                                      "optim": to_dict(optim), "synthetic": to_dict(syn)}, indent=2))
-        train(model_cfg, cfg, optim, syn, out)
+        with RunFolder(args.out, "evalm train metaicl").held() as folder:  # a new or empty folder, or its own
+            folder.write_json("metaicl.json", {"model": to_dict(model_cfg), "metaicl": to_dict(cfg),
+                                               "optim": to_dict(optim), "synthetic": to_dict(syn)})
+            train(model_cfg, cfg, optim, syn, folder.path)
     except Exception as err:  # noqa: BLE001 - the one rule: a user error in one line, else a bug with its log
         return report("evalm train metaicl", err)
     print(f"wrote {args.out} (evaluate: evalm eval icl --hf-model {args.out} --tokenizer bytes --task synthetic)")

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from evalm.config_toolkit import MissingExtra
+from evalm.storage.files import appended
 
 # Dense bf16 peak FLOP/s by device-name fragment (vendor data sheets, no sparsity).
 PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "A10G": 125e12, "L40S": 362e12,
@@ -98,7 +99,7 @@ class MetricsLogger:
         if not self.enabled:
             return
         print(format_line(record), flush=True)
-        with self.path.open("a") as f:
+        with appended(self.path) as f:  # never through a link
             f.write(json.dumps(record) + "\n")
         if self._tb is not None:
             for key, value in record.items():

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from evalm.config_toolkit import ConfigError, InputError, MissingInput, Parser, report
+from evalm.storage import write_atomic
 
 DEFAULTS = {"episodes": 1200, "examples": 160, "inputs": (2, 4, 8, 16), "seed": 10**6}
 """The embedded run's tuning data (configs/tiny.toml [msit])."""
@@ -86,8 +87,7 @@ def write_msit_data(out: Path, *, episodes: int, examples: int, inputs: Sequence
     n_synthetic = len(rows)
     if instructions is not None:
         rows += read_instructions(instructions, instructions_limit)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    write_atomic(out, "".join(json.dumps(row) + "\n" for row in rows))  # whole, never through a link
     return {"synthetic": n_synthetic, "instructions": len(rows) - n_synthetic}
 
 

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from evalm.config_toolkit import InputError, MissingInput
-from evalm.storage import read_json, write_atomic
+from evalm.storage import read_json, replaced, write_atomic
 
 FORMAT = "evalm-token-shards/1"
 MANIFEST = "manifest.json"
@@ -67,8 +67,10 @@ class ShardWriter:
             return
         name = f"shard-{len(self.shards):05d}"
         tokens = np.concatenate(self._tokens)
-        tokens.tofile(self.out_dir / f"{name}.bin")
-        np.save(self.out_dir / f"{name}.idx.npy", np.asarray(self._index, dtype=np.int64))
+        with replaced(self.out_dir / f"{name}.bin") as tmp:  # whole, never through a link
+            tokens.tofile(tmp)
+        with replaced(self.out_dir / f"{name}.idx.npy") as tmp, open(tmp, "wb") as f:
+            np.save(f, np.asarray(self._index, dtype=np.int64))
         # the content's hash makes the manifest, and so a run's data identity, change with the tokens
         self.shards.append({"name": name, "tokens": self._size, "documents": len(self._index),
                             "sha256": hashlib.sha256(tokens.tobytes()).hexdigest()})

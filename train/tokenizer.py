@@ -21,6 +21,7 @@ from pathlib import Path
 import zstandard
 
 from evalm.config_toolkit import InputError, MissingInput, Parser
+from evalm.storage import RunFolder, replaced
 from evalm.storage.streams import MAX_LINE_BYTES, LongLine, lines, zstd_blocks
 from evalm.text.tokenizer import load_tokenizer
 from evalm.train.shards import ShardWriter
@@ -137,18 +138,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tokens-per-shard", type=int, default=100_000_000, metavar="N",
                         help="token ids per shard file; a new shard starts past it (default: 100000000)")
     args = parser.parse_args(argv)
-    out = Path(args.output)
-    out.mkdir(parents=True, exist_ok=True)
     files = document_files(args.input)
     started = time.time()
-    if args.tokenizer is None:
-        path = out / "tokenizer.json"
-        train_bpe((text for text, _ in read_documents(files)), args.vocab_size).save(str(path))
-        print(f"trained byte-level BPE ({args.vocab_size} ids) on {len(files)} file(s) -> {path}")
-    else:
-        path = args.tokenizer
-    tokenizer = load_tokenizer(path)
-    manifest = encode_to_shards(tokenizer, files, out, str(path), args.tokens_per_shard)
+    inputs = [args.input, None if args.tokenizer in (None, "bytes") else args.tokenizer]
+    # a new or empty folder, or one this command made; never its input (storage.RunFolder)
+    with RunFolder(args.output, "evalm train tokenizer", inputs=inputs).held() as folder:
+        out = folder.path
+        if args.tokenizer is None:
+            path = out / "tokenizer.json"
+            with replaced(path) as tmp:
+                train_bpe((text for text, _ in read_documents(files)), args.vocab_size).save(str(tmp))
+            print(f"trained byte-level BPE ({args.vocab_size} ids) on {len(files)} file(s) -> {path}")
+        else:
+            path = args.tokenizer
+        tokenizer = load_tokenizer(path)
+        manifest = encode_to_shards(tokenizer, files, out, str(path), args.tokens_per_shard)
     print(f"encoded {manifest['documents']} documents, {manifest['tokens']} tokens "
           f"({manifest['dtype']}, {len(manifest['shards'])} shard(s), subsets {manifest['subsets']}) "
           f"-> {out} in {time.time() - started:.1f}s")

@@ -33,7 +33,6 @@ from tqdm import tqdm
 from evalm.config_toolkit import ConfigError, UserError, to_dict
 from evalm.storage import Ranks, RunFolder, read_json, write_atomic
 from evalm.train import checkpoint, interrupt
-from evalm.train.identity import run_identity
 from evalm.train.config import RunConfig
 from evalm.train.structure import Packed
 from evalm.train.data import IGNORE, LineLoader, LineSource
@@ -70,7 +69,8 @@ def run(config: RunConfig, out: str | Path, make_source: Callable[[Runtime], Lin
     `train_step` (same arguments and result): `evalm train uptrain` (train/uptrain.py) passes both."""
     runtime = init_distributed(config.train.device)
     folder = RunFolder(out, f"evalm train {command}", Ranks(runtime.rank, runtime.world_size,
-                                                           _broadcast if runtime.world_size > 1 else None))
+                                                           _broadcast if runtime.world_size > 1 else None),
+                       inputs=config.inputs())
     logger = MetricsLogger(folder.path, enabled=False, tensorboard=False)
     try:
         with folder.held():  # one owner per run folder: rank 0 holds it for the whole run, for every rank
@@ -106,7 +106,7 @@ def _train(config: RunConfig, folder: RunFolder, make_source: Callable[[Runtime]
     source = make_source(runtime)
     loader = LineLoader(source, rank=runtime.rank, world_size=runtime.world_size,
                         batch_size=tcfg.batch_size, shuffle=config.data.shuffle, seed=config.data.seed)
-    identity = folder.share(lambda: run_identity(to_dict(config.data), folder.identity))  # rank 0 reads the files
+    identity = folder.share(lambda: config.identity(folder.identity))  # rank 0 reads the files
     config_json = {"command": command, "world_size": runtime.world_size, **config.to_json(), "identity": identity}
     session = Session(config, folder, runtime, logger, config_json, model, optimizer, loader, step or train_step)
     state = _start(session, resume_path)

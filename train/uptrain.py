@@ -17,7 +17,6 @@ model is written to OUT/hf as a converted folder (LoRA merged into its weights),
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from collections.abc import Sequence
@@ -28,7 +27,8 @@ from typing import Any, Literal
 from pydantic.dataclasses import dataclass
 
 from evalm.config_toolkit import FROZEN, ConfigError, MissingInput, apply_overrides, build
-from evalm.config_toolkit import check_sections, read_toml, report, to_dict
+from evalm.config_toolkit import check_overrides, check_sections, read_toml, report, to_dict
+from evalm.storage import read_json
 from evalm.config_toolkit.environment import command_environment
 from evalm.train.config import CheckpointConfig, DataConfig, OptimConfig, RunConfig, TrainConfig
 
@@ -60,7 +60,7 @@ class UptrainModel:
         if not self.hf_model or not path.is_file():
             raise MissingInput(f"[model] hf_model = {self.hf_model!r}: no config.json there; name the folder "
                                "`evalm convert` wrote")
-        config = json.loads(path.read_text(encoding="utf-8"))
+        config = read_json(path)
         if config.get("model_type") != "eva_llama":
             raise ConfigError(f"{path}: model_type {config.get('model_type')!r}; uptraining takes a converted model "
                               "(model_type 'eva_llama'): run `evalm convert --hf-model DIR --out DIR` first")
@@ -77,6 +77,10 @@ class UptrainModel:
     @property
     def vocab_size(self) -> int:
         return int(self.hf_config()["vocab_size"])
+
+    @property
+    def d_ff(self) -> int:
+        return int(self.hf_config()["intermediate_size"])
 
 
 @dataclass(config=FROZEN, frozen=True)
@@ -98,13 +102,25 @@ class UptrainConfig(RunConfig):
     def to_json(self) -> dict[str, Any]:
         return {**super().to_json(), "uptrain": to_dict(self.uptrain)}
 
+    def inputs(self) -> list[str]:
+        return [*super().inputs(), self.model.hf_model]
+
+    def identity(self, digest) -> dict[str, str]:
+        """The pretraining identity (tokenizer, data) and what an uptraining run starts from and aims at: the
+        converted folder by content (weights replaced in place under the same name are another start) and
+        the objective (a run resumed under another trains toward something else)."""
+        return {**super().identity(digest), "weights": digest(Path(self.model.hf_model)) or "missing",
+                "objective": self.uptrain.objective}
+
 
 SECTIONS = {"model": UptrainModel, "data": DataConfig, "optim": OptimConfig, "train": TrainConfig,
             "checkpoint": CheckpointConfig, "uptrain": UptrainSection}
 
 
 def load_config(path: str | Path, overrides: list[str], data_cls: type = DataConfig) -> UptrainConfig:
-    """Read an uptraining run file, apply overrides, validate each section."""
+    """Read an uptraining run file, apply overrides, validate each section; the shards must be of the
+    converted model's tokenizer."""
+    check_overrides(overrides, SECTIONS)
     raw = apply_overrides(read_toml(path), overrides)
     check_sections(raw, tuple(SECTIONS), str(path))
     built = {name: build(cls, raw.get(name), where=f"{path} [{name}]") for name, cls in SECTIONS.items()}
@@ -116,7 +132,41 @@ def load_config(path: str | Path, overrides: list[str], data_cls: type = DataCon
     if config.checkpoint.init_from:
         raise ConfigError(f"{path}: [checkpoint] init_from is not used by uptraining; [model] hf_model names the "
                           "weights it starts from")
+    check_shards(config.data.shards, config.model.hf_model)
     return config
+
+
+def _same_vocabulary(path: Path, tok) -> bool:
+    from tokenizers import Tokenizer
+
+    try:
+        return Tokenizer.from_file(str(path)).get_vocab() == tok.get_vocab()
+    except Exception:  # noqa: BLE001 - a file the manifest names that does not load is not the model's tokenizer
+        return False
+
+
+def check_shards(shards: str | Path, hf_model: str | Path) -> None:
+    """Token shards written with the converted model's tokenizer, else one line: shards of another tokenizer
+    (a vocabulary of 64 under a model of 49,152) trained without a word. The manifest's vocabulary size
+    against the folder's tokenizer, and, when the manifest names a tokenizer file that is there, its
+    vocabulary, token by token (the end-of-document id may differ: a choice of the encoding, not another
+    tokenizer)."""
+    from evalm.hf_folder import tokenizer as folder_tokenizer
+
+    manifest_path = Path(shards) / "manifest.json"
+    if not manifest_path.is_file():
+        return  # the loader refuses a folder without its manifest, naming it
+    manifest = read_json(manifest_path)
+    tok = folder_tokenizer(hf_model)
+    wrong = [f"vocab_size: shards {manifest.get('vocab_size')!r}, model {len(tok)}"] \
+        if manifest.get("vocab_size") != len(tok) else []
+    named = Path(str(manifest.get("tokenizer", "")))
+    if not wrong and named.suffix == ".json" and named.is_file() and not _same_vocabulary(named, tok):
+        wrong.append(f"{named} maps tokens to other ids than the model's tokenizer")
+    if wrong:
+        raise ConfigError(f"[data] shards = {str(shards)!r} were written with another tokenizer than [model] hf_model "
+                          f"= {str(hf_model)!r} ({'; '.join(wrong)}); encode the documents with the converted model's "
+                          f"tokenizer: evalm train tokenizer --input DOCS --output DIR --tokenizer {Path(hf_model) / 'tokenizer.json'}")
 
 
 def run_options(config: UptrainConfig) -> dict[str, Any]:

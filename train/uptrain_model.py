@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from evalm.config_toolkit import InputError, MissingExtra
+from evalm.config_toolkit import ConfigError, InputError, MissingExtra
 from evalm.storage import read_json
 from evalm.train.attention_transfer import EVA_PARAMETER, eva_parameters, use_transfer
 
@@ -44,14 +44,24 @@ class CausalLMLogits(nn.Module):
 
 
 def load_converted(folder: str | Path):
-    """The converted model of `folder` in float32, through evalm's classes (no remote code)."""
-    from evalm import register_with_transformers
+    """The converted model of `folder` in float32, through evalm's classes (no code from the folder; its
+    weights checked against its config.json first: evalm.hf_folder)."""
+    from evalm import hf_folder, register_with_transformers
     from evalm.hf_attention import transformers_module
     from evalm.hf_llama import EvaLlamaForCausalLM
 
-    register_with_transformers()
     transformers_module()
-    return EvaLlamaForCausalLM.from_pretrained(folder, dtype=torch.float32, local_files_only=True)
+    register_with_transformers()
+    return hf_folder.model(EvaLlamaForCausalLM, folder, dtype=torch.float32)
+
+
+def check_targets(hf: nn.Module, targets) -> None:
+    """Every name of `lora_targets` names a linear layer of the model: peft's own refusal of an unknown one
+    ended as a bug line."""
+    linear = sorted({name.rsplit(".", 1)[-1] for name, m in hf.named_modules() if isinstance(m, nn.Linear)})
+    unknown = [t for t in targets if t not in linear]
+    if unknown:
+        raise ConfigError(f"[model] lora_targets {unknown}: no linear layer of the model has that name; valid: {linear}")
 
 
 def with_trainable(hf: nn.Module, model_config, seed: int) -> nn.Module:
@@ -61,6 +71,7 @@ def with_trainable(hf: nn.Module, model_config, seed: int) -> nn.Module:
             from peft import LoraConfig, get_peft_model
         except ImportError as err:
             raise MissingExtra("[model] parameters = \"lora\" needs peft: pip install 'evalm[lora]'") from err
+        check_targets(hf, model_config.lora_targets)
         torch.manual_seed(seed)  # the same adapters on every rank
         hf = get_peft_model(hf, LoraConfig(r=model_config.lora_rank, lora_alpha=model_config.lora_alpha,
                                            target_modules=list(model_config.lora_targets), lora_dropout=0.0))
@@ -123,6 +134,7 @@ def trained_model(out: str | Path, config, trainables: str | Path | None = None)
         return hf, {"checkpoint": str(path), "config": read_json(path / "config.json")}
     from safetensors.torch import load_file
 
+    check_run(trainables, config)
     tensors = load_file(str(trainables))
     expected = set(trainable_tensors(hf))
     if set(tensors) != expected:  # another run's file, or another [model] section: nothing loads silently
@@ -138,21 +150,66 @@ def trainable_tensors(hf: nn.Module) -> dict[str, Tensor]:
     return {name: p.detach().contiguous() for name, p in hf.named_parameters() if p.requires_grad}
 
 
+RUN_KEY = "evalm.run"
+"""Metadata key of a trainables file: the run key (`run_key`) of the run that wrote it."""
+
+
+def run_key(config) -> str:
+    """What makes trainable tensors one run's, by content, the same on every machine: the converted folder's
+    files (their SHA-256), every setting of [model], [optim], [train], [uptrain] and the non-path settings of
+    [data] (paths differ between machines; the files' content is in the weights' identity and the run's
+    checkpoint). Not the device or how often it logs."""
+    import hashlib
+
+    from evalm.config_toolkit import to_dict
+    from evalm.storage import identity
+
+    model = {k: v for k, v in to_dict(config.model).items() if k != "hf_model"}
+    train = {k: v for k, v in to_dict(config.train).items() if k not in ("device", "log_every", "tensorboard")}
+    data = {k: v for k, v in to_dict(config.data).items() if not isinstance(v, str)}
+    record = {"weights": identity(Path(config.model.hf_model)), "model": model, "optim": to_dict(config.optim),
+              "train": train, "uptrain": to_dict(config.uptrain), "data": data}
+    return "sha256:" + hashlib.sha256(json.dumps(record, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def check_run(trainables: str | Path, config) -> None:
+    """Refuse a trainables file that another run wrote (or one written before files named their run): its
+    tensors have this run's names and shapes whenever the [model] sections agree, so they loaded silently."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(trainables), framework="pt") as f:
+            meta = f.metadata() or {}
+    except (SafetensorError, OSError, ValueError) as err:
+        raise InputError(f"{trainables}: not a readable safetensors file ({str(err)[:120]}); write it with "
+                         "save_trainables") from None
+    recorded, now = meta.get(RUN_KEY), run_key(config)
+    if recorded != now:
+        whose = (f"run {meta.get('run', '?')} (key {recorded[:19]}..., this run's {now[:19]}...)" if recorded
+                 else "a run that did not record itself")
+        raise InputError(f"{trainables}: written by {whose}; its tensors are another run's: write the file from this "
+                         "run with save_trainables, or pass the run file it was trained with")
+
+
 def save_trainables(out: str | Path, config, dest: str | Path) -> Path:
     """The trainable tensors of run `out`'s newest checkpoint (LoRA adapters and EVA's maps: megabytes where
     the whole model is hundreds), so a run trained on another machine is rebuilt here with
-    `export_run(..., trainables=dest)` from the same converted folder."""
+    `export_run(..., trainables=dest)` from the same converted folder; the file names its run (`run_key`)."""
     from safetensors.torch import save_file
 
+    from evalm.storage import replaced
+
     hf, source = trained_model(out, config)
-    save_file(trainable_tensors(hf), str(dest), metadata={"checkpoint": source["checkpoint"]})
+    with replaced(dest) as tmp:
+        save_file(trainable_tensors(hf), str(tmp), metadata={"checkpoint": source["checkpoint"], "run": str(out),
+                                                              RUN_KEY: run_key(config)})
     return Path(dest)
 
 
 def export_run(out: str | Path, config, trainables: str | Path | None = None) -> Path:
     """Write the run's trained model (`trained_model`) as a converted folder OUT/hf (LoRA merged); one process."""
+    from evalm import hf_folder
     from evalm.train.convert import save_converted
-    from evalm.hf_attention import transformers_module
 
     hf, weights = trained_model(out, config, trainables)
     if hasattr(hf, "merge_and_unload"):
@@ -161,9 +218,9 @@ def export_run(out: str | Path, config, trainables: str | Path | None = None) ->
     source = Path(config.model.hf_model)
     record = {"source": str(source), "uptrained": {"run": str(out), **weights},
               "convert": _read(source / "convert.json")}
-    tokenizer = transformers_module().AutoTokenizer.from_pretrained(source, local_files_only=True)
-    return save_converted(hf.requires_grad_(False).eval(), tokenizer, Path(out) / "hf", record)
+    return save_converted(hf.requires_grad_(False).eval(), hf_folder.tokenizer(source), Path(out) / "hf", record)
 
 
 def _read(path: Path):
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    from evalm import hf_folder

@@ -20,6 +20,10 @@ class PromptTooLong(UserError, ValueError):
     """A prompt that does not fit the model's window (never truncated silently)."""
 
 
+MAX_GROUPS = 65_536
+"""Structured Prompting groups at most: `n_groups = 1e9` built a billion group lists before the first score."""
+
+
 @pydantic_dataclass(config=FROZEN, frozen=True)
 class MethodOptions:
     """Knobs of the methods; each method reads only its own."""
@@ -53,6 +57,11 @@ class MethodOptions:
     or the stock bias with each demonstration right before the test (then k = 1 equals concat)."""
 
     def __post_init__(self) -> None:
+        if self.n_groups is not None and not 1 <= self.n_groups <= MAX_GROUPS:  # groups are made as lists up front
+            raise ConfigError(f"n_groups = {self.n_groups}: give from 1 to {MAX_GROUPS:,} groups (at most one per "
+                              "demonstration)")
+        if self.group_tokens is not None and self.group_tokens < 1:
+            raise ConfigError(f"group_tokens = {self.group_tokens}: give a budget of at least 1 token")
         if self.scoring not in RULES:
             raise ConfigError(f"scoring {self.scoring!r} is not known; valid: {sorted(RULES)}")
         if self.rescale not in ("log_m", "off"):

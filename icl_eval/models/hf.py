@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from evalm.config_toolkit import ConfigError, InputError, MissingExtra, MissingInput, require_gguf
+from evalm.config_toolkit import ConfigError, InputError, MissingExtra
 
 
 def _transformers():
@@ -184,30 +184,21 @@ def load_hf(folder: str | Path, tokenizer=None, dtype: str = "float32", device: 
     """A causal LM (and its tokenizer, unless one is given) from a local folder; never the network.
     An EVA folder (model_type "evalm" or "eva_llama") loads into evalm's classes with EVA's cache
     (icl_eval/models/hf_eva.py), whatever `attn_implementation` says."""
-    from evalm.icl_eval.models.hf_eva import EvaHFCausalLM, is_eva_folder
+    from evalm import hf_folder
+    from evalm.icl_eval.models.hf_eva import EVA_MODEL_TYPES, EvaHFCausalLM
 
     tf = _transformers()
     folder = Path(folder)
-    if not folder.is_dir():
-        raise MissingInput(f"{folder}: Hugging Face model folder not found")
-    eva = is_eva_folder(folder)
+    eva = hf_folder.check_folder(folder, gguf_file).get("model_type") in EVA_MODEL_TYPES  # registers evalm's classes
     if eva:
-        from evalm import register_with_transformers
-
-        register_with_transformers()
         attn_implementation = "eva"
-    kwargs: dict[str, Any] = {"local_files_only": True, "trust_remote_code": False}  # never code from a folder
-    if gguf_file:
-        require_gguf()
-        kwargs["gguf_file"] = gguf_file
-    try:
-        model = tf.AutoModelForCausalLM.from_pretrained(
-            folder, dtype=getattr(torch, dtype), attn_implementation=attn_implementation, **kwargs
-        ).to(device)
+    try:  # no code from the folder, its weights checked against its config.json first (evalm.hf_folder)
+        model = hf_folder.model(tf.AutoModelForCausalLM, folder, gguf_file=gguf_file, dtype=getattr(torch, dtype),
+                                device=device, attn_implementation=attn_implementation).to(device)
     except ConfigError as err:  # an EVA config's refusal names its field; here also the folder
         raise ConfigError(str(err).replace("config.json", str(folder / "config.json"), 1)) from None
     if tokenizer is None:
-        tokenizer = HFTokenizerAdapter(tf.AutoTokenizer.from_pretrained(folder, **kwargs))
+        tokenizer = HFTokenizerAdapter(hf_folder.tokenizer(folder, gguf_file))
     if eva:
         return EvaHFCausalLM(model, tokenizer, name=str(folder))
     return HFCausalLM(model, tokenizer, name=str(folder / gguf_file) if gguf_file else str(folder))

@@ -27,7 +27,6 @@ an explicit additive mask and a position bias assembled from the stock `compute_
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -51,10 +50,12 @@ def _transformers():
 
 def is_t5_folder(folder: str | Path) -> bool:
     """Whether a local Hugging Face folder holds an encoder-decoder (T5-family) model."""
+    from evalm.hf_folder import check_folder
+
     path = Path(folder) / "config.json"
     if not path.is_file():
         return False
-    cfg = json.loads(path.read_text())
+    cfg = check_folder(folder)  # a config.json that is not JSON is one line naming it
     return bool(cfg.get("is_encoder_decoder")) or cfg.get("model_type") in ("t5", "mt5", "umt5")
 
 
@@ -89,15 +90,16 @@ def load_t5(folder: str | Path, tokenizer=None, dtype: str = "float32", device: 
     """A T5ForConditionalGeneration (and its tokenizer unless given) from a local folder; never the network."""
     from evalm.icl_eval.models.hf import HFTokenizerAdapter
 
+    from evalm import hf_folder
+
     tf = _transformers()
     folder = Path(folder)
     if not folder.is_dir():
         raise MissingInput(f"{folder}: T5 model folder not found")
-    model = tf.T5ForConditionalGeneration.from_pretrained(
-        folder, dtype=getattr(torch, dtype), attn_implementation="eager", local_files_only=True,
-        trust_remote_code=False).to(device)
+    model = hf_folder.model(tf.T5ForConditionalGeneration, folder, dtype=getattr(torch, dtype), device=device,
+                            attn_implementation="eager").to(device)  # no code from the folder, weights checked first
     if tokenizer is None:
-        tokenizer = HFTokenizerAdapter(tf.AutoTokenizer.from_pretrained(folder, local_files_only=True))
+        tokenizer = HFTokenizerAdapter(hf_folder.tokenizer(folder))
     return T5LM(model, tokenizer, name=str(folder))
 
 

@@ -17,9 +17,7 @@ book at a time whatever the number of books (PG-19's train split is 28,602 books
 
 from __future__ import annotations
 
-import errno
 import os
-import stat
 from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
 from pathlib import Path
@@ -27,6 +25,7 @@ from pathlib import Path
 from evalm.config_toolkit import InputError
 from evalm.text.data_source import DataSourceError, is_saved_dataset, iter_rows
 from evalm.storage import read_text
+from evalm.storage.files import regular as regular_file
 
 TITLE_COLUMNS = ("short_book_title", "title", "book_title", "id")
 """Columns naming a book, first present wins (PG-19 calls it `short_book_title`)."""
@@ -73,21 +72,12 @@ def _books_of(source: str, seen: dict[str, str], note: Note) -> Iterator[tuple[s
 
 
 def regular(path: Path) -> Path:
-    """`path` when it is (or links to) a regular file. A FIFO would block the read forever, `/dev/zero`
-    never ends (and fills memory), a loop of links names nothing: each is refused with its name."""
+    """`path` when it is (or links to) a regular file (`storage.files.regular`: a FIFO would block the
+    read forever, `/dev/zero` never ends, a loop of links names nothing); a dangling link is named."""
     try:
-        mode = path.stat().st_mode  # follows links
-    except OSError as err:
-        if err.errno == errno.ELOOP:
-            raise InputError(f"{path}: a loop of symbolic links; point it at a book file") from None
-        if err.errno == errno.ENOENT:
-            raise DataSourceError(f"{path}: no such book (a link to a file that is gone?)") from None
-        raise
-    if not stat.S_ISREG(mode):
-        kind = ("a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
-                else "a socket" if stat.S_ISSOCK(mode) else "a folder" if stat.S_ISDIR(mode) else "a special file")
-        raise InputError(f"{path}: {kind}, not a regular file; --books reads regular files only")
-    return path
+        return regular_file(path, "--books")
+    except FileNotFoundError:
+        raise DataSourceError(f"{path}: no such book (a link to a file that is gone?)") from None
 
 
 def _first(path: Path, seen: dict[str, str], note: Note) -> bool:

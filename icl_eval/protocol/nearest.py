@@ -43,8 +43,10 @@ class Embedder:
             import transformers
         except ImportError:
             raise MissingExtra("nearest_embedding needs transformers: pip install 'evalm[hf]'") from None
-        self.tokenizer = transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
-        self.model = transformers.AutoModel.from_pretrained(folder, local_files_only=True).eval()
+        from evalm import hf_folder
+
+        self.tokenizer = hf_folder.tokenizer(folder)  # no code from the folder (evalm.hf_folder)
+        self.model = hf_folder.model(transformers.AutoModel, folder).eval()
         self.text_of, self.cache = text_of, {}
 
     def embed(self, text: str) -> np.ndarray:

@@ -106,10 +106,11 @@ def join(configured_device: str) -> World:
     return world
 
 
-def run_folder(folder: str | Path, command: str, world: World) -> RunFolder:
+def run_folder(folder: str | Path, command: str, world: World, inputs: Sequence = ()) -> RunFolder:
     """The evaluation's output folder, held by rank 0 alone for every rank (a lock per rank would
-    refuse the other ranks): `with run_folder(...).held() as folder:`."""
-    return RunFolder(folder, command, world.ranks)
+    refuse the other ranks): `with run_folder(...).held() as folder:`; never one of `inputs` (the model
+    it reads, its task and data) nor inside one."""
+    return RunFolder(folder, command, world.ranks, inputs=[i for i in inputs if i])
 
 
 # ---------------------------------------------------------------- resume keys, by content

@@ -54,7 +54,7 @@ def recall(argv: Sequence[str]) -> int:
     settings = record(layers, {"recall": config, "model": model_cfg, "synthetic": syn})
     world = join(config.device)
     try:
-        with run_folder(args.out, "evalm eval recall", world).held() as folder:
+        with run_folder(args.out, "evalm eval recall", world, [*model_inputs(args), *config.books]).held() as folder:
             _run(args, config, settings, model_cfg, syn, folder, world)
     finally:
         world.close()

@@ -87,6 +87,9 @@ class RecallConfig:
         if any(n < 1 or n > 262_144 for n in self.lengths):
             raise ConfigError(f"lengths {list(self.lengths)}: give prompt lengths from 1 to 262,144 tokens")
         _at_least("items", self.items, 1)
+        if self.items > MAX_ITEMS:  # each item is a whole prompt of up to 262,144 tokens
+            raise ConfigError(f"items = {self.items}: give at most {MAX_ITEMS:,} items per length, depth and seed "
+                              "(RULER scores 500)")
         for name, low, high in (("niah_keys", 2, 100), ("niah_values", 2, 100), ("niah_queries", 2, 100),
                                 ("vt_hops", 1, 2), ("vt_chains", 1, 10), ("kv_pairs", 10, 100), ("mqar_pairs", 1, 90)):
             value = getattr(self, name)
@@ -95,6 +98,10 @@ class RecallConfig:
         _at_least("segment_tokens", self.segment_tokens, 1)
         if self.context_window is not None:
             _at_least("context_window", self.context_window, 1)
+
+
+MAX_ITEMS = 10_000
+"""Items per cell at most: `--items 1e8` drew and held a hundred million prompts before the first score."""
 
 
 def _at_least(name: str, value: int, low: int) -> None:

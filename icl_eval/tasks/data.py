@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from evalm.config_toolkit import ConfigError
+from evalm.config_toolkit.files import regular
 from evalm.text.data_source import FILE_BUILDERS, DataSourceError, is_dataset_dict, is_saved_dataset, open_source
 from evalm.icl_eval.tasks.task import SPLITS, Task, _task_table, get_task
 
@@ -55,7 +56,10 @@ class Rows(Sequence):
 
 
 def read_split(path: str | Path) -> Rows:
-    """One split: a jsonl/json/csv/parquet file or a `save_to_disk` folder of one `Dataset`."""
+    """One split: a jsonl/json/csv/parquet file (a regular file: a FIFO would hang the read) or a
+    `save_to_disk` folder of one `Dataset`."""
+    if Path(path).exists() and not Path(path).is_dir():
+        regular(path, "a task's split")
     data = open_source(path)
     if is_dataset_dict(data):
         raise DataSourceError(f"{path}: a DatasetDict ({sorted(data)}); pass it as --data, not as one split")
@@ -170,8 +174,14 @@ def task_splits(task: Task, task_arg: str, data: str | None) -> tuple[Splits, di
     return splits, info
 
 
+MAX_FIELD_CHARS = 1 << 20
+"""The longest text a row's field may hold (a million characters, hundreds of pages): a many-shot prompt
+repeats each demonstration, so one 2 MiB item took gigabytes, or hours, before any score."""
+
+
 def check_fields(task: Task, rows: Rows, where: str) -> None:
-    """Every field the template and label need, in every row: else the file and line (row) to fix.
+    """Every field the template and label need, in every row, as text of at most MAX_FIELD_CHARS: else the
+    file and line (row) to fix.
 
     A jsonl row without a key still loads (the column holds None there), so rows are checked
     one column at a time; a jsonl file is named by line (row + 1), other sources by row."""
@@ -186,9 +196,16 @@ def check_fields(task: Task, rows: Rows, where: str) -> None:
                                   f"{rows.columns}); rename it in the data or map it with `field_aliases` in the task")
         values = rows.dataset[column]
         if None in values:
-            row = values.index(None)
-            at = f"line {row + 1}" if str(where).endswith(".jsonl") else f"row {row} (counting from 0)"
-            raise DataSourceError(f"{where}: {at} has no {column!r}; add it or remove the row")
+            raise DataSourceError(f"{where}: {_at(where, values.index(None))} has no {column!r}; add it or remove the row")
+        long = next((i for i, v in enumerate(values) if isinstance(v, str) and len(v) > MAX_FIELD_CHARS), None)
+        if long is not None:
+            raise DataSourceError(f"{where}: {_at(where, long)}: {column!r} holds {len(values[long]):,} characters, more than "
+                                  f"the {MAX_FIELD_CHARS:,} an item may hold; shorten or remove the row")
+
+
+def _at(where: str, row: int) -> str:
+    """A row as the user finds it: a jsonl file by line, other sources by row."""
+    return f"line {row + 1}" if str(where).endswith(".jsonl") else f"row {row} (counting from 0)"
 
 
 def _from_data(task: Task, data: str) -> tuple[Splits, dict[str, Any]]:

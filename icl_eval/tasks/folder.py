@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 
 from evalm.icl_eval.tasks.task import SPLITS, Task
+from evalm.storage import write_atomic
 
 TASK_FILE = "task.toml"
 
@@ -55,7 +56,7 @@ def write_task_folder(folder: Path, task: Task, splits: dict[str, Sequence[dict[
     files = {}
     for split in (s for s in SPLITS if s in splits):
         files[split] = folder / f"{split}.jsonl"
-        files[split].write_bytes(b"".join(orjson.dumps(row) + b"\n" for row in splits[split]))
+        write_atomic(files[split], b"".join(orjson.dumps(row) + b"\n" for row in splits[split]))
     task_file = folder / TASK_FILE
-    task_file.write_text(task_toml(task, {s: p.name for s, p in files.items()}, comment), encoding="utf-8")
+    write_atomic(task_file, task_toml(task, {s: p.name for s, p in files.items()}, comment))
     return task_file, files

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from evalm.config_toolkit import ConfigError, InputError, parse_toml
+from evalm.config_toolkit.files import MAX_CONFIG_BYTES, read_bounded
 from evalm.icl_eval.tasks.task_yaml import read_yaml
 
 SPLITS = ("train", "validation", "test")
@@ -365,7 +366,7 @@ def _table_line(path: str | Path) -> int:
 def _task_table(path: str | Path) -> dict[str, Any]:
     """The `[task]` table of a task file; the file's split names (`train = "train.jsonl"`) must be strings."""
     path = Path(path)
-    raw = path.read_bytes()
+    raw = read_bounded(path, MAX_CONFIG_BYTES, "a task file")  # a FIFO hung, a link to /dev/zero filled memory
     data = parse_toml(raw, str(path)) if path.suffix == ".toml" else read_yaml(raw, path)
     if not isinstance(data, dict) or not isinstance(data.get("task"), dict):
         raise InputError(f"{path}: expected a [task] table (TOML) or a `task:` mapping (YAML)")

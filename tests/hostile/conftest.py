@@ -69,6 +69,21 @@ def two_label_task(tmp_path_factory) -> Path:
     return models.two_label_task(tmp_path_factory.mktemp("task"))
 
 
+def refused_in_process(argv: list) -> str:
+    """`evalm ARGV` in this process, which must end as a user error (exit 2, no `bug:` line): that line.
+    (No prompt can be answered here: reading stdin under pytest fails.)"""
+    import contextlib
+    import io
+
+    from evalm.launcher.cli import main
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = main([str(a) for a in argv])
+    assert code == 2 and "bug:" not in err.getvalue(), err.getvalue()[-2000:]
+    return one_line(err.getvalue())
+
+
 def one_line(stderr: str) -> str:
     lines = [ln for ln in stderr.splitlines() if ln.strip()]
     assert "Traceback" not in stderr, stderr

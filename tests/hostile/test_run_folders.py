@@ -118,8 +118,8 @@ def test_overwrite_never_deletes_a_folder_the_stage_did_not_make(tmp_path, capsy
     (x / "keep").write_text("")
     documents = REPO / "train" / "samples" / "documents.jsonl"
     assert _data("filter", "--input", documents, "--output", x, "--overwrite") == 2
-    line = one_line(capsys.readouterr().err)
-    assert "--overwrite deletes only a folder `evalm data filter` made" in line and str(x) in line
+    line = one_line(capsys.readouterr().err)  # refused before --overwrite is reached: written only if its own
+    assert "`evalm data filter` writes only into a folder it made or an empty one" in line and str(x) in line
     assert sorted(p.name for p in x.iterdir() if p.name != ".evalm.lock") == ["config.json", "keep"]
     run_file, _ = tiny  # a training run folder
     assert pretrain(run_file, tmp_path / "run", "--set", "train.steps=2") == 0

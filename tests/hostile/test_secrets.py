@@ -105,3 +105,59 @@ def test_evalm_runs_stage_log_and_marker_hold_no_password(tmp_path, locked_redis
     write_marker(r, "dedup", {"stage": "dedup", "key": "k", "commands": [argv], "seconds": 1.0})
     marker = (r.stage_dir("dedup") / ".evalm-stage.json").read_text()
     assert WRONG not in marker and "redis://:***@" in marker
+
+
+SPECIAL = "p@ss:w0rd/Secr%t"
+"""A password with the characters a URL must percent-encode (`p%40ss%3Aw0rd%2FSecr%25t` in one)."""
+
+
+@pytest.fixture(scope="module")
+def special_redis():
+    """A redis-server whose password needs percent-encoding in a URL: its port."""
+    with redis_server(password=SPECIAL) as port:
+        yield port
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("spelling", ["query", "user-query", "percent-encoded"])
+def test_every_spelling_of_a_redis_password_is_used_but_never_written_or_printed(tmp_path, special_redis, spelling):
+    """Issue "Hostile inputs, third round", item 4: `redis://alice@host/0?password=...` (a user without a
+    password, the password as a query parameter) and a percent-encoded password reached the console,
+    config.json, manifest.json, .evalm.lock and the executor logs; only `user:PASSWORD@` was masked."""
+    from urllib.parse import quote
+
+    import redis
+
+    encoded = quote(SPECIAL, safe="")
+    url = {"query": f"redis://127.0.0.1:{special_redis}/0?password={encoded}",
+           "user-query": f"redis://default@127.0.0.1:{special_redis}/0?password={encoded}",
+           "percent-encoded": f"redis://:{encoded}@127.0.0.1:{special_redis}/0"}[spelling]
+    corpus, out = _corpus(tmp_path / "in"), tmp_path / "out"
+    done = _dedup(corpus, out, url)
+    assert done.returncode == 0, done.stderr[-3000:]
+    keys = redis.Redis(host="127.0.0.1", port=special_redis, password=SPECIAL).keys(b"evalm:*")
+    assert keys, "the index is on the password-protected server: the real URL was used to connect"
+    for secret in (SPECIAL, encoded, "w0rd"):
+        assert secret not in done.stdout + done.stderr, secret
+        assert _holding(out, secret) == [], secret  # was: config.json, manifest.json, .evalm.lock, 7 executor logs
+    assert "***" in (out / ".evalm.lock").read_text()
+    assert "***" in json.loads((out / "config.json").read_text())["index"]["redis_url"]
+
+
+def test_redact_masks_each_spelling_and_keeps_the_rest():
+    from evalm.storage import Secret, redact
+
+    cases = {
+        "redis://:pw1234@h:6379/0": "redis://:***@h:6379/0",
+        "rediss://alice:pw1234@h/0": "rediss://alice:***@h/0",
+        "redis://alice@h/0?password=pw1234&db=2": "redis://alice@h/0?password=***&db=2",
+        "redis://:p%40ss%3Aw@h/0": "redis://:***@h/0",
+        "redis://:p@ss@h/0": "redis://:***@h/0",  # a raw @ in the password: the host is after the last one
+        "see redis%3A%2F%2F%3Apw1234%40h%3A1%2F0": "see redis%3A%2F%2F%3A***%40h%3A1%2F0",
+        "redis%3A%2F%2Fh%2F0%3Fpassword%3Dpw1234": "redis%3A%2F%2Fh%2F0%3Fpassword%3D***",
+        "redis://h:6379/0": "redis://h:6379/0",
+    }
+    for text, shown in cases.items():
+        assert redact(text) == shown, text
+    Secret("redis://:Decoded%40Pass@h/0")  # a library printing the password decoded, outside any URL
+    assert redact("AUTH failed for Decoded@Pass") == "AUTH failed for ***"

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import struct
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ import pytest
 from evalm.config_toolkit import ConfigError
 from evalm.io import load_model
 from tests.hostile.conftest import one_line
+from tests.hostile.hf_folders import header, write_header
 from tests.models import two_label_task
 
 GRID = ["--shots", "0,2", "--seeds", "1", "--methods", "concat"]
@@ -138,25 +138,15 @@ def test_nul_bytes_in_a_jsonl_book_are_refused_as_in_a_txt_book(tmp_path, capsys
     assert f"{book}: row 1: not a book (NUL bytes at offset 1" in line
 
 
-def _header(path: Path) -> tuple[dict, bytes]:
-    raw = path.read_bytes()
-    n = struct.unpack("<Q", raw[:8])[0]
-    return json.loads(raw[8:8 + n]), raw[8 + n:]
-
-
-def _write_header(path: Path, header: dict, rest: bytes) -> None:
-    text = json.dumps(header).encode()
-    text += b" " * (-len(text) % 8)
-    path.write_bytes(struct.pack("<Q", len(text)) + text + rest)
 
 
 def test_a_tensor_dtype_changed_in_the_header_is_refused(tmp_path, byte_model):
     """F32 -> I32 keeps every byte count: the weights loaded as integers' bit patterns (values ~1e9)."""
     folder = Path(shutil.copytree(byte_model, tmp_path / "model"))
     weights = folder / "model.safetensors"
-    header, rest = _header(weights)
-    header["blocks.0.mlp.fc1.weight"]["dtype"] = "I32"
-    _write_header(weights, header, rest)
+    value, rest = header(weights)
+    value["blocks.0.mlp.fc1.weight"]["dtype"] = "I32"
+    write_header(weights, value, rest)
     with pytest.raises(ValueError, match=r"tensor blocks.0.mlp.fc1.weight is stored as I32, the others as F32"):
         load_model(folder)
 

@@ -17,7 +17,9 @@ def test_a_gguf_file_without_the_gguf_package_is_one_line(tmp_path, monkeypatch,
     from evalm.launcher.cli import main
 
     monkeypatch.setitem(sys.modules, "gguf", None)  # what importlib reports for a package that is not installed
-    code = main([*command, "--hf-model", str(tmp_path), "--gguf-file", "model.gguf", "--out", str(tmp_path / "out")])
+    (tmp_path / "model").mkdir()  # the output apart from the model folder: never written into (storage.RunFolder)
+    code = main([*command, "--hf-model", str(tmp_path / "model"), "--gguf-file", "model.gguf", "--out",
+                 str(tmp_path / "out")])
     err = capsys.readouterr().err
     assert code == 2, err
     assert "gguf package" in err and "evalm[smollm]" in err and "Traceback" not in err

@@ -121,18 +121,19 @@ def test_overwrite_deletes_only_a_folder_the_same_command_made_and_never_an_inpu
     theirs.mkdir()
     (theirs / "config.json").write_text("{}")
     (theirs / "keep").write_text("a user's file")
-    with RunFolder(theirs, "evalm data filter").held() as folder:
-        assert made_by(theirs) is None  # a folder with files in it was not made by this command
-        with pytest.raises(NotOurs, match="has no .evalm-folder.json"):
-            folder.discard()
-    assert (theirs / "keep").read_text() == "a user's file"
+    # a folder with files in it that this command did not make is not even held (the one rule of every
+    # command that writes a folder), so --overwrite never reaches it
+    with pytest.raises(NotOurs, match="writes only into a folder it made or an empty one.*has no .evalm-folder.json"):
+        with RunFolder(theirs, "evalm data filter").held():
+            pass
+    assert made_by(theirs) is None and (theirs / "keep").read_text() == "a user's file"
 
     other = RunFolder(tmp_path / "run", "evalm train pretrain")
     with other.held():
         (tmp_path / "run" / "metrics.jsonl").write_text("{}\n")
-    with RunFolder(tmp_path / "run", "evalm data filter").held() as folder:
-        with pytest.raises(NotOurs, match="it was made by `evalm train pretrain`"):
-            folder.discard()
+    with pytest.raises(NotOurs, match="it was made by `evalm train pretrain`"):
+        with RunFolder(tmp_path / "run", "evalm data filter").held():
+            pass
     assert (tmp_path / "run" / "metrics.jsonl").is_file()
 
     mine = RunFolder(tmp_path / "mine", "evalm data filter")

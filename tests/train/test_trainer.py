@@ -105,8 +105,11 @@ def test_resume_with_another_architecture_is_refused(finished_run, capsys):
 
 
 def test_keep_latest_k_prunes_old_checkpoints_and_save_debris(finished_run, tmp_path):
+    from evalm.storage import RunFolder
+
     run_file, out = finished_run
-    (tmp_path / "checkpoints" / ".tmp-step-00000001").mkdir(parents=True)  # a save killed long ago
+    RunFolder(tmp_path, "evalm train pretrain").mark()  # this command's run folder, where
+    (tmp_path / "checkpoints" / ".tmp-step-00000001").mkdir(parents=True)  # a save was killed long ago
     assert cli_main(["pretrain", "--config", str(run_file), "--out", str(tmp_path),
                      "--set", "checkpoint.keep_latest_k=1", "--set", "checkpoint.save_every=1"]) == 0
     assert [p.name for p in checkpoint.complete_checkpoints(tmp_path)] == ["step-00000004"]
