@@ -129,6 +129,7 @@ class EvaAttention(HeadProjections):
         # less often but waste more masked local logits; 2w or 256 rows measured fastest
         # (benchmarks/attention.py at w=128, benchmarks/incremental.py at w=16).
         self.query_tile = self.window_size * max(2, -(-256 // self.window_size))
+        self.reported_paths: set[str] = set()  # the paths `--debug` has named for this layer (eva_paths.report)
 
     def ablate(self, ablation: Ablation) -> None:
         """Switch one branch of the softmax at evaluation time (`Ablation`, evalm/tiling.py): the rule
@@ -177,7 +178,7 @@ class EvaAttention(HeadProjections):
         q, k, v must be the caller's own tensors: the whole-sequence backward writes gradients over them."""
         plan, call = self._describe(q, cache)
         path = eva_paths.choose(call)
-        eva_paths.report(self.layer_idx, path)
+        eva_paths.report(self.layer_idx, path, self.reported_paths)
         t = self._tiling()
         if path.route.whole:
             return self._attend_whole(t, path, q, k, v)

@@ -25,7 +25,7 @@ Every path that drops draws the one hashed attention dropout mask (evalm/dropout
 
 A path is an `EvaPath` value: its `Route` (an enum) and whether it splits the softmax, with the
 reason it was taken. `EvaAttention` runs it by those fields; nothing reads its printed name.
-`evalm --debug` prints each layer's path and reason the first time it is taken. Tests pin a path
+`evalm --debug` prints each layer's path and reason the first time that layer takes it. Tests pin a path
 by changing the facts `choose` reads (tests/evalm/paths.py), never by a switch on the module.
 """
 
@@ -103,11 +103,9 @@ def choose(call: EvaCall) -> EvaPath:
     return EvaPath(route, "a cache's entries" + (", forks over one parent" if call.forks else ""))
 
 
-_REPORTED: set[tuple[int, str]] = set()
-
-
-def report(layer: int, path: EvaPath) -> None:
-    """Under `evalm --debug`, one stderr line the first time a layer takes a path."""
-    if debug() and (layer, path.name) not in _REPORTED:
-        _REPORTED.add((layer, path.name))
+def report(layer: int, path: EvaPath, reported: set[str]) -> None:
+    """Under `evalm --debug`, one stderr line the first time a layer takes a path; `reported` is the
+    layer's own record of the paths it has named (no state shared between models)."""
+    if debug() and path.name not in reported:
+        reported.add(path.name)
         print(f"evalm: EVA layer {layer}: path {path.name} ({path.reason})", file=sys.stderr)

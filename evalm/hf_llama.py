@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from evalm.config_toolkit import ConfigError
 from evalm.hf_attention import EVA_FIELDS, NAME, check_heads, eva_parts, register_attention, transformers_module
 from evalm.hf_cache import CACHE_ARG, EvaCache
+from evalm.hf_private import set_attention
 
 tf = transformers_module()
 
@@ -83,7 +84,7 @@ class EvaLlamaForCausalLM(tf.LlamaForCausalLM):
     def __init__(self, config: EvaLlamaConfig):
         register_attention()
         super().__init__(config)
-        config._attn_implementation = NAME  # EVA whatever was asked: a plain Llama of these weights is LlamaForCausalLM
+        set_attention(config, NAME)  # EVA whatever was asked: a plain Llama of these weights is LlamaForCausalLM
         H = config.num_attention_heads
         D = getattr(config, "head_dim", None) or config.hidden_size // H
         settings = {k: v for k, v in config.evalm.items() if k in EVA_FIELDS}

@@ -27,40 +27,11 @@ import numpy as np
 
 from evalm.config_toolkit import ConfigError, Dispatcher, Parser, build, lazy, split_overrides, to_dict
 from evalm.storage import RunFolder
-from evalm.icl_eval.protocol.units import (Progress, UnitStore, icl_inputs, icl_key, join, model_inputs, ppl_inputs,
-                                           ppl_key, run_folder, run_units)
-from evalm.icl_eval.cli_args import ICL_SECTIONS, PPL_SECTIONS, common, csv, icl_parser, ppl_parser
-
-
-def _where(args) -> str:
-    return f"--config {args.config} and flags" if args.config else "flags and built-in defaults"
-
-
-def _flags(layers, section: str, args, names: dict[str, str]) -> None:
-    """Copy the flags the user gave (not None) into a section; `names` maps attribute -> config key."""
-    for attr, key in names.items():
-        value = getattr(args, attr)
-        if value is not None and value is not False:
-            layers.set_flag(section, key, value, "--" + attr.replace("_", "-"))
-
-
-def _tiny_sections(layers, args, where: str, need_synthetic: bool):
-    """`[model]` of the built-in tiny model (no --checkpoint/--hf-model) and `[synthetic]`, when used."""
-    from evalm import ModelConfig
-    from evalm.icl_eval.settings import TINY_SYNTHETIC_TRAINING, tiny_model
-    from evalm.icl_eval.tasks.synthetic import SyntheticConfig
-
-    tiny = not (args.checkpoint or args.hf_model)
-    model = build(ModelConfig, {**tiny_model(), **layers.section("model")}, where=f"{where} [model]") if tiny else None
-    syn = build(SyntheticConfig, {**TINY_SYNTHETIC_TRAINING, **layers.section("synthetic")},
-                where=f"{where} [synthetic]") if tiny or need_synthetic else None
-    if model is not None:  # `--set model.n_layer=1e9` grew for minutes without a line: refused before anything is built
-        from evalm.footprint import check_fits, parameters, training_bytes
-
-        n = parameters(model.vocab_size, model.d_model, model.n_layer, model.d_ff)
-        check_fits(training_bytes(n, model.vocab_size, syn.batch_size * syn.train_shots * 2),
-                   f"{where} [model]: the built-in model of about {n:.3g} parameters, trained here first")
-    return model, syn
+from evalm.icl_eval.protocol.units import (Progress, UnitStore, execution_record, icl_inputs, icl_key, join, model_inputs,
+                                           ppl_inputs, ppl_key, run_folder, run_units)
+from evalm.icl_eval.cli_args import (ICL_SECTIONS, PPL_SECTIONS, common, config_source, copy_flags, csv, icl_parser,
+                                     ppl_parser)
+from evalm.icl_eval.settings import built_in_sections
 
 
 def icl(argv: Sequence[str]) -> int:
@@ -75,16 +46,16 @@ def icl(argv: Sequence[str]) -> int:
     if args.budgets and args.shots:
         raise ConfigError("--budgets and --shots: the grid is by token budget or by shot count; give one of them")
     layers = Layers(args.config, overrides, ICL_SECTIONS)
-    _flags(layers, "eval", args, {"task": "task", "data": "data", "methods": "methods", "shots": "shots",
+    copy_flags(layers, "eval", args, {"task": "task", "data": "data", "methods": "methods", "shots": "shots",
                                   "seeds": "seeds", "test_items": "test_items", "bos": "bos",
                                   "save_predictions": "save_predictions", "budgets": "budgets",
                                   "label_map": "label_map", "order": "order", "order_seeds": "order_seeds",
                                   "nearest": "nearest", "nearest_k": "nearest_k",
                                   "nearest_embedding": "nearest_embedding", "eva_ablation": "eva_ablation"})
-    where = _where(args)
+    where = config_source(args)
     config = build(EvalConfig, layers.section("eval"), where=f"{where} [eval]")
     options = build(MethodOptions, layers.section("eval.method"), where=f"{where} [eval.method]")
-    model_cfg, syn = _tiny_sections(layers, args, where, need_synthetic=config.task == "synthetic")
+    model_cfg, syn = built_in_sections(layers, args, where, need_synthetic=config.task == "synthetic")
     task, splits_for_seed, data_info = resolve_task(config, syn, tiny_model=model_cfg is not None)
     config, skipped = icl_supply(config, splits_for_seed(config.seeds[0]), args.allow_skip)
     settings = record(layers, {"eval": config, "eval.method": options, "model": model_cfg, "synthetic": syn},
@@ -135,14 +106,8 @@ def _run_icl(args, config, options, model_cfg, syn, task, splits_for_seed, data_
         return None
     runner.adopt([store.load(name)[0] for name in names])  # the one-process order: unit after unit
     results = runner.results(describe(lm), data_info, time.perf_counter() - t0)
-    results["execution"] = _execution(world, names, resumed)
+    results["execution"] = execution_record(world, names, resumed)
     return {**results, "_predictions": runner.predictions, "_name": lm.name}
-
-
-def _execution(world, names: list[str], resumed: list[str]) -> dict:
-    """How the results were computed (not what they are): ranks, units, units taken from an earlier run."""
-    return {"ranks": world.size, "units": len(names), "units_resumed": len(resumed),
-            "units_computed": len(names) - len(resumed)}
 
 
 def _write_icl(out: Path, results: dict, config) -> None:
@@ -191,17 +156,17 @@ def ppl(argv: Sequence[str]) -> int:
     layers = Layers(args.config, overrides, PPL_SECTIONS)
     if args.books:
         args.books = tuple(args.books)
-    _flags(layers, "ppl", args, {"books": "books", "lengths": "buckets", "max_tokens": "max_tokens",
+    copy_flags(layers, "ppl", args, {"books": "books", "lengths": "buckets", "max_tokens": "max_tokens",
                                  "unigram_shards": "unigram_shards", "fixed_contexts": "fixed_contexts",
                                  "eva_ablation": "eva_ablation"})
-    where = _where(args)
+    where = config_source(args)
     config = build(PerplexityConfig, layers.section("ppl"), where=f"{where} [ppl]")
     flag = "--max-tokens" if layers.sources.get("ppl.max_tokens") == "--max-tokens" else "ppl.max_tokens"
     config = dataclasses.replace(config, max_tokens=ppl_lengths(config.buckets, config.max_tokens, flag))
     if not config.books:
         raise ConfigError("--books: give a PG-19 split folder of .txt books, .txt files, a jsonl file with `text` "
                           "(e.g. train/samples/documents.jsonl), or deepmind/pg19:test from the datasets cache")
-    model_cfg, syn = _tiny_sections(layers, args, where, need_synthetic=False)
+    model_cfg, syn = built_in_sections(layers, args, where, need_synthetic=False)
     settings = record(layers, {"ppl": config, "model": model_cfg, "synthetic": syn})
     world = join(config.device)
     try:
@@ -271,7 +236,7 @@ def _run_ppl(lm, config, store) -> dict | None:
     results["model"] = describe(lm)
     results["config"] = to_dict(config)
     results["seconds"] = time.perf_counter() - t0
-    results["execution"] = _execution(world, names, resumed)
+    results["execution"] = execution_record(world, names, resumed)
     return results
 
 

@@ -233,3 +233,16 @@ def recall_parser() -> Parser:
     eva_ablation(p, RecallConfig)
     overwrite(p)
     return p
+
+
+def config_source(args) -> str:
+    """Where a command's settings came from, for its refusals: the config file and flags, or flags alone."""
+    return f"--config {args.config} and flags" if args.config else "flags and built-in defaults"
+
+
+def copy_flags(layers, section: str, args, names: dict[str, str]) -> None:
+    """Copy the flags the user gave (not None) into a section; `names` maps attribute -> config key."""
+    for attr, key in names.items():
+        value = getattr(args, attr)
+        if value is not None and value is not False:
+            layers.set_flag(section, key, value, "--" + attr.replace("_", "-"))

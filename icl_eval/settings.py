@@ -108,3 +108,23 @@ def render(command: str, settings: Mapping[str, Any]) -> str:
         if key not in ("config", "values", "sources"):
             lines.append(f"  {key}: {value}")
     return "\n".join(lines)
+
+
+def built_in_sections(layers, args, where: str, need_synthetic: bool):
+    """`[model]` of the built-in tiny model (no --checkpoint/--hf-model) and `[synthetic]`, when used:
+    what `icl`, `ppl` and `recall` build before anything else."""
+    from evalm import ModelConfig
+    from evalm.config_toolkit import build
+    from evalm.icl_eval.tasks.synthetic import SyntheticConfig
+
+    tiny = not (args.checkpoint or args.hf_model)
+    model = build(ModelConfig, {**tiny_model(), **layers.section("model")}, where=f"{where} [model]") if tiny else None
+    syn = build(SyntheticConfig, {**TINY_SYNTHETIC_TRAINING, **layers.section("synthetic")},
+                where=f"{where} [synthetic]") if tiny or need_synthetic else None
+    if model is not None:  # `--set model.n_layer=1e9` grew for minutes without a line: refused before anything is built
+        from evalm.footprint import check_fits, parameters, training_bytes
+
+        n = parameters(model.vocab_size, model.d_model, model.n_layer, model.d_ff)
+        check_fits(training_bytes(n, model.vocab_size, syn.batch_size * syn.train_shots * 2),
+                   f"{where} [model]: the built-in model of about {n:.3g} parameters, trained here first")
+    return model, syn

@@ -215,12 +215,62 @@ def test_the_reach_in_checker_sees_each_form(tmp_path):
     assert private_reach_ins("a", known["a"], known) == []
 
 
-def test_no_module_of_the_model_uses_another_modules_private_names():
-    """The model's modules (evalm/) meet through public interfaces: a private helper can change
-    without a second module breaking (the fused path's parts once reached into each other)."""
+def test_no_module_uses_another_modules_private_names():
+    """Modules meet through public interfaces, on every floor: a private helper can change without a
+    second module breaking (the fused path's parts once reached into each other; `recall` once imported
+    four private helpers of `icl_eval/cli.py`)."""
     known = modules()
-    found = [hit for name, path in known.items() if floor(name) == "evalm" for hit in private_reach_ins(name, path, known)]
+    found = [hit for name, path in known.items() for hit in private_reach_ins(name, path, known)]
     assert found == []
+
+
+MUTATORS = {"append", "extend", "insert", "add", "update", "setdefault", "clear", "pop", "popitem", "remove", "discard"}
+PROCESS_REGISTRIES = {
+    "evalm.storage.lock._HELD": "the run-folder locks this process holds: the OS's lock is per process, so is its count",
+    "evalm.storage.secrets._KNOWN": "the passwords this process was given: every later line it prints must mask them",
+}
+"""Module-level containers written at run time on purpose: process-wide facts, not a call's state."""
+
+
+def mutable_module_state(name: str, path: Path) -> list[str]:
+    """`name.X` for each module-level list, dict or set that a function of the module changes: a call's
+    results passed through a global (attention transfer's layer losses once were)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    containers = set()
+    for node in tree.body:
+        if isinstance(node, (ast.Assign, ast.AnnAssign)):
+            value = node.value
+            literal = isinstance(value, (ast.List, ast.Dict, ast.Set))
+            made = isinstance(value, ast.Call) and getattr(value.func, "id", "") in {"list", "dict", "set", "defaultdict"}
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if literal or made:
+                containers |= {t.id for t in targets if isinstance(t, ast.Name)}
+    written = set()
+    for func in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+        for node in ast.walk(func):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in MUTATORS
+                    and isinstance(node.func.value, ast.Name)):
+                written.add(node.func.value.id)
+            elif isinstance(node, (ast.Assign, ast.AugAssign, ast.Delete)):
+                for target in getattr(node, "targets", None) or [getattr(node, "target", None)]:
+                    if isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name):
+                        written.add(target.value.id)
+    return sorted(f"{name}.{x}" for x in containers & written)
+
+
+def test_the_state_checker_sees_each_form(tmp_path):
+    (tmp_path / "m.py").write_text("A = []\nB: dict = {}\nC = set()\nD = (1, 2)\nE = []\n"
+                                   "def f(x):\n    A.append(x)\n    B[x] = 1\n    C.add(x)\n    return D, E[0]\n")
+    assert mutable_module_state("m", tmp_path / "m.py") == ["m.A", "m.B", "m.C"]
+
+
+def test_no_module_level_container_is_written_at_run_time():
+    """A call's state lives in the call or its objects (`EvaAttention.reported_paths`, attention
+    transfer's losses on their modules), not in a module's globals; the process registries listed
+    in PROCESS_REGISTRIES say why they are the exception."""
+    found = [hit for name, path in modules().items() for hit in mutable_module_state(name, path)]
+    assert sorted(set(found) - set(PROCESS_REGISTRIES)) == []
+    assert set(PROCESS_REGISTRIES) <= set(found)  # a registry that became a constant leaves the list
 
 
 def test_every_package_folder_is_installed_under_its_name():

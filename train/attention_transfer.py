@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from evalm.hf_attention import eva_attention, transformers_module
+from evalm.hf_private import set_attention
 from evalm.train.data import LineLoader
 from evalm.train.parallelize import Runtime
 
@@ -31,21 +32,35 @@ NAME = "eva_transfer"
 EVA_PARAMETER = ".eva."
 """What the names of EVA's own parameters (A_q, A_k, the T5 table) contain."""
 
-LOSSES: list[Tensor] = []
-"""Each layer's loss of the forward in progress, in layer order (filled by `transfer_attention`)."""
+LOSS = "transfer_loss"
+"""The attribute of an attention module that holds its layer's loss of the last forward (`transfer_attention`
+writes it, `take_losses` reads and clears it): per module and per call, no state shared between models."""
 
 
 def transfer_attention(module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
                        scaling: float | None = None, dropout: float = 0.0, **kwargs) -> tuple[Tensor, None]:
-    """The original attention's output (B, T, H, D), recording EVA's squared error against it in `LOSSES`."""
+    """The original attention's output (B, T, H, D); EVA's squared error against it is left on the
+    attention module (`LOSS`) for the step to collect."""
     student, _ = eva_attention(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
     groups = query.shape[1] // key.shape[1]
     with torch.no_grad():  # the teacher: exact causal softmax of the same rotated (grouped) heads
         teacher = F.scaled_dot_product_attention(query, key.repeat_interleave(groups, 1),
                                                  value.repeat_interleave(groups, 1), is_causal=True,
                                                  scale=scaling).transpose(1, 2)
-    LOSSES.append(F.mse_loss(student.float(), teacher.float()))
+    setattr(module, LOSS, F.mse_loss(student.float(), teacher.float()))
     return teacher.contiguous(), None
+
+
+def take_losses(model: torch.nn.Module) -> list[Tensor]:
+    """The layers' losses of the forward just run, in layer order, cleared from their modules (a module
+    that holds none did not run: refused, so a layer skipped by some path cannot pass unnoticed)."""
+    holders = [m for m in model.modules() if hasattr(m, LOSS)]
+    losses = [getattr(m, LOSS) for m in holders]
+    if not holders or any(loss is None for loss in losses):
+        raise RuntimeError("attention transfer: a layer's attention did not run as transfer_attention")
+    for m in holders:
+        setattr(m, LOSS, None)
+    return losses
 
 
 def use_transfer(model) -> None:
@@ -58,7 +73,7 @@ def use_transfer(model) -> None:
         pass
     else:
         AttentionMaskInterface.register(NAME, sdpa_mask)
-    model.config._attn_implementation = NAME
+    set_attention(model.config, NAME)
 
 
 def eva_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
@@ -75,10 +90,8 @@ def transfer_step(model, optimizer, loader: LineLoader, runtime: Runtime, grad_a
     total = torch.zeros((), dtype=torch.float64, device=runtime.device)
     for _ in range(grad_accum):
         inputs, _targets = loader.next_batch()
-        LOSSES.clear()
         model(inputs.to(runtime.device), logits_to_keep=1)  # the logits are not needed: one position kept
-        loss = torch.stack(LOSSES).sum()
-        LOSSES.clear()
+        loss = torch.stack(take_losses(model)).sum()
         (loss / grad_accum).backward()
         total += loss.detach().double()
     if dist.is_initialized() and runtime.world_size > 1:  # [transfer note] in uptrain_model: the mean over ranks

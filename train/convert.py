@@ -52,6 +52,7 @@ from pydantic.dataclasses import dataclass
 from evalm.config_toolkit import FROZEN, ConfigError, Parser, apply_overrides, build, report
 from evalm.config_toolkit import check_sections, settable_keys, split_overrides
 from evalm.eva_fields import EVA_FIELDS
+from evalm.hf_private import unmarked
 from evalm.storage import NotOurs, RunFolder, read_json, staged, write_atomic, write_json
 from evalm.storage.run_folder import is_empty
 
@@ -253,17 +254,9 @@ def save_converted(eva, tokenizer, out: Path, record: dict[str, Any]) -> Path:
 
     eva.config.auto_map = AUTO_MAP
     eva.config.architectures = ["EvaLlamaForCausalLM"]
-    # a class once loaded with remote code is marked for an Auto class, and save_pretrained would then copy
-    # evalm/hf_llama.py into the folder and point auto_map at it: the folder's own file is the one meant
-    marks = {cls: cls.__dict__["_auto_class"] for cls in (type(eva), type(eva.config)) if "_auto_class" in cls.__dict__}
-    for cls in marks:
-        cls._auto_class = None
     with staged(out) as stage:
-        try:
+        with unmarked(type(eva), type(eva.config)):  # the folder's own modeling file, not evalm's source (evalm.hf_private)
             eva.save_pretrained(stage)
-        finally:
-            for cls, mark in marks.items():
-                cls._auto_class = mark
         tokenizer.save_pretrained(stage)
         modeling = MODELING.format(version=version("evalm"))
         write_atomic(stage / MODELING_FILE, modeling)

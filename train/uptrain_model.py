@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from evalm.config_toolkit import ConfigError, InputError, MissingExtra
+from evalm.hf_private import set_attention
 from evalm.storage import read_json
 from evalm.train.attention_transfer import EVA_PARAMETER, eva_parameters, use_transfer
 
@@ -214,7 +215,7 @@ def export_run(out: str | Path, config, trainables: str | Path | None = None) ->
     hf, weights = trained_model(out, config, trainables)
     if hasattr(hf, "merge_and_unload"):
         hf = hf.merge_and_unload()
-    hf.config._attn_implementation = "eva"  # a transfer run ran it as "eva_transfer"
+    set_attention(hf.config, "eva")  # a transfer run ran it as "eva_transfer"
     source = Path(config.model.hf_model)
     record = {"source": str(source), "uptrained": {"run": str(out), **weights},
               "convert": _read(source / "convert.json")}
@@ -223,4 +224,3 @@ def export_run(out: str | Path, config, trainables: str | Path | None = None) ->
 
 def _read(path: Path):
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
-    from evalm import hf_folder

@@ -247,8 +247,7 @@ def finetune(lm, prompt: PromptBuilder, demos, items, options: MethodOptions, pr
     scorer = lm
     if demos:
         model, info = tune(lm, prompt, demos, mode)
-        scorer = copy.copy(lm)  # the same wrapper (tokenizer, window, device) over the tuned weights
-        scorer.model = model
+        scorer = lm.with_model(model)  # the same wrapper (tokenizer, window, device) over the tuned weights
     t0 = time.perf_counter()
     scores = []
     for item in items:

@@ -109,6 +109,9 @@ class HFCausalLM:
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
 
+    def with_model(self, model) -> HFCausalLM:
+        return HFCausalLM(model, self.tokenizer, self.name, self.max_positions)
+
     def describe(self) -> dict[str, Any]:
         return {"kind": "hf", "name": self.name, "model_type": self.model.config.model_type,
                 "max_positions": self.max_positions, "n_params": sum(p.numel() for p in self.model.parameters())}

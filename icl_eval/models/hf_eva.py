@@ -41,6 +41,9 @@ class EvaHFCausalLM:
         parameters = inspect.signature(model.forward).parameters
         self._cache_arg = "cache" if "cache" in parameters else "past_key_values"
 
+    def with_model(self, model) -> EvaHFCausalLM:
+        return EvaHFCausalLM(model, self.tokenizer, self.name, self.max_positions)
+
     def describe(self) -> dict[str, Any]:
         return {"kind": "hf-eva", "name": self.name, "model_type": self.model.config.model_type,
                 "evalm": dict(self.model.config.evalm), "n_params": sum(p.numel() for p in self.model.parameters())}

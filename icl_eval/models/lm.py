@@ -44,6 +44,10 @@ class CausalLM(Protocol):
     def nbytes(self, state: Any) -> int:
         """Bytes held by a cache."""
 
+    def with_model(self, model) -> CausalLM:
+        """The same wrapper (tokenizer, name, window) over other weights of the same architecture (a
+        fine-tuned copy: icl_eval/methods/finetune.py)."""
+
 
 class EvalmLM:
     """`CausalLM` over an `EvalmModel` (EVA or full attention)."""
@@ -53,6 +57,9 @@ class EvalmLM:
         self.max_positions = max_positions
         self.device = next(model.parameters()).device
         self.config = model.config
+
+    def with_model(self, model) -> EvalmLM:
+        return EvalmLM(model, self.tokenizer, self.name, self.max_positions)
 
     def describe(self) -> dict[str, Any]:
         from evalm.config_toolkit import to_dict

@@ -346,3 +346,9 @@ def run_units(names: Sequence[str], compute: Callable[[int], tuple[dict, dict | 
                 progress.show()
         if waited or not progress.units:  # the last line says units total/total
             progress.show()
+
+
+def execution_record(world, names: list[str], resumed: list[str]) -> dict:
+    """How the results were computed (not what they are): ranks, units, units taken from an earlier run."""
+    return {"ranks": world.size, "units": len(names), "units_resumed": len(resumed),
+            "units_computed": len(names) - len(resumed)}

@@ -20,11 +20,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from evalm.config_toolkit import ConfigError, build, split_overrides, to_dict
-from evalm.icl_eval.cli import _execution, _flags, _tiny_sections, _where
-from evalm.icl_eval.cli_args import RECALL_SECTIONS, recall_parser
-from evalm.icl_eval.protocol.units import (Progress, UnitStore, books_key, join, model_inputs, model_key, run_folder,
-                                           run_units)
+from evalm.icl_eval.cli_args import RECALL_SECTIONS, config_source, copy_flags, recall_parser
+from evalm.icl_eval.protocol.units import (Progress, UnitStore, books_key, execution_record, join, model_inputs,
+                                           model_key, run_folder, run_units)
 from evalm.icl_eval.recall.config import RecallConfig, model_options
+from evalm.icl_eval.settings import built_in_sections
 
 FLAGS = {"tasks": "tasks", "lengths": "lengths", "depths": "depths", "seeds": "seeds", "items": "items",
          "haystack": "haystack", "books": "books", "save_predictions": "save_predictions", "eva_ablation": "eva_ablation"}
@@ -39,10 +39,10 @@ def recall(argv: Sequence[str]) -> int:
     layers = Layers(args.config, overrides, RECALL_SECTIONS)
     if args.books:
         args.books = tuple(args.books)
-    _flags(layers, "recall", args, FLAGS)
-    where = _where(args)
+    copy_flags(layers, "recall", args, FLAGS)
+    where = config_source(args)
     config = build(RecallConfig, layers.section("recall"), where=f"{where} [recall]")
-    model_cfg, syn = _tiny_sections(layers, args, where, need_synthetic=False)
+    model_cfg, syn = built_in_sections(layers, args, where, need_synthetic=False)
     _check_generates(args)
     if model_cfg is not None and config.eva_ablation != "none" and model_cfg.attention != "eva":
         raise ConfigError(f"--eva-ablation {config.eva_ablation}: the built-in model's attention is "
@@ -138,5 +138,5 @@ def _run(args, config, settings: dict, model_cfg, syn, folder, world) -> None:
         metas = [store.load(n)[0] for n in names]
         data = results(metas, config, {"model": describe(lm), "model_options": to_dict(options), "settings": settings,
                                        "bos": {"tokens": list(bos), "why": why}})
-        data["seconds"], data["execution"] = time.perf_counter() - t0, _execution(world, names, resumed)
+        data["seconds"], data["execution"] = time.perf_counter() - t0, execution_record(world, names, resumed)
         write(Path(args.out), data, metas, config)

@@ -23,7 +23,7 @@ from typing import Any
 from evalm.config_toolkit import ConfigError
 from evalm.config_toolkit.files import regular
 from evalm.text.data_source import FILE_BUILDERS, DataSourceError, is_dataset_dict, is_saved_dataset, open_source
-from evalm.icl_eval.tasks.task import SPLITS, Task, _task_table, get_task
+from evalm.icl_eval.tasks.task import SPLITS, Task, task_table, get_task
 
 Splits = dict[str, "Rows"]
 
@@ -90,7 +90,7 @@ def load_splits(files: dict[str, Path]) -> Splits:
 
 def task_data_files(path: str | Path) -> dict[str, Path]:
     """The split files or data folder named in a task file, resolved against the file's folder."""
-    spec, base = _task_table(path), Path(path).parent
+    spec, base = task_table(path), Path(path).parent
     out = {s: base / spec[s] for s in SPLITS if s in spec}
     if "data" in spec:
         out.update(find_splits(base / spec["data"]))
@@ -146,7 +146,7 @@ def with_data_labels(task: Task, splits: Splits, info: dict[str, Any]) -> Task:
         return task
     import dataclasses
 
-    column = task._column(task.label_field)
+    column = task.column(task.label_field)
     feature = splits["train"].dataset.features.get(column)
     names = getattr(feature, "names", None)
     if not names:
@@ -188,8 +188,8 @@ def check_fields(task: Task, rows: Rows, where: str) -> None:
     if not len(rows):
         return
     first = rows[0]
-    needed = [task._column(f, first) for f in [*task.input_fields, *task.choice_fields]]
-    needed.append(task._column(task.label_field, first))
+    needed = [task.column(f, first) for f in [*task.input_fields, *task.choice_fields]]
+    needed.append(task.column(task.label_field, first))
     for column in dict.fromkeys(needed):
         if column not in rows.columns:
             raise DataSourceError(f"{where}: no field {column!r} (task {task.name!r} needs it; the rows have "

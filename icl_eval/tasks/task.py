@@ -112,12 +112,12 @@ class Task:
     def candidates(self, item: dict[str, Any]) -> list[str]:
         """The answer strings that fill `{label}` for this item, in label-index order."""
         if self.choice_fields:
-            return [str(item[self._column(f)]) for f in self.choice_fields]
+            return [str(item[self.column(f)]) for f in self.choice_fields]
         return list(self.spelled or self.labels)
 
     def gold(self, item: dict[str, Any]) -> int:
         """The gold label index of an item; an unknown value is an error naming it."""
-        raw = item[self._column(self.label_field, item)]
+        raw = item[self.column(self.label_field, item)]
         values = self.label_values or (tuple(range(self.n_candidates())) if not isinstance(raw, str) else self.labels)
         for i, v in enumerate(values):
             if raw == v or str(raw) == str(v):
@@ -128,13 +128,13 @@ class Task:
         """The template's input fields of an item, as strings."""
         out = {}
         for name in self.input_fields:
-            column = self._column(name, item)
+            column = self.column(name, item)
             if column not in item:
                 raise InputError(f"task {self.name!r}: item has no field {column!r} (has {sorted(item)})")
             out[name] = str(item[column]).strip()
         return out
 
-    def _column(self, name: str, item: dict[str, Any] | None = None) -> str:
+    def column(self, name: str, item: dict[str, Any] | None = None) -> str:
         """The data column of a template field: its alias, unless the item has the field itself."""
         alias = self.field_aliases.get(name, name)
         return name if item is not None and alias not in item and name in item else alias
@@ -332,7 +332,7 @@ def read_task_file(path: str | Path) -> Task:
     Relative data paths in the file (`train`, `validation`, `test`) are kept in `data_files`
     by `task_data.task_data_files`; this function only builds the Task.
     """
-    spec = _task_table(path)
+    spec = task_table(path)
     spec = {k: v for k, v in spec.items() if k not in SPLITS and k != "data"}
     where = f"{path}:{_table_line(path)}"
     for key in ("labels", "label_values", "choice_fields"):
@@ -363,7 +363,7 @@ def _table_line(path: str | Path) -> int:
     return 1
 
 
-def _task_table(path: str | Path) -> dict[str, Any]:
+def task_table(path: str | Path) -> dict[str, Any]:
     """The `[task]` table of a task file; the file's split names (`train = "train.jsonl"`) must be strings."""
     path = Path(path)
     raw = read_bounded(path, MAX_CONFIG_BYTES, "a task file")  # a FIFO hung, a link to /dev/zero filled memory

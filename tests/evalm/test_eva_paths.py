@@ -65,7 +65,6 @@ def _reported(capsys) -> list[str]:
 @pytest.fixture
 def debug(monkeypatch):
     monkeypatch.setenv("EVALM_DEBUG", "1")
-    monkeypatch.setattr(eva_paths, "_REPORTED", set())
 
 
 def test_debug_names_the_path_of_each_real_call(debug, capsys):
@@ -88,11 +87,12 @@ def test_debug_names_the_path_of_each_real_call(debug, capsys):
     assert _reported(capsys) == [("0", "tiles"), ("1", "tiles")]
     model(tokens(9), cache=model.new_cache())
     assert _reported(capsys) == []  # once per layer and path
+    make_model()(tokens(9), cache=make_model().new_cache())
+    assert _reported(capsys) == [("0", "tiles"), ("1", "tiles")]  # another model's layers say theirs
 
 
 def test_without_debug_nothing_is_printed(monkeypatch, capsys):
     monkeypatch.delenv("EVALM_DEBUG", raising=False)
-    monkeypatch.setattr(eva_paths, "_REPORTED", set())
     model = make_model()
     model(tokens(20))
     assert capsys.readouterr().err == ""
