@@ -298,7 +298,7 @@ def test_files_and_functions_are_small():
 # ---------------------------------------------------------------- the words a reader meets first
 
 README = ROOT / "README.md"
-MAX_README_LINES, MAX_LINE_CHARS = 200, 200
+MAX_README_LINES, MAX_LINE_CHARS, MAX_PARAGRAPH_WORDS = 150, 200, 80
 TRACKER = re.compile(r"\b[Ii]ssues? #?\d+\b")
 OUTSIDE = re.compile(r"\b(?:EVA_SPEC|ICL_SPEC|DATA_SPEC)\b|\bARCHITECTURE\.md\b|\bSTYLE\.md\b")
 
@@ -320,11 +320,33 @@ def outside_code_blocks(text: str) -> list[tuple[int, str]]:
     return lines
 
 
+def paragraphs(text: str) -> list[tuple[int, str]]:
+    """(first line, text) of each prose paragraph outside code blocks: headings and table rows are not prose."""
+    found, current = [], []
+    for number, line in [*outside_code_blocks(text), (0, "")]:
+        prose = line.strip() and not line.startswith(("#", "|"))
+        if prose:
+            current.append((number, line))
+        elif current:
+            found.append((current[0][0], " ".join(part for _, part in current)))
+            current = []
+    return found
+
+
 def test_the_readme_is_a_front_page():
+    """It leads with the result and sends figures to the pages that hold them: short, lines that fit, no
+    paragraph a reader must wade through (the front page once had paragraphs of 203 words and 35 figures)."""
     text = README.read_text(encoding="utf-8")
     assert text.count("\n") <= MAX_README_LINES
     wide = [n for n, line in outside_code_blocks(text) if len(line) > MAX_LINE_CHARS]
     assert wide == [], f"README lines over {MAX_LINE_CHARS} characters: {wide}"
+    long = [(n, len(p.split())) for n, p in paragraphs(text) if len(p.split()) > MAX_PARAGRAPH_WORDS]
+    assert long == [], f"README paragraphs over {MAX_PARAGRAPH_WORDS} words (line, words): {long}"
+
+
+def test_the_paragraph_reader_sees_prose_only():
+    text = "# T\n\none two\nthree\n\n| a | b |\n```bash\nfour five\n```\nsix\n"
+    assert paragraphs(text) == [(3, "one two three"), (10, "six")]
 
 
 def test_nothing_cites_a_tracker_number_or_a_document_that_does_not_ship():
