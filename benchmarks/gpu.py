@@ -19,6 +19,16 @@ Every ratio is against a baseline measured in the same process on the same GPU.
              once, then per test item a fork, its 10-token shared test prefix, two 2-token candidates;
              the full-attention twin's K/V cache over the same context beside it
 
+On a GPU machine without network whose image has PyTorch, Triton, transformers and pytest but not
+the rest (this project's lent H100/H200: Python 3.12), carry the wheels it lacks and install nothing else:
+    pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
+        pydantic==2.14.4 pydantic_core==2.50.5 annotated_types typing_inspection typing_extensions orjson zstandard dill
+    # there:
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+    python3 -m pip install -q --no-index --no-deps --no-build-isolation -e .
+    python3 benchmarks/gpu.py --out OUT --budget 400 --commit "$(git rev-parse --short HEAD)"   # ~5 min on an H200
+
 FLOPs per token of training (train/metrics.py): 6N for the Linear weights plus attention's own,
 12·L·E·K for K keys a query reads on average (exact: (T + 1)/2; EVA: its block, its visible
 summaries). Attention FLOPs of one call: 4·B·H·D·Σ_i K(i) forward, 3.5× that forward + backward
