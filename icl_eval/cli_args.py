@@ -224,8 +224,10 @@ def recall_parser() -> Parser:
                    f"and items (default: {_default(RecallConfig, 'seeds')})")
     p.add_argument("--items", type=int, metavar="N", help="items per seed, task and length, each at every depth "
                    f"(default: {_default(RecallConfig, 'items')})")
-    p.add_argument("--haystack", choices=("noise", "filler", "books"), help="what the needles hide in, passkey "
-                   f"aside (always filler) (default: {_default(RecallConfig, 'haystack')})")
+    p.add_argument("--haystack", choices=("words", "filler", "books"), help="what the needles hide in, passkey "
+                   "aside (always filler): random words (the asked key's own left out; called noise before 28 Nov "
+                   "2026), the filler sentences RULER calls noise, or --books sentences "
+                   f"(default: {_default(RecallConfig, 'haystack')})")
     p.add_argument("--books", nargs="+", metavar="SOURCE", help="with --haystack books: .txt folders or files, "
                    "jsonl/parquet with `text`, or a cached id such as deepmind/pg19:test (default: none)")
     p.add_argument("--save-predictions", action="store_true", help="write predictions.jsonl: every prompt's "

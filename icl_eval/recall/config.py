@@ -32,10 +32,11 @@ class RecallConfig:
     """One set of items per seed; intervals bootstrap seeds, then items within each seed."""
     items: int = 5
     """Items per seed, task and length; every item is scored at every depth."""
-    haystack: Literal["noise", "filler", "books"] = "noise"
-    """What the needles of niah_*, variable_tracking, kv_recall and mqar hide in: `noise` (seeded random
-    words), `filler` (the repeated sentences of passkey retrieval) or `books` (sentences of `books`).
-    passkey always uses `filler` (Mohtashami & Jaggi 2023)."""
+    haystack: Literal["words", "filler", "books", "noise"] = "words"
+    """What the needles of niah_*, variable_tracking, kv_recall and mqar hide in: `words` (seeded random
+    words, the asked key's own words left out), `filler` (the repeated sentences of passkey retrieval, which
+    RULER calls its noise) or `books` (sentences of `books`). passkey always uses `filler` (Mohtashami &
+    Jaggi 2023). `noise`, the name of `words` until 28 Nov 2026, is refused: it meant the opposite of RULER's."""
     books: tuple[str, ...] = ()
     """Book sources for haystack = books, read as `evalm eval ppl --books` reads them."""
     niah_keys: int = 4
@@ -86,6 +87,9 @@ class RecallConfig:
                               "give values from 0 to 100")
         if any(n < 1 or n > 262_144 for n in self.lengths):
             raise ConfigError(f"lengths {list(self.lengths)}: give prompt lengths from 1 to 262,144 tokens")
+        if self.haystack == "noise":
+            raise ConfigError("haystack = 'noise': renamed 'words' (random words, the asked key's own left out), "
+                              "since RULER's noise haystack is this project's 'filler'; give 'words' or 'filler'")
         _at_least("items", self.items, 1)
         if self.items > MAX_ITEMS:  # each item is a whole prompt of up to 262,144 tokens
             raise ConfigError(f"items = {self.items}: give at most {MAX_ITEMS:,} items per length, depth and seed "

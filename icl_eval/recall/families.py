@@ -63,6 +63,8 @@ class Spec:
     haystack: str
     chance: float
     context_guess: float
+    asked_words: tuple[str, ...] = ()
+    """Words of the asked key(s), kept out of a `words` haystack: a distractor must not be the key asked."""
 
 
 def spec(task: str, rng: random.Random, config) -> Spec:
@@ -106,7 +108,8 @@ def _niah(task: str, rng: random.Random, config, n_keys: int, n_values: int, n_a
     kind = "number" if len(gold) == 1 else "numbers"
     offered = n_keys * n_values  # numbers in the context; the asked ones are a subset of this size
     return Spec(task, NIAH_INSTRUCTION, group, others, (question,), (gold,), (" " + ", ".join(gold) + ".",), kind,
-                config.haystack, (1 / 9e6) ** len(gold), 1 / math.comb(offered, len(gold)))
+                config.haystack, (1 / 9e6) ** len(gold), 1 / math.comb(offered, len(gold)),
+                tuple(word for key in asked for word in key.split("-")))
 
 
 def niah_single(rng, config) -> Spec:
@@ -169,7 +172,7 @@ def mqar(rng: random.Random, config) -> Spec:
     return Spec("mqar", "Keys and their values are hidden in the following text, each key followed by its value. "
                 "After the text, each key is given again: answer with its value.", (block,), (), questions,
                 tuple((values[i],) for i in order), tuple(f" {values[i]}" for i in order), "number",
-                config.haystack, 1 / len(MQAR_VALUES), 1 / config.mqar_pairs)
+                config.haystack, 1 / len(MQAR_VALUES), 1 / config.mqar_pairs, tuple(keys))
 
 
 FAMILIES = {"passkey": passkey, "niah_single": niah_single, "niah_multikey": niah_multikey,

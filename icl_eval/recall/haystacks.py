@@ -1,6 +1,6 @@
-"""The haystacks needles hide in, as units of the model's own tokens: filler, noise, book sentences.
+"""The haystacks needles hide in, as units of the model's own tokens: filler, random words, book sentences.
 
-A haystack is a run of units, each encoded on its own: a sentence of the filler, a word of noise, a
+A haystack is a run of units, each encoded on its own: a sentence of the filler, a random word, a
 sentence of a book. Needles go between units (never inside a word), and a prompt's length is a sum
 of known unit lengths: whole units are taken while they fit the budget, and what is left (less than
 the next unit) is the item's slack, recorded with it.
@@ -8,8 +8,11 @@ the next unit) is the item's slack, recorded with it.
 - `filler`: Mohtashami & Jaggi's passkey filler, "The grass is green. The sky is blue. The sun is
   yellow. Here we go. There and back again." repeated (RULER calls the same text its "noise"
   haystack);
-- `noise`: seeded random words (icl_eval.recall.vocabulary), a new draw per item: text with no
-  repetition to compress, the word-level form of Zoology's random non-query tokens;
+- `words`: seeded random words (icl_eval.recall.vocabulary), a new draw per item: text with no
+  repetition to compress, the word-level form of Zoology's random non-query tokens. The asked key's
+  own words are left out (`Spec.asked_words`): the keys are drawn from the same words, and a haystack
+  that repeats the asked key's adjective and noun hides the needle among partial copies of it. Named
+  `noise` until 28 Nov 2026 (and the asked key's words were drawn then); RULER's "noise" is `filler`;
 - `books`: consecutive sentences of the books (read as `evalm eval ppl --books` reads them), from a
   seeded starting sentence per item, whitespace normalised.
 """
@@ -37,19 +40,21 @@ class Haystacks:
         self.words = [tuple(tokenizer.encode(" " + w)) for w in NOISE_WORDS]
         self.book_units, self.book_starts = _book_units(tokenizer, books, book_tokens) if book_tokens else ([], 0)
 
-    def stream(self, kind: str, rng: random.Random) -> Iterator[tuple[int, ...]]:
-        """The units of one item's haystack, in order (endless; the caller takes what fits)."""
+    def stream(self, kind: str, rng: random.Random, avoid: Sequence[str] = ()) -> Iterator[tuple[int, ...]]:
+        """The units of one item's haystack, in order (endless; the caller takes what fits); `avoid`: words
+        a `words` haystack leaves out."""
         if kind == "filler":
             return itertools.cycle(self.filler)
-        if kind == "noise":
-            return (rng.choice(self.words) for _ in itertools.count())
+        if kind == "words":
+            drawn = [unit for word, unit in zip(NOISE_WORDS, self.words) if word not in avoid] if avoid else self.words
+            return (rng.choice(drawn) for _ in itertools.count())
         start = rng.randrange(self.book_starts)  # every start leaves enough text for the longest prompt
         return iter(self.book_units[start:])
 
-    def take(self, kind: str, rng: random.Random, budget: int) -> tuple[list[tuple[int, ...]], int]:
+    def take(self, kind: str, rng: random.Random, budget: int, avoid: Sequence[str] = ()) -> tuple[list[tuple[int, ...]], int]:
         """Whole units while they fit `budget` tokens, and the slack (budget minus their tokens)."""
         units, used = [], 0
-        for unit in self.stream(kind, rng):
+        for unit in self.stream(kind, rng, avoid):
             if used + len(unit) > budget:
                 break
             units.append(unit)

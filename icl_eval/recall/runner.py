@@ -74,7 +74,7 @@ class Runner:
     def run_item(self, unit: Unit, index: int) -> tuple[list[dict], dict]:
         spec, enc = encoded_item(unit.task, unit.seed, index, self.config, self.lm.tokenizer, self.bos)
         units, slack = self.haystacks.take(spec.haystack, item_rng(unit.task, unit.seed, index, "haystack"),
-                                           unit.length - enc.fixed)
+                                           unit.length - enc.fixed, spec.asked_words)
         pieces = body_pieces(units, enc.others, item_rng(unit.task, unit.seed, index, "place"))
         budgets = [2 * len(a) + EXTRA_TOKENS for a in enc.answers]
         placed = [place(enc, pieces, d) for d in self.config.depths]

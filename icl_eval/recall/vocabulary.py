@@ -1,8 +1,8 @@
-"""The words the families draw from: RULER-style "adjective-noun" keys, MQAR's keys, the noise haystack.
+"""The words the families draw from: RULER-style "adjective-noun" keys, MQAR's keys, the words haystack.
 
 RULER draws its keys from wonderwords' adjective and noun lists; these are 64 common English
 adjectives and 64 concrete nouns of one to three syllables (4,096 keys), written here so that no
-package or download is needed. Noise words are the same 128 words: a haystack of them is
+package or download is needed. The words haystack draws the same 128 words: a haystack of them is
 incompressible text (Zoology's random non-query tokens, as words) yet reads as words to a tokenizer.
 """
 

@@ -34,7 +34,8 @@ def prompts_of(task: str, length: int, depths, config=None, tokenizer=BYTES, see
     """(spec, encoded, [Placed per depth], slack) exactly as the runner builds them."""
     config = config or RecallConfig(depths=tuple(depths))
     spec, enc = encoded_item(task, seed, index, config, tokenizer, BOS)
-    units, slack = Haystacks(tokenizer).take(spec.haystack, item_rng(task, seed, index, "haystack"), length - enc.fixed)
+    units, slack = Haystacks(tokenizer).take(spec.haystack, item_rng(task, seed, index, "haystack"), length - enc.fixed,
+                                             spec.asked_words)
     pieces = body_pieces(units, enc.others, item_rng(task, seed, index, "place"))
     return spec, enc, [place(enc, pieces, d) for d in depths], slack
 
@@ -201,3 +202,24 @@ def test_settings_refuse_bad_values_in_one_line():
 
 def test_the_family_table_and_the_vocabulary():
     assert tuple(GENERATORS) == FAMILIES and len(set(NOISE_WORDS)) == len(NOISE_WORDS) == 128
+
+
+@pytest.mark.parametrize("task", ["niah_single", "niah_multiquery", "mqar"])
+def test_a_words_haystack_never_holds_the_asked_keys_words(task):
+    """The keys are drawn from the haystack's own words: the haystack around a needle leaves the asked
+    key's adjective and noun out (read back from the prompt's text, not from the spec's list)."""
+    for seed in (1, 2, 3):
+        spec, enc, placed, _ = prompts_of(task, 2000, [50], seed=seed)
+        text = BYTES.decode(list(placed[0].prompts[0]))
+        for needle in (*spec.group, *spec.others):
+            text = text.replace(needle, " ")
+        text = text[: text.index(spec.questions[0])]  # the question names the key: the haystack ends before it
+        haystack = set(re.findall(r"[a-z]+", text)) & set(NOISE_WORDS)
+        asked = set(re.findall(r"[a-z]+", " ".join(spec.questions))) & set(NOISE_WORDS)
+        assert asked and len(haystack) > 20 and not haystack & asked, (task, seed, haystack & asked)
+
+
+def test_the_old_name_of_the_words_haystack_is_refused_with_what_it_became():
+    with pytest.raises(ConfigError, match="renamed 'words'.*RULER's noise haystack is this project's 'filler'"):
+        build(RecallConfig, {"haystack": "noise"}, where="run.toml [recall]")
+    assert RecallConfig().haystack == "words"
