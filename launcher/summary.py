@@ -118,6 +118,12 @@ def _ratio_cell(row: dict) -> str:
     return f"{vs['ppl_ratio']:.3f} [{lo:.3f}, {hi:.3f}]"
 
 
+RECALL_NOTE = ("Why this line: it runs every model's cache through prompts of up to 16x its training length, end "
+               "to end; models pretrained for seconds are not expected to find the pass key (0.00 is the usual "
+               "reading), and what EVA's summaries recall is the trained study's finding (docs/findings.md).")
+"""Said under the main job's recall line: what it shows and what it does not."""
+
+
 def summary_markdown(results: dict) -> str:
     lines = _run_lines(results)
     for name, models in results["icl"].items():
@@ -126,5 +132,5 @@ def summary_markdown(results: dict) -> str:
         lines += _ppl_lines(results["ppl"], results.get("pretrain_seq_len"))
     if results.get("recall"):
         lines += ["", "## Recall through the cache (`evalm eval recall`; accuracy, mean over depths)", "",
-                  results["recall"]["line"]]
+                  results["recall"]["line"], "", RECALL_NOTE]
     return "\n".join(lines) + "\n"

@@ -157,6 +157,7 @@ def test_every_stage_runs_and_writes_its_outputs(ran):
     assert recall["line"].startswith("passkey at 512 / 1,024 tokens: pretrain ")
     summary = (run_dir / "report" / "summary.md").read_text()
     assert recall["line"] in summary
+    assert "Why this line: it runs every model's cache through prompts of up to 16x" in summary  # what it shows
     assert "## ICL: synthetic" in summary and "## Perplexity vs context length" in summary
     assert "in-context majority" in summary and "unigram" in summary
     assert (run_dir / "report" / "perplexity_vs_length.png").is_file()
