@@ -85,7 +85,8 @@ def _build(variant: str, method: str):
     import torch
 
     from evalm import EvalmModel
-    from evalm.model import ATTENTION, Block
+    from evalm.attention import attention_class
+    from evalm.model import Block
 
     torch.manual_seed(0)
     config = _config(variant, method)
@@ -99,7 +100,7 @@ def _build(variant: str, method: str):
         module = Block(config, 0)
         module.attn.init_weights()
     elif method == "proj":  # the layer's four projections alone: what EVA and exact attention share
-        module = ATTENTION["full"](config)
+        module = attention_class("full")(config)
         module.init_weights()
 
         def projections(x):
@@ -107,7 +108,7 @@ def _build(variant: str, method: str):
 
         module.forward = projections
     else:
-        module = ATTENTION[config.attention](config)
+        module = attention_class(config.attention)(config)
         module.init_weights()
     module.train(variant in DROPOUT_ROWS)
 

@@ -1,17 +1,23 @@
 """The attention variants by their `ModelConfig.attention` name: the one place a variant is registered.
 
-`ModelConfig` refuses any other name, listing these; `Block` builds `ATTENTION[config.attention]`.
+`ModelConfig` refuses any other name, listing these; `Block` builds `attention_class(config.attention)`.
 A variant is an `nn.Module` built as `cls(config, layer_idx)` with `init_weights()` and
 `forward(x, cache=None)`; with a cache it keeps its per-layer state in `cache.layers[layer_idx]`, a
 `LayerState` (evalm/cache.py). docs/model.md, "Adding an attention variant", walks through one.
+
+The dict names each class by its import path, so the config that validates names (evalm/config.py)
+imports no torch: `python -c "import evalm.config"` stays light, as a model's config is data.
 """
 
 from __future__ import annotations
 
-from torch import nn
+import importlib
 
-from evalm.eva import EvaAttention
-from evalm.full_attention import FullAttention
-from evalm.window_attention import WindowAttention
+ATTENTION: dict[str, str] = {"eva": "evalm.eva:EvaAttention", "full": "evalm.full_attention:FullAttention",
+                             "window": "evalm.window_attention:WindowAttention"}
 
-ATTENTION: dict[str, type[nn.Module]] = {"eva": EvaAttention, "full": FullAttention, "window": WindowAttention}
+
+def attention_class(name: str) -> type:
+    """The class registered under `name` (imported on first use)."""
+    module, cls = ATTENTION[name].split(":")
+    return getattr(importlib.import_module(module), cls)

@@ -1,6 +1,6 @@
 """The EVALM decoder (EVALM §3.1, docs/training.md): pre-LN blocks, EVA or exact attention, circular
 positions, tied embeddings. Reads top-down: MLP, Block, EvalmModel. The attention of each block is
-`ATTENTION[config.attention]` (evalm/attention.py).
+`attention_class(config.attention)` (evalm/attention.py).
 
 The model knows nothing of files, tasks or distribution: `train/` shards it from outside (each
 `Block`, then the root) and `icl_eval/` drives it only through `forward(tokens, targets, cache)`,
@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from evalm.attention import ATTENTION
+from evalm.attention import attention_class
 from evalm.cache import Cache
 from evalm.config import ModelConfig
 from evalm.heads import upcast
@@ -41,7 +41,7 @@ class Block(nn.Module):
     def __init__(self, config: ModelConfig, layer_idx: int):
         super().__init__()
         self.attn_norm = nn.LayerNorm(config.d_model)
-        self.attn = ATTENTION[config.attention](config, layer_idx)
+        self.attn = attention_class(config.attention)(config, layer_idx)
         self.mlp_norm = nn.LayerNorm(config.d_model)
         self.mlp = MLP(config)
         self.drop = nn.Dropout(config.dropout)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import re
 import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -408,3 +409,11 @@ def test_the_readme_and_evalm_help_agree_on_every_command():
                       or (a in groups and b and not b.isupper() and b not in groups[a])})
     assert unknown == [], f"the README names commands `evalm --help` does not have: {unknown}"
     assert all(f"evalm {name}" in text for name in COMMANDS), "every command of `evalm --help` appears in the README"
+
+
+def test_a_models_config_loads_no_torch():
+    """`ModelConfig` is data, a leaf as nanoGPT's `GPTConfig` and torchtitan's model args are: reading and
+    validating one (a run file, `--help`, a refusal) does not pull in torch and the attention tower."""
+    code = "import sys, evalm.config; evalm.config.ModelConfig(attention='window'); print('torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert done.stdout.strip() == "False"

@@ -111,13 +111,13 @@ def test_attention_names_are_the_registry(monkeypatch):
     """Config validation and the model read one dict: a new entry is a valid name and gets built."""
     with pytest.raises(ValueError, match=r"attention='minimal' is not known; valid: \['eva', 'full', 'window'\]"):
         ModelConfig(attention="minimal")
-    monkeypatch.setitem(ATTENTION, "minimal", MinimalAttention)
+    monkeypatch.setitem(ATTENTION, "minimal", f"{__name__}:MinimalAttention")
     model = EvalmModel(dataclasses.replace(BASE, attention="minimal"))
     assert all(type(block.attn) is MinimalAttention for block in model.blocks)
 
 
 def test_cache_with_a_minimal_third_state_equals_exact_attention(monkeypatch):
-    monkeypatch.setitem(ATTENTION, "minimal", MinimalAttention)
+    monkeypatch.setitem(ATTENTION, "minimal", f"{__name__}:MinimalAttention")
     full = make_model("full")
     minimal = EvalmModel(dataclasses.replace(BASE, attention="minimal")).double().eval()
     minimal.load_state_dict(full.state_dict(), strict=True)  # the same parameter names: one projection class
