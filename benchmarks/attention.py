@@ -229,9 +229,7 @@ def forward_flops(variant: str, method: str, n: int) -> float:
     if method == "full":
         keys = n * (n + 1) // 2
     else:
-        ext = config.window_size if config.overlap_window else 0
-        t = Tiling(config.window_size, config.chunk_size, ext, config.exclude_window_chunks, 1.0)
-        keys = sum(i - t.window_start(i) + 1 + t.limit(i) for i in range(n))
+        keys = round(Tiling.of(config).mean_keys(n) * n)
     return 2 * (flops + 2 * E * keys)
 
 

@@ -123,8 +123,7 @@ class EvaAttention(HeadProjections):
         # function moving keys (…, D) by a position shift (broadcast over their rows) that a rotary host
         # sets (evalm/hf_llama.py), so a block's sink sits right before its window as in StreamingLLM's cache
         self.sink_shift = None
-        self.layout = Tiling(self.window_size, self.chunk_size, self.ext, self.exclude_window_chunks, self.head_dim**-0.5,
-                             sink=config.sink_tokens)
+        self.layout = Tiling.of(config)
         # Rows per query tile: a tile copies the remote entries once, so larger tiles copy them
         # less often but waste more masked local logits; 2w or 256 rows measured fastest
         # (benchmarks/attention.py at w=128, benchmarks/incremental.py at w=16).

@@ -44,12 +44,16 @@ def noise(seed: int, like: Tensor) -> Tensor:
     return torch.randn(like.shape, generator=generator, dtype=like.dtype, device=like.device)
 
 
-def keys(maps: AdaptiveMaps, q_mean: Tensor, k_mean: Tensor, noise_seed: int | None) -> tuple[Tensor, Tensor]:
-    """k̃ and ω (B, H, n, D) from the chunks' mean queries and keys, in the maps' dtype."""
-    k_tilde = maps.mu_k(k_mean)
-    omega = maps.mu_q(q_mean) + k_tilde
-    if noise_seed is not None:  # one random-feature sample per chunk and head, fresh every forward
-        omega = omega + noise(noise_seed, omega)
+def keys(maps, q_mean: Tensor, k_mean: Tensor, eps: int | Tensor | None) -> tuple[Tensor, Tensor]:
+    """k̃ and ω (B, H, n, D) from the chunks' mean queries and keys, in the maps' dtype. `maps`: A_q and A_k
+    as modules (`AdaptiveMaps`) or as tensors (`MapTensors`, for a compiled graph); `eps`: the training
+    noise ε as its seed (drawn here), as a tensor already drawn (a compiled graph traces no generator),
+    or None."""
+    mu_q, mu_k = maps
+    k_tilde = mu_k(k_mean)
+    omega = mu_q(q_mean) + k_tilde
+    if eps is not None:  # one random-feature sample per chunk and head, fresh every forward
+        omega = omega + (noise(eps, omega) if isinstance(eps, int) else eps)
     return k_tilde, omega
 
 
@@ -93,13 +97,9 @@ def batched(maps: tuple[MapTensors, MapTensors], q: Tensor, k: Tensor, v: Tensor
     def by_chunk(x: Tensor) -> Tensor:  # (B, m, c, H, D), a view
         return upcast(x[:, first * c : (first + m) * c].unflatten(1, (m, c)))
 
-    mu_q, mu_k = maps
-    dtype = mu_q.weight.dtype
+    dtype = maps[0].weight.dtype
     q_mean, k_mean = (by_chunk(x).mean(2).transpose(1, 2).to(dtype) for x in (q, k))
-    k_tilde = mu_k(k_mean)
-    omega = mu_q(q_mean) + k_tilde
-    if eps is not None:
-        omega = omega + eps
+    k_tilde, omega = keys(maps, q_mean, k_mean, eps)
     kc, vc = (by_chunk(x).permute(0, 3, 1, 2, 4) for x in (k, v))  # (B, H, m, c, D)
     beta, _ = values(kc, vc, upcast(omega).to(kc.dtype), scale)
     return k_tilde, beta

@@ -53,6 +53,13 @@ class Tiling:
     ablation: Ablation = Ablation.NONE  # an evaluation-time component ablation (module docstring)
     sink: int = 0  # S: sink tokens, a multiple of c (module docstring; 0: none)
 
+    @classmethod
+    def of(cls, config, ablation: Ablation = Ablation.NONE) -> Tiling:
+        """The rule of a model's EVA layers (a `ModelConfig`: window, chunk, overlap, excluded window
+        chunks, sink tokens; s from its head dimension)."""
+        return cls(config.window_size, config.chunk_size, config.window_size if config.overlap_window else 0,
+                   config.exclude_window_chunks, config.head_dim**-0.5, sink=config.sink_tokens, ablation=ablation)
+
     def window_start(self, pos: Tensor | int) -> Tensor | int:
         """First local key of the query at `pos`: its block's start, less ext, at least 0 (chunk-window:
         its chunk's start)."""
@@ -93,9 +100,9 @@ class Tiling:
     def mean_keys(self, n: int) -> float:
         """Keys a query reads on average over a whole sequence of n tokens: its local block, sink keys
         and visible summaries (the work of attention per query, for FLOP counts)."""
-        pos = torch.arange(n, dtype=torch.float64)
-        keys = pos - self.window_start(pos.long()) + 1 + self.sink_count(pos.long()) + self.remote_count(pos.long())
-        return float(keys.mean()) if n else 0.0
+        pos = torch.arange(n)
+        keys = pos - self.window_start(pos) + 1 + self.sink_count(pos) + self.remote_count(pos)
+        return float(keys.double().mean()) if n else 0.0
 
     def local_mask(self, bias: Tensor | None, device, dtype) -> Tensor:
         """Additive (w, ext + w) mask of one block, the same for every block: the T5 bias where

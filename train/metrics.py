@@ -42,10 +42,7 @@ def attention_keys(model, seq_len: int) -> float:
         return (seq_len + 1) / 2
     from evalm.tiling import Ablation, Tiling  # torch: only where a decoder's rule is counted
 
-    t = Tiling(model.window_size, model.chunk_size, model.window_size if model.overlap_window else 0,
-               model.exclude_window_chunks, 1.0, sink=model.sink_tokens,
-               ablation=Ablation.NO_REMOTE if kind == "window" else Ablation.NONE)
-    return t.mean_keys(seq_len)
+    return Tiling.of(model, Ablation.NO_REMOTE if kind == "window" else Ablation.NONE).mean_keys(seq_len)
 
 
 def flops_per_token(n_params: int, model, seq_len: int) -> dict[str, float]:
