@@ -51,20 +51,28 @@ def weight_files(folder: Path) -> list[Path]:
     return []
 
 
-def read_headers(files: list[Path]) -> tuple[dict[str, tuple[int, ...]], dict[str, str]]:
-    """Shapes and dtypes of every tensor of `files`, or DamagedFile naming the file."""
+def header_of(path: Path, remedy: str) -> tuple[dict[str, str], dict[str, tuple[int, ...]], dict[str, str]]:
+    """The metadata, tensor shapes and dtypes of one safetensors file, read from its header alone
+    (`safetensors` checks the offsets against the file), or DamagedFile naming it and `remedy`. Our
+    exports (evalm/io.py) and Hugging Face folders read their headers here."""
     from safetensors import SafetensorError, safe_open
 
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            parts = {name: f.get_slice(name) for name in f.keys()}
+            return (f.metadata() or {}, {name: tuple(p.get_shape()) for name, p in parts.items()},
+                    {name: p.get_dtype() for name, p in parts.items()})
+    except (SafetensorError, OSError, ValueError) as err:
+        raise DamagedFile(f"{path}: damaged or truncated safetensors file ({str(err)[:200]}); {remedy}") from None
+
+
+def read_headers(files: list[Path]) -> tuple[dict[str, tuple[int, ...]], dict[str, str]]:
+    """Shapes and dtypes of every tensor of `files`, or DamagedFile naming the file."""
     shapes, dtypes = {}, {}
     for path in files:
-        try:
-            with safe_open(str(path), framework="pt") as f:
-                for name in f.keys():
-                    part = f.get_slice(name)
-                    shapes[name], dtypes[name] = tuple(part.get_shape()), part.get_dtype()
-        except (SafetensorError, OSError, ValueError) as err:
-            raise DamagedFile(f"{path}: damaged or truncated safetensors file ({str(err)[:200]}); download or save "
-                              "the model again") from None
+        _, file_shapes, file_dtypes = header_of(path, "download or save the model again")
+        shapes.update(file_shapes)
+        dtypes.update(file_dtypes)
     return shapes, dtypes
 
 

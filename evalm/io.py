@@ -23,13 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_model as _load_weights
 from safetensors.torch import save_model as _save_weights
 
 from evalm.config_toolkit import MissingInput, build, to_dict
 from evalm.config import ModelConfig, architecture_differences
 from evalm.model import EvalmModel
+from evalm.hf_weights import header_of
 from evalm.storage import DamagedFile, read_json, replaced, write_atomic
 
 WEIGHTS, CONFIG = "model.safetensors", "config.json"
@@ -90,17 +90,14 @@ class Header:
 
 
 def read_header(weights: Path) -> Header:
-    """The header of `weights`, or DamagedFile naming it (safetensors checks the offsets against the file)."""
+    """The header of `weights` (evalm.hf_weights.header_of), or DamagedFile naming it."""
+    remedy = "export the model again (`evalm export`)"
+    meta, shapes, dtypes = header_of(weights, remedy)
     try:
-        with safe_open(str(weights), framework="pt") as f:
-            meta = f.metadata() or {}
-            saved = json.loads(meta[META_KEY]) if META_KEY in meta else None
-            slices = {k: f.get_slice(k) for k in f.keys()}
-            return Header(saved, {k: tuple(v.get_shape()) for k, v in slices.items()},
-                          {k: v.get_dtype() for k, v in slices.items()})
-    except (SafetensorError, OSError, ValueError) as err:
-        raise DamagedFile(f"{weights}: damaged or truncated safetensors file ({err}); export the model again "
-                          "(`evalm export`)") from None
+        saved = json.loads(meta[META_KEY]) if META_KEY in meta else None
+    except ValueError as err:
+        raise DamagedFile(f"{weights}: damaged or truncated safetensors file ({str(err)[:200]}); {remedy}") from None
+    return Header(saved, shapes, dtypes)
 
 
 def check_header(folder: Path, config: ModelConfig, header: Header) -> None:
