@@ -229,7 +229,7 @@ def forward_flops(variant: str, method: str, n: int) -> float:
     if method == "full":
         keys = n * (n + 1) // 2
     else:
-        keys = round(Tiling.of(config).mean_keys(n) * n)
+        keys = round(Tiling.of(config, config.head_dim).mean_keys(n) * n)
     return 2 * (flops + 2 * E * keys)
 
 

@@ -15,11 +15,13 @@ from pydantic.dataclasses import dataclass
 
 from evalm.config_toolkit import ConfigError, FROZEN
 from evalm.attention import ATTENTION  # the one dict of attention classes
+from evalm.eva_settings import EvaSettings
 
 
 @dataclass(config=FROZEN, frozen=True)
-class ModelConfig:
-    """Shape of one EVALM decoder (docs/model.md)."""
+class ModelConfig(EvaSettings):
+    """Shape of one EVALM decoder (docs/model.md): EVA's settings (`EvaSettings`, inherited, so the
+    `[model]` section, checkpoints and exports keep their flat keys) plus the decoder's own fields."""
 
     vocab_size: int = 50272
     """Rows of the token embedding (padded vocabulary; OPT pads GPT-2's to 50272)."""
@@ -31,21 +33,6 @@ class ModelConfig:
     """Attention heads H; the head dimension is d_model // n_head."""
     d_ff: int = 4096
     """Hidden width of the feed-forward layer (4E in OPT)."""
-    window_size: int = 128
-    """w: length of the causal local block (docs/model.md; the EVA LM recipe's 128)."""
-    chunk_size: int = 8
-    """c: tokens compressed into one remote summary; window_size must be a multiple of it."""
-    overlap_window: bool = False
-    """Each block also sees the whole previous block (ext = w)."""
-    use_t5_bias: bool = False
-    """T5 relative-position bias inside the local block, shared across heads (§1.2)."""
-    exclude_window_chunks: bool = False
-    """EvaByte semantics (§1.7): chunks inside the query's own block are not remote entries."""
-    sink_tokens: int = 0
-    """S: the first S tokens stay exact keys of every later query, in place of their chunks' summaries
-    (attention sinks, Xiao et al. 2024, §3.2; docs/eva.md, "Sink tokens"); a multiple of chunk_size, 0: none."""
-    adaptive_proj: Literal["qk", "no-ln"] = "qk"
-    """A_q/A_k: Linear+LayerNorm ('qk') or Linear only ('no-ln'); the reference's 'default' crashes."""
     circular_period: int = 8192
     """M: rows of the learned position table; token i uses row i mod M (EVALM §3.1)."""
     positions: Literal["circular", "absolute"] = "circular"
@@ -65,23 +52,14 @@ class ModelConfig:
     """Standard deviation of the normal inits (OPT's megatron sigma)."""
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "d_model", "n_layer", "n_head", "d_ff", "window_size", "circular_period"):
+        super().__post_init__()  # EVA's own checks (window, chunk, sink)
+        for name in ("vocab_size", "d_model", "n_layer", "n_head", "d_ff", "circular_period"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.attention not in ATTENTION:
             raise ConfigError(f"attention={self.attention!r} is not known; valid: {sorted(ATTENTION)}")
         if self.d_model % self.n_head:
             raise ConfigError(f"d_model={self.d_model} is not divisible by n_head={self.n_head}")
-        if self.chunk_size < 1 or self.window_size % self.chunk_size:
-            raise ConfigError(
-                f"window_size={self.window_size} must be a positive multiple of chunk_size="
-                f"{self.chunk_size}: chunks never cross block boundaries (docs/model.md)"
-            )
-        if self.sink_tokens < 0 or self.sink_tokens % self.chunk_size:
-            raise ConfigError(
-                f"sink_tokens={self.sink_tokens} must be a multiple of chunk_size={self.chunk_size} (0: no sink): the "
-                "sink tokens replace whole chunks' summaries (docs/eva.md, \"Sink tokens\")"
-            )
         if self.sink_tokens and self.attention != "eva":
             raise ConfigError(f"sink_tokens={self.sink_tokens} is EVA's: attention={self.attention!r} has no summaries "
                               "to replace; set sink_tokens=0 or attention='eva'")

@@ -34,7 +34,8 @@ from torch import Tensor, nn
 from evalm import eva_paths, flash, flex, summaries, tiles, tiling, whole_sequence
 from evalm.cache import Cache, Parts, parts_append, parts_bytes, parts_len
 from evalm.eva_paths import EvaCall, EvaPath, Route
-from evalm.heads import HeadProjections
+from evalm.eva_settings import EvaSettings
+from evalm.heads import HeadProjections, HeadShape
 from evalm.summaries import AdaptiveMaps
 from evalm.tiling import Ablation, Tiling
 
@@ -109,21 +110,26 @@ class EvaState:
 
 
 class EvaAttention(HeadProjections):
-    """Causal EVA with the public reference's parameter names, so its weights load strictly."""
+    """Causal EVA with the public reference's parameter names, so its weights load strictly.
 
-    def __init__(self, config, layer_idx: int = 0):
-        super().__init__(config, layer_idx)  # q_proj, k_proj, v_proj, out_proj
-        self.window_size, self.chunk_size = config.window_size, config.chunk_size
-        self.ext = config.window_size if config.overlap_window else 0
-        self.exclude_window_chunks = config.exclude_window_chunks
-        self.adaptive_mu_q = _adaptive_map(self.head_dim, config.adaptive_proj == "qk")
-        self.adaptive_mu_k = _adaptive_map(self.head_dim, config.adaptive_proj == "qk")
-        self.rel_pos_bias = T5RelativeBias(self.window_size, self.ext) if config.use_t5_bias else None
+    `EvaAttention(config, layer)`: a whole layer of a `ModelConfig` (an `EvaSettings` with heads), its own
+    q/k/v/out projections first (the registry's form, evalm/attention.py). `EvaAttention(settings, layer,
+    heads)`: EVA's own parts only (A_q, A_k, the T5 bias, the rule), for a host module that projects and
+    rotates its own heads and calls `attend` (a Llama's attention, evalm/hf_llama.py)."""
+
+    def __init__(self, settings: EvaSettings, layer_idx: int = 0, heads: HeadShape | None = None):
+        super().__init__(heads or HeadShape.of(settings), layer_idx, projections=heads is None)
+        self.window_size, self.chunk_size = settings.window_size, settings.chunk_size
+        self.ext = settings.window_size if settings.overlap_window else 0
+        self.exclude_window_chunks = settings.exclude_window_chunks
+        self.adaptive_mu_q = _adaptive_map(self.head_dim, settings.adaptive_proj == "qk")
+        self.adaptive_mu_k = _adaptive_map(self.head_dim, settings.adaptive_proj == "qk")
+        self.rel_pos_bias = T5RelativeBias(self.window_size, self.ext) if settings.use_t5_bias else None
         # Where sink keys sit for a query (docs/eva.md, "Sink tokens"): None, at their own positions; or a
         # function moving keys (…, D) by a position shift (broadcast over their rows) that a rotary host
         # sets (evalm/hf_llama.py), so a block's sink sits right before its window as in StreamingLLM's cache
         self.sink_shift = None
-        self.layout = Tiling.of(config)
+        self.layout = Tiling.of(settings, self.head_dim)
         # Rows per query tile: a tile copies the remote entries once, so larger tiles copy them
         # less often but waste more masked local logits; 2w or 256 rows measured fastest
         # (benchmarks/attention.py at w=128, benchmarks/incremental.py at w=16).

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from evalm.cache import Cache, Parts, parts_append, parts_bytes
-from evalm.heads import HeadProjections, upcast
+from evalm.heads import HeadProjections, HeadShape, upcast
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,9 @@ class FullState:
 
 class FullAttention(HeadProjections):
     """Exact causal softmax attention: the baseline, and a plain K/V cache for the shared API."""
+
+    def __init__(self, config, layer_idx: int = 0):
+        super().__init__(HeadShape.of(config), layer_idx)
 
     def init_weights(self) -> None:
         self.init_projections()

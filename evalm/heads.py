@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor, nn
 
@@ -16,16 +18,33 @@ def upcast(x: Tensor) -> Tensor:
     return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
 
 
-class HeadProjections(nn.Module):
-    """Linear(E, E) projections to queries, keys and values and back, split into n_head heads."""
+@dataclass(frozen=True)
+class HeadShape:
+    """The heads an attention works on: n_head heads of head_dim, and its attention dropout rate."""
 
-    def __init__(self, config, layer_idx: int = 0):
+    n_head: int
+    head_dim: int
+    attn_dropout: float = 0.0
+
+    @classmethod
+    def of(cls, config) -> HeadShape:
+        """A `ModelConfig`'s heads."""
+        return cls(config.n_head, config.head_dim, config.attn_dropout)
+
+
+class HeadProjections(nn.Module):
+    """Linear(E, E) projections to queries, keys and values and back, split into n_head heads
+    (E = n_head · head_dim). Without `projections`, the head layout alone: EVA's parts inside a host
+    module that projects its own heads (evalm/eva.py, `EvaAttention(settings, layer, heads)`)."""
+
+    def __init__(self, shape: HeadShape, layer_idx: int = 0, projections: bool = True):
         super().__init__()
-        E = config.d_model
-        self.layer_idx, self.n_head, self.head_dim = layer_idx, config.n_head, E // config.n_head
-        self.attn_dropout = config.attn_dropout
-        self.q_proj, self.k_proj = nn.Linear(E, E), nn.Linear(E, E)
-        self.v_proj, self.out_proj = nn.Linear(E, E), nn.Linear(E, E)
+        self.layer_idx, self.n_head, self.head_dim = layer_idx, shape.n_head, shape.head_dim
+        self.attn_dropout = shape.attn_dropout
+        if projections:
+            E = shape.n_head * shape.head_dim
+            self.q_proj, self.k_proj = nn.Linear(E, E), nn.Linear(E, E)
+            self.v_proj, self.out_proj = nn.Linear(E, E), nn.Linear(E, E)
 
     def init_projections(self, *extra: nn.Linear) -> None:
         """Inits of the EVA reference: Xavier gain 1/√2 on q/k/v (and `extra`, EVA's A_q/A_k

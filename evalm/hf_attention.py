@@ -5,7 +5,7 @@ rotates them (RoPE), hands the keys and values to the cache's `update`, then cal
 registered under its config's attention name as `f(module, query, key, value, attention_mask,
 scaling, dropout)`, heads (B, H, T, D). Registered as "eva" (`register_attention`), that function
 runs `EvaAttention.attend` on those heads: the module carries EVA's own parameters (A_q, A_k, the
-T5 bias) as `module.eva`, an `EvaAttention` without projections (`eva_parts`), or is itself an
+T5 bias) as `module.eva`, an `EvaAttention` of its heads without projections, or is itself an
 `EvaAttention` (EVALM). Grouped-query keys and values are repeated to the query heads, as every
 `transformers` attention does: a group's remote keys k̃ = A_k(k̄) are then equal and its remote
 values β differ by query head (ω = A_q(q̄) + k̃ involves the head's queries).
@@ -25,18 +25,14 @@ import math
 import torch
 from torch import Tensor
 
-from evalm.config_toolkit import ConfigError, MissingExtra, build
-from evalm.config import ModelConfig
+from evalm.config_toolkit import ConfigError, MissingExtra
 from evalm.eva import EvaAttention
-from evalm.eva_fields import EVA_FIELDS
 
 NAME = "eva"
 """The attention implementation's name: `attn_implementation="eva"`."""
 
 CARRIER = "_evalm_eva_layer"
 """Attribute of the key tensor an `EvaCache.update` returns: the cache layer the attention continues."""
-
-PROJECTIONS = ("q_proj", "k_proj", "v_proj", "out_proj")
 
 
 def transformers_module():
@@ -46,25 +42,6 @@ def transformers_module():
     except ImportError as err:
         raise MissingExtra("EVA in transformers needs the optional extra: pip install 'evalm[hf]'") from err
     return transformers
-
-
-def eva_parts(settings: dict, n_head: int, head_dim: int, attn_dropout: float, layer_idx: int,
-              where: str) -> EvaAttention:
-    """EVA's own parameters and rule for one layer of `n_head` heads of size `head_dim`: an
-    `EvaAttention` whose projections are removed (the host module has its own). `settings`: the
-    config's `evalm` section, validated as `ModelConfig` fields (unknown keys and a window that is
-    not a multiple of the chunk are refused, naming `where`)."""
-    section = {k: v for k, v in settings.items() if k in EVA_FIELDS}
-    unknown = sorted(set(settings) - set(EVA_FIELDS))
-    if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {unknown}; valid keys: {list(EVA_FIELDS)}")
-    config = build(ModelConfig, {**section, "vocab_size": 1, "d_model": n_head * head_dim, "n_layer": 1,
-                                 "n_head": n_head, "d_ff": 1, "dropout": 0.0, "attn_dropout": attn_dropout},
-                   where=where)
-    eva = EvaAttention(config, layer_idx)
-    for name in PROJECTIONS:
-        delattr(eva, name)
-    return eva
 
 
 def check_heads(n_head: int, n_kv_head: int, head_dim: int, v_head_dim: int, where: str) -> None:

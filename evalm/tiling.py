@@ -54,11 +54,11 @@ class Tiling:
     sink: int = 0  # S: sink tokens, a multiple of c (module docstring; 0: none)
 
     @classmethod
-    def of(cls, config, ablation: Ablation = Ablation.NONE) -> Tiling:
-        """The rule of a model's EVA layers (a `ModelConfig`: window, chunk, overlap, excluded window
-        chunks, sink tokens; s from its head dimension)."""
-        return cls(config.window_size, config.chunk_size, config.window_size if config.overlap_window else 0,
-                   config.exclude_window_chunks, config.head_dim**-0.5, sink=config.sink_tokens, ablation=ablation)
+    def of(cls, settings, head_dim: int, ablation: Ablation = Ablation.NONE) -> Tiling:
+        """The rule of EVA layers with `settings` (an `EvaSettings`, evalm/eva_settings.py: window, chunk,
+        overlap, excluded window chunks, sink tokens) on heads of size `head_dim` (s = head_dim^-1/2)."""
+        return cls(settings.window_size, settings.chunk_size, settings.window_size if settings.overlap_window else 0,
+                   settings.exclude_window_chunks, head_dim**-0.5, sink=settings.sink_tokens, ablation=ablation)
 
     def window_start(self, pos: Tensor | int) -> Tensor | int:
         """First local key of the query at `pos`: its block's start, less ext, at least 0 (chunk-window:

@@ -27,7 +27,7 @@ from torch import Tensor
 
 from evalm.cache import Cache
 from evalm.config_toolkit import ConfigError
-from evalm.heads import HeadProjections, upcast
+from evalm.heads import HeadProjections, HeadShape, upcast
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ class WindowAttention(HeadProjections):
     """Block-local causal softmax attention (EVA without its remote branch)."""
 
     def __init__(self, config, layer_idx: int = 0):
-        super().__init__(config, layer_idx)
+        super().__init__(HeadShape.of(config), layer_idx)
         if config.use_t5_bias:
             raise ConfigError("attention='window' has no T5 bias; set use_t5_bias = false")
         self.window = config.window_size

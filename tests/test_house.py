@@ -417,3 +417,25 @@ def test_a_models_config_loads_no_torch():
     code = "import sys, evalm.config; evalm.config.ModelConfig(attention='window'); print('torch' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert done.stdout.strip() == "False"
+
+
+def test_eva_settings_are_declared_once():
+    """One EVA schema: the fields of `EvaSettings` (window, chunk, overlap, T5 bias, excluded window chunks, sink,
+    maps) are declared by that class alone; every host holds or inherits it (`ModelConfig`, the conversion, the
+    Llama config), so no second set of defaults can drift. A config class (`@dataclass(config=FROZEN, ...)`, what
+    `build` reads from a file or flags) anywhere else annotating one of those names is a second schema; the
+    rule a call runs (`Tiling`, derived from the settings) is not a schema."""
+    from evalm.eva_settings import EVA_FIELDS
+
+    home = ROOT / "evalm" / "eva_settings.py"
+    found = []
+    for path in modules().values():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef) and "FROZEN" in " ".join(map(ast.unparse, node.decorator_list)):
+                found += [f"{path.relative_to(ROOT)}:{item.lineno} {node.name}.{item.target.id}" for item in node.body
+                          if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)
+                          and item.target.id in EVA_FIELDS and path != home]
+    assert found == [], f"EVA settings declared outside evalm/eva_settings.py: {found}"
+    code = "import sys, evalm.eva_settings, evalm.train.convert; print('torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert done.stdout.strip() == "False"

@@ -41,6 +41,7 @@ the summaries' offsets stay within ±w).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import sys
 from collections.abc import Sequence
@@ -49,9 +50,9 @@ from typing import Any, Literal
 
 from pydantic.dataclasses import dataclass
 
-from evalm.config_toolkit import FROZEN, ConfigError, Parser, apply_overrides, build, report
-from evalm.config_toolkit import check_sections, settable_keys, split_overrides
-from evalm.eva_fields import EVA_FIELDS
+from evalm.config_toolkit import FROZEN, ConfigError, Parser, apply_overrides, build, report, to_dict
+from evalm.config_toolkit import check_sections, split_overrides
+from evalm.eva_settings import EVA_FIELDS, EvaSettings, RotaryPlacement, check_sink_rule, evalm_section
 from evalm.hf_private import unmarked
 from evalm.storage import NotOurs, RunFolder, read_json, staged, write_atomic, write_json
 from evalm.storage.run_folder import is_empty
@@ -77,8 +78,6 @@ from evalm.hf_llama import EvaLlamaConfig, EvaLlamaForCausalLM  # noqa: E402
 
 __all__ = ["EvaLlamaConfig", "EvaLlamaForCausalLM"]
 '''
-NOT_CARRIED = ("model_type", "architectures", "quantization_config")
-"""Source config keys the converted config does not take over."""
 MODELING_FILE = "modeling_eva_llama.py"
 AUTO_MAP = {"AutoConfig": "modeling_eva_llama.EvaLlamaConfig",
             "AutoModelForCausalLM": "modeling_eva_llama.EvaLlamaForCausalLM"}
@@ -89,83 +88,93 @@ MAX_WINDOW = 1 << 20
 evaluation here reads): `eva.window_size=1e12` converted, then every evaluation of it was a bug line."""
 
 
-@dataclass(config=FROZEN, frozen=True)
-class EvaSettings:
-    """The `[eva]` settings of a conversion (`--set eva.KEY=VALUE`)."""
+CONVERTED_EVA = {"window_size": 1024, "chunk_size": 16, "exclude_window_chunks": True, "adaptive_proj": "no-ln"}
+"""Where a conversion's EVA settings start instead of `EvaSettings`' defaults (the from-scratch recipe's, w = 128,
+c = 8): a window of a pretrained model's scale; the window's own chunks excluded from the summaries, so that with
+w >= n the model is the original; maps without a LayerNorm, which the identity init needs."""
+PLACEMENT_KEYS = ("positions", "circular_period", "sink_positions")
 
-    window_size: int = 1024
-    """w: the exact local block; a multiple of chunk_size."""
-    chunk_size: int = 16
-    """c: tokens per remote summary."""
-    overlap_window: bool = False
-    """Each block also sees the whole previous block (EVA's `overlap_window`)."""
-    use_t5_bias: bool = False
-    """A T5 relative bias on the local logits (its table starts at zero unless init = "reference")."""
-    exclude_window_chunks: bool = True
-    """Chunks inside the query's own block are not summaries too: with w >= n the model is the original."""
-    adaptive_proj: Literal["qk", "no-ln"] = "no-ln"
-    """A_q/A_k: Linear then LayerNorm ("qk"), or the Linear alone ("no-ln", which the identity needs)."""
-    sink_tokens: int = 0
-    """S: the first S tokens stay exact keys of every query (attention sinks), without summaries; a multiple of
-    chunk_size."""
-    sink_positions: Literal["own", "window"] = "own"
-    """Sink keys at their own RoPE positions, or moved right before each query's window ("window", as
-    StreamingLLM re-indexes its cache): their distance from a query then stays within the trained range."""
+
+@dataclass(config=FROZEN, frozen=True)
+class Conversion:
+    """The `[eva]` settings of a conversion (`--set eva.KEY=VALUE`): EVA's own (`EvaSettings`, evalm/eva_settings.py,
+    starting from `CONVERTED_EVA`), where RoPE puts its keys, and how its maps start."""
+
+    eva: EvaSettings
+    """EVA's rule and maps: window_size, chunk_size, overlap_window, use_t5_bias, exclude_window_chunks, sink_tokens,
+    adaptive_proj (the `[eva]` section's keys of those names)."""
     positions: Literal["rope", "circular", "block"] = "rope"
     """RoPE at i, at i mod circular_period, or at i mod window_size (module docstring)."""
     circular_period: int = 0
     """M with positions = "circular"; 0: the model's max_position_embeddings."""
+    sink_positions: Literal["own", "window"] = "own"
+    """Sink keys at their own RoPE positions, or moved right before each query's window ("window", as
+    StreamingLLM re-indexes its cache): their distance from a query then stays within the trained range."""
     init: Literal["identity", "mean-key", "reference"] = "identity"
     """A_q/A_k at zero steps: both the identity, A_q zero and A_k the identity, or the EVA reference's draw."""
 
     def __post_init__(self) -> None:
-        for name in ("window_size", "chunk_size", "sink_tokens", "circular_period"):
-            if getattr(self, name) > MAX_WINDOW:
-                raise ConfigError(f"eva.{name}={getattr(self, name)}: at most {MAX_WINDOW} tokens (a window past any "
-                                  "input is the input itself: give at most the longest context you evaluate)")
-        if self.window_size < 1 or self.chunk_size < 1 or self.window_size % self.chunk_size:
-            raise ConfigError(f"eva.window_size={self.window_size} must be a positive multiple of eva.chunk_size="
-                              f"{self.chunk_size}: chunks never cross block boundaries")
-        if self.sink_tokens < 0 or self.sink_tokens % self.chunk_size:
-            raise ConfigError(f"eva.sink_tokens={self.sink_tokens} must be a multiple of eva.chunk_size={self.chunk_size} "
-                              "(0: no sink): sink tokens replace whole chunks' summaries")
-        if self.sink_positions == "window" and (not self.sink_tokens or self.positions != "rope"):
-            raise ConfigError("eva.sink_positions='window' needs eva.sink_tokens > 0 and eva.positions='rope' (a "
-                              "circular rotation wraps and does not compose)")
-        if self.circular_period < 0:
-            raise ConfigError(f"eva.circular_period={self.circular_period} must be >= 1 (0: the model's "
-                              "max_position_embeddings)")
-        if self.positions == "block" and self.overlap_window:
+        for name in ("window_size", "chunk_size", "sink_tokens"):
+            if getattr(self.eva, name) > MAX_WINDOW:
+                raise ConfigError(f"eva.{name}={getattr(self.eva, name)}: at most {MAX_WINDOW} tokens (a window past "
+                                  "any input is the input itself: give at most the longest context you evaluate)")
+        if not 0 <= self.circular_period <= MAX_WINDOW:
+            raise ConfigError(f"eva.circular_period={self.circular_period} must lie in 1 … {MAX_WINDOW} (0: the "
+                              "model's max_position_embeddings)")
+        check_sink_rule(self.eva, self.placement(1))
+        if self.positions == "block" and self.eva.overlap_window:
             raise ConfigError("eva.positions='block' with eva.overlap_window=true: the previous block's keys would sit "
                               "at the wrong offsets; use positions 'rope' or 'circular', or no overlap")
-        if self.init != "reference" and self.adaptive_proj == "qk":
+        if self.init != "reference" and self.eva.adaptive_proj == "qk":
             raise ConfigError(f"eva.init={self.init!r} needs eva.adaptive_proj='no-ln': a LayerNorm cannot be the "
                               "identity (use init 'reference' for the LayerNorm maps)")
 
+    def placement(self, max_positions: int) -> RotaryPlacement:
+        """Where the converted model's RoPE puts keys: `block` is circular with M = w; circular M = 0 is the
+        source's `max_position_embeddings`."""
+        if self.positions == "rope":
+            return RotaryPlacement("rope", sink_positions=self.sink_positions)
+        period = self.eva.window_size if self.positions == "block" else self.circular_period or max_positions
+        return RotaryPlacement("circular", period, self.sink_positions)
+
     def evalm_section(self, max_positions: int) -> dict[str, Any]:
-        """The `evalm` section of the output's config.json (evalm/hf_llama.py's keys)."""
-        section: dict[str, Any] = {name: getattr(self, name) for name in EVA_FIELDS}
-        if self.sink_positions != "own":
-            section["sink_positions"] = self.sink_positions
-        if self.positions == "circular":
-            section |= {"positions": "circular", "circular_period": self.circular_period or max_positions}
-        elif self.positions == "block":
-            section |= {"positions": "circular", "circular_period": self.window_size}
-        return section
+        """The `evalm` section of the output's config.json (evalm/llama_adapter.py)."""
+        return evalm_section(self.eva, self.placement(max_positions))
+
+    def record(self) -> dict[str, Any]:
+        """The `[eva]` keys as given and defaulted, flat, as convert.json keeps them."""
+        return {**to_dict(self.eva), **{k: getattr(self, k) for k in (*PLACEMENT_KEYS, "init")}}
 
 
-def read_settings(overrides: Sequence[str]) -> EvaSettings:
-    """`--set eva.KEY=VALUE` overrides into `EvaSettings` (an unknown key names the valid ones)."""
+def read_settings(overrides: Sequence[str]) -> Conversion:
+    """`--set eva.KEY=VALUE` overrides into a `Conversion`: EVA's keys over `CONVERTED_EVA`, the rest the
+    conversion's own (an unknown key names the valid ones)."""
     raw = apply_overrides({}, overrides)
     check_sections(raw, ("eva",), "--set")
-    return build(EvaSettings, raw.get("eva"), where="--set eva")
+    section = dict(raw.get("eva") or {})
+    own = [f.name for f in dataclasses.fields(Conversion) if f.name != "eva"]
+    unknown = sorted(set(section) - set(EVA_FIELDS) - set(own))
+    if unknown:
+        raise ConfigError(f"--set eva: unknown key(s) {unknown}; valid keys: {[*EVA_FIELDS, *own]}")
+    eva = build(EvaSettings, {**CONVERTED_EVA, **{k: v for k, v in section.items() if k in EVA_FIELDS}},
+                where="--set eva")
+    return build(Conversion, {"eva": eva, **{k: v for k, v in section.items() if k in own}}, where="--set eva")
 
 
-def source_config(folder: str | Path, gguf_file: str | None, settings: EvaSettings):
+def settings_help() -> str:
+    """The `--help` epilog: every `[eva]` key with the default a conversion starts from."""
+    eva = EvaSettings(**CONVERTED_EVA)
+    lines = [f"  eva.{name} = {getattr(eva, name)!r}" for name in EVA_FIELDS]
+    lines += [f"  eva.{f.name} = {f.default!r}" for f in dataclasses.fields(Conversion) if f.name != "eva"]
+    return "\n".join(["settable keys (--set eva.KEY=VALUE; values are TOML: 5, 1e-3, true, \"text\"):", *lines])
+
+
+def source_config(folder: str | Path, gguf_file: str | None, settings: Conversion):
     """The source's `transformers` config, refused in one line unless it is a Llama of a shape EVA takes
     (checked by building the converted config before any weight is read)."""
     from evalm import hf_folder
     from evalm.hf_attention import transformers_module
+    from evalm import llama_adapter
     from evalm.hf_llama import EvaLlamaConfig
 
     tf = transformers_module()
@@ -177,9 +186,8 @@ def source_config(folder: str | Path, gguf_file: str | None, settings: EvaSettin
     config = hf_folder.pretrained(tf.AutoConfig, folder, **({"gguf_file": gguf_file} if gguf_file else {}))
     if config.model_type not in LLAMA_TYPES:
         _not_llama(where, config.model_type)
-    values = {k: v for k, v in config.to_dict().items() if k not in NOT_CARRIED}
     try:
-        EvaLlamaConfig(evalm=settings.evalm_section(config.max_position_embeddings), **values)
+        EvaLlamaConfig(evalm=settings.evalm_section(config.max_position_embeddings), **llama_adapter.carried(config))
     except ConfigError as err:
         raise ConfigError(str(err).replace("config.json", str(where), 1)) from None
     return config
@@ -190,34 +198,13 @@ def _not_llama(where: Path, kind) -> None:
                       f"{' or '.join(map(repr, LLAMA_TYPES))} (LlamaForCausalLM: SmolLM2, Llama, TinyLlama)")
 
 
-def convert_llama(llama, settings: EvaSettings):
-    """A loaded `LlamaForCausalLM` as an `EvaLlamaForCausalLM` with `settings` (weights kept)."""
+def convert_llama(llama, settings: Conversion):
+    """A loaded `LlamaForCausalLM` as an `EvaLlamaForCausalLM` with `settings` (weights kept; EVA's maps as
+    `settings.init` asks, evalm/llama_adapter.py)."""
     from evalm.hf_llama import EvaLlamaForCausalLM
 
-    for attribute in NOT_CARRIED[2:]:  # a dequantised GGUF keeps its source's note: not this model's
-        if hasattr(llama.config, attribute):
-            delattr(llama.config, attribute)
     section = settings.evalm_section(llama.config.max_position_embeddings)
-    eva = EvaLlamaForCausalLM.from_llama(llama, **section)
-    if settings.init != "reference":
-        for layer in eva.model.layers:
-            init_identity(layer.self_attn.eva, query=settings.init == "identity")
-    return eva
-
-
-def init_identity(eva, query: bool = True) -> None:
-    """k̃ = A_k(k̄) = k̄ and ω = A_q(q̄) + k̃ = q̄ + k̄ (both maps the identity), or ω = k̄ (A_q zero,
-    `query=False`); the T5 table zero."""
-    import torch
-
-    with torch.no_grad():
-        for linear, eye in ((eva.adaptive_mu_k[0], True), (eva.adaptive_mu_q[0], query)):
-            linear.weight.copy_(torch.eye(linear.weight.shape[0], dtype=linear.weight.dtype) if eye else 0.0)
-        for bias in (eva.adaptive_mu_k[0].bias, eva.adaptive_mu_q[0].bias):
-            if bias is not None:
-                bias.zero_()
-        if eva.rel_pos_bias is not None:
-            eva.rel_pos_bias.relative_attention_bias.weight.zero_()
+    return EvaLlamaForCausalLM.from_llama(llama, init=settings.init, **section)
 
 
 def quantisation(folder: Path, gguf_file: str | None) -> str:
@@ -267,7 +254,7 @@ def save_converted(eva, tokenizer, out: Path, record: dict[str, Any]) -> Path:
     return out
 
 
-def convert(folder: str | Path, out: str | Path, settings: EvaSettings, gguf_file: str | None = None,
+def convert(folder: str | Path, out: str | Path, settings: Conversion, gguf_file: str | None = None,
             dtype: str = "float32", overwrite: bool = False) -> Path:
     """Convert the model in `folder` (or its `gguf_file`) and write it to `out` in `dtype`; returns `out`.
     `out` is a new or empty folder, or one `evalm convert` made (replaced with `overwrite`); never the source."""
@@ -288,7 +275,7 @@ def convert(folder: str | Path, out: str | Path, settings: EvaSettings, gguf_fil
     tokenizer = hf_folder.tokenizer(folder, gguf_file)
     eva = convert_llama(llama.eval(), settings)
     record = {"source": str(folder), "gguf_file": gguf_file, "quantisation": quantisation(folder, gguf_file),
-              "eva": {k: getattr(settings, k) for k in settings.__dataclass_fields__}, "evalm": dict(eva.config.evalm)}
+              "eva": settings.record(), "evalm": dict(eva.config.evalm)}
     with target.held() as run:
         if overwrite:
             run.discard(inputs=[folder])
@@ -299,7 +286,7 @@ def convert(folder: str | Path, out: str | Path, settings: EvaSettings, gguf_fil
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = Parser(prog="evalm convert", description=__doc__.split("\n")[0],
-                    epilog=settable_keys({"eva": EvaSettings}, how="--set eva.KEY=VALUE"))
+                    epilog=settings_help())
     parser.add_argument("--hf-model", required=True, metavar="DIR",
                         help="transformers folder of a Llama-family model (model_type 'llama') (required)")
     parser.add_argument("--gguf-file", metavar="FILE",

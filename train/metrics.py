@@ -42,7 +42,7 @@ def attention_keys(model, seq_len: int) -> float:
         return (seq_len + 1) / 2
     from evalm.tiling import Ablation, Tiling  # torch: only where a decoder's rule is counted
 
-    return Tiling.of(model, Ablation.NO_REMOTE if kind == "window" else Ablation.NONE).mean_keys(seq_len)
+    return Tiling.of(model, model.head_dim, Ablation.NO_REMOTE if kind == "window" else Ablation.NONE).mean_keys(seq_len)
 
 
 def flops_per_token(n_params: int, model, seq_len: int) -> dict[str, float]:

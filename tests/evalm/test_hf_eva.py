@@ -209,7 +209,7 @@ def test_sink_positions_that_cannot_compose_are_refused_in_one_line():
     for settings, said in [(dict(window_size=8, chunk_size=4, sink_positions="window"), "without sink_tokens"),
                            (dict(window_size=8, chunk_size=4, sink_tokens=4, sink_positions="window", positions="circular"),
                             "does not compose"),
-                           (dict(window_size=8, chunk_size=4, sink_tokens=4, sink_positions="moved"), "valid: 'own', 'window'")]:
+                           (dict(window_size=8, chunk_size=4, sink_tokens=4, sink_positions="moved"), "sink_positions: Input should be 'own' or 'window'")]:
         with pytest.raises(ConfigError) as err:
             EvaLlamaForCausalLM.from_llama(llama, **settings)
         assert said in _one_line(err), settings

@@ -23,7 +23,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from evalm.train.convert import EvaSettings, main  # noqa: E402
+from evalm.train.convert import main, read_settings  # noqa: E402
 from tests.train.llama_helpers import tiny_llama_folder  # noqa: E402
 
 EXACT = 1e-10
@@ -72,7 +72,9 @@ def test_the_record_names_the_source_its_quantisation_and_the_settings(tmp_path)
     record = json.loads((tmp_path / "eva" / "convert.json").read_text())
     assert record["source"] == str(tmp_path / "llama") and record["gguf_file"] is None
     assert record["quantisation"] == "none (float64 weights)"
-    assert record["eva"] == {**EvaSettings(window_size=8, chunk_size=4).__dict__}
+    assert record["eva"] == {"window_size": 8, "chunk_size": 4, "overlap_window": False, "use_t5_bias": False,
+                             "exclude_window_chunks": True, "sink_tokens": 0, "adaptive_proj": "no-ln",
+                             "positions": "rope", "circular_period": 0, "sink_positions": "own", "init": "identity"}
     config = json.loads((tmp_path / "eva" / "config.json").read_text())
     assert config["evalm"]["window_size"] == 8 and config["auto_map"]["AutoModelForCausalLM"].startswith("modeling_eva")
 
@@ -96,7 +98,7 @@ def test_the_zero_step_summary_maps_are_what_init_says(tmp_path, init):
 
 
 def test_the_position_twins_agree_in_the_first_block_and_differ_after_it(tmp_path):
-    from evalm.hf_llama import CircularRotary
+    from evalm.llama_adapter import CircularRotary
 
     settings = ["--set", "eva.window_size=8", "--set", "eva.chunk_size=4"]
     _, rope = convert(tmp_path, *settings)
@@ -132,9 +134,9 @@ def test_what_convert_cannot_take_is_one_line(tmp_path, capsys):
     (odd / "config.json").write_text(json.dumps({**config, "num_key_value_heads": 3}))
     assert "num_key_value_heads=3 does not divide" in _refused(capsys, ["--hf-model", str(odd), *out])
     assert "not found" in _refused(capsys, ["--hf-model", str(tmp_path / "none"), *out])
-    for setting, said in [("eva.window_size=10", "multiple of eva.chunk_size"),
-                          ("eva.sink_tokens=6", "eva.sink_tokens=6 must be a multiple of eva.chunk_size=16"),
-                          ("eva.sink_positions=\"window\"", "eva.sink_positions='window' needs eva.sink_tokens > 0"),
+    for setting, said in [("eva.window_size=10", "--set eva: window_size=10 must be a positive multiple of chunk_size=16"),
+                          ("eva.sink_tokens=6", "--set eva: sink_tokens=6 must be a multiple of chunk_size=16"),
+                          ("eva.sink_positions=\"window\"", "sink_positions='window' without sink_tokens"),
                           ("eva.bogus=1", "bogus"),
                           ("eva.positions=\"sideways\"", "positions"),
                           ("eva.adaptive_proj=\"qk\"", "needs eva.adaptive_proj='no-ln'")]:
@@ -144,18 +146,25 @@ def test_what_convert_cannot_take_is_one_line(tmp_path, capsys):
     assert not (tmp_path / "out" / "model.safetensors").exists()
 
 
-def test_the_converter_reads_the_attentions_eva_fields_and_loads_no_torch_for_its_settings():
-    """One tuple of EVA's config keys (evalm/eva_fields.py) for the converter and the attention; reading
-    settings and writing the `evalm` section imports neither torch nor transformers (--help, refusals)."""
+def test_one_eva_schema_for_the_model_the_converter_and_the_llama_config_and_no_torch_for_its_settings():
+    """One settings class (evalm/eva_settings.py) held by `ModelConfig`, the conversion and the Llama config:
+    no second declaration of EVA's fields; reading a conversion's settings and writing the `evalm` section
+    imports neither torch nor transformers (--help, refusals)."""
+    import dataclasses
     import subprocess
     import sys
 
-    from evalm.eva_fields import EVA_FIELDS
-    from evalm.hf_attention import EVA_FIELDS as attention_fields
+    from evalm.config import ModelConfig
+    from evalm.eva_settings import EVA_FIELDS, EvaSettings
+    from evalm.train.convert import Conversion
 
-    assert attention_fields is EVA_FIELDS
-    section = EvaSettings(window_size=64, chunk_size=16, sink_tokens=16).evalm_section(8192)
+    assert issubclass(ModelConfig, EvaSettings) and EVA_FIELDS == tuple(f.name for f in dataclasses.fields(EvaSettings))
+    assert not set(EVA_FIELDS) & {f.name for f in dataclasses.fields(Conversion)}  # held as `eva`, not redeclared
+    settings = read_settings(["eva.window_size=64", "eva.chunk_size=16", "eva.sink_tokens=16"])
+    assert isinstance(settings.eva, EvaSettings) and settings.eva.exclude_window_chunks  # the conversion's start
+    section = settings.evalm_section(8192)
     assert set(EVA_FIELDS) <= set(section) and section["sink_tokens"] == 16
+    assert read_settings(["eva.positions=\"block\"", "eva.window_size=64"]).evalm_section(8192)["circular_period"] == 64
     code = ("import sys\nfrom evalm.train.convert import read_settings\n"
             "read_settings(['eva.window_size=64', 'eva.chunk_size=16']).evalm_section(8192)\n"
             "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'loaded'\n")

@@ -1,0 +1,110 @@
+"""EVA's settings, the one schema: `EvaSettings` (the attention's rule and maps) and `RotaryPlacement`
+(where a rotary host puts EVA's keys). Data only: this module imports no torch.
+
+Three hosts hold them, each reading the same fields:
+- `ModelConfig` (evalm/config.py) is an `EvaSettings` plus a decoder's shape: the `[model]` section of a
+  run file, and the defaults below, which are the EVA LM recipe's (window 128, chunk 8);
+- `evalm convert` (train/convert.py) builds one from its `[eva]` keys over its own starting values,
+  `CONVERTED_EVA` there (window 1024, chunk 16, the window's chunks excluded, maps without LayerNorm, so
+  that the zero-step model is the original wherever the window covers the input);
+- a converted model's `config.json` (`evalm` section, evalm/hf_llama.py) holds both classes' fields; a key
+  it omits takes the default here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal
+
+from pydantic.dataclasses import dataclass
+
+from evalm.config_toolkit import FROZEN, ConfigError
+
+
+@dataclass(config=FROZEN, frozen=True)
+class EvaSettings:
+    """EVA's visibility rule and summary maps (docs/eva.md; the field names are the public reference's)."""
+
+    window_size: int = 128
+    """w: length of the causal local block (docs/model.md; the EVA LM recipe's 128)."""
+    chunk_size: int = 8
+    """c: tokens compressed into one remote summary; window_size must be a multiple of it."""
+    overlap_window: bool = False
+    """Each block also sees the whole previous block (ext = w)."""
+    use_t5_bias: bool = False
+    """T5 relative-position bias inside the local block, shared across heads (§1.2)."""
+    exclude_window_chunks: bool = False
+    """EvaByte semantics (§1.7): chunks inside the query's own block are not remote entries."""
+    sink_tokens: int = 0
+    """S: the first S tokens stay exact keys of every later query, in place of their chunks' summaries
+    (attention sinks, Xiao et al. 2024, §3.2; docs/eva.md, "Sink tokens"); a multiple of chunk_size, 0: none."""
+    adaptive_proj: Literal["qk", "no-ln"] = "qk"
+    """A_q/A_k: Linear+LayerNorm ('qk') or Linear only ('no-ln'); the reference's 'default' crashes."""
+
+    def __post_init__(self) -> None:
+        if self.window_size < 1:
+            raise ConfigError(f"window_size must be >= 1, got {self.window_size}")
+        if self.chunk_size < 1 or self.window_size % self.chunk_size:
+            raise ConfigError(
+                f"window_size={self.window_size} must be a positive multiple of chunk_size="
+                f"{self.chunk_size}: chunks never cross block boundaries (docs/model.md)"
+            )
+        if self.sink_tokens < 0 or self.sink_tokens % self.chunk_size:
+            raise ConfigError(
+                f"sink_tokens={self.sink_tokens} must be a multiple of chunk_size={self.chunk_size} (0: no sink): the "
+                "sink tokens replace whole chunks' summaries (docs/eva.md, \"Sink tokens\")"
+            )
+
+
+EVA_FIELDS = tuple(field.name for field in dataclasses.fields(EvaSettings))
+"""The keys of `EvaSettings`, in order."""
+
+
+@dataclass(config=FROZEN, frozen=True)
+class RotaryPlacement:
+    """Where a rotary (RoPE) host puts EVA's keys: the Llama adapter's half of the schema (evalm/hf_llama.py)."""
+
+    positions: Literal["rope", "circular"] = "rope"
+    """'rope': RoPE at each token's position; 'circular': at position i mod circular_period (EVALM §3.1's
+    circular positions, applied to RoPE)."""
+    circular_period: int = 8192
+    """M, with positions = 'circular'."""
+    sink_positions: Literal["own", "window"] = "own"
+    """With sink tokens: 'own', sink keys at their own positions; 'window', moved to sit right before the
+    query's window (StreamingLLM's positions inside its cache), so their distance from a query stays inside
+    the trained range at any length."""
+
+    def __post_init__(self) -> None:
+        if self.circular_period < 1:
+            raise ConfigError(f"circular_period={self.circular_period} must be an integer >= 1")
+
+    def period(self) -> int | None:
+        """M when positions are circular, else None."""
+        return self.circular_period if self.positions == "circular" else None
+
+
+PLACEMENT_FIELDS = tuple(field.name for field in dataclasses.fields(RotaryPlacement))
+
+
+def check_sink_rule(eva: EvaSettings, placement: RotaryPlacement) -> None:
+    """The one check of `sink_positions = "window"`: it moves sink keys, so there must be sink tokens, and a
+    move is a rotation that composes only with RoPE at absolute positions (a circular rotation wraps)."""
+    if placement.sink_positions == "own":
+        return
+    if not eva.sink_tokens:
+        raise ConfigError("sink_positions='window' without sink_tokens: there is no sink to place; set sink_tokens "
+                          "to a multiple of chunk_size, or sink_positions='own'")
+    if placement.positions != "rope":
+        raise ConfigError("sink_positions='window' needs positions='rope': a circular rotation (positions 'circular' "
+                          "or a conversion's 'block') wraps and does not compose")
+
+
+def evalm_section(eva: EvaSettings, placement: RotaryPlacement) -> dict[str, Any]:
+    """The `evalm` section of an EVA Llama's config.json: every EVA setting, and the placement's fields
+    that differ from the plain RoPE at absolute positions (so a RoPE model's section names no period)."""
+    section = dataclasses.asdict(eva)
+    if placement.sink_positions != "own":
+        section["sink_positions"] = placement.sink_positions
+    if placement.positions == "circular":
+        section |= {"positions": "circular", "circular_period": placement.circular_period}
+    return section
