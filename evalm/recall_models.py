@@ -53,7 +53,7 @@ def load_trained(folder: str | Path, device: str = "cpu") -> tuple[torch.nn.Modu
         raise InputError(f"{folder}: no finished `evalm train recall` model ({LOG} missing); train it first")
     shape, settings, log = (read_json(folder / name) for name in (MODEL, SETTINGS, LOG))
     model = study_model(device=device, **shape)
-    model.load_state_dict(torch.load(folder / CHECKPOINT, weights_only=True, map_location=device)["model"])
+    model.load_state_dict(torch.load(folder / CHECKPOINT, weights_only=True, map_location="cpu")["model"])
     return model.eval(), settings, log
 
 

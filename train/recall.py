@@ -138,7 +138,7 @@ def _train(run: RecallTraining, out: Path) -> dict:
     path, name = out / CHECKPOINT, f"{run.arch}-{run.width}"
     model = study_model(device=run.device, **run.shape())
     optimizer = optimizer_of(model, run.lr)
-    state = (torch.load(path, weights_only=True, map_location=run.device) if path.is_file()
+    state = (torch.load(path, weights_only=True, map_location="cpu") if path.is_file()
              else {"step": 0, "log": {"seconds": 0.0, "loss": []}})
     if "model" in state:
         model.load_state_dict(state["model"])
