@@ -2,8 +2,8 @@
 protocol at CPU scale: EVA, full attention, window-only attention and Mamba trained alike).
 
     evalm run --config configs/study-recall.toml                 # the grid (hours on 2 cores; rerun to resume)
-    python benchmarks/recall.py --out runs/recall-study           # its markdown tables (docs/results.md)
-    python benchmarks/recall.py --out runs/recall-study --chunk-mates   # where EVA's MQAR errors go
+    python benchmarks/recall.py --out runs/recall                 # its markdown tables (docs/results.md)
+    python benchmarks/recall.py --out runs/recall --chunk-mates   # where EVA's MQAR errors go
 
 The study itself is package commands, one step of configs/study-recall.toml each: `evalm train
 recall` trains one (arch, width) through the trainer's step (train/recall.py: the data, optimiser and

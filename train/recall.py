@@ -185,7 +185,8 @@ def parser() -> Parser:
     p.add_argument("--seq-len", type=int, default=64, help="training length (default: 64)")
     p.add_argument("--window", type=int, default=16, help="EVA's and window-only's block w (default: 16)")
     p.add_argument("--chunk", type=int, default=4, help="EVA's chunk c (default: 4)")
-    p.add_argument("--vocab", type=int, default=128, help="keys and values, half each (Zoology's vocab_size; default: 128)")
+    p.add_argument("--vocab", type=int, default=128,
+                   help="keys and values, half each (Zoology's vocab_size; default: 128)")
     p.add_argument("--mqar-share", type=float, default=0.75, help="share of each batch that is MQAR (default: 0.75)")
     p.add_argument("--train-kv", type=_ints, default=(4, 8, 16), help="MQAR pairs in training (default: 4,8,16)")
     p.add_argument("--steps", type=int, default=2500, help="optimizer steps (default: 2500)")

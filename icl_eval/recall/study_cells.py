@@ -87,13 +87,13 @@ def cell_name(reading: str, width: int, test: str, x_value: int) -> str:
 
 def run_cells(args) -> int:
     """Every cell of the model `args.model` missing from `args.out`; how many were written."""
+    torch.set_num_threads(args.threads)
+    model, settings, _ = load_trained(args.model, args.device)  # refused before the output folder is made
+    if max(args.test_kv) * 4 > settings["seq_len"]:
+        raise ConfigError(f"--test-kv {max(args.test_kv)}: pairs at most the training length / 4 = "
+                          f"{settings['seq_len'] // 4} (Zoology's constraint)")
     folder = RunFolder(args.out, COMMAND, inputs=[args.model])
     with folder.held():
-        torch.set_num_threads(args.threads)
-        model, settings, _ = load_trained(args.model, args.device)
-        if max(args.test_kv) * 4 > settings["seq_len"]:
-            raise ConfigError(f"--test-kv {max(args.test_kv)}: pairs at most the training length / 4 = "
-                              f"{settings['seq_len'] // 4} (Zoology's constraint)")
         made = {k: v for k, v in settings.items() if k not in ("device", "threads")}
         folder.record("settings.json", {**made, **{k: getattr(args, k) for k in CELL_SETTINGS}},
                       what="holds cells of another model or made with other settings",
