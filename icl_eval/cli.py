@@ -339,6 +339,7 @@ COMMANDS = {
     "harness": ("lm-evaluation-harness tasks via simple_evaluate (extra `harness`), prefix-shared cache", harness),
     "recall": ("passkey, needles, variable tracking, JSON KV and MQAR at exact lengths and depths, through the cache",
                lazy("evalm.icl_eval.recall.command:recall")),
+    "recall-cells": ("the recall study's test cells of one `evalm train recall` model", lazy("evalm.icl_eval.recall.study_cells:main")),
 }
 DISPATCHER = Dispatcher("evalm eval", COMMANDS)
 """A user error (config_toolkit.UserError) is one line; anything else is reported as a bug (config_toolkit.report)."""

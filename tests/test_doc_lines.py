@@ -85,8 +85,9 @@ EDITS: dict[str, tuple[str, str, str]] = {
     "recall-small": (r"^((?:evalm eval recall|.*-m evalm\.icl_eval recall) .*)$",
                      r"\1 --lengths 1200 --depths 0,100 --seeds 1 --items 1 --recall.mqar_pairs=4", SMALL),
     "gguf": (r" --gguf-file \S+", "", "SmolLM2's GGUF (the `smollm` extra) -> the tiny GPT-2 folder's own weights"),
-    "recall-study": (r"^(python benchmarks/recall\.py --out \S+)", r"\1 --widths 32 --steps 4 --items 2 --long-items 1 "
-                     "--lengths 64,256 --train-kv 4 --test-kv 4", SMALL),
+    "recall-study-train": (r"^(evalm train recall .*)$", r"\1 --steps 4", SMALL),
+    "recall-study-cells": (r"^(evalm eval recall-cells .*)$", r"\1 --items 2 --long-items 1 --lengths 64,256 --test-kv 4",
+                           SMALL),
 }
 
 
@@ -189,7 +190,8 @@ PLANS = [
     Plan("recall", (r"evalm eval recall --checkpoint runs/export", r"torchrun --nproc_per_node=8 -m evalm\.icl_eval recall"),
          ("runs/export", "export/evalm", "pg19/test"), ("recall-small", "ranks", "cpu"), alternatives=True, slow=True),
     Plan("recall-smollm", (r"evalm eval recall --hf-model DIR",), ("DIR=model",), ("gguf", "recall-small"), slow=True),
-    Plan("recall-study", (r"python benchmarks/recall\.py",), (), ("recall-study",), slow=True),
+    Plan("recall-study", (r"evalm train recall", r"evalm eval recall-cells", r"python benchmarks/recall\.py"), (),
+         ("recall-study-train", "recall-study-cells"), slow=True),
 ]
 
 

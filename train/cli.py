@@ -21,6 +21,8 @@ COMMANDS = {
                   lazy("evalm.train.msit_data:main")),
     "uptrain": ("train a converted model (evalm convert): attention transfer, LoRA or full; FSDP2, resumable",
                 lazy("evalm.train.uptrain:main")),
+    "recall": ("the recall study: one model (EVA, full, window or Mamba) trained on MQAR and passkey, resumable",
+               lazy("evalm.train.recall:main")),
     "metaicl": ("MetaICL meta-training of a T5 with full, SAICL or FiD encoding (SAICL §3.3)",
                 lazy("evalm.train.metaicl:main")),
 }

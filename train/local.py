@@ -10,6 +10,7 @@ path leaves out only what a short in-memory run has no use for (FSDP, resume, me
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
@@ -27,17 +28,30 @@ class Batches(Protocol):
 
 
 def train_in_process(model: torch.nn.Module, batches: Batches, optim: OptimConfig, steps: int, *,
-                     log_every: int = 0, name: str = "train") -> list[float]:
-    """`steps` optimizer steps of `model` (logits of `model(inputs)`) on `batches`; returns the losses."""
+                     log_every: int = 0, name: str = "train", start: int = 0,
+                     optimizer: torch.optim.Optimizer | None = None, lr_at: Callable[[int], float] | None = None,
+                     structure=None, after_step: Callable[[int, float], None] | None = None) -> list[float]:
+    """Optimizer steps `start` .. `steps` - 1 of `model` (logits of `model(inputs)`, or of
+    `structure.logits`, train.structure's interface) on `batches`; returns their losses.
+
+    The optimizer is AdamW of `optim` unless one is given (a resumed run's, or a recipe of its own),
+    the LR `schedule.set_lr` of `optim` unless `lr_at(step)` gives it; `after_step(done, loss)` runs
+    after each step (a checkpoint: `evalm train recall`)."""
     device = next(model.parameters()).device
     runtime = Runtime(rank=0, world_size=1, device=device, mesh=None)
-    optimizer = make_optimizer(model, optim)
+    optimizer = make_optimizer(model, optim) if optimizer is None else optimizer
     model.train()
     losses, t0 = [], time.perf_counter()
-    for step in range(steps):
-        set_lr(optimizer, step, optim, steps)
-        loss, _, _ = train_step(model, optimizer, batches, runtime, 1, optim.clip_norm)
+    for step in range(start, steps):
+        if lr_at is None:
+            set_lr(optimizer, step, optim, steps)
+        else:
+            for group in optimizer.param_groups:
+                group["lr"] = lr_at(step)
+        loss, _, _ = train_step(model, optimizer, batches, runtime, 1, optim.clip_norm, structure)
         losses.append(loss)
+        if after_step is not None:
+            after_step(step + 1, loss)
         if log_every and (step + 1) % log_every == 0:
             print(f"{name} step {step + 1}/{steps} loss {loss:.4f} {time.perf_counter() - t0:.1f}s")
     model.eval()

@@ -1,0 +1,89 @@
+"""The recall study's models by arch, and how a trained one reads a long sequence (Zoology's protocol at
+CPU scale: docs/evaluation.md, "The trained study").
+
+`eva`, `full` and `window` are `EvalmModel`s with 2 attention blocks (MLP 4x) whose attention is the
+arch; `mamba` is the state-space twin (evalm/mamba_twin.py) with twice as many blocks and no MLP,
+about as many parameters. Width `width`, circular positions of period = the training length. The
+trainer (`evalm train recall`) builds a model here and the test cells (`evalm eval recall-cells`)
+rebuild it here from the settings the trainer recorded, so both read one definition.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from evalm.config import ModelConfig
+from evalm.config_toolkit import InputError
+from evalm.model import EvalmModel
+from evalm.storage.files import read_json
+
+ARCHS = ("eva", "full", "window", "mamba")
+"""The study's models; `mamba` is the twin, the others `ModelConfig.attention`."""
+SEGMENT = 2048
+"""Tokens a model reads per call on a long sequence (EVALM's cache; the twin's recurrent state)."""
+CHECKPOINT, MODEL, SETTINGS, LOG = "checkpoint.pt", "model.json", "settings.json", "log.json"
+"""A model folder of `evalm train recall`: its resumable checkpoint (model, optimizer, step, log),
+`study_model`'s arguments, the training settings, and the log written when the steps are done."""
+
+
+def study_model(arch: str, width: int, *, vocab_size: int, n_layer: int, window: int, chunk: int,
+                seq_len: int, seed: int, device: str = "cpu") -> torch.nn.Module:
+    """The model of one arch with its initial weights, made on the CPU under `seed` and then moved, so
+    any device starts from the same weights."""
+    torch.manual_seed(seed)
+    if arch == "mamba":
+        from evalm.mamba_twin import MambaTwin
+
+        return MambaTwin(vocab_size, width, 2 * n_layer).to(device)
+    config = ModelConfig(vocab_size=vocab_size, d_model=width, n_layer=n_layer, n_head=max(1, width // 32),
+                         d_ff=4 * width, window_size=window, chunk_size=chunk, attention=arch,
+                         circular_period=seq_len, dropout=0.0, attn_dropout=0.0, init_std=0.02)
+    model = EvalmModel(config)
+    model.init_weights()
+    return model.to(device)
+
+
+def load_trained(folder: str | Path, device: str = "cpu") -> tuple[torch.nn.Module, dict, dict]:
+    """A finished model of `evalm train recall` in eval mode, its training settings and its log."""
+    folder = Path(folder)
+    if not (folder / LOG).is_file():
+        raise InputError(f"{folder}: no finished `evalm train recall` model ({LOG} missing); train it first")
+    shape, settings, log = (read_json(folder / name) for name in (MODEL, SETTINGS, LOG))
+    model = study_model(device=device, **shape)
+    model.load_state_dict(torch.load(folder / CHECKPOINT, weights_only=True, map_location="cpu")["model"])
+    return model.eval(), settings, log
+
+
+def logits_of(model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    """Logits (B, T, V) of a study model from the start: the twin also returns its state."""
+    return model(tokens) if isinstance(model, EvalmModel) else model(tokens)[0]
+
+
+@torch.no_grad()
+def predict(model: torch.nn.Module, x: torch.Tensor, labelled: np.ndarray) -> np.ndarray:
+    """Greedy predictions at the labelled positions of one sequence x (1, L), read in SEGMENT-token
+    segments through the model's own state (EVALM's cache; the twin's recurrent state)."""
+    preds, cache, state = [], (model.new_cache() if isinstance(model, EvalmModel) else None), None
+    for lo in range(0, x.shape[1], SEGMENT):
+        seg = x[:, lo : lo + SEGMENT]
+        if cache is not None:
+            logits = model(seg, cache=cache)
+        else:
+            logits, state = model(seg, state)
+        want = labelled[(labelled >= lo) & (labelled < lo + seg.shape[1])] - lo
+        preds.append(logits[0, want].argmax(-1).cpu().numpy())
+    return np.concatenate(preds)
+
+
+def device_name(device: str) -> str:
+    """What ran a model or a cell: the GPU's name, or the CPU's model name (docs/results.md names each
+    figure's machine)."""
+    if torch.device(device).type == "cuda":
+        return torch.cuda.get_device_name(device)
+    cpuinfo = Path("/proc/cpuinfo")
+    names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
+             if line.startswith("model name")] if cpuinfo.is_file() else []
+    return names[0] if names else device

@@ -1,0 +1,155 @@
+"""`evalm eval recall-cells`: the recall study's test cells of one model `evalm train recall` trained,
+one file per (reading, test, x), resumable by those files.
+
+    evalm eval recall-cells --model runs/recall/models/eva-64 --out runs/recall/cells/eva-64
+
+Tests (fresh seeds apart from training, accuracy beside chance, a bootstrap interval over items;
+the data: text/recall_data.py):
+- `kv`: MQAR at the training length per number of pairs (Zoology's Figure 2 axes: pairs x width);
+- `passkey`: the copy task at each --lengths, past the training length (the passkey at a uniform
+  random depth; exact match of all 4 tokens);
+- `mqar_far`: 8 pairs at the start, random tokens, the 8 queries at the end, at each --lengths.
+Long sequences are read through each model's own state (EVALM's cache in 2,048-token segments; the
+Mamba twin's recurrent state: evalm/recall_models.py). Window-only attention (n·w key reads) and
+Mamba (a fixed state) reach every length; full attention reads n²/2 keys and stops at
+--full-max-length, EVA n²/(2c) chunk summaries and stops at --eva-max-length; each cell records its
+seconds per item and the machine that read it.
+
+EVA's component ablations (`--ablations`, evalm/tiling.py's `Ablation`) are read on the trained EVA
+model itself, no retraining: `eva-no-remote` (the chunk summaries off: its window alone) and
+`eva-chunk-window` (the window cut to the query's chunk: the summaries carry the rest), each on every
+cell EVA reads.
+
+A rerun skips the cells already written. OUT/settings.json holds the model's training settings and
+what makes a cell (--items, --long-items, --long-from); a rerun with other ones is refused. Which
+cells (--test-kv, --lengths, the max lengths, --ablations) and where (--device, --threads) are free.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from evalm.config_toolkit import ConfigError, Parser
+from evalm.eva import ablate
+from evalm.icl_eval.stats.bootstrap import hierarchical_interval
+from evalm.recall_models import device_name, load_trained, predict
+from evalm.storage import RunFolder
+from evalm.storage.files import write_json
+from evalm.text.recall_data import PASSKEY_TOKENS, UNLABELLED, Vocab, mqar, mqar_far, passkey
+
+COMMAND = "evalm eval recall-cells"
+TESTS = ("kv", "passkey", "mqar_far")
+ABLATIONS = ("no-remote", "chunk-window")
+CELL_SETTINGS = ("items", "long_items", "long_from")
+"""How a cell is computed (beside the model's settings): a rerun may not change them."""
+
+
+def evaluate(model, test: str, x_value: int, settings: dict, args, device: str) -> dict:
+    """One test cell: accuracy over the items with its interval, chance, seconds per item."""
+    rng = np.random.default_rng([settings["seed"], 1_000_003, TESTS.index(test), x_value])
+    n = args.items if test == "kv" or x_value <= args.long_from else args.long_items
+    vocab = Vocab(settings["vocab"])
+    if test == "kv":
+        x, y = mqar(rng, n, settings["seq_len"], x_value, vocab)
+    else:
+        x, y = (passkey if test == "passkey" else mqar_far)(rng, n, x_value, vocab)
+    scores, t0 = [], time.perf_counter()
+    for i in range(n):
+        labelled = np.nonzero(y[i] != UNLABELLED)[0]
+        hit = predict(model, torch.from_numpy(x[i : i + 1]).to(device), labelled) == y[i, labelled]
+        scores.append(float(hit.all()) if test == "passkey" else float(hit.mean()))
+    lo, hi = hierarchical_interval([np.asarray(scores)], [list(range(n))])
+    per_query = 1 / (vocab.values[1] - vocab.values[0])
+    chance = per_query**PASSKEY_TOKENS if test == "passkey" else per_query
+    return {"test": test, "x": x_value, "accuracy": float(np.mean(scores)), "ci95": [lo, hi], "items": n,
+            "chance": chance, "context_guess": None if test == "passkey" else 1 / (x_value if test == "kv" else 8),
+            "seconds_per_item": (time.perf_counter() - t0) / n, "device": device_name(device)}
+
+
+def cells(arch: str, args) -> list[tuple[str, int]]:
+    """The test cells of one model: pairs at the training length, then each length past it."""
+    out = [("kv", kv) for kv in args.test_kv]
+    reach = {"full": args.full_max_length, "eva": args.eva_max_length}.get(arch, max(args.lengths))
+    for test in ("passkey", "mqar_far"):
+        out += [(test, L) for L in args.lengths if L <= reach]
+    return out
+
+
+def cell_name(reading: str, width: int, test: str, x_value: int) -> str:
+    """A cell's file: `{reading}-{width}-{test}-{x}.json` (the reading: the arch, or eva-ABLATION)."""
+    return f"{reading}-{width}-{test}-{x_value}.json"
+
+
+def run_cells(args) -> int:
+    """Every cell of the model `args.model` missing from `args.out`; how many were written."""
+    torch.set_num_threads(args.threads)
+    model, settings, _ = load_trained(args.model, args.device)  # refused before the output folder is made
+    if max(args.test_kv) * 4 > settings["seq_len"]:
+        raise ConfigError(f"--test-kv {max(args.test_kv)}: pairs at most the training length / 4 = "
+                          f"{settings['seq_len'] // 4} (Zoology's constraint)")
+    folder = RunFolder(args.out, COMMAND, inputs=[args.model])
+    with folder.held():
+        made = {k: v for k, v in settings.items() if k not in ("device", "threads")}
+        folder.record("settings.json", {**made, **{k: getattr(args, k) for k in CELL_SETTINGS}},
+                      what="holds cells of another model or made with other settings",
+                      advice=lambda keys: "use another --out, or the same model and flags")
+        arch, width = settings["arch"], settings["width"]
+        readings = {arch: "none", **({f"eva-{a}": a for a in args.ablations} if arch == "eva" else {})}
+        written = 0
+        for reading, ablation in readings.items():
+            wanted = [c for c in cells(arch, args) if not (folder.path / cell_name(reading, width, *c)).is_file()]
+            if wanted and arch == "eva":
+                ablate(model, ablation)  # the trained weights, one branch of the softmax switched
+            for test, x_value in wanted:
+                cell = {"arch": reading, "width": width, **evaluate(model, test, x_value, settings, args, args.device)}
+                write_json(folder.path / cell_name(reading, width, test, x_value), cell, indent=None)
+                written += 1
+                print(f"{reading}-{width} {test} {x_value}: {cell['accuracy']:.3f} [{cell['ci95'][0]:.2f}, "
+                      f"{cell['ci95'][1]:.2f}] ({cell['seconds_per_item']:.1f} s/item)", flush=True)
+    return written
+
+
+def parser() -> Parser:
+    p = Parser(prog=COMMAND, description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True, help="a model folder of `evalm train recall`")
+    p.add_argument("--out", required=True, help="the cells' folder (one JSON file per cell)")
+    p.add_argument("--test-kv", type=_ints, default=(4, 8, 16), help="MQAR pairs tested (default: 4,8,16)")
+    p.add_argument("--lengths", type=_ints, default=(64, 256, 1024, 4096, 16384, 65536, 262144),
+                   help="test lengths of passkey and far MQAR (default: 64,256,1024,4096,16384,65536,262144)")
+    p.add_argument("--full-max-length", type=int, default=16384, help="full attention's longest test (default: 16384)")
+    p.add_argument("--eva-max-length", type=int, default=65536, help="EVA's longest test: its summaries grow with the "
+                   "length, n²/c pairs in all (default: 65536)")
+    p.add_argument("--items", type=int, default=64, help="test sequences per cell (default: 64)")
+    p.add_argument("--long-items", type=int, default=4, help="test sequences per cell past --long-from (default: 4)")
+    p.add_argument("--long-from", type=int, default=4096, help="length past which --long-items apply (default: 4096)")
+    p.add_argument("--ablations", type=_names, default=ABLATIONS,
+                   help="EVA's ablations read on the trained EVA model, '' for none (default: no-remote,chunk-window)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
+    p.add_argument("--device", default="cpu", help="torch device, e.g. cuda; recorded per cell (default: cpu)")
+    return p
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise ValueError(f"{text!r}: integers separated by commas") from None
+
+
+def _names(text: str) -> tuple[str, ...]:
+    names = tuple(a for a in text.split(",") if a)
+    if any(a not in ABLATIONS for a in names):
+        raise ValueError(f"{text!r}: ablations from {', '.join(ABLATIONS)}")
+    return names
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    written = run_cells(args)
+    print(f"{args.out}: {written} cells written")
+    return 0

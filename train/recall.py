@@ -1,0 +1,216 @@
+"""`evalm train recall`: one model of the recall study (Zoology's protocol at CPU scale) trained from
+scratch on MQAR and passkey batches, through the trainer's step (`train.local`), resumable.
+
+    evalm train recall --arch eva --width 64 --out runs/recall/models/eva-64
+    evalm train recall --arch mamba --width 64 --out runs/recall/models/mamba-64     # needs 'evalm[hf]'
+
+The whole grid is the study file `configs/study-recall.toml` (`evalm run --config configs/study-recall.toml`);
+its tests are `evalm eval recall-cells` (icl_eval/recall/study_cells.py).
+
+Every model of a width has the same data (one stream seeded by (seed, width): identical batches),
+steps, optimiser and schedule: `--mqar-share` of each batch is MQAR with `kv` drawn per sequence from
+`--train-kv`, the rest the passkey copy (text/recall_data.py). The step is `train.trainer.train_step`
+(token-mean cross-entropy, clip at 1.0, the update), as in pretraining. What is the study's own is
+its recipe, kept from the runs docs/results.md quotes: AdamW (betas 0.9, 0.98) decaying *every*
+parameter by 0.1 (the main job's `weight_decay_groups` spares biases and norms), and a linear
+warm-up over steps / 20 then cosine decay to 10% (`lr_at`).
+
+Resumable: OUT/checkpoint.pt every `--checkpoint-every` steps (model, optimizer, step, log; loaded
+with weights_only=True); the data stream is a pure function of (seed, width, step), so a resumed
+run replays the batches it had drawn. When the steps are done, OUT/log.json (parameters, seconds
+per step, the last losses, the machine) says so and a rerun does nothing. The settings are
+OUT/settings.json; a rerun with other ones is refused (--device and --threads aside: the data and
+initial weights are the same on any device, and each model records the machine its steps ran on).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from evalm.config_toolkit import ConfigError, Parser
+from evalm.recall_models import ARCHS, CHECKPOINT, LOG, MODEL, SETTINGS, device_name, logits_of, study_model
+from evalm.storage import RunFolder
+from evalm.storage.files import read_json, write_json
+from evalm.text.recall_data import Vocab, training_batch
+from evalm.train.config import OptimConfig
+from evalm.train.local import train_in_process
+
+COMMAND = "evalm train recall"
+UNRECORDED = ("device", "threads")
+"""Not how a model is trained (the same data and initial weights on any device): free on a rerun."""
+
+
+@dataclass(frozen=True)
+class RecallTraining:
+    """One model of the study: its arch and width, the data, the steps (the flags of `evalm train recall`)."""
+
+    arch: str
+    width: int
+    n_layer: int = 2
+    seq_len: int = 64
+    window: int = 16
+    chunk: int = 4
+    vocab: int = 128
+    mqar_share: float = 0.75
+    train_kv: tuple[int, ...] = (4, 8, 16)
+    steps: int = 2500
+    batch_size: int = 32
+    lr: float = 3e-3
+    checkpoint_every: int = 100
+    seed: int = 0
+    threads: int = 1
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if self.arch not in ARCHS:
+            raise ConfigError(f"--arch {self.arch!r}: one of {', '.join(ARCHS)}")
+        if max(self.train_kv) * 4 > self.seq_len:
+            raise ConfigError(f"--train-kv {max(self.train_kv)}: pairs at most --seq-len / 4 = {self.seq_len // 4} "
+                              "(Zoology's constraint)")
+        if min(self.width, self.steps, self.batch_size, self.checkpoint_every, self.threads) < 1:
+            raise ConfigError("--width, --steps, --batch-size, --checkpoint-every and --threads must be >= 1")
+
+    def shape(self) -> dict:
+        """`study_model`'s arguments (OUT/model.json: the test cells rebuild the model from it)."""
+        return {"arch": self.arch, "width": self.width, "vocab_size": Vocab(self.vocab).size, "n_layer": self.n_layer,
+                "window": self.window, "chunk": self.chunk, "seq_len": self.seq_len, "seed": self.seed}
+
+
+def lr_at(step: int, lr: float, steps: int) -> float:
+    """Linear warm-up over steps / 20, then cosine decay to 10% (a pure function of the step)."""
+    warm = max(1, steps // 20)
+    if step < warm:
+        return lr * (step + 1) / warm
+    return lr * (0.1 + 0.45 * (1 + math.cos(math.pi * (step - warm) / max(1, steps - warm))))
+
+
+class RecallBatches:
+    """The training stream of one width: `training_batch` after `training_batch` from one seeded
+    generator (the trainer's `next_batch`)."""
+
+    def __init__(self, run: RecallTraining):
+        self.run, self.vocab = run, Vocab(run.vocab)
+        self.rng = np.random.default_rng([run.seed, run.width])
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = training_batch(self.rng, batch_size=self.run.batch_size, seq_len=self.run.seq_len,
+                              train_kv=self.run.train_kv, mqar_share=self.run.mqar_share, vocab=self.vocab)
+        return torch.from_numpy(x), torch.from_numpy(y)
+
+
+class StudyLogits:
+    """How the trainer's step reads a study model (train.structure's interface): lines as they are,
+    the logits without the twin's state."""
+
+    def prepare(self, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return inputs, targets
+
+    def logits(self, model, inputs: torch.Tensor, device) -> torch.Tensor:
+        return logits_of(model, inputs.to(device))
+
+
+def optimizer_of(model: torch.nn.Module, lr: float) -> torch.optim.AdamW:
+    """The study's AdamW: every parameter decayed (module docstring)."""
+    return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1, betas=(0.9, 0.98))
+
+
+def train_model(run: RecallTraining, out: str | Path) -> dict:
+    """Train (or resume, or find done) the model of `run` in `out`; its log."""
+    folder = RunFolder(out, COMMAND)
+    with folder.held():
+        folder.record(SETTINGS, asdict(run), ignore=UNRECORDED, what="holds a model trained with other settings",
+                      advice=lambda keys: "use another --out, or the same flags")
+        if (folder.path / LOG).is_file():
+            return read_json(folder.path / LOG)
+        folder.write_json(MODEL, run.shape())
+        torch.set_num_threads(run.threads)
+        return _train(run, folder.path)
+
+
+def _train(run: RecallTraining, out: Path) -> dict:
+    path, name = out / CHECKPOINT, f"{run.arch}-{run.width}"
+    model = study_model(device=run.device, **run.shape())
+    optimizer = optimizer_of(model, run.lr)
+    state = (torch.load(path, weights_only=True, map_location="cpu") if path.is_file()
+             else {"step": 0, "log": {"seconds": 0.0, "loss": []}})
+    if "model" in state:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["opt"])
+    log, batches = state["log"], RecallBatches(run)
+    for _ in range(state["step"]):  # the stream is a pure function of (seed, width, step)
+        batches.next_batch()
+    if state["step"] < run.steps:  # where the steps ran (a run resumed elsewhere names both machines)
+        here = device_name(run.device)
+        log["device"] = here if log.get("device", here) == here else f"{log['device']}, then {here}"
+    t0 = time.perf_counter() - log["seconds"]
+
+    def after_step(done: int, loss: float) -> None:
+        log["loss"] = (log["loss"] + [round(loss, 4)])[-50:]
+        if done % run.checkpoint_every == 0 or done == run.steps:
+            log["seconds"] = time.perf_counter() - t0
+            _save(path, {"step": done, "model": model.state_dict(), "opt": optimizer.state_dict(), "log": log})
+            print(f"{name} step {done}/{run.steps} loss {np.mean(log['loss'][-10:]):.3f} "
+                  f"({log['seconds'] / done:.2f} s/step)", flush=True)
+
+    optim = OptimConfig(lr=run.lr, betas=(0.9, 0.98), weight_decay=0.1, clip_norm=1.0)  # the clip; lr_at the LR
+    train_in_process(model, batches, optim, run.steps, start=state["step"], optimizer=optimizer,
+                     lr_at=lambda step: lr_at(step, run.lr, run.steps), structure=StudyLogits(),
+                     after_step=after_step)
+    log = {**log, "params": sum(p.numel() for p in model.parameters()), "steps": run.steps,
+           "seconds_per_step": log["seconds"] / run.steps}
+    write_json(out / LOG, log)
+    return log
+
+
+def _save(path: Path, state: dict) -> None:
+    """The checkpoint whole or not at all: written beside, then renamed over the last one."""
+    partial = path.with_name(path.name + ".partial")
+    torch.save(state, partial)
+    partial.replace(path)
+
+
+def parser() -> Parser:
+    p = Parser(prog=COMMAND, description=__doc__.split("\n\n")[0])
+    p.add_argument("--arch", required=True, help=f"one of {', '.join(ARCHS)}")
+    p.add_argument("--width", type=int, required=True, help="d_model")
+    p.add_argument("--out", required=True, help="the model's folder (checkpoint, settings, log)")
+    p.add_argument("--n-layer", type=int, default=2, help="attention blocks; Mamba gets twice as many (default: 2)")
+    p.add_argument("--seq-len", type=int, default=64, help="training length (default: 64)")
+    p.add_argument("--window", type=int, default=16, help="EVA's and window-only's block w (default: 16)")
+    p.add_argument("--chunk", type=int, default=4, help="EVA's chunk c (default: 4)")
+    p.add_argument("--vocab", type=int, default=128,
+                   help="keys and values, half each (Zoology's vocab_size; default: 128)")
+    p.add_argument("--mqar-share", type=float, default=0.75, help="share of each batch that is MQAR (default: 0.75)")
+    p.add_argument("--train-kv", type=_ints, default=(4, 8, 16), help="MQAR pairs in training (default: 4,8,16)")
+    p.add_argument("--steps", type=int, default=2500, help="optimizer steps (default: 2500)")
+    p.add_argument("--batch-size", type=int, default=32, help="sequences per step (default: 32)")
+    p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (default: 3e-3)")
+    p.add_argument("--checkpoint-every", type=int, default=100, help="steps between checkpoints (default: 100)")
+    p.add_argument("--seed", type=int, default=0, help="model init and data seed (default: 0)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
+    p.add_argument("--device", default="cpu", help="torch device, e.g. cuda; recorded in the log, not a setting "
+                   "(default: cpu)")
+    return p
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise ValueError(f"{text!r}: integers separated by commas") from None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = vars(parser().parse_args(argv))
+    out = args.pop("out")
+    log = train_model(RecallTraining(**args), out)
+    print(f"{out}: {args['arch']}-{args['width']} trained, {log['steps']} steps, {log['params']:,} parameters, "
+          f"{log['seconds_per_step']:.2f} s/step on {log['device']}")
+    return 0
