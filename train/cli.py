@@ -23,6 +23,8 @@ COMMANDS = {
                 lazy("evalm.train.uptrain:main")),
     "recall": ("the recall study: one model (EVA, full, window or Mamba) trained on MQAR and passkey, resumable",
                lazy("evalm.train.recall:main")),
+    "probe": ("what EVA's summaries carry per layer of a converted model: attention mass outside the window, error with and without them",
+              lazy("evalm.train.attention_probe:main")),
     "metaicl": ("MetaICL meta-training of a T5 with full, SAICL or FiD encoding (SAICL §3.3)",
                 lazy("evalm.train.metaicl:main")),
 }
