@@ -173,8 +173,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seq-len", type=int, default=8192, metavar="N", help="tokens per line (default: 8192, "
                         "SmolLM2's trained length)")
     parser.add_argument("--lines", type=int, default=4, metavar="N", help="lines probed (default: 4)")
-    parser.add_argument("--seed", type=int, default=0, help="the order the lines are drawn in, as [data] seed "
-                        "(default: 0)")
+    parser.add_argument("--seed", type=int, default=1234, help="the order the lines are drawn in, as [data] seed "
+                        "(default: 1234, the trainer's: the lines a run starts with)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                         help="torch device (default: cuda when there is one, else cpu)")
     try:

@@ -85,6 +85,21 @@ def test_attention_transfer_moves_only_evas_maps_and_lowers_their_error(converte
     assert record["uptrained"]["config"]["uptrain"]["objective"] == "attention-transfer"
 
 
+def test_the_transfer_loss_is_the_layers_error_against_the_softmax_written_here(converted, tmp_path):
+    """The logged loss of a transfer step is Σ over layers of EVA's mean squared error against causal softmax of the
+    same heads (written out in `attention_error`, each layer fed the softmax model's hidden states: the targets),
+    averaged over the step's micro-batches; the lines are the first four the trainer reads ([data] seed 1234, shuffled)."""
+    from evalm.train.attention_probe import read_lines
+
+    _, eva, shards = converted
+    run = uptrain_file(tmp_path / "run.toml", eva, shards, steps=1, save_every=1)  # the loss is taken before the update
+    assert main(["--config", str(run), "--out", str(tmp_path / "out")]) == 0
+    logged = json.loads((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()[0])["loss"]
+    lines = read_lines(shards, 32, 4, seed=1234)  # [data] seed's default
+    want = sum(attention_error(eva, torch.stack(lines[a : a + 2])) for a in (0, 2)) / 2
+    assert logged == pytest.approx(want, rel=1e-4)
+
+
 def test_lora_uptraining_changes_the_adapted_projections_and_the_export_generates(converted, tmp_path):
     _, eva, shards = converted
     run = uptrain_file(tmp_path / "run.toml", eva, shards, parameters="lora", objective="lm", steps=3)
