@@ -153,11 +153,16 @@ class EvaAttention(HeadProjections):
     def maps(self) -> AdaptiveMaps:
         return AdaptiveMaps(self.adaptive_mu_q, self.adaptive_mu_k)
 
+    # The seeds are drawn eagerly even inside a compiled block (train.compile): a compiled draw would take
+    # inductor's generator, not torch's, so a compiled run would not draw what an eager one does, nor what
+    # activation checkpointing replays.
+    @torch.compiler.disable
     def _noise_seed(self) -> int | None:
         """A seed for the training noise ε of this forward (drawn from torch's RNG, so
         `torch.manual_seed` and activation checkpointing replay it); None in eval: no ε."""
         return int(torch.randint(0, 2**62, (1,))) if self.training else None
 
+    @torch.compiler.disable
     def _dropout_seed(self) -> int:
         """The seed of this forward's attention dropout mask (evalm/dropout_mask.py), drawn from
         torch's RNG like ε's, so activation checkpointing replays it."""

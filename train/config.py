@@ -157,6 +157,11 @@ class TrainConfig:
     """bf16 compute with fp32 parameters and gradient reduction (FSDP2 MixedPrecisionPolicy)."""
     activation_checkpointing: bool = False
     """Recompute each block in the backward pass: memory for 8k lines at the cost of ~1/3 more compute."""
+    compile: bool = False
+    """`torch.compile` each decoder block (after activation checkpointing, before FSDP, as torchtitan does):
+    the norms', MLP's and residuals' element-wise work fused into the matmuls' neighbours. EVA's attention is
+    compiled on its own on a GPU either way (evalm/flex.py). Off by default: the first steps of each shape
+    compile for a minute, and the CPU routes (fused kernels, autograd Functions) gain little."""
     log_every: int = 1
     """Optimizer steps between log lines and metrics.jsonl records."""
     tensorboard: bool = False

@@ -67,6 +67,14 @@ def apply_activation_checkpointing(model: EvalmModel) -> None:
         model.blocks[i] = checkpoint_wrapper(block, preserve_rng_state=True)
 
 
+def apply_compile(model: EvalmModel) -> None:
+    """Compile each block in place (`nn.Module.compile`: its parameter names, so checkpoints, do not change).
+    Per block rather than the whole model, as torchtitan does: one compiled graph serves every block of a
+    shape, and FSDP's per-block hooks stay outside it."""
+    for block in model.blocks:
+        block.compile()
+
+
 def apply_fsdp(model: EvalmModel, mesh: DeviceMesh, *, bf16: bool, shard_blocks: bool = True) -> None:
     """`fully_shard` each block, then the root (which holds embeddings, final norm, lm_head).
 
@@ -87,7 +95,7 @@ def apply_fsdp(model: EvalmModel, mesh: DeviceMesh, *, bf16: bool, shard_blocks:
 
 
 def build_model(config: ModelConfig, runtime: Runtime, *, seed: int, bf16: bool,
-                activation_checkpointing: bool, shard_blocks: bool = True) -> EvalmModel:
+                activation_checkpointing: bool, shard_blocks: bool = True, compile_blocks: bool = False) -> EvalmModel:
     """The sharded model, initialised from `seed` identically on every rank and for every world size.
 
     On CUDA: meta construction, AC, FSDP, then allocate and initialise the local shards (DTensor's
@@ -104,6 +112,8 @@ def build_model(config: ModelConfig, runtime: Runtime, *, seed: int, bf16: bool,
         model.init_weights()
     if activation_checkpointing:
         apply_activation_checkpointing(model)
+    if compile_blocks:
+        apply_compile(model)
     apply_fsdp(model, runtime.mesh, bf16=bf16, shard_blocks=shard_blocks)
     if on_meta:
         model.to_empty(device=runtime.device)

@@ -101,7 +101,7 @@ def _train(config: RunConfig, folder: RunFolder, make_source: Callable[[Runtime]
                           "each block; set train.activation_checkpointing=false")
     model = build(config, runtime) if build else build_model(
         config.model, runtime, seed=tcfg.seed, bf16=tcfg.mixed_precision == "bf16",
-        activation_checkpointing=tcfg.activation_checkpointing, shard_blocks=not grouped)
+        activation_checkpointing=tcfg.activation_checkpointing, shard_blocks=not grouped, compile_blocks=tcfg.compile)
     optimizer = make_optimizer(model, config.optim)
     source = make_source(runtime)
     loader = LineLoader(source, rank=runtime.rank, world_size=runtime.world_size,

@@ -200,3 +200,33 @@ def test_activation_checkpointing_recomputes_and_bf16_computes_in_bf16(finished_
     bf16, bf16_calls = run("bf16", "--set", 'train.mixed_precision="bf16"')
     assert set(bf16_calls) == {torch.bfloat16} and len(bf16_calls) == len(plain_calls)
     assert bf16 == pytest.approx(plain, rel=1e-2) and bf16 != plain
+
+
+@pytest.mark.parametrize("attention", ["full", "eva"])
+def test_compiled_blocks_train_as_the_eager_ones(finished_run, tmp_path, attention):
+    """`train.compile` compiles each block (dynamo builds graphs; none without it) and changes no loss beyond
+    float reassociation (dropout off: compiled dropout draws other masks); the checkpoint's parameter names
+    are the eager run's, so either may resume the other."""
+    from torch._dynamo.utils import counters
+
+    run_file, _ = finished_run
+    common = ["pretrain", "--config", str(run_file), "--set", "checkpoint.save_every=3", "--set", "train.steps=3",
+              "--set", "model.dropout=0.0", "--set", "model.attn_dropout=0.0", "--set", f'model.attention="{attention}"']
+
+    def run(name: str, *extra: str) -> tuple[list[float], int]:
+        counters.clear()
+        assert cli_main([*common, "--out", str(tmp_path / name), *extra]) == 0
+        losses = [json.loads(line)["loss"] for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        return losses, counters["stats"]["unique_graphs"]
+
+    eager, eager_graphs = run("eager")
+    compiled, compiled_graphs = run("compiled", "--set", "train.compile=true")
+    assert eager_graphs == 0 and compiled_graphs >= 1
+    assert compiled == pytest.approx(eager, rel=1e-5)  # EVA's noise seeds drawn eagerly: the same ε
+    recomputed, _ = run("compiled-ac", "--set", "train.compile=true", "--set", "train.activation_checkpointing=true")
+    assert recomputed == pytest.approx(eager, rel=1e-5)  # and replayed in the recomputation
+    from evalm.train.dcp_metadata import read_metadata_file
+
+    keys = [sorted(read_metadata_file(tmp_path / n / "checkpoints" / "step-00000003" / ".metadata").state_dict_metadata)
+            for n in ("eager", "compiled")]
+    assert keys[0] == keys[1] and any("blocks.0." in k for k in keys[0])
