@@ -91,6 +91,15 @@ class UptrainSection:
     """Next-token cross-entropy, or LoLCATs' attention transfer (EVA's parameters only)."""
     summary_noise: bool = False
     """EVA's training noise ε on the summaries (as EVA trains from scratch); off: the summaries as evaluated."""
+    eva_ablation: Literal["none", "no-remote"] = "none"
+    """Train with EVA's summaries (`none`) or without them (`no-remote`: the window and sink alone, the control of
+    a conversion study: what LoRA makes of a window-only model). Evaluate such a run with `--eva-ablation
+    no-remote` too; its convert.json records the setting."""
+
+    def __post_init__(self) -> None:
+        if self.eva_ablation != "none" and self.objective == "attention-transfer":
+            raise ConfigError(f"eva_ablation = {self.eva_ablation!r} with objective 'attention-transfer': the "
+                              "transfer trains the summary maps, which the ablation never reads; use objective 'lm'")
 
 
 @_std_dataclass(frozen=True)

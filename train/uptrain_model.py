@@ -101,6 +101,10 @@ def build_sharded(config, runtime) -> nn.Module:
     """The trainer's model of an uptraining run (`trainer.run(build=...)`): loaded, trainable set, sharded."""
     tcfg = config.train
     hf = with_trainable(load_converted(config.model.hf_model), config.model, tcfg.seed)
+    if config.uptrain.eva_ablation != "none":  # the control: LoRA on the window (and sink) alone
+        from evalm.eva import ablate
+
+        ablate(hf, config.uptrain.eva_ablation)
     if config.uptrain.objective == "attention-transfer":
         if tcfg.activation_checkpointing:
             from evalm.config_toolkit import ConfigError
@@ -166,7 +170,7 @@ def run_key(config) -> str:
     from evalm.storage import identity
 
     model = {k: v for k, v in to_dict(config.model).items() if k != "hf_model"}
-    train = {k: v for k, v in to_dict(config.train).items() if k not in ("device", "log_every", "tensorboard")}
+    train = {k: v for k, v in to_dict(config.train).items() if k not in ("device", "log_every", "tensorboard", "compile")}
     data = {k: v for k, v in to_dict(config.data).items() if not isinstance(v, str)}
     record = {"weights": identity(Path(config.model.hf_model)), "model": model, "optim": to_dict(config.optim),
               "train": train, "uptrain": to_dict(config.uptrain), "data": data}

@@ -114,6 +114,25 @@ def test_lora_uptraining_changes_the_adapted_projections_and_the_export_generate
     assert out.shape == (1, 16)
 
 
+def test_the_window_only_control_trains_without_reading_the_summaries(converted, tmp_path, capsys):
+    """`[uptrain] eva_ablation = "no-remote"`: LoRA on the window alone. EVA's maps get no gradient (nothing reads
+    the summaries), so they are the converted folder's bit for bit, where the same run with summaries moves them."""
+    _, eva, shards = converted
+    moved = {}
+    for ablation in ("none", "no-remote"):
+        run = uptrain_file(tmp_path / f"{ablation}.toml", eva, shards, parameters="lora", objective="lm", steps=2,
+                           extra=f'eva_ablation = "{ablation}"')
+        assert main(["--config", str(run), "--out", str(tmp_path / ablation)]) == 0
+        before, after = weights(eva), weights(tmp_path / ablation / "hf")
+        moved[ablation] = {name for name in before if not torch.equal(before[name], after[name])}
+    assert any(".eva." in name for name in moved["none"])
+    assert moved["no-remote"] and not any(".eva." in name for name in moved["no-remote"])
+    run = uptrain_file(tmp_path / "bad.toml", eva, shards, extra='eva_ablation = "no-remote"')
+    with pytest.raises(SystemExit) as stop:
+        main(["--config", str(run), "--out", str(tmp_path / "bad")])
+    assert stop.value.code == 2 and "which the ablation never reads" in capsys.readouterr().err
+
+
 def test_a_run_rebuilt_from_its_trainable_tensors_is_its_export_bit_for_bit(converted, tmp_path):
     """The GPU study's way home (benchmarks/convert.py `trainables` / `rebuild`): the trainable tensors of
     the newest checkpoint, a small file, rebuild OUT/hf from the converted folder alone."""
