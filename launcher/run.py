@@ -126,6 +126,9 @@ def ensure_samples(r: Run) -> None:
 def _parser() -> Parser:
     parser = Parser(prog="evalm run", description=__doc__)
     parser.add_argument("config", nargs="?", default=str(DEFAULT_CONFIG), help="run file (default: configs/tiny.toml)")
+    parser.add_argument("--config", dest="config_flag", metavar="FILE",
+                        help="run file, as the positional CONFIG; a file whose top section is [study] runs as a "
+                             "study (launcher/study.py: --only/--from name its steps, --list, --root) (default: none: CONFIG)")
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--from", dest="start", choices=list(STAGES), metavar="STAGE",
                        help=f"rerun this stage and every later one; one of {', '.join(STAGES)} "
@@ -177,16 +180,55 @@ def run_all(r: Run, start: str | None, only: str | None) -> Path:
     return write_report(r, timings, wall_seconds=time.perf_counter() - t0, peak_rss_gib=peak_rss_gib())
 
 
+VALUED = ("--from", "--only", "--set", "--root", "--config")
+"""Options of `evalm run` (main job or study) followed by a value: what `_config_of` steps over."""
+
+
+def _config_of(argv: Sequence[str]) -> str | None:
+    """The run file an `evalm run` command line names (`--config FILE` or the first positional)."""
+    args = list(argv)
+    for i, arg in enumerate(args):
+        if arg == "--config" and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith("--config="):
+            return arg.split("=", 1)[1]
+    for i, arg in enumerate(args):
+        if not arg.startswith("-") and (i == 0 or args[i - 1] not in VALUED):
+            return arg
+    return None
+
+
+def _is_study(argv: Sequence[str]) -> bool:
+    """Whether the run file is a study (`[study]`); a file that cannot be read is left to the main job's
+    path, which names the problem in one line."""
+    from evalm.launcher.study_file import is_study
+
+    path = _config_of(argv)
+    try:
+        return path is not None and is_study(path)
+    except ConfigError:
+        return False
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """A user error (config_toolkit.UserError: a bad run file, a failed stage, a busy folder) is one
     line; anything else is a bug of ours, its traceback kept in ROOT/NAME/logs/error.log (the run
     folder it escaped from) and named on the console (config_toolkit.report, as every command)."""
+    argv = list(argv if argv is not None else sys.argv[1:])
+    if _is_study(argv):
+        from evalm.launcher.study import main as study
+
+        return study(argv)
     parser = _parser()
     try:
-        dotted, rest = split_overrides(list(argv if argv is not None else sys.argv[1:]))  # --run.seed=2 is --set's alias
+        dotted, rest = split_overrides(argv)  # --run.seed=2 is --set's alias
     except ConfigError as err:
         parser.exit(2, f"evalm run: error: {err}\n")
     args = parser.parse_args(rest)
+    if args.config_flag:
+        if args.config != str(DEFAULT_CONFIG):
+            parser.error(f"give the run file once: {args.config} and --config {args.config_flag}")
+        args.config = args.config_flag
     try:
         r = load_run(args.config, [*dotted, *args.overrides])
         with RunFolder(r.dir, "evalm run").held():  # one main job per run folder
