@@ -32,8 +32,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from evalm.config_toolkit import ConfigError, Parser, report, shipped, split_overrides
+from evalm.config_toolkit.machine import peak_rss_gib
 from evalm.launcher.keys import stage_key
-from evalm.launcher.markers import discard_stage, mark_stale, peak_rss_gib, read_marker, write_marker
+from evalm.launcher.markers import discard_stage, mark_stale, read_marker, write_marker
 from evalm.launcher.report import stage_result, write_report
 from evalm.launcher.run_file import Run, load_run
 from evalm.launcher.schedule import run_steps
@@ -98,7 +99,7 @@ class _Stages:
         r, (position, key, steps) = self.r, self.planned[stage]
         seconds = self.seconds[stage]
         write_marker(r, stage, {"stage": stage, "key": key, "commands": [s.argv for s in steps], "seconds": seconds,
-                                "jobs": r.run.jobs, "peak_rss_gib_so_far": peak_rss_gib()})
+                                "jobs": r.run.jobs, "peak_rss_gib_so_far": peak_rss_gib(children=True)})
         logs = self.log(steps[0]) if len(steps) == 1 else self.r.dir / "logs" / f"{stage}*.log"
         print(f"stage {position} {stage}: {stage_result(r, stage)} ({seconds:.0f} s; log {logs})", flush=True)
 
@@ -177,7 +178,7 @@ def run_all(r: Run, start: str | None, only: str | None) -> Path:
     timings = {stage: timings[stage] for stage in stages}
     if only:
         mark_stale(r, order[order.index(only) + 1:])
-    return write_report(r, timings, wall_seconds=time.perf_counter() - t0, peak_rss_gib=peak_rss_gib())
+    return write_report(r, timings, wall_seconds=time.perf_counter() - t0, peak_rss_gib=peak_rss_gib(children=True))
 
 
 VALUED = ("--from", "--only", "--set", "--root", "--config")

@@ -9,7 +9,6 @@ optional and sits behind the same `log` call as a null logger when off.
 from __future__ import annotations
 
 import json
-import resource
 import sys
 import time
 from pathlib import Path
@@ -60,13 +59,6 @@ def matmul_params(model: torch.nn.Module) -> int:
     tied output matrix is the LM head's; lookup tables, norms and biases do no products)."""
     weights = {id(m.weight): m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)}
     return sum(w.numel() for w in weights.values())
-
-
-def peak_memory_gib(device: torch.device) -> float:
-    """Peak accelerator memory allocated, or the process's peak resident set on CPU."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**30
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
 
 
 def format_line(r: dict[str, Any]) -> str:
