@@ -7,6 +7,7 @@ need SmolLM2), against hand-built per-token losses.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -153,3 +154,44 @@ def test_a_refused_evaluation_is_evalms_one_line_and_its_exit_code(tmp_path, cap
     err = capfd.readouterr().err.strip()
     assert stop.value.code == 2 and "--lengths" in err and len(err.splitlines()) == 1, err
     assert not (tmp_path / "study").exists()
+
+
+def test_the_study_file_runs_the_commands_plan_listed(monkeypatch):
+    """configs/study-convert.toml against the script's own `plan()`: every `evalm` command the same argv, but
+    the three position twins read the dequantised folder (`prepare`'s: the same float32 weights) instead of
+    the GGUF; the script's prepare / widen / trainables / rebuild as `evalm study` commands; its icl / recall
+    as the `evalm eval` command it ran (`eval_command`); ppl, sink and tables stay the script's."""
+    from evalm.launcher.study_file import load_study
+
+    root = Path("/ROOT")
+    monkeypatch.setattr(study, "gguf", lambda path=None: (Path("/GGUF"), "SmolLM2.gguf"))
+    expected, outside = [], []
+    sinkwin = ["--run", f"{root}/lora-sinkwin-8k", "--hf-model", f"{root}/smollm2-eva-rope-overlap-sink-window",
+               "--trainables", f"{root}/lora-sinkwin-8k/trainables.safetensors"]
+    for cmd in study.plan(root):
+        if cmd[0] == "evalm":
+            argv = cmd[1:]
+            if "--gguf-file" in argv:
+                argv = [f"{root}/smollm2-hf" if a == "/GGUF" else a for a in argv]
+                del argv[argv.index("--gguf-file"):argv.index("--gguf-file") + 2]
+            expected.append(argv)
+            continue
+        what, flags = cmd[2], cmd[3:]
+        value = dict(zip(flags[::2], flags[1::2]))
+        if what == "prepare":
+            expected.append(["study", "prepare", "--out", f"{root}/smollm2-hf"])
+        elif what == "widen":
+            expected.append(["study", "widen", "--model", f"{root}/lora-original/hf", "--out",
+                             f"{root}/lora-original/hf-8192", "--window", "8192"])
+        elif what in ("trainables", "rebuild"):
+            expected.append(["study", what, *sinkwin])
+        elif what in ("icl", "recall"):
+            argv, _ = study.eval_command(root, value["--model"], what, value.get("--lengths", study.RECALL_LENGTHS),
+                                         "cpu", value.get("--depths", study.RECALL_DEPTHS),
+                                         value.get("--eva-ablation", "none"))
+            expected.append(argv[1:])
+        else:
+            outside.append(what)
+    got = [s.argv for s in load_study("configs/study-convert.toml", root=str(root)).steps]
+    assert got == expected
+    assert sorted(set(outside)) == ["ppl", "sink", "tables"] and len(outside) == 19
