@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from evalm.config_toolkit import MissingExtra
+from evalm.config_toolkit.machine import device_name
 from evalm.storage.files import appended
 
 # Dense bf16 peak FLOP/s by device-name fragment (vendor data sheets, no sparsity).
@@ -27,7 +28,7 @@ PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "A10G": 125e12, "L
 def peak_flops(device: torch.device) -> float | None:
     if device.type != "cuda":
         return None
-    name = torch.cuda.get_device_name(device)
+    name = device_name(device)
     return next((v for k, v in PEAK_FLOPS.items() if k in name), None)
 
 

@@ -56,3 +56,13 @@ def test_the_cpu_is_named_as_lscpu_names_it():
     if not names:
         pytest.skip("lscpu names no model here")
     assert device_name("cpu") == names[0]
+
+
+def test_a_cuda_device_is_named_and_its_peak_read_by_torch():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    torch.cuda.reset_peak_memory_stats()
+    held = torch.empty(2**28, dtype=torch.uint8, device="cuda")  # 256 MiB
+    assert peak_gpu_gib("cuda") >= 0.25 and peak_memory_gib(torch.device("cuda")) == peak_gpu_gib("cuda")
+    assert device_name("cuda") == torch.cuda.get_device_name() and held.numel()
