@@ -22,6 +22,9 @@ and training stages (their own relaunch logic), and redoes the rest. Each marker
 key (`stage_key`: its commands, the content of the settings files and sample folders they name,
 and the previous stage's key): a changed key redoes the stage and, through the chain, every later
 one; `--only STAGE` marks the later stages stale.
+
+A run file whose top section is `[study]` is a study, not the main job: `evalm run --config
+configs/study-convert.toml` runs its steps (launcher/study.py).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from evalm.config_toolkit import ConfigError, Parser, report, shipped, split_overrides
+from evalm.config_toolkit import ConfigError, Parser, UserError, report, shipped, split_overrides
 from evalm.config_toolkit.machine import peak_rss_gib
 from evalm.launcher.keys import stage_key
 from evalm.launcher.markers import discard_stage, mark_stale, read_marker, write_marker
@@ -207,7 +210,7 @@ def _is_study(argv: Sequence[str]) -> bool:
     path = _config_of(argv)
     try:
         return path is not None and is_study(path)
-    except ConfigError:
+    except UserError:
         return False
 
 
