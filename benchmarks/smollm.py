@@ -42,6 +42,7 @@ from evalm.icl_eval.methods.decoder import METHODS, MethodOptions  # noqa: E402
 from evalm.icl_eval.protocol.runner import Runner  # noqa: E402
 from evalm.icl_eval.report import write_json  # noqa: E402
 from evalm.icl_eval.stats.summary import summarize  # noqa: E402
+from evalm.icl_eval.tasks.folder import lead_rows, write_lead_task  # noqa: E402
 from evalm.icl_eval.tasks.data import SeedSplits, load_splits, task_data_files  # noqa: E402
 from evalm.icl_eval.tasks.task import read_task_file  # noqa: E402
 from evalm.train.study import gguf_location  # noqa: E402,F401 - also REMAP_RUNS' `b.gguf_location()`
@@ -56,25 +57,7 @@ def load_task(samples: Path, name: str, lead_words: int | None):
     if not path.is_file():
         raise SystemExit(f"{path} not found: run `evalm data samples --output {samples}` first (docs/samples.md)")
     task, splits = read_task_file(path), load_splits(task_data_files(path))
-    if lead_words:
-        splits = {s: [{**r, "text": " ".join(r["text"].split()[:lead_words])} for r in rows] for s, rows in splits.items()}
-    return task, splits
-
-
-def write_lead_task(samples: Path, name: str, lead_words: int) -> Path:
-    """A copy of a samples task with every text cut to its first `lead_words` words, beside the original
-    (`tasks/<name>-lead<N>/`), so that `evalm eval icl --task` reads the same cut as this script's own runs."""
-    task_file = samples / "tasks" / name / "task.toml"
-    task, splits = load_task(samples, name, lead_words)
-    folder = samples / "tasks" / f"{name}-lead{lead_words}"
-    folder.mkdir(parents=True, exist_ok=True)
-    toml = task_file.read_text(encoding="utf-8").replace(f'name = "{name}"', f'name = "{name}-lead{lead_words}"')
-    (folder / "task.toml").write_text(f"# {task_file} with each text cut to its first {lead_words} words "
-                                      f"(benchmarks/smollm.py --lead-task)\n" + toml, encoding="utf-8")
-    for split, rows in splits.items():
-        with open(folder / f"{split}.jsonl", "w", encoding="utf-8") as f:
-            f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
-    return folder / "task.toml"
+    return task, lead_rows(splits, lead_words) if lead_words else splits
 
 
 def same_as(method: str, shots: int, context_tokens: int, group_tokens: int) -> str | None:
@@ -362,17 +345,17 @@ def main(argv=None) -> int:
     from evalm.config_toolkit import report
 
     args = _parser().parse_args(argv)
-    if args.remap_commands:
-        print(REMAP_RUNS.read_text().split("\n", 2)[2].rstrip("\n"))
-    elif args.lead_task:
-        print(write_lead_task(Path(args.samples), "bbc_news", args.bbc_words))
-    elif args.tables:
-        print_tables(args.tables)
-    else:
-        try:  # the smollm extra missing: one line, not a traceback
+    try:  # the smollm extra missing, a task folder not written: one line, not a traceback
+        if args.remap_commands:
+            print(REMAP_RUNS.read_text().split("\n", 2)[2].rstrip("\n"))
+        elif args.lead_task:
+            print(write_lead_task(Path(args.samples) / "tasks" / "bbc_news" / "task.toml", args.bbc_words))
+        elif args.tables:
+            print_tables(args.tables)
+        else:
             run(args)
-        except Exception as err:  # noqa: BLE001 - the one rule
-            return report("smollm.py", err)
+    except Exception as err:  # noqa: BLE001 - the one rule
+        return report("smollm.py", err)
     return 0
 
 if __name__ == "__main__":
