@@ -86,7 +86,7 @@ def test_a_widened_folder_is_a_fresh_conversion_at_the_wide_window(twins, tmp_pa
 def test_a_window_the_chunks_do_not_divide_is_refused(twins, tmp_path, capsys):
     assert evalm(["study", "widen", "--model", str(twins / "w8"), "--out", str(tmp_path / "bad"), "--window", "30"]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "window_size=30 must be a positive multiple of eva.chunk_size=4" in err
+    assert len(err.splitlines()) == 1 and "window_size=30 must be a positive multiple of" in err and "chunk_size=4" in err
     assert not (tmp_path / "bad" / "config.json").exists()
     assert evalm(["study", "widen", "--model", str(tmp_path / "none"), "--out", str(tmp_path / "x"), "--window", "32"]) == 2
     assert "none: no config.json" in capsys.readouterr().err
