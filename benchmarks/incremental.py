@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import argparse
 import random
-import resource
 import statistics
 import time
 
 import torch
 
 from evalm.config_toolkit import build, read_toml
+from evalm.config_toolkit.machine import peak_rss_gib
 from evalm import EvalmModel, ModelConfig
 
 
@@ -37,7 +37,7 @@ def tiny_model(path: str) -> EvalmModel:
 
 
 def peak_rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return peak_rss_gib() * 1024
 
 
 @torch.no_grad()

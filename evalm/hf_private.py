@@ -10,6 +10,9 @@ must avoid; a later version that changes them breaks here and nowhere else.
 - `cls._auto_class`: a class once loaded with remote code is marked for an Auto class, and
   `save_pretrained` would then copy evalm's source into the folder and point `auto_map` at it;
   `evalm convert` writes its own pinned modeling file instead, so the mark is lifted while it saves.
+- `model.hf_quantizer` / `is_quantized`: a GGUF file loaded in float32 is dequantised, yet the model keeps
+  its quantizer and `save_pretrained` would write it as quantized; `evalm study prepare` saves it as the
+  plain float32 model it is (there is no public "forget the quantizer").
 """
 
 from __future__ import annotations
@@ -34,3 +37,12 @@ def unmarked(*classes: type) -> Iterator[None]:
     finally:
         for cls, mark in marks.items():
             cls._auto_class = mark
+
+
+def dequantised(model):
+    """A model dequantised on load (a GGUF read in float32) as a plain model: no quantizer, no quantization
+    config, so `save_pretrained` writes its float tensors as they are. Returns `model`."""
+    model.hf_quantizer, model.is_quantized = None, False
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    return model

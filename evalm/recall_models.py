@@ -76,14 +76,3 @@ def predict(model: torch.nn.Module, x: torch.Tensor, labelled: np.ndarray) -> np
         want = labelled[(labelled >= lo) & (labelled < lo + seg.shape[1])] - lo
         preds.append(logits[0, want].argmax(-1).cpu().numpy())
     return np.concatenate(preds)
-
-
-def device_name(device: str) -> str:
-    """What ran a model or a cell: the GPU's name, or the CPU's model name (docs/results.md names each
-    figure's machine)."""
-    if torch.device(device).type == "cuda":
-        return torch.cuda.get_device_name(device)
-    cpuinfo = Path("/proc/cpuinfo")
-    names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
-             if line.startswith("model name")] if cpuinfo.is_file() else []
-    return names[0] if names else device

@@ -34,6 +34,8 @@ COMMANDS: dict[str, tuple[str, Run]] = {
     "export": ("write a checkpoint as safetensors + config.json", lazy("evalm.train.export:main")),
     "convert": ("a Llama-family transformers model with EVA attention (uptrain it: evalm train uptrain)",
                 lazy("evalm.train.convert:main")),
+    "study": ("what a study needs beside measurements: prepare a GGUF, widen a window, trainables, rebuild, digest",
+              lazy("evalm.train.study:main")),
 }
 """Command -> (one-line help, function of the remaining arguments): `config_toolkit.Dispatcher`'s table."""
 

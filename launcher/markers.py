@@ -9,7 +9,6 @@ delete a stage folder it made (`discard_stage`).
 
 from __future__ import annotations
 
-import resource
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
@@ -55,9 +54,3 @@ def mark_stale(r: Run, stages: Sequence[str]) -> None:
         if marker is not None:
             write_marker(r, stage, {**marker, "stale": True})
 
-
-def peak_rss_gib() -> float:
-    """Peak resident memory of this process and of the largest finished child (datatrove workers)."""
-    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return max(own, children) / 2**20

@@ -22,6 +22,9 @@ and training stages (their own relaunch logic), and redoes the rest. Each marker
 key (`stage_key`: its commands, the content of the settings files and sample folders they name,
 and the previous stage's key): a changed key redoes the stage and, through the chain, every later
 one; `--only STAGE` marks the later stages stale.
+
+A run file whose top section is `[study]` is a study, not the main job: `evalm run --config
+configs/study-convert.toml` runs its steps (launcher/study.py).
 """
 
 from __future__ import annotations
@@ -31,9 +34,10 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from evalm.config_toolkit import ConfigError, Parser, report, shipped, split_overrides
+from evalm.config_toolkit import ConfigError, Parser, UserError, report, shipped, split_overrides
+from evalm.config_toolkit.machine import peak_rss_gib
 from evalm.launcher.keys import stage_key
-from evalm.launcher.markers import discard_stage, mark_stale, peak_rss_gib, read_marker, write_marker
+from evalm.launcher.markers import discard_stage, mark_stale, read_marker, write_marker
 from evalm.launcher.report import stage_result, write_report
 from evalm.launcher.run_file import Run, load_run
 from evalm.launcher.schedule import run_steps
@@ -98,7 +102,7 @@ class _Stages:
         r, (position, key, steps) = self.r, self.planned[stage]
         seconds = self.seconds[stage]
         write_marker(r, stage, {"stage": stage, "key": key, "commands": [s.argv for s in steps], "seconds": seconds,
-                                "jobs": r.run.jobs, "peak_rss_gib_so_far": peak_rss_gib()})
+                                "jobs": r.run.jobs, "peak_rss_gib_so_far": peak_rss_gib(children=True)})
         logs = self.log(steps[0]) if len(steps) == 1 else self.r.dir / "logs" / f"{stage}*.log"
         print(f"stage {position} {stage}: {stage_result(r, stage)} ({seconds:.0f} s; log {logs})", flush=True)
 
@@ -126,6 +130,9 @@ def ensure_samples(r: Run) -> None:
 def _parser() -> Parser:
     parser = Parser(prog="evalm run", description=__doc__)
     parser.add_argument("config", nargs="?", default=str(DEFAULT_CONFIG), help="run file (default: configs/tiny.toml)")
+    parser.add_argument("--config", dest="config_flag", metavar="FILE",
+                        help="run file, as the positional CONFIG; a file whose top section is [study] runs as a "
+                             "study (launcher/study.py: --only/--from name its steps, --list, --root) (default: none: CONFIG)")
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--from", dest="start", choices=list(STAGES), metavar="STAGE",
                        help=f"rerun this stage and every later one; one of {', '.join(STAGES)} "
@@ -174,19 +181,58 @@ def run_all(r: Run, start: str | None, only: str | None) -> Path:
     timings = {stage: timings[stage] for stage in stages}
     if only:
         mark_stale(r, order[order.index(only) + 1:])
-    return write_report(r, timings, wall_seconds=time.perf_counter() - t0, peak_rss_gib=peak_rss_gib())
+    return write_report(r, timings, wall_seconds=time.perf_counter() - t0, peak_rss_gib=peak_rss_gib(children=True))
+
+
+VALUED = ("--from", "--only", "--set", "--root", "--config")
+"""Options of `evalm run` (main job or study) followed by a value: what `_config_of` steps over."""
+
+
+def _config_of(argv: Sequence[str]) -> str | None:
+    """The run file an `evalm run` command line names (`--config FILE` or the first positional)."""
+    args = list(argv)
+    for i, arg in enumerate(args):
+        if arg == "--config" and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith("--config="):
+            return arg.split("=", 1)[1]
+    for i, arg in enumerate(args):
+        if not arg.startswith("-") and (i == 0 or args[i - 1] not in VALUED):
+            return arg
+    return None
+
+
+def _is_study(argv: Sequence[str]) -> bool:
+    """Whether the run file is a study (`[study]`); a file that cannot be read is left to the main job's
+    path, which names the problem in one line."""
+    from evalm.launcher.study_file import is_study
+
+    path = _config_of(argv)
+    try:
+        return path is not None and is_study(path)
+    except UserError:
+        return False
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """A user error (config_toolkit.UserError: a bad run file, a failed stage, a busy folder) is one
     line; anything else is a bug of ours, its traceback kept in ROOT/NAME/logs/error.log (the run
     folder it escaped from) and named on the console (config_toolkit.report, as every command)."""
+    argv = list(argv if argv is not None else sys.argv[1:])
+    if _is_study(argv):
+        from evalm.launcher.study import main as study
+
+        return study(argv)
     parser = _parser()
     try:
-        dotted, rest = split_overrides(list(argv if argv is not None else sys.argv[1:]))  # --run.seed=2 is --set's alias
+        dotted, rest = split_overrides(argv)  # --run.seed=2 is --set's alias
     except ConfigError as err:
         parser.exit(2, f"evalm run: error: {err}\n")
     args = parser.parse_args(rest)
+    if args.config_flag:
+        if args.config != str(DEFAULT_CONFIG):
+            parser.error(f"give the run file once: {args.config} and --config {args.config_flag}")
+        args.config = args.config_flag
     try:
         r = load_run(args.config, [*dotted, *args.overrides])
         with RunFolder(r.dir, "evalm run").held():  # one main job per run folder

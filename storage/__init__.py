@@ -7,7 +7,8 @@
 - `ranks`: work done once on rank 0 of a torchrun launch, its value or error shared with every rank;
 - `settings`: recorded settings against a relaunch's, the differing keys in one line;
 - `identity`: a file's identity by its bytes (streamed SHA-256, cached by `stat`);
-- `digest`: a folder's files with their sizes and SHA-256, written last and verified before use;
+- `digest`: a folder's files with their sizes and SHA-256, written last and verified before use; a
+  folder's weights by their tensors (the same on any machine, whatever the file's metadata);
 - `files`: JSON and text read so that a damaged or foreign file is named, never half-used, small inputs
   read as regular files of bounded size; writes whole or not at all, never through a link, and that say
   "no space left" with the file when the disk is full;
@@ -16,7 +17,7 @@
 - `streams`: document files read line by line with bounds (zstd frames checked to their end).
 """
 
-from evalm.storage.digest import verify_digest, write_digest
+from evalm.storage.digest import verify_digest, weights_digest, write_digest
 from evalm.storage.files import (DamagedFile, LinkedOutput, NoSpace, NotRegular, read_bounded, read_json, read_text,
                                  refuse_link, regular, replaced, space_error, write_atomic, write_json)
 from evalm.storage.identity import DigestCache, identity, sha256
@@ -31,4 +32,4 @@ __all__ = ["DamagedFile", "DigestCache", "FolderBusy", "ForeignLock", "LinkedOut
            "NotOurs", "NotRegular", "RankZeroFailed", "Ranks", "RunFolder", "Secret", "SettingsChanged", "folder_lock",
            "guard_inputs", "identity", "inside", "made_by", "overlap", "read_bounded", "read_json", "read_text", "redact",
            "redact_argv", "redact_value", "refuse_link", "regular", "replaced", "sha256", "space_error", "staged",
-           "verify_digest", "write_atomic", "write_digest", "write_json"]
+           "verify_digest", "weights_digest", "write_atomic", "write_digest", "write_json"]

@@ -51,3 +51,21 @@ def verify_digest(folder: str | Path) -> str | None:
         if sha256(folder / name) != want["sha256"]:
             return f"{folder / name} does not hash to what was written (its bytes changed)"
     return None
+
+
+def weights_digest(folder: str | Path, file: str = "model.safetensors") -> str:
+    """SHA-256 of a folder's tensors (for each name in sorted order: `NAME DTYPE SHAPE`, then its bytes): the
+    same weights give the same digest on any machine, whatever metadata `save_pretrained` wrote into the
+    file's header (which `write_digest`'s file hash would count). Reads safetensors through torch, lazily."""
+    import hashlib
+
+    import torch
+    from safetensors import safe_open
+
+    digest = hashlib.sha256()
+    with safe_open(str(Path(folder) / file), framework="pt") as f:
+        for name in sorted(f.keys()):
+            t = f.get_tensor(name).contiguous()
+            digest.update(f"{name} {t.dtype} {tuple(t.shape)}".encode())
+            digest.update(t.view(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()

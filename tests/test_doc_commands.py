@@ -45,7 +45,7 @@ def _evalm(argv: list[str]) -> list[str]:
     problems = []
     if argv[0] not in COMMANDS:
         return [f"no command `evalm {argv[0]}`"]
-    words = tuple(argv[:2]) if argv[0] in ("data", "train", "eval") and len(argv) > 1 else tuple(argv[:1])
+    words = tuple(argv[:2]) if argv[0] in ("data", "train", "eval", "study") and len(argv) > 1 else tuple(argv[:1])
     text = help_text(words)
     if words[-1] not in ("run", "export") and f"usage: evalm {' '.join(words)}" not in text:
         return [f"no command `evalm {' '.join(words)}`"]

@@ -9,7 +9,6 @@ optional and sits behind the same `log` call as a null logger when off.
 from __future__ import annotations
 
 import json
-import resource
 import sys
 import time
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 import torch
 
 from evalm.config_toolkit import MissingExtra
+from evalm.config_toolkit.machine import device_name
 from evalm.storage.files import appended
 
 # Dense bf16 peak FLOP/s by device-name fragment (vendor data sheets, no sparsity).
@@ -28,7 +28,7 @@ PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "A10G": 125e12, "L
 def peak_flops(device: torch.device) -> float | None:
     if device.type != "cuda":
         return None
-    name = torch.cuda.get_device_name(device)
+    name = device_name(device)
     return next((v for k, v in PEAK_FLOPS.items() if k in name), None)
 
 
@@ -60,13 +60,6 @@ def matmul_params(model: torch.nn.Module) -> int:
     tied output matrix is the LM head's; lookup tables, norms and biases do no products)."""
     weights = {id(m.weight): m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)}
     return sum(w.numel() for w in weights.values())
-
-
-def peak_memory_gib(device: torch.device) -> float:
-    """Peak accelerator memory allocated, or the process's peak resident set on CPU."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**30
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
 
 
 def format_line(r: dict[str, Any]) -> str:

@@ -35,7 +35,8 @@ import numpy as np
 import torch
 
 from evalm.config_toolkit import ConfigError, Parser
-from evalm.recall_models import ARCHS, CHECKPOINT, LOG, MODEL, SETTINGS, device_name, logits_of, study_model
+from evalm.config_toolkit.machine import device_name
+from evalm.recall_models import ARCHS, CHECKPOINT, LOG, MODEL, SETTINGS, logits_of, study_model
 from evalm.storage import RunFolder
 from evalm.storage.files import read_json, write_json
 from evalm.text.recall_data import Vocab, training_batch
@@ -178,9 +179,9 @@ def _save(path: Path, state: dict) -> None:
 
 def parser() -> Parser:
     p = Parser(prog=COMMAND, description=__doc__.split("\n\n")[0])
-    p.add_argument("--arch", required=True, help=f"one of {', '.join(ARCHS)}")
-    p.add_argument("--width", type=int, required=True, help="d_model")
-    p.add_argument("--out", required=True, help="the model's folder (checkpoint, settings, log)")
+    p.add_argument("--arch", required=True, help=f"one of {', '.join(ARCHS)} (required)")
+    p.add_argument("--width", type=int, required=True, help="d_model, the residual width (required)")
+    p.add_argument("--out", required=True, help="the model's folder (checkpoint, settings, log) (required)")
     p.add_argument("--n-layer", type=int, default=2, help="attention blocks; Mamba gets twice as many (default: 2)")
     p.add_argument("--seq-len", type=int, default=64, help="training length (default: 64)")
     p.add_argument("--window", type=int, default=16, help="EVA's and window-only's block w (default: 16)")

@@ -36,7 +36,8 @@ from evalm.train import checkpoint, interrupt
 from evalm.train.config import RunConfig
 from evalm.train.structure import Packed
 from evalm.train.data import IGNORE, LineLoader, LineSource
-from evalm.train.metrics import MetricsLogger, flops_per_token, matmul_params, peak_flops, peak_memory_gib
+from evalm.config_toolkit.machine import peak_memory_gib
+from evalm.train.metrics import MetricsLogger, flops_per_token, matmul_params, peak_flops
 from evalm.train.parallelize import Runtime, build_model, init_distributed, weight_decay_groups
 from evalm.train.schedule import set_lr
 from evalm.train.state import TrainState

@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 from pydantic.dataclasses import dataclass
 
-from evalm.config_toolkit import FROZEN, ConfigError, MissingInput, apply_overrides, build
+from evalm.config_toolkit import FROZEN, ConfigError, InputError, MissingInput, apply_overrides, build
 from evalm.config_toolkit import check_overrides, check_sections, read_toml, report, to_dict
 from evalm.storage import read_json
 from evalm.config_toolkit.environment import command_environment
@@ -143,6 +143,22 @@ def load_config(path: str | Path, overrides: list[str], data_cls: type = DataCon
                           "weights it starts from")
     check_shards(config.data.shards, config.model.hf_model)
     return config
+
+
+def run_config(run: str | Path, hf_model: str | Path | None = None) -> UptrainConfig:
+    """The validated config of uptraining run RUN, rebuilt from the config.json it wrote (its sections; what
+    else the file records is not config); `hf_model` names its converted folder here, when the run was made
+    on another machine, where the folder had another path."""
+    where = Path(run) / "config.json"
+    if not where.is_file():
+        raise MissingInput(f"{where} not found: --run names the folder of an `evalm train uptrain` run (its --out)")
+    raw = read_json(where, "a run's config.json")
+    missing = [name for name in SECTIONS if not isinstance(raw.get(name), dict)] if isinstance(raw, dict) else list(SECTIONS)
+    if missing:
+        raise InputError(f"{where}: no {missing} section(s); is {run} a folder `evalm train uptrain` wrote?")
+    if hf_model is not None:
+        raw["model"]["hf_model"] = str(hf_model)
+    return UptrainConfig(**{name: build(cls, raw[name], where=f"{where} [{name}]") for name, cls in SECTIONS.items()})
 
 
 def _same_vocabulary(path: Path, tok) -> bool:

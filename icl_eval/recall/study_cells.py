@@ -37,7 +37,8 @@ import torch
 from evalm.config_toolkit import ConfigError, Parser
 from evalm.eva import ablate
 from evalm.icl_eval.stats.bootstrap import hierarchical_interval
-from evalm.recall_models import device_name, load_trained, predict
+from evalm.config_toolkit.machine import device_name
+from evalm.recall_models import load_trained, predict
 from evalm.storage import RunFolder
 from evalm.storage.files import write_json
 from evalm.text.recall_data import PASSKEY_TOKENS, UNLABELLED, Vocab, mqar, mqar_far, passkey
@@ -116,8 +117,8 @@ def run_cells(args) -> int:
 
 def parser() -> Parser:
     p = Parser(prog=COMMAND, description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", required=True, help="a model folder of `evalm train recall`")
-    p.add_argument("--out", required=True, help="the cells' folder (one JSON file per cell)")
+    p.add_argument("--model", required=True, help="a model folder of `evalm train recall` (required)")
+    p.add_argument("--out", required=True, help="the cells' folder (one JSON file per cell) (required)")
     p.add_argument("--test-kv", type=_ints, default=(4, 8, 16), help="MQAR pairs tested (default: 4,8,16)")
     p.add_argument("--lengths", type=_ints, default=(64, 256, 1024, 4096, 16384, 65536, 262144),
                    help="test lengths of passkey and far MQAR (default: 64,256,1024,4096,16384,65536,262144)")

@@ -16,6 +16,7 @@ from typing import Any
 
 import orjson
 
+from evalm.config_toolkit import MissingInput
 from evalm.icl_eval.tasks.task import SPLITS, Task
 from evalm.storage import write_atomic
 
@@ -60,3 +61,30 @@ def write_task_folder(folder: Path, task: Task, splits: dict[str, Sequence[dict[
     task_file = folder / TASK_FILE
     write_atomic(task_file, task_toml(task, {s: p.name for s, p in files.items()}, comment))
     return task_file, files
+
+
+def lead_rows(splits: dict[str, list[dict[str, Any]]], lead_words: int) -> dict[str, list[dict[str, Any]]]:
+    """Every row's text cut to its first `lead_words` words (its lead: a news body's first sentence or two)."""
+    return {s: [{**r, "text": " ".join(r["text"].split()[:lead_words])} for r in rows] for s, rows in splits.items()}
+
+
+def write_lead_task(task_file: Path, lead_words: int) -> Path:
+    """A copy of the task folder of `task_file` named `<name>-lead<N>`, beside it, with every text cut to its
+    lead (`lead_rows`), so that `evalm eval icl --task` reads the cut a script's own runs read (bbc_news's
+    bodies at 32 words: ~45 tokens a demonstration, so 256 shots cross an 8k window). Returns its task.toml."""
+    from evalm.icl_eval.tasks.data import load_splits, task_data_files
+
+    if not task_file.is_file():
+        raise MissingInput(f"{task_file} not found: a task folder's task.toml (`evalm data samples --output DIR` "
+                           "writes DIR/tasks/NAME/task.toml)")
+    name = task_file.parent.name
+    splits = lead_rows(load_splits(task_data_files(task_file)), lead_words)
+    folder = task_file.parent.parent / f"{name}-lead{lead_words}"
+    folder.mkdir(parents=True, exist_ok=True)
+    toml = task_file.read_text(encoding="utf-8").replace(f'name = "{name}"', f'name = "{name}-lead{lead_words}"')
+    (folder / TASK_FILE).write_text(f"# {task_file} with each text cut to its first {lead_words} words "
+                                    f"(benchmarks/smollm.py --lead-task)\n" + toml, encoding="utf-8")
+    for split, rows in splits.items():
+        with open(folder / f"{split}.jsonl", "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+    return folder / TASK_FILE

@@ -7,6 +7,7 @@ need SmolLM2), against hand-built per-token losses.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -55,25 +56,6 @@ def test_evaluations_on_a_gpu_name_the_device_in_each_commands_own_section(tmp_p
         with pytest.raises(SystemExit):
             eval_main([what, "--help"])
         assert f"{field} = 'cpu'" in capsys.readouterr().out
-
-
-def test_the_weights_digest_reads_tensors_not_the_files_metadata(tmp_path):
-    """The same tensors under other file metadata give one digest (two machines, two save_pretrained); one
-    changed value, or a renamed tensor, another."""
-    import torch
-    from safetensors.torch import save_file
-
-    tensors = {"b": torch.arange(6.0).reshape(2, 3), "a": torch.ones(4, dtype=torch.bfloat16)}
-
-    def digest(name, tensors, metadata):
-        (tmp_path / name).mkdir()
-        save_file(tensors, str(tmp_path / name / "model.safetensors"), metadata=metadata)
-        return study.weights_digest(tmp_path / name)
-
-    first = digest("one", tensors, {"format": "pt"})
-    assert digest("two", dict(reversed(tensors.items())), {"format": "pt", "saved_by": "elsewhere"}) == first
-    assert digest("three", {**tensors, "b": tensors["b"] + torch.eye(2, 3) * 1e-6}, None) != first
-    assert digest("four", {"c": tensors["b"], "a": tensors["a"]}, None) != first
 
 
 @pytest.mark.parametrize("overlap", [False, True])
@@ -153,3 +135,25 @@ def test_a_refused_evaluation_is_evalms_one_line_and_its_exit_code(tmp_path, cap
     err = capfd.readouterr().err.strip()
     assert stop.value.code == 2 and "--lengths" in err and len(err.splitlines()) == 1, err
     assert not (tmp_path / "study").exists()
+
+
+def test_the_studys_evaluations_are_the_scripts_and_every_model_is_made_by_a_step():
+    """configs/study-convert.toml's `evalm eval` steps are the commands `icl` / `recall` here run and time
+    (`eval_command`: the same grid, the same run folder), and every model this script reads is an output of a
+    step. (Before plan() went, the study was checked against its 56 commands: the commit that added the file.)"""
+    from evalm.launcher.study_file import load_study
+
+    root = Path("/ROOT")
+    steps = load_study("configs/study-convert.toml", root=str(root)).steps
+    model_of = {str(root / folder): model for model, folder in reversed(study.MODELS.items())}  # original, not -window
+    evals = [s.argv for s in steps if s.argv[0] == "eval"]
+    assert len(evals) == 20  # 7 icl, 13 recall
+    for argv in evals:
+        value = dict(zip(argv, argv[1:]))
+        ablation = next((a.split("=", 1)[1] for a in argv if a.startswith("--recall.eva_ablation=")), "none")
+        cmd, _ = study.eval_command(root, model_of[value["--hf-model"]], argv[1], value.get("--lengths", study.RECALL_LENGTHS),
+                                    "cpu", value.get("--depths", study.RECALL_DEPTHS), ablation)
+        assert cmd[1:] == argv
+    made = [a for s in steps for flag, a in zip(s.argv, s.argv[1:]) if flag in ("--out", "--output")]
+    for model, folder in study.MODELS.items():
+        assert any(str(root / folder) == m or str(root / folder).startswith(m + "/") for m in made), model

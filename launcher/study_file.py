@@ -1,0 +1,124 @@
+"""The run file of a study: `[study]` and its `[[step]]`s, validated (`evalm run --config configs/study-NAME.toml`).
+
+    [study] name = "convert-smollm2", root = "runs/convert-smollm2", about = "what the study asks"
+    [[step]] name = "convert-rope", run = ["convert", "--out", "{root}/eva-rope-0"], about = "why", needs = ["prepare"]
+
+A study is a list of `evalm` commands a question needs (a conversion, its training, its evaluations),
+run by `launcher.study` as the main job runs its stages: each step once, skipped when done with the same
+command, resumable. `evalm run` tells a study from the main job's run file by its top section
+(`[study]` vs `[run]`). Every mistake is one line naming the file and the key: an unknown key, a step
+name given twice, a `needs` naming an unknown or later step, a command `evalm` does not have.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Sequence
+from dataclasses import field
+from pathlib import Path
+
+from pydantic.dataclasses import dataclass
+
+from evalm.config_toolkit import FROZEN, ConfigError, apply_overrides, build, check_sections, read_toml
+from evalm.launcher.commands import COMMANDS
+
+STEP_NAME = re.compile(r"[a-z0-9-]+")
+ROOT_SLOT = "{root}"
+
+
+@dataclass(config=FROZEN, frozen=True)
+class StudySection:
+    """`[study]`: what the study is called and where it writes."""
+
+    name: str
+    """The study's name (printed, recorded in each step's marker)."""
+    root: str
+    """Its folder; `{root}` in any step argument is replaced by it; `--root DIR` moves it."""
+    about: str = ""
+    """One line: what the study asks."""
+
+
+@dataclass(config=FROZEN, frozen=True)
+class StepSection:
+    """`[[step]]`: one `evalm` command of the study."""
+
+    name: str
+    """Unique in the study, `[a-z0-9-]+`: what `--only` and `--from` name, and its log's name."""
+    run: list[str]
+    """The `evalm` command line without `evalm`, e.g. ["eval", "ppl", "--out", "{root}/ppl"]."""
+    about: str = ""
+    """Why this step."""
+    needs: list[str] | None = None
+    """Steps that must be done first (default: the previous step)."""
+
+    def __post_init__(self):
+        if not STEP_NAME.fullmatch(self.name):
+            raise ValueError(f"name {self.name!r}: use lowercase letters, digits and '-' only")
+        if not self.run:
+            raise ValueError(f"step {self.name!r}: run is empty; give an `evalm` command, e.g. [\"convert\", ...]")
+
+
+@dataclasses.dataclass(frozen=True)
+class StudyStep:
+    """A step as it runs: its argv with `{root}` replaced, and the steps it needs."""
+
+    name: str
+    argv: list[str]
+    needs: tuple[str, ...] = ()
+    about: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Study:
+    """A validated study file: its section, its folder and its steps in file order."""
+
+    path: Path
+    section: StudySection
+    root: Path
+    steps: tuple[StudyStep, ...] = field(default_factory=tuple)
+
+    def step(self, name: str) -> StudyStep:
+        return next(s for s in self.steps if s.name == name)
+
+    def names(self) -> list[str]:
+        return [s.name for s in self.steps]
+
+
+def is_study(path: str | Path) -> bool:
+    """Whether the run file at `path` is a study (`[study]`) rather than the main job's run file."""
+    return "study" in read_toml(path)
+
+
+def load_study(path: str | Path, overrides: Sequence[str] = (), root: str | None = None) -> Study:
+    """Read and check a study file; `overrides` are `study.KEY=VALUE`, `root` moves its folder."""
+    raw = apply_overrides(read_toml(path), overrides)
+    check_sections(raw, ("study", "step"), str(path))
+    section = build(StudySection, raw.get("study"), where=f"{path} [study]")
+    if root is not None:
+        section = dataclasses.replace(section, root=root)
+    tables = raw.get("step", [])
+    if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
+        raise ConfigError(f"{path}: step must be an array of tables, [[step]]")
+    if not tables:
+        raise ConfigError(f"{path}: no [[step]]; a study needs at least one")
+    built = [build(StepSection, t, where=f"{path} [[step]] {i} ({t.get('name', '?')})") for i, t in enumerate(tables, 1)]
+    return Study(Path(path), section, Path(section.root), tuple(_steps(path, built, section.root)))
+
+
+def _steps(path: str | Path, built: list[StepSection], root: str) -> list[StudyStep]:
+    seen: list[str] = []
+    steps = []
+    for i, s in enumerate(built, 1):
+        where = f"{path} [[step]] {i} ({s.name})"
+        if s.name in seen:
+            raise ConfigError(f"{where}: name {s.name!r} is given twice; each step needs its own name")
+        needs = tuple(s.needs) if s.needs is not None else tuple(seen[-1:])
+        later = [n for n in needs if n not in seen]
+        if later:
+            raise ConfigError(f"{where}: needs {later}: no such step before this one; valid: {seen}")
+        if s.run[0] not in COMMANDS:
+            raise ConfigError(f"{where}: run {s.run[0]!r} is not an `evalm` command; valid: {list(COMMANDS)}")
+        seen.append(s.name)
+        steps.append(StudyStep(s.name, [a.replace(ROOT_SLOT, root) for a in s.run], needs, s.about))
+    return steps
