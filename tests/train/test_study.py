@@ -156,3 +156,20 @@ def test_a_folder_that_is_no_run_is_one_line(tmp_path, capsys):
     assert evalm(["study", "trainables", "--run", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "no ['data', 'optim', 'train', 'checkpoint', 'uptrain'] section(s)" in err
+
+
+def test_prepare_writes_a_llama_folder_as_the_same_float32_weights_once(tmp_path, capsys):
+    """`evalm study prepare --source DIR`: a transformers folder read through evalm.hf_folder and written as a plain
+    float32 folder whose tensors are the source's (the digest read from the files' bytes); a second run keeps it;
+    an output inside the source is refused in one line."""
+    source = tiny_llama_folder(tmp_path / "llama", dtype="float32")
+    out = tmp_path / "prepared"
+    assert evalm(["study", "prepare", "--source", str(source), "--out", str(out)]) == 0
+    assert file_digest(out / "model.safetensors") == file_digest(source / "model.safetensors")
+    assert (out / "tokenizer.json").is_file() and not list(out.glob(".staging-*"))
+    stamp = (out / "model.safetensors").stat().st_mtime_ns
+    assert evalm(["study", "prepare", "--source", str(source), "--out", str(out)]) == 0
+    assert (out / "model.safetensors").stat().st_mtime_ns == stamp
+    capsys.readouterr()
+    assert evalm(["study", "prepare", "--source", str(source), "--out", str(source / "inside")]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
