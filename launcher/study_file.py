@@ -1,6 +1,7 @@
 """The run file of a study: `[study]` and its `[[step]]`s, validated (`evalm run --config configs/study-NAME.toml`).
 
     [study] name = "convert-smollm2", root = "runs/convert-smollm2", about = "what the study asks"
+    [study.vars] seq_len = 8192                         # `{seq_len}` in any step argument
     [[step]] name = "convert-rope", run = ["convert", "--out", "{root}/eva-rope-0"], about = "why", needs = ["prepare"]
 
 A study is a list of `evalm` commands a question needs (a conversion, its training, its evaluations),
@@ -24,6 +25,7 @@ from evalm.config_toolkit import FROZEN, ConfigError, apply_overrides, build, ch
 from evalm.launcher.commands import COMMANDS
 
 STEP_NAME = re.compile(r"[a-z0-9-]+")
+VAR_NAME = re.compile(r"[a-z0-9_]+")
 ROOT_SLOT = "{root}"
 
 
@@ -37,6 +39,15 @@ class StudySection:
     """Its folder; `{root}` in any step argument is replaced by it; `--root DIR` moves it."""
     about: str = ""
     """One line: what the study asks."""
+    vars: dict[str, str | int | float] = field(default_factory=dict)
+    """Named values a step argument may hold as `{name}` (after `{root}`): the scale of a study (a model folder,
+    its line length, steps, lengths) in one place, changed with `--set study.vars.NAME=VALUE`, so the same file
+    runs at another scale (the tests run a GPU study's file on a tiny model)."""
+
+    def __post_init__(self):
+        bad = [k for k in self.vars if not VAR_NAME.fullmatch(k) or k == "root"]
+        if bad:
+            raise ValueError(f"vars {bad}: names are [a-z0-9_]+, and `root` is the study's folder")
 
 
 @dataclass(config=FROZEN, frozen=True)
@@ -103,10 +114,19 @@ def load_study(path: str | Path, overrides: Sequence[str] = (), root: str | None
     if not tables:
         raise ConfigError(f"{path}: no [[step]]; a study needs at least one")
     built = [build(StepSection, t, where=f"{path} [[step]] {i} ({t.get('name', '?')})") for i, t in enumerate(tables, 1)]
-    return Study(Path(path), section, Path(section.root), tuple(_steps(path, built, section.root)))
+    return Study(Path(path), section, Path(section.root), tuple(_steps(path, built, section)))
 
 
-def _steps(path: str | Path, built: list[StepSection], root: str) -> list[StudyStep]:
+def substitute(argument: str, section: StudySection) -> str:
+    """`{root}`, then each `{name}` of `vars`, replaced in one step argument (other braces are the command's own,
+    e.g. a template's `{label}`); a var's value may itself name `{root}`."""
+    argument = argument.replace(ROOT_SLOT, section.root)
+    for name, value in section.vars.items():
+        argument = argument.replace("{" + name + "}", str(value).replace(ROOT_SLOT, section.root))
+    return argument
+
+
+def _steps(path: str | Path, built: list[StepSection], section: StudySection) -> list[StudyStep]:
     seen: list[str] = []
     steps = []
     for i, s in enumerate(built, 1):
@@ -120,5 +140,5 @@ def _steps(path: str | Path, built: list[StepSection], root: str) -> list[StudyS
         if s.run[0] not in COMMANDS:
             raise ConfigError(f"{where}: run {s.run[0]!r} is not an `evalm` command; valid: {list(COMMANDS)}")
         seen.append(s.name)
-        steps.append(StudyStep(s.name, [a.replace(ROOT_SLOT, root) for a in s.run], needs, s.about))
+        steps.append(StudyStep(s.name, [substitute(a, section) for a in s.run], needs, s.about))
     return steps

@@ -140,6 +140,21 @@ def test_root_moves_the_study(study, tmp_path):
     assert rows(moved / "a.jsonl") == 6
 
 
+def test_vars_set_a_studys_scale_in_one_place(tmp_path, capsys):
+    """`[study.vars]`: `{name}` in a step argument is the var's value (which may name `{root}`); `--set
+    study.vars.NAME=VALUE` changes it for the run; other braces stay the command's own."""
+    root = tmp_path / "study"
+    text = STUDY.replace('"--episodes", "{episodes}"', '"--episodes", "{{n}}"').replace(
+        'about = "three steps, each reading the one before"',
+        'about = "three steps"\n[study.vars]\nn = 2\nfirst = "{{root}}/a.jsonl"')
+    path = write_study(tmp_path, root, input="{first}", text=text)
+    assert main(["run", "--config", str(path), "--list"]) == 0
+    listed = capsys.readouterr().out
+    assert f"--instructions {root}/a.jsonl" in listed and "--episodes 2 " in listed
+    assert main(["run", "--config", str(path), "--set", "study.vars.n=3"]) == 0
+    assert rows(root / "c.jsonl") == 3 * 2 + 8  # the third step's episodes, from the var
+
+
 STEP = '[[step]]\nname = "{name}"\nrun = ["train", "msit-data", "--out", "{{root}}/x.jsonl"]\n'
 
 
@@ -151,6 +166,7 @@ STEP = '[[step]]\nname = "{name}"\nrun = ["train", "msit-data", "--out", "{{root
     ('[[step]]\nname = "x"\nrun = ["bake", "--cake"]\n', "'bake' is not an `evalm` command"),
     ('[[step]]\nname = "x"\nrun = ["run", "--config", "y.toml"]\n', "'run' is not an `evalm` command"),
     ('[stduy]\nname = "x"\n', "unknown section(s) ['stduy']"),
+    ('[study.vars]\nRoot = "x"\n', "vars ['Root']: names are [a-z0-9_]+"),
 ])
 def test_a_bad_study_file_is_one_line_naming_the_file(study, capsys, extra, expected):
     path, root = study
