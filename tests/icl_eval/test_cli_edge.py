@@ -1,4 +1,4 @@
-"""The command line typed at its edge (issue 51, item 3): no library function sees argparse's namespace,
+"""The command line typed at its edge: no library function sees argparse's namespace,
 a model source's kind is chosen in one place and loaded through one dict, the loading options are one
 declaration offered as flags from one place.
 
