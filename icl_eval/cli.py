@@ -12,6 +12,11 @@ overrides, which win. Each command prints the effective settings in one block be
 writes them to results.json (`settings`). What the data cannot supply (more shots than training
 items, more test items than the split, a length no book reaches) is an error, or with --allow-skip
 a skip recorded in results.json; never a silent cap.
+
+Each command turns its flags into typed values once, at its edge: its sections' configs and one
+`Invocation` (`cli_args.invocation`: the `ModelSource`, the `LoadOptions`, --out and the switches);
+`icl`, `ppl` and `recall` then run through one skeleton (`protocol/skeleton.py`), and no function
+past the edge sees the parsed flags (tests/icl_eval/test_cli_edge.py).
 """
 
 from __future__ import annotations

@@ -84,11 +84,6 @@ class ModelSource:
             return cls(folder_kind(hf_model, gguf_file), str(hf_model), tokenizer, gguf_file)
         return cls("tiny", tokenizer=tokenizer, model=model, synthetic=synthetic)
 
-    @property
-    def flag(self) -> str:
-        """The flag that named the source, for refusals."""
-        return {"evalm": "--checkpoint", "tiny": "the built-in model"}.get(self.kind, "--hf-model")
-
     def inputs(self) -> list:
         """The model's files, which `--overwrite` must never delete."""
         return [self.path, None if self.tokenizer in (None, "bytes") else self.tokenizer]
