@@ -11,6 +11,8 @@ a length shorter than an item's needles and question, a model that cannot genera
 encoder-decoder), a length past the model's window (unless overflow = drop_left), books too short.
 Units (task, length, seed) are kept as they finish (OUT/units), resumed by key, and split over
 torchrun ranks; rank 0 writes results.json: one cell per (task, length, depth) and the cost per item.
+The flags become one typed `Invocation` in `recall` (the edge), which runs `icl` and `ppl`'s skeleton
+(icl_eval/protocol/skeleton.py).
 """
 
 from __future__ import annotations
