@@ -12,6 +12,11 @@ overrides, which win. Each command prints the effective settings in one block be
 writes them to results.json (`settings`). What the data cannot supply (more shots than training
 items, more test items than the split, a length no book reaches) is an error, or with --allow-skip
 a skip recorded in results.json; never a silent cap.
+
+Each command turns its flags into typed values once, at its edge: its sections' configs and one
+`Invocation` (`cli_args.invocation`: the `ModelSource`, the `LoadOptions`, --out and the switches);
+`icl`, `ppl` and `recall` then run through one skeleton (`protocol/skeleton.py`), and no function
+past the edge sees the parsed flags (tests/icl_eval/test_cli_edge.py).
 """
 
 from __future__ import annotations
@@ -20,24 +25,47 @@ import argparse
 import dataclasses
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from evalm.config_toolkit import ConfigError, Dispatcher, Parser, build, lazy, split_overrides, to_dict
 from evalm.storage import RunFolder
-from evalm.icl_eval.protocol.units import (Progress, UnitStore, execution_record, icl_inputs, icl_key, join, model_inputs,
-                                           ppl_inputs, ppl_key, run_folder, run_units)
 from evalm.icl_eval.cli_args import (ICL_SECTIONS, PPL_SECTIONS, common, config_source, copy_flags, csv, icl_parser,
-                                     ppl_parser)
+                                     invocation, is_tiny, load_flags, load_keys, ppl_parser)
+from evalm.icl_eval.models.source import LoadOptions, ModelSource
+from evalm.icl_eval.protocol.skeleton import Grid, Invocation, evaluate, open_store
+from evalm.icl_eval.protocol.units import icl_inputs, icl_key, ppl_inputs, ppl_key
 from evalm.icl_eval.settings import built_in_sections
+
+
+ICL_FLAGS = {"task": "task", "data": "data", "methods": "methods", "shots": "shots", "seeds": "seeds",
+             "test_items": "test_items", "bos": "bos", "save_predictions": "save_predictions", "budgets": "budgets",
+             "label_map": "label_map", "order": "order", "order_seeds": "order_seeds", "nearest": "nearest",
+             "nearest_k": "nearest_k", "nearest_embedding": "nearest_embedding"}
+"""`evalm eval icl` flag attribute -> `[eval]` key (the load flags are added by `cli_args.load_keys`)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class IclJob:
+    """What `evalm eval icl` scores besides the model: the protocol, the method knobs, the task and its data."""
+
+    config: Any
+    """`[eval]` (EvalConfig), after the supply checks."""
+    options: Any
+    """`[eval.method]` (MethodOptions)."""
+    task: Any
+    splits_for_seed: Callable[[int], dict]
+    data_info: dict
+    skipped: list
 
 
 def icl(argv: Sequence[str]) -> int:
     from evalm.icl_eval.config import EvalConfig
     from evalm.icl_eval.methods.decoder import MethodOptions
-    from evalm.icl_eval.settings import Layers, record, render
+    from evalm.icl_eval.settings import Layers, record
     from evalm.icl_eval.protocol.supply import icl_supply
     from evalm.icl_eval.tasks.data import resolve_task
 
@@ -46,45 +74,31 @@ def icl(argv: Sequence[str]) -> int:
     if args.budgets and args.shots:
         raise ConfigError("--budgets and --shots: the grid is by token budget or by shot count; give one of them")
     layers = Layers(args.config, overrides, ICL_SECTIONS)
-    copy_flags(layers, "eval", args, {"task": "task", "data": "data", "methods": "methods", "shots": "shots",
-                                  "seeds": "seeds", "test_items": "test_items", "bos": "bos",
-                                  "save_predictions": "save_predictions", "budgets": "budgets",
-                                  "label_map": "label_map", "order": "order", "order_seeds": "order_seeds",
-                                  "nearest": "nearest", "nearest_k": "nearest_k",
-                                  "nearest_embedding": "nearest_embedding", "eva_ablation": "eva_ablation"})
+    copy_flags(layers, "eval", args, {**ICL_FLAGS, **load_keys(EvalConfig)})
     where = config_source(args)
     config = build(EvalConfig, layers.section("eval"), where=f"{where} [eval]")
     options = build(MethodOptions, layers.section("eval.method"), where=f"{where} [eval.method]")
-    model_cfg, syn = built_in_sections(layers, args, where, need_synthetic=config.task == "synthetic")
+    model_cfg, syn = built_in_sections(layers, is_tiny(args), where, need_synthetic=config.task == "synthetic")
     task, splits_for_seed, data_info = resolve_task(config, syn, tiny_model=model_cfg is not None)
     config, skipped = icl_supply(config, splits_for_seed(config.seeds[0]), args.allow_skip)
     settings = record(layers, {"eval": config, "eval.method": options, "model": model_cfg, "synthetic": syn},
                       {"skipped": skipped} if skipped else None)
-    world = join(config.device)
-    try:
-        with run_folder(args.out, "evalm eval icl", world, icl_inputs(args, data_info)).held() as folder:
-            if world.rank == 0:
-                print(render("evalm eval icl", settings), flush=True)
-            key = folder.share(lambda: icl_key(args, folder, settings, task, data_info))  # rank 0 reads the files
-            store = UnitStore(folder, key, args.overwrite, world, icl_inputs(args, data_info))
-            results = _run_icl(args, config, options, model_cfg, syn, task, splits_for_seed, data_info, store)
-            if results is not None:  # rank 0 merged every unit
-                results["settings"], results["skipped"] = settings, skipped
-                _write_icl(Path(args.out), results, config)
-    finally:
-        world.close()
-    return 0
+    run = invocation(args, "evalm eval icl", config, settings, model_cfg, syn)
+    job = IclJob(config, options, task, splits_for_seed, data_info, skipped)
+    inputs = icl_inputs(run.source, args.task, data_info)
+    return evaluate(run, inputs, lambda folder, world: _icl(run, job, inputs, folder, world))
 
 
-def _run_icl(args, config, options, model_cfg, syn, task, splits_for_seed, data_info, store) -> dict | None:
-    """This rank's units of the grid; on rank 0 then every unit merged in order into the results."""
-    from evalm.icl_eval.models.loading import ablate_lm, describe, load_lm
+def _icl(run: Invocation, job: IclJob, inputs: list, folder, world) -> None:
+    """The skeleton's body for `evalm eval icl`: the settings block, the model, its checks, the units, the report."""
+    from evalm.icl_eval.models.loading import describe, load_lm
     from evalm.icl_eval.protocol.runner import Runner
 
-    world = store.world
-    lm = load_lm(args, world.device(config.device), config.dtype, model_cfg, syn, config.context_window)
-    ablate_lm(lm, config.eva_ablation)
-    runner = Runner(lm, task, config, options, splits_for_seed)
+    store = open_store(run, folder, world, lambda: icl_key(run.source, folder, run.settings, job.task, job.data_info),
+                       inputs)
+    config, options = job.config, job.options
+    lm = load_lm(run.source, run.options, world.device(run.options.device))
+    runner = Runner(lm, job.task, config, options, job.splits_for_seed)
     runner.check_budgets()  # a budget below one demonstration is refused before any scoring
     label_tokens = runner.prompt_for(config.seeds[0]).label_token_counts()
     if world.rank == 0 and len(set(label_tokens.values())) > 1 and options.scoring.endswith("-sum"):
@@ -92,22 +106,18 @@ def _run_icl(args, config, options, model_cfg, syn, task, splits_for_seed, data_
               "shorter ones; consider --eval.method.scoring=answer-mean or another verbalizer", file=sys.stderr)
     store.prepare()  # after every check of the input, before any scoring: units of other settings are refused
     units = runner.units()
-    names = [f"{i:05d}-seed{seed}-{split}-{value}" for i, (seed, split, value) in enumerate(units)]
-    resumed = store.finished(names)
-    progress = Progress(store, len(names), len(resumed), "evalm eval icl")
-    runner.progress = progress.tick
+    grid = Grid(store, [f"{i:05d}-seed{seed}-{split}-{value}" for i, (seed, split, value) in enumerate(units)],
+                run.command)
+    runner.progress = grid.progress.tick
     t0 = time.perf_counter()
-
-    def compute(i: int) -> tuple[dict, None]:
-        return runner.run_unit(units[i]), None
-
-    run_units(names, compute, store, progress)
-    if world.rank != 0:
-        return None
-    runner.adopt([store.load(name)[0] for name in names])  # the one-process order: unit after unit
-    results = runner.results(describe(lm), data_info, time.perf_counter() - t0)
-    results["execution"] = execution_record(world, names, resumed)
-    return {**results, "_predictions": runner.predictions, "_name": lm.name}
+    loaded = grid.run(lambda i: (runner.run_unit(units[i]), None))
+    if loaded is None:  # not rank 0: rank 0 merges every unit
+        return
+    runner.adopt([meta for meta, _ in loaded])  # the one-process order: unit after unit
+    results = runner.results(describe(lm), job.data_info, time.perf_counter() - t0)
+    results["execution"] = grid.execution()
+    results["settings"], results["skipped"] = run.settings, job.skipped
+    _write_icl(run.out, {**results, "_predictions": runner.predictions, "_name": lm.name}, config)
 
 
 def _write_icl(out: Path, results: dict, config) -> None:
@@ -146,6 +156,11 @@ def _print_summary(summary: dict) -> None:
         print(f"{method:>12}  best shot on validation {best['best_shot']}: test {best['test_accuracy']:.3f}")
 
 
+PPL_FLAGS = {"books": "books", "lengths": "buckets", "max_tokens": "max_tokens", "unigram_shards": "unigram_shards",
+             "fixed_contexts": "fixed_contexts"}
+"""`evalm eval ppl` flag attribute -> `[ppl]` key (the load flags are added by `cli_args.load_keys`)."""
+
+
 def ppl(argv: Sequence[str]) -> int:
     from evalm.icl_eval.config import PerplexityConfig
     from evalm.icl_eval.settings import Layers, record
@@ -156,9 +171,7 @@ def ppl(argv: Sequence[str]) -> int:
     layers = Layers(args.config, overrides, PPL_SECTIONS)
     if args.books:
         args.books = tuple(args.books)
-    copy_flags(layers, "ppl", args, {"books": "books", "lengths": "buckets", "max_tokens": "max_tokens",
-                                 "unigram_shards": "unigram_shards", "fixed_contexts": "fixed_contexts",
-                                 "eva_ablation": "eva_ablation"})
+    copy_flags(layers, "ppl", args, {**PPL_FLAGS, **load_keys(PerplexityConfig)})
     where = config_source(args)
     config = build(PerplexityConfig, layers.section("ppl"), where=f"{where} [ppl]")
     flag = "--max-tokens" if layers.sources.get("ppl.max_tokens") == "--max-tokens" else "ppl.max_tokens"
@@ -166,41 +179,33 @@ def ppl(argv: Sequence[str]) -> int:
     if not config.books:
         raise ConfigError("--books: give a PG-19 split folder of .txt books, .txt files, a jsonl file with `text` "
                           "(e.g. train/samples/documents.jsonl), or deepmind/pg19:test from the datasets cache")
-    model_cfg, syn = built_in_sections(layers, args, where, need_synthetic=False)
+    model_cfg, syn = built_in_sections(layers, is_tiny(args), where, need_synthetic=False)
     settings = record(layers, {"ppl": config, "model": model_cfg, "synthetic": syn})
-    world = join(config.device)
-    try:
-        with run_folder(args.out, "evalm eval ppl", world, ppl_inputs(args, config)).held() as folder:
-            return _ppl(args, config, settings, model_cfg, syn, folder, world)
-    finally:
-        world.close()
+    run = invocation(args, "evalm eval ppl", config, settings, model_cfg, syn)
+    inputs = ppl_inputs(run.source, config)
+    return evaluate(run, inputs, lambda folder, world: _ppl(run, config, inputs, folder, world))
 
 
-def _ppl(args, config, settings: dict, model_cfg, syn, folder, world) -> int:
+def _ppl(run: Invocation, config, inputs: list, folder, world) -> None:
+    """The skeleton's body for `evalm eval ppl`: the settings block, the model, the books' reach, the units, the report."""
     from evalm.icl_eval.perplexity.books import iter_books
-    from evalm.icl_eval.models.loading import ablate_lm, load_lm
-    from evalm.icl_eval.settings import render
+    from evalm.icl_eval.models import loading
     from evalm.icl_eval.protocol.supply import ppl_reach
 
-    if world.rank == 0:
-        print(render("evalm eval ppl", settings), flush=True)
-    key = folder.share(lambda: ppl_key(args, folder, settings, config))  # rank 0 reads the files
-    store = UnitStore(folder, key, args.overwrite, world, ppl_inputs(args, config))
-    lm = load_lm(args, world.device(config.device), config.dtype, model_cfg, syn, None)
-    ablate_lm(lm, config.eva_ablation)
+    store = open_store(run, folder, world, lambda: ppl_key(run.source, folder, run.settings, config), inputs)
+    lm = loading.load_lm(run.source, run.options, world.device(run.options.device))
     fixed_need = max(config.fixed_contexts) + config.fixed_target_tokens if config.fixed_contexts else 0
     skipped = ppl_reach(iter_books(config.books, config.max_books), lm.tokenizer.encode, config.buckets,
-                        fixed_need, args.allow_skip)
+                        fixed_need, run.allow_skip)
     if skipped:
-        settings["skipped"] = skipped
+        run.settings["skipped"] = skipped
         if world.rank == 0:
             print(f"skipped (--allow-skip): {skipped[0]['why']}", file=sys.stderr)
     store.prepare()  # after every check of the input, before any scoring: units of other settings are refused
     results = _run_ppl(lm, config, store)
     if results is not None:  # rank 0 merged every book
-        results["settings"], results["skipped"] = settings, skipped
-        _write_ppl(Path(args.out), results, lm)
-    return 0
+        results["settings"], results["skipped"] = run.settings, skipped
+        _write_ppl(run.out, results, lm)
 
 
 def _run_ppl(lm, config, store) -> dict | None:
@@ -215,9 +220,8 @@ def _run_ppl(lm, config, store) -> dict | None:
     protocols = Protocols(lm, config, unigram)
     world = store.world
     say = (lambda line: print(line, file=sys.stderr)) if world.rank == 0 else None  # a book named twice
-    names = [f"{i:05d}-book" for i, _ in enumerate(iter_books(config.books, config.max_books, say))]
-    resumed = store.finished(names)
-    progress = Progress(store, len(names), len(resumed), "evalm eval ppl", unit="books")
+    grid = Grid(store, [f"{i:05d}-book" for i, _ in enumerate(iter_books(config.books, config.max_books, say))],
+                "evalm eval ppl", unit="books")
     books = iter_books(config.books, config.max_books)  # lazily: one book in memory at a time
     mine = ((i, book) for i, book in enumerate(books) if i % world.size == world.rank)
 
@@ -226,17 +230,17 @@ def _run_ppl(lm, config, store) -> dict | None:
         while j != i:  # a unit finished before: its book is skipped
             j, (name, text) = next(mine)
         scored = protocols.score(name, text)
-        progress.tick(1)
+        grid.progress.tick(1)
         return _book_unit(scored)
 
-    run_units(names, compute, store, progress)
-    if world.rank != 0:
+    loaded = grid.run(compute)
+    if loaded is None:
         return None
-    results = protocols.report([_book_scores(*store.load(name)) for name in names])
+    results = protocols.report([_book_scores(*unit) for unit in loaded])
     results["model"] = describe(lm)
     results["config"] = to_dict(config)
     results["seconds"] = time.perf_counter() - t0
-    results["execution"] = execution_record(world, names, resumed)
+    results["execution"] = grid.execution()
     return results
 
 
@@ -306,22 +310,22 @@ def harness(argv: Sequence[str]) -> int:
     p.add_argument("--add-bos", action=argparse.BooleanOptionalAction, default=None,
                    help="start every context with the bos token (default: as `lm_eval --model hf` with add_bos_token "
                         "unset, i.e. what the model's tokenizer does by default: GPT-2 no, Llama yes; EVALM yes)")
-    p.add_argument("--device", default="cpu", help="torch device of the model (default: cpu)")
-    p.add_argument("--dtype", default="float32", choices=("float32", "float64", "bfloat16", "float16"),
-                   help="model dtype (default: float32)")
+    load_flags(p, LoadOptions, ("device", "dtype"))
     args = p.parse_args(argv)
-    if not (args.checkpoint or args.hf_model):
+    if is_tiny(args):
         raise ConfigError("evalm eval harness needs --checkpoint DIR or --hf-model DIR")
-    from evalm.icl_eval.harness import evaluate
+    from evalm.icl_eval.harness import evaluate as harness_evaluate
     from evalm.icl_eval.models.loading import describe, load_lm
     from evalm.icl_eval.report import write_json
 
     out = Path(args.out)
-    with RunFolder(out, "evalm eval harness", inputs=model_inputs(args)).held():
-        lm = load_lm(args, args.device, args.dtype, None, None, None)
+    source = ModelSource.of(args.checkpoint, args.hf_model, args.gguf_file, args.tokenizer)
+    options = LoadOptions(**{name: getattr(args, name) for name in ("device", "dtype") if getattr(args, name)})
+    with RunFolder(out, "evalm eval harness", inputs=[i for i in source.inputs() if i]).held():
+        lm = load_lm(source, options, options.device)
         limit = None if args.limit is None else (int(args.limit) if args.limit >= 1 else args.limit)
-        results = evaluate(lm, args.tasks, args.num_fewshot, args.seeds, limit, args.include_path,
-                           batch_size=args.batch_size, overflow=args.overflow, add_bos=args.add_bos)
+        results = harness_evaluate(lm, args.tasks, args.num_fewshot, args.seeds, limit, args.include_path,
+                                   batch_size=args.batch_size, overflow=args.overflow, add_bos=args.add_bos)
         results["model"] = describe(lm)
         write_json(out / "results.json", results)
     for task, metrics in results["summary"].items():

@@ -1,6 +1,7 @@
-"""The argument parsers of `evalm eval icl|ppl|harness`: every option with its help and default.
+"""The argument parsers of `evalm eval icl|ppl|harness|recall`: every option with its help and default.
 
-Parsing only: `icl_eval.cli` turns the parsed flags into settings (`icl_eval.settings`).
+Parsing, and the edge: `icl_eval.cli` turns the parsed flags into settings (`icl_eval.settings`) and,
+through `invocation` here, into one typed `Invocation`; no function past the edge sees the parsed flags.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import argparse
 import textwrap
 from collections.abc import Sequence
+from pathlib import Path
 
 from evalm.config_toolkit import Parser, settable_keys
 
@@ -45,12 +47,36 @@ def common(parser: Parser, out: str, sections: str | None) -> None:
                             "(default: none; every key below)")
 
 
-def eva_ablation(parser: Parser, cls) -> None:
-    """--eva-ablation: EVA's component ablation at evaluation time (evalm/tiling.py, `Ablation`)."""
-    parser.add_argument("--eva-ablation", choices=("none", "no-remote", "chunk-window"), help="EVA's component "
-                        "ablation, kept in the settings: no-remote switches the chunk summaries off (the window alone), "
-                        "chunk-window cuts the local window to the query's chunk (the summaries carry the rest); EVA "
-                        f"models only (default: {_default(cls, 'eva_ablation')})")
+LOAD_HELP = {
+    "device": "torch device of the model, e.g. cuda (cuda:LOCAL_RANK under torchrun)",
+    "dtype": "model dtype; scores and NLLs are computed in float32 or wider",
+    "context_window": "override the model's window in tokens (EVALM: no limit; HF: max_position_embeddings)",
+    "eva_ablation": "EVA's component ablation, kept in the settings: no-remote switches the chunk summaries off (the "
+                    "window alone), chunk-window cuts the local window to the query's chunk (the summaries carry the "
+                    "rest); EVA models only",
+}
+"""Help of each model-loading flag (models.source.LoadOptions); each flag is added by `load_flags` alone."""
+
+
+def load_flags(parser: Parser, cls, names: Sequence[str] | None = None) -> None:
+    """The model-loading options (models.source.LoadOptions, declared there once) as flags: --device, --dtype,
+    --context-window, --eva-ablation, those of `names` (default: every one the section class `cls` holds),
+    each with its choices and `cls`'s default. Unset, a flag is None and the section's value stands."""
+    import dataclasses
+    import typing
+
+    from evalm.icl_eval.models.source import LoadOptions
+
+    hints = typing.get_type_hints(LoadOptions)
+    for field in dataclasses.fields(LoadOptions):
+        if field.name not in (names if names is not None else cls.__dataclass_fields__):
+            continue
+        kind = hints[field.name]
+        choices = typing.get_args(kind) if typing.get_origin(kind) is typing.Literal else None
+        parser.add_argument("--" + field.name.replace("_", "-"), choices=choices,
+                            type=int if field.name == "context_window" else str,
+                            metavar=None if choices else {"device": "DEVICE", "context_window": "N"}[field.name],
+                            help=f"{LOAD_HELP[field.name]} (default: {_default(cls, field.name)})")
 
 
 def allow_skip(parser: Parser, what: str) -> None:
@@ -143,7 +169,7 @@ def icl_parser() -> Parser:
     p.add_argument("--save-predictions", action="store_true", help="write predictions.jsonl: every candidate's "
                    "score per item, method, shot and seed (default: off)")
     protocol_options(p)
-    eva_ablation(p, EvalConfig)
+    load_flags(p, EvalConfig)
     allow_skip(p, "shot counts above the training pool and a --test-items above the split (scoring all)")
     overwrite(p)
     return p
@@ -198,7 +224,7 @@ def ppl_parser() -> Parser:
                    "unigram reference (default: none, uniform reference only)")
     p.add_argument("--fixed-contexts", type=csv(int), metavar="C1,C2", help="context lengths of the fixed-position "
                    "protocol (the same targets after each), e.g. 16,256,4096 (default: none, protocol off)")
-    eva_ablation(p, PerplexityConfig)
+    load_flags(p, PerplexityConfig)
     allow_skip(p, "--lengths buckets that no book reaches")
     overwrite(p)
     return p
@@ -232,7 +258,7 @@ def recall_parser() -> Parser:
                    "jsonl/parquet with `text`, or a cached id such as deepmind/pg19:test (default: none)")
     p.add_argument("--save-predictions", action="store_true", help="write predictions.jsonl: every prompt's "
                    "generation, extracted answer and gold (default: off)")
-    eva_ablation(p, RecallConfig)
+    load_flags(p, RecallConfig)
     overwrite(p)
     return p
 
@@ -248,3 +274,26 @@ def copy_flags(layers, section: str, args, names: dict[str, str]) -> None:
         value = getattr(args, attr)
         if value is not None and value is not False:
             layers.set_flag(section, key, value, "--" + attr.replace("_", "-"))
+
+
+def load_keys(cls) -> dict[str, str]:
+    """The load flags `load_flags` gave a command with section class `cls`: attribute -> config key."""
+    from evalm.icl_eval.models.source import LoadOptions
+
+    return {name: name for name in LoadOptions.__dataclass_fields__ if name in cls.__dataclass_fields__}
+
+
+def is_tiny(args) -> bool:
+    """Neither --checkpoint nor --hf-model: the built-in tiny model is scored."""
+    return not (args.checkpoint or args.hf_model)
+
+
+def invocation(args, command: str, section, settings: dict, model=None, synthetic=None):
+    """The command line, typed once (protocol.skeleton.Invocation): the model source the flags name (its kind
+    chosen by models.source), the section's load options, the output folder and the run's switches."""
+    from evalm.icl_eval.models.source import LoadOptions, ModelSource
+    from evalm.icl_eval.protocol.skeleton import Invocation
+
+    source = ModelSource.of(args.checkpoint, args.hf_model, args.gguf_file, args.tokenizer, model, synthetic)
+    return Invocation(command, Path(args.out), source, LoadOptions.of(section), settings, args.overwrite,
+                      getattr(args, "allow_skip", False))  # recall has no --allow-skip

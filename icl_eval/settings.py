@@ -110,14 +110,13 @@ def render(command: str, settings: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def built_in_sections(layers, args, where: str, need_synthetic: bool):
-    """`[model]` of the built-in tiny model (no --checkpoint/--hf-model) and `[synthetic]`, when used:
+def built_in_sections(layers, tiny: bool, where: str, need_synthetic: bool):
+    """`[model]` of the built-in tiny model (`tiny`: no --checkpoint/--hf-model) and `[synthetic]`, when used:
     what `icl`, `ppl` and `recall` build before anything else."""
     from evalm import ModelConfig
     from evalm.config_toolkit import build
     from evalm.icl_eval.tasks.synthetic import SyntheticConfig
 
-    tiny = not (args.checkpoint or args.hf_model)
     model = build(ModelConfig, {**tiny_model(), **layers.section("model")}, where=f"{where} [model]") if tiny else None
     syn = build(SyntheticConfig, {**TINY_SYNTHETIC_TRAINING, **layers.section("synthetic")},
                 where=f"{where} [synthetic]") if tiny or need_synthetic else None

@@ -12,23 +12,13 @@ lm.py`'s interface). No window: EVA has none (`max_positions` None unless `--con
 from __future__ import annotations
 
 import inspect
-import json
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
 EVA_MODEL_TYPES = ("evalm", "eva_llama")
-
-
-def is_eva_folder(folder: str | Path) -> bool:
-    """Whether a `transformers` folder holds an EVA model of evalm's classes."""
-    path = Path(folder) / "config.json"
-    try:
-        return json.loads(path.read_text(encoding="utf-8")).get("model_type") in EVA_MODEL_TYPES
-    except (OSError, ValueError):
-        return False
+"""model_type values of folders built into evalm's classes (`models.hf.load_hf` reads it from the config it checks)."""
 
 
 class EvaHFCausalLM:

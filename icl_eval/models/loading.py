@@ -1,4 +1,4 @@
-"""The model an `evalm eval` command scores: an exported EVALM, a local HF folder, or the built-in tiny one.
+"""The model an `evalm eval` command scores, by the kind of its `ModelSource` (models/source.py): one loader each.
 
 A folder that cannot be loaded is one error naming `--checkpoint` and what to do: a
 missing folder, and a training run folder (DCP checkpoints) that has not been exported yet.
@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from evalm.config_toolkit import ConfigError
+from evalm.icl_eval.models.source import LoadOptions, ModelSource
 
 
 def check_checkpoint(folder: str | Path) -> Path:
@@ -27,36 +28,63 @@ def check_checkpoint(folder: str | Path) -> Path:
     raise ConfigError(f"--checkpoint {folder}: {' and '.join(missing)} missing; give a folder written by `evalm export`")
 
 
-def load_lm(args, device: str, dtype: str, model_section: dict | None, synthetic, context_window: int | None):
-    """The LM of --hf-model, --checkpoint, or (neither) the built-in tiny model trained on `synthetic`."""
+def load_lm(source: ModelSource, options: LoadOptions, device: str):
+    """The model of `source`, loaded on `device` (the rank's own, `World.device(options.device)`) with
+    `options`: its dtype, its context window, EVA's ablation."""
+    lm = SOURCES[source.kind](source, options, device)
+    ablate_lm(lm, options.eva_ablation)
+    return lm
+
+
+def _hf_tokenizer(source: ModelSource):
+    from evalm.text.tokenizer import load_tokenizer
+
+    if not Path(source.path).is_dir():
+        raise ConfigError(f"--hf-model {source.path}: no such folder; give a local Hugging Face model folder")
+    return load_tokenizer(source.tokenizer) if source.tokenizer else None
+
+
+def _transformers(source: ModelSource, options: LoadOptions, device: str):
+    """A causal LM folder (and its GGUF file, for kind gguf); an EVA folder loads with EVA's cache (models.hf)."""
+    from evalm.icl_eval.models.hf import load_hf
+
+    tok = _hf_tokenizer(source)
+    lm = load_hf(source.path, tokenizer=tok, dtype=options.dtype, device=device, gguf_file=source.gguf_file)
+    if options.context_window:
+        lm.max_positions = options.context_window
+    return lm
+
+
+def _t5(source: ModelSource, options: LoadOptions, device: str):
+    """An encoder-decoder: concat | saicl | fid | ensemble (icl_eval/methods/encoder_decoder.py)."""
+    from evalm.icl_eval.models.t5 import load_t5
+
+    tok = _hf_tokenizer(source)
+    return load_t5(source.path, tokenizer=tok, dtype=options.dtype, device=device)
+
+
+def _evalm(source: ModelSource, options: LoadOptions, device: str):
+    """An `evalm export` folder, with its tokenizer.json unless --tokenizer names another."""
     import torch
 
+    from evalm.io import load_model
     from evalm.text.tokenizer import load_tokenizer
     from evalm.icl_eval.models.lm import EvalmLM
 
-    if args.hf_model:
-        from evalm.icl_eval.models.hf import load_hf
-        from evalm.icl_eval.models.t5 import is_t5_folder, load_t5
+    ckpt = check_checkpoint(source.path)
+    tok_path = source.tokenizer or (ckpt / "tokenizer.json" if (ckpt / "tokenizer.json").is_file() else None)
+    model = load_model(ckpt, device=device, dtype=getattr(torch, options.dtype))
+    tokenizer = load_tokenizer(tok_path)
+    check_vocab(tokenizer, tok_path or "bytes", model.config.vocab_size, ckpt)
+    return EvalmLM(model, tokenizer, name=str(ckpt), max_positions=options.context_window)
 
-        if not Path(args.hf_model).is_dir():
-            raise ConfigError(f"--hf-model {args.hf_model}: no such folder; give a local Hugging Face model folder")
-        tok = load_tokenizer(args.tokenizer) if args.tokenizer else None
-        if is_t5_folder(args.hf_model):  # encoder-decoder: concat | saicl | fid | ensemble (icl_eval/methods/encoder_decoder.py)
-            return load_t5(args.hf_model, tokenizer=tok, dtype=dtype, device=device)
-        lm = load_hf(args.hf_model, tokenizer=tok, dtype=dtype, device=device, gguf_file=args.gguf_file)
-        if context_window:
-            lm.max_positions = context_window
-        return lm
-    if args.checkpoint:
-        from evalm.io import load_model
 
-        ckpt = check_checkpoint(args.checkpoint)
-        tok_path = args.tokenizer or (ckpt / "tokenizer.json" if (ckpt / "tokenizer.json").is_file() else None)
-        model = load_model(ckpt, device=device, dtype=getattr(torch, dtype))
-        tokenizer = load_tokenizer(tok_path)
-        check_vocab(tokenizer, tok_path or "bytes", model.config.vocab_size, ckpt)
-        return EvalmLM(model, tokenizer, name=str(ckpt), max_positions=context_window)
-    return tiny_default(model_section, synthetic, context_window)
+def _tiny(source: ModelSource, options: LoadOptions, device: str):
+    return tiny_default(source.model, source.synthetic, options.context_window)
+
+
+SOURCES = {"evalm": _evalm, "transformers": _transformers, "gguf": _transformers, "t5": _t5, "tiny": _tiny}
+"""The loader of each kind of model source (`models.source.KINDS`): (source, options, device) -> the LM."""
 
 
 def ablate_lm(lm, ablation: str) -> None:

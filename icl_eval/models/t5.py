@@ -48,17 +48,6 @@ def _transformers():
     return transformers
 
 
-def is_t5_folder(folder: str | Path) -> bool:
-    """Whether a local Hugging Face folder holds an encoder-decoder (T5-family) model."""
-    from evalm.hf_folder import check_folder
-
-    path = Path(folder) / "config.json"
-    if not path.is_file():
-        return False
-    cfg = check_folder(folder)  # a config.json that is not JSON is one line naming it
-    return bool(cfg.get("is_encoder_decoder")) or cfg.get("model_type") in ("t5", "mt5", "umt5")
-
-
 def tiny_t5_config(vocab_size: int = 257, eos_id: int = 256, d_model: int = 64, layers: int = 2, heads: int = 4,
                    d_ff: int = 128, dropout: float = 0.0):
     """A T5.1.1 / LM-adapt shaped config (gated-GELU, untied head) small enough for a CPU; id 0 is pad/start."""

@@ -116,40 +116,29 @@ def run_folder(folder: str | Path, command: str, world: World, inputs: Sequence 
 # ---------------------------------------------------------------- resume keys, by content
 
 
-def model_key(args, folder: RunFolder) -> dict[str, Any]:
-    """The model part of a resume key: its files by content (weights, config, tokenizer), not by name or time."""
-    kind = "checkpoint" if args.checkpoint else "hf_model" if args.hf_model else None
-    files = args.checkpoint or args.hf_model
-    tokenizer = args.tokenizer if args.tokenizer in (None, "bytes") else folder.identity(args.tokenizer)
-    return {"kind": kind, "files": folder.identity(files) if files else None, "tokenizer": tokenizer}
-
-
-def model_inputs(args) -> list:
-    """The model's files, which `--overwrite` must never delete."""
-    return [args.checkpoint, args.hf_model, None if args.tokenizer in (None, "bytes") else args.tokenizer]
-
-
-def icl_key(args, folder: RunFolder, settings: dict, task, data_info: dict) -> dict[str, Any]:
+def icl_key(model, folder: RunFolder, settings: dict, task, data_info: dict) -> dict[str, Any]:
     """What `evalm eval icl`'s units are computed from: the settings, the task's definition (template,
-    labels, every field), the data by the content of its files, the model by its weights."""
+    labels, every field), the data by the content of its files, the model (a `models.source.ModelSource`)
+    by its weights."""
     splits = data_info.get("splits", {})
     data_files = {split: folder.identity(path) for split, path in splits.items() if Path(str(path)).exists()}
     source = data_info.get("source")
     if not data_files and source and Path(str(source)).exists():  # the splits live inside it (a saved DatasetDict)
         data_files = {"source": folder.identity(source)}
-    return {"command": "icl", "settings": settings, "task": dataclasses.asdict(task), "model": model_key(args, folder),
+    return {"command": "icl", "settings": settings, "task": dataclasses.asdict(task), "model": model.key(folder),
             "data": data_info, "data_files": data_files}
 
 
-def icl_inputs(args, data_info: dict) -> list:
-    return [*model_inputs(args), args.task, data_info.get("source"), *data_info.get("splits", {}).values()]
+def icl_inputs(model, task_flag: str | None, data_info: dict) -> list:
+    """The files `evalm eval icl` reads (`model` a `models.source.ModelSource`), which `--overwrite` must never delete."""
+    return [*model.inputs(), task_flag, data_info.get("source"), *data_info.get("splits", {}).values()]
 
 
-def ppl_key(args, folder: RunFolder, settings: dict, config) -> dict[str, Any]:
+def ppl_key(model, folder: RunFolder, settings: dict, config) -> dict[str, Any]:
     """What `evalm eval ppl`'s units are computed from: the settings, the books and unigram shards by content,
     the model by its weights (a book id of the datasets cache by its name)."""
     unigram = folder.identity(config.unigram_shards) if config.unigram_shards else None
-    return {"command": "ppl", "settings": settings, "model": model_key(args, folder),
+    return {"command": "ppl", "settings": settings, "model": model.key(folder),
             "books": books_key(folder, config.books), "unigram": unigram}
 
 
@@ -159,8 +148,8 @@ def books_key(folder: RunFolder, books: Sequence) -> dict[str, str]:
     return {**{str(b): str(b) for b in books}, **dict(zip(map(str, on_disk), folder.identities(on_disk)))}
 
 
-def ppl_inputs(args, config) -> list:
-    return [*model_inputs(args), *config.books, config.unigram_shards]
+def ppl_inputs(model, config) -> list:
+    return [*model.inputs(), *config.books, config.unigram_shards]
 
 
 EXECUTION = {"seconds", "seconds_per_item", "seconds_per_item_mean", "seconds_per_item_std", "encode_seconds",

@@ -11,24 +11,27 @@ a length shorter than an item's needles and question, a model that cannot genera
 encoder-decoder), a length past the model's window (unless overflow = drop_left), books too short.
 Units (task, length, seed) are kept as they finish (OUT/units), resumed by key, and split over
 torchrun ranks; rank 0 writes results.json: one cell per (task, length, depth) and the cost per item.
+The flags become one typed `Invocation` in `recall` (the edge), which runs `icl` and `ppl`'s skeleton
+(icl_eval/protocol/skeleton.py).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
 from evalm.config_toolkit import ConfigError, build, split_overrides, to_dict
-from evalm.icl_eval.cli_args import RECALL_SECTIONS, config_source, copy_flags, recall_parser
-from evalm.icl_eval.protocol.units import (Progress, UnitStore, books_key, execution_record, join, model_inputs,
-                                           model_key, run_folder, run_units)
-from evalm.icl_eval.recall.config import RecallConfig, model_options
+from evalm.icl_eval.cli_args import (RECALL_SECTIONS, config_source, copy_flags, invocation, is_tiny, load_keys,
+                                     recall_parser)
+from evalm.icl_eval.models.source import LoadOptions, ModelSource, refuse_unless_decoder
+from evalm.icl_eval.protocol.skeleton import Grid, Invocation, evaluate, open_store
+from evalm.icl_eval.protocol.units import books_key
+from evalm.icl_eval.recall.config import RecallConfig
 from evalm.icl_eval.settings import built_in_sections
 
 FLAGS = {"tasks": "tasks", "lengths": "lengths", "depths": "depths", "seeds": "seeds", "items": "items",
-         "haystack": "haystack", "books": "books", "save_predictions": "save_predictions", "eva_ablation": "eva_ablation"}
-"""Flag attribute -> `[recall]` key."""
+         "haystack": "haystack", "books": "books", "save_predictions": "save_predictions"}
+"""Flag attribute -> `[recall]` key (the load flags are added by `cli_args.load_keys`)."""
 
 
 def recall(argv: Sequence[str]) -> int:
@@ -39,11 +42,13 @@ def recall(argv: Sequence[str]) -> int:
     layers = Layers(args.config, overrides, RECALL_SECTIONS)
     if args.books:
         args.books = tuple(args.books)
-    copy_flags(layers, "recall", args, FLAGS)
+    copy_flags(layers, "recall", args, {**FLAGS, **load_keys(RecallConfig)})
     where = config_source(args)
     config = build(RecallConfig, layers.section("recall"), where=f"{where} [recall]")
-    model_cfg, syn = built_in_sections(layers, args, where, need_synthetic=False)
-    _check_generates(args)
+    model_cfg, syn = built_in_sections(layers, is_tiny(args), where, need_synthetic=False)
+    settings = record(layers, {"recall": config, "model": model_cfg, "synthetic": syn})
+    run = invocation(args, "evalm eval recall", config, settings, model_cfg, syn)
+    refuse_unless_decoder(run.source, "recall")
     if model_cfg is not None and config.eva_ablation != "none" and model_cfg.attention != "eva":
         raise ConfigError(f"--eva-ablation {config.eva_ablation}: the built-in model's attention is "
                           f"{model_cfg.attention!r}, not EVA; set --model.attention=eva or --eva-ablation none")
@@ -51,23 +56,8 @@ def recall(argv: Sequence[str]) -> int:
         from evalm.text.tokenizer import ByteTokenizer
 
         _check_items(config, ByteTokenizer(), None)
-    settings = record(layers, {"recall": config, "model": model_cfg, "synthetic": syn})
-    world = join(config.device)
-    try:
-        with run_folder(args.out, "evalm eval recall", world, [*model_inputs(args), *config.books]).held() as folder:
-            _run(args, config, settings, model_cfg, syn, folder, world)
-    finally:
-        world.close()
-    return 0
-
-
-def _check_generates(args) -> None:
-    """Recall decodes from a causal decoder's cache: an encoder-decoder folder is refused before loading."""
-    from evalm.icl_eval.models.t5 import is_t5_folder
-
-    if args.hf_model and is_t5_folder(args.hf_model):
-        raise ConfigError(f"--hf-model {args.hf_model}: an encoder-decoder (T5) cannot generate through a decoder "
-                          "cache; recall needs a causal LM (a decoder-only --hf-model, or --checkpoint)")
+    inputs = [*run.source.inputs(), *config.books]
+    return evaluate(run, inputs, lambda folder, world: _run(run, config, inputs, folder, world))
 
 
 def _check_items(config, tokenizer, window: int | None) -> tuple[tuple[int, ...], str, int]:
@@ -95,48 +85,43 @@ def _check_items(config, tokenizer, window: int | None) -> tuple[tuple[int, ...]
     return bos, why, longest
 
 
-def load(args, config, model_cfg, syn, world):
-    """The model to score, loaded with the run's `ModelOptions` (recorded as results.json's `model_options`)."""
-    from evalm.icl_eval.models.loading import ablate_lm, load_lm
+def load(source: ModelSource, options: LoadOptions, device: str):
+    """The model to score, loaded with the run's `LoadOptions` (recorded as results.json's `model_options`);
+    one without an incremental cache to generate through is refused."""
+    from evalm.icl_eval.models.loading import load_lm
 
-    options = model_options(config)
-    lm = load_lm(args, world.device(options.device), options.dtype, model_cfg, syn, options.context_window)
+    lm = load_lm(source, options, device)
     if not all(hasattr(lm, m) for m in ("new_state", "extend", "fork")):
         raise ConfigError(f"{lm.name}: this model has no incremental cache to generate through; recall needs a causal LM")
-    ablate_lm(lm, options.eva_ablation)
-    return lm, options
+    return lm
 
 
-def _run(args, config, settings: dict, model_cfg, syn, folder, world) -> None:
+def _run(run: Invocation, config: RecallConfig, inputs: list, folder, world) -> None:
+    """The skeleton's body for `evalm eval recall`: the model, its items checked, the settings block, the units, the report."""
     from evalm.icl_eval.recall.haystacks import Haystacks
     from evalm.icl_eval.recall.runner import Runner
-    from evalm.icl_eval.settings import render
 
-    lm, options = load(args, config, model_cfg, syn, world)
+    lm = load(run.source, run.options, world.device(run.options.device))
     bos, why, longest = _check_items(config, lm.tokenizer, lm.max_positions)
-    if world.rank == 0:
-        print(render("evalm eval recall", settings), flush=True)
+    store = open_store(run, folder, world, lambda: {"command": "recall", "settings": run.settings,
+                                                   "model": run.source.key(folder),
+                                                   "books": books_key(folder, config.books)}, inputs)
     books = config.haystack == "books" and any(t != "passkey" for t in config.tasks)
     haystacks = Haystacks(lm.tokenizer, config.books, longest if books else 0)
-    key = folder.share(lambda: {"command": "recall", "settings": settings, "model": model_key(args, folder),
-                                "books": books_key(folder, config.books)})  # rank 0 reads the files
-    store = UnitStore(folder, key, args.overwrite, world, [*model_inputs(args), *config.books])
     store.prepare()  # after every check of the input, before any scoring
     window = lm.max_positions if config.overflow == "drop_left" else None
     runner = Runner(lm, config, bos, haystacks, window)
     units = runner.units()
-    names = [f"{i:05d}-{u.name}" for i, u in enumerate(units)]
-    resumed = store.finished(names)
-    progress = Progress(store, len(names), len(resumed), "evalm eval recall", unit="items", per_unit=config.items)
-    runner.progress = progress.tick
+    grid = Grid(store, [f"{i:05d}-{u.name}" for i, u in enumerate(units)], run.command, per_unit=config.items)
+    runner.progress = grid.progress.tick
     t0 = time.perf_counter()
-    run_units(names, lambda i: (runner.run_unit(units[i]), None), store, progress)
-    if world.rank == 0:
+    loaded = grid.run(lambda i: (runner.run_unit(units[i]), None))
+    if loaded is not None:  # rank 0: every unit, in order
         from evalm.icl_eval.models.loading import describe
         from evalm.icl_eval.recall.report import results, write
 
-        metas = [store.load(n)[0] for n in names]
-        data = results(metas, config, {"model": describe(lm), "model_options": to_dict(options), "settings": settings,
-                                       "bos": {"tokens": list(bos), "why": why}})
-        data["seconds"], data["execution"] = time.perf_counter() - t0, execution_record(world, names, resumed)
-        write(Path(args.out), data, metas, config)
+        metas = [meta for meta, _ in loaded]
+        data = results(metas, config, {"model": describe(lm), "model_options": to_dict(run.options),
+                                       "settings": run.settings, "bos": {"tokens": list(bos), "why": why}})
+        data["seconds"], data["execution"] = time.perf_counter() - t0, grid.execution()
+        write(run.out, data, metas, config)

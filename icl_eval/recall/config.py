@@ -1,4 +1,4 @@
-"""`[recall]`: the settings of `evalm eval recall` (docs/evaluation.md, "Recall"), and the model options.
+"""`[recall]`: the settings of `evalm eval recall` (docs/evaluation.md, "Recall").
 
 Built with `config_toolkit.build`, so an unknown key names the file, the section and the valid keys;
 a depth outside 0-100, an unknown family or a repeated value is one error before any work.
@@ -111,20 +111,3 @@ MAX_ITEMS = 10_000
 def _at_least(name: str, value: int, low: int) -> None:
     if value < low:
         raise ConfigError(f"{name} = {value}: give a value of at least {low}")
-
-
-@dataclass(config=FROZEN, frozen=True)
-class ModelOptions:
-    """How the model is loaded and run, recorded in results.json as `model_options`: a switch of the
-    model at evaluation time (e.g. an EVA component ablation) is one more field here and in
-    `model_options()`, and the loader receives it with the rest."""
-
-    device: str = "cpu"
-    dtype: str = "float32"
-    context_window: int | None = None
-    eva_ablation: str = "none"
-
-
-def model_options(config: RecallConfig) -> ModelOptions:
-    return ModelOptions(device=config.device, dtype=config.dtype, context_window=config.context_window,
-                        eva_ablation=config.eva_ablation)

@@ -230,7 +230,7 @@ def test_the_eva_ablation_reaches_every_eva_layer_and_every_cell(byte_model, tmp
     """`--eva-ablation` is recorded in model_options, every cell and every record; the loaded model's
     layers carry it (tests/evalm/test_eva_ablation.py proves what it then computes); a model with no
     EVA layer is refused in one line before any unit."""
-    from evalm.icl_eval.cli_args import recall_parser
+    from evalm.icl_eval.models.source import LoadOptions, ModelSource
     from evalm.icl_eval.recall.command import load
     from evalm.io import save_model
     from evalm.tiling import Ablation
@@ -243,14 +243,12 @@ def test_the_eva_ablation_reaches_every_eva_layer_and_every_cell(byte_model, tmp
     assert {c["eva_ablation"] for c in data["cells"] + data["records"]} == {"chunk-window"}
     assert data["settings"]["values"]["recall"]["eva_ablation"] == "chunk-window"
 
-    class World:
-        def device(self, name):
-            return name
-
-    args = recall_parser().parse_args(["--checkpoint", str(byte_model)])
+    source = ModelSource.of(str(byte_model), None, None, None)
+    assert source.kind == "evalm"
     for name in ("none", "no-remote", "chunk-window"):
-        lm, options = load(args, RecallConfig(eva_ablation=name), None, None, World())
+        options = LoadOptions.of(RecallConfig(eva_ablation=name))
         assert options.eva_ablation == name
+        lm = load(source, options, "cpu")
         assert [b.attn.layout.ablation for b in lm.model.blocks] == [Ablation(name)]
 
     full = save_model(models.visible_model(ModelConfig(vocab_size=257, d_model=16, n_layer=1, n_head=2, d_ff=32,

@@ -1,0 +1,116 @@
+"""What an `evalm eval` command scores, typed at the command line's edge: a `ModelSource` and its `LoadOptions`.
+
+A source is one of KINDS, chosen here and nowhere else from the flags (`ModelSource.of`): an EVALM
+export (`--checkpoint`), a Hugging Face causal LM folder (`--hf-model`; an EVA folder of evalm's
+classes is one too, `models.hf.load_hf` builds it with EVA's cache), a GGUF file in such a folder
+(`--gguf-file`), a T5 folder (encoder-decoder), or the built-in tiny EVALM trained on the synthetic
+family (neither flag). A folder's kind is read from its config.json once, here; `models.loading.SOURCES`
+maps each kind to its loader.
+
+`LoadOptions` are how any source is loaded: the device, the dtype, the context window and EVA's
+component ablation. They are declared once (the fields below), offered as flags once
+(`cli_args.load_flags`), and recorded in recall's results.json as `model_options`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Literal
+
+from evalm.config_toolkit import ConfigError
+
+KINDS = {
+    "evalm": "an EVALM export (--checkpoint: model.safetensors + config.json)",
+    "transformers": "a Hugging Face causal LM folder (--hf-model), EVA folders of evalm's classes included",
+    "gguf": "a GGUF file inside a Hugging Face folder (--hf-model with --gguf-file)",
+    "t5": "a T5 (encoder-decoder) Hugging Face folder (--hf-model)",
+    "tiny": "the built-in tiny EVALM, trained here on the synthetic family (neither --checkpoint nor --hf-model)",
+}
+"""Every kind of model source, with what it is; `models.loading.SOURCES` has one loader per kind."""
+
+T5_MODEL_TYPES = ("t5", "mt5", "umt5")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadOptions:
+    """How the model is loaded and run; a switch of the model at evaluation time is one more field here."""
+
+    device: str = "cpu"
+    """Torch device of the model (`cuda` becomes `cuda:LOCAL_RANK` under torchrun)."""
+    dtype: Literal["float32", "float64", "bfloat16", "float16"] = "float32"
+    """Model dtype (scores and NLLs are computed in float32 or wider)."""
+    context_window: int | None = None
+    """Override the model's window (EVALM: no limit; HF: max_position_embeddings)."""
+    eva_ablation: Literal["none", "no-remote", "chunk-window"] = "none"
+    """EVA's component ablation at evaluation time (evalm/tiling.py, `Ablation`): `no-remote` switches the chunk
+    summaries off (the window alone), `chunk-window` cuts the local window to the query's chunk (the summaries
+    carry everything else). A model without EVA attention is refused with anything but none."""
+
+    @classmethod
+    def of(cls, section: Any) -> LoadOptions:
+        """The load options a command's settings section holds (`[eval]`, `[ppl]`, `[recall]`); a field
+        the section has not (`[ppl]` sets no context window) keeps its default."""
+        return cls(**{f.name: getattr(section, f.name) for f in dataclasses.fields(cls) if hasattr(section, f.name)})
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSource:
+    """One model to score: its kind (a key of KINDS) and its files, or the built-in model's sections."""
+
+    kind: str
+    path: str | None = None
+    """The --checkpoint or --hf-model folder; None for the built-in model."""
+    tokenizer: str | None = None
+    """--tokenizer: tokenizer.json, a SentencePiece .model, or `bytes`; None: the source's own."""
+    gguf_file: str | None = None
+    """--gguf-file, inside `path`."""
+    model: Any = None
+    """The built-in model's `[model]` (a ModelConfig); None for the other kinds."""
+    synthetic: Any = None
+    """The built-in model's `[synthetic]` training (a SyntheticConfig); None for the other kinds."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"model source kind {self.kind!r}; valid: {', '.join(KINDS)}")
+
+    @classmethod
+    def of(cls, checkpoint: str | None, hf_model: str | None, gguf_file: str | None, tokenizer: str | None,
+           model: Any = None, synthetic: Any = None) -> ModelSource:
+        """The source the model flags name: the one place a kind is chosen (a folder's from its config.json)."""
+        if checkpoint:
+            return cls("evalm", str(checkpoint), tokenizer)
+        if hf_model:
+            return cls(folder_kind(hf_model, gguf_file), str(hf_model), tokenizer, gguf_file)
+        return cls("tiny", tokenizer=tokenizer, model=model, synthetic=synthetic)
+
+    def inputs(self) -> list:
+        """The model's files, which `--overwrite` must never delete."""
+        return [self.path, None if self.tokenizer in (None, "bytes") else self.tokenizer]
+
+    def key(self, folder) -> dict[str, Any]:
+        """The model part of a resume key: its files by content (weights, config, tokenizer), not by name or time.
+        `kind` keeps the flag's name (checkpoint, hf_model), so run folders of earlier versions still resume."""
+        kind = {"evalm": "checkpoint", "tiny": None}.get(self.kind, "hf_model")
+        tokenizer = self.tokenizer if self.tokenizer in (None, "bytes") else folder.identity(self.tokenizer)
+        return {"kind": kind, "files": folder.identity(self.path) if self.path else None, "tokenizer": tokenizer}
+
+
+def folder_kind(folder: str | Path, gguf_file: str | None) -> str:
+    """The kind of a --hf-model folder: t5 when its config.json declares an encoder-decoder, else gguf
+    with --gguf-file, else transformers. A folder that does not exist is refused by its loader, in the
+    words of a missing folder; a config.json that is not JSON is one line naming it."""
+    from evalm.hf_folder import check_folder
+
+    if (Path(folder) / "config.json").is_file():
+        config = check_folder(folder)
+        if config.get("is_encoder_decoder") or config.get("model_type") in T5_MODEL_TYPES:
+            return "t5"
+    return "gguf" if gguf_file else "transformers"
+
+
+def refuse_unless_decoder(source: ModelSource, command: str) -> None:
+    """Decoding from a causal decoder's cache: an encoder-decoder source is refused before loading."""
+    if source.kind == "t5":
+        raise ConfigError(f"--hf-model {source.path}: an encoder-decoder (T5) cannot generate through a decoder "
+                          f"cache; {command} needs a causal LM (a decoder-only --hf-model, or --checkpoint)")
