@@ -28,14 +28,15 @@ cells (--test-kv, --lengths, the max lengths, --ablations) and where (--device, 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, fields
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 import torch
 
 from evalm.config_toolkit import ConfigError, Parser
 from evalm.eva import ablate
+from evalm.icl_eval.cli_args import load_flags
 from evalm.icl_eval.stats.bootstrap import hierarchical_interval
 from evalm.config_toolkit.machine import device_name
 from evalm.recall_models import load_trained, predict
@@ -50,10 +51,28 @@ CELL_SETTINGS = ("items", "long_items", "long_from")
 """How a cell is computed (beside the model's settings): a rerun may not change them."""
 
 
-def evaluate(model, test: str, x_value: int, settings: dict, args, device: str) -> dict:
+@dataclass(frozen=True)
+class CellsRun:
+    """What one `evalm eval recall-cells` computes: its flags, typed once at the edge (`main`)."""
+
+    model: str
+    out: str
+    test_kv: tuple[int, ...] = (4, 8, 16)
+    lengths: tuple[int, ...] = (64, 256, 1024, 4096, 16384, 65536, 262144)
+    full_max_length: int = 16384
+    eva_max_length: int = 65536
+    items: int = 64
+    long_items: int = 4
+    long_from: int = 4096
+    ablations: tuple[str, ...] = ABLATIONS
+    threads: int = 1
+    device: str = "cpu"
+
+
+def evaluate(model, test: str, x_value: int, settings: dict, run: CellsRun) -> dict:
     """One test cell: accuracy over the items with its interval, chance, seconds per item."""
     rng = np.random.default_rng([settings["seed"], 1_000_003, TESTS.index(test), x_value])
-    n = args.items if test == "kv" or x_value <= args.long_from else args.long_items
+    n = run.items if test == "kv" or x_value <= run.long_from else run.long_items
     vocab = Vocab(settings["vocab"])
     if test == "kv":
         x, y = mqar(rng, n, settings["seq_len"], x_value, vocab)
@@ -62,22 +81,22 @@ def evaluate(model, test: str, x_value: int, settings: dict, args, device: str) 
     scores, t0 = [], time.perf_counter()
     for i in range(n):
         labelled = np.nonzero(y[i] != UNLABELLED)[0]
-        hit = predict(model, torch.from_numpy(x[i : i + 1]).to(device), labelled) == y[i, labelled]
+        hit = predict(model, torch.from_numpy(x[i : i + 1]).to(run.device), labelled) == y[i, labelled]
         scores.append(float(hit.all()) if test == "passkey" else float(hit.mean()))
     lo, hi = hierarchical_interval([np.asarray(scores)], [list(range(n))])
     per_query = 1 / (vocab.values[1] - vocab.values[0])
     chance = per_query**PASSKEY_TOKENS if test == "passkey" else per_query
     return {"test": test, "x": x_value, "accuracy": float(np.mean(scores)), "ci95": [lo, hi], "items": n,
             "chance": chance, "context_guess": None if test == "passkey" else 1 / (x_value if test == "kv" else 8),
-            "seconds_per_item": (time.perf_counter() - t0) / n, "device": device_name(device)}
+            "seconds_per_item": (time.perf_counter() - t0) / n, "device": device_name(run.device)}
 
 
-def cells(arch: str, args) -> list[tuple[str, int]]:
+def cells(arch: str, run: CellsRun) -> list[tuple[str, int]]:
     """The test cells of one model: pairs at the training length, then each length past it."""
-    out = [("kv", kv) for kv in args.test_kv]
-    reach = {"full": args.full_max_length, "eva": args.eva_max_length}.get(arch, max(args.lengths))
+    out = [("kv", kv) for kv in run.test_kv]
+    reach = {"full": run.full_max_length, "eva": run.eva_max_length}.get(arch, max(run.lengths))
     for test in ("passkey", "mqar_far"):
-        out += [(test, L) for L in args.lengths if L <= reach]
+        out += [(test, L) for L in run.lengths if L <= reach]
     return out
 
 
@@ -86,28 +105,28 @@ def cell_name(reading: str, width: int, test: str, x_value: int) -> str:
     return f"{reading}-{width}-{test}-{x_value}.json"
 
 
-def run_cells(args) -> int:
-    """Every cell of the model `args.model` missing from `args.out`; how many were written."""
-    torch.set_num_threads(args.threads)
-    model, settings, _ = load_trained(args.model, args.device)  # refused before the output folder is made
-    if max(args.test_kv) * 4 > settings["seq_len"]:
-        raise ConfigError(f"--test-kv {max(args.test_kv)}: pairs at most the training length / 4 = "
+def run_cells(run: CellsRun) -> int:
+    """Every cell of the model `run.model` missing from `run.out`; how many were written."""
+    torch.set_num_threads(run.threads)
+    model, settings, _ = load_trained(run.model, run.device)  # refused before the output folder is made
+    if max(run.test_kv) * 4 > settings["seq_len"]:
+        raise ConfigError(f"--test-kv {max(run.test_kv)}: pairs at most the training length / 4 = "
                           f"{settings['seq_len'] // 4} (Zoology's constraint)")
-    folder = RunFolder(args.out, COMMAND, inputs=[args.model])
+    folder = RunFolder(run.out, COMMAND, inputs=[run.model])
     with folder.held():
         made = {k: v for k, v in settings.items() if k not in ("device", "threads")}
-        folder.record("settings.json", {**made, **{k: getattr(args, k) for k in CELL_SETTINGS}},
+        folder.record("settings.json", {**made, **{k: getattr(run, k) for k in CELL_SETTINGS}},
                       what="holds cells of another model or made with other settings",
                       advice=lambda keys: "use another --out, or the same model and flags")
         arch, width = settings["arch"], settings["width"]
-        readings = {arch: "none", **({f"eva-{a}": a for a in args.ablations} if arch == "eva" else {})}
+        readings = {arch: "none", **({f"eva-{a}": a for a in run.ablations} if arch == "eva" else {})}
         written = 0
         for reading, ablation in readings.items():
-            wanted = [c for c in cells(arch, args) if not (folder.path / cell_name(reading, width, *c)).is_file()]
+            wanted = [c for c in cells(arch, run) if not (folder.path / cell_name(reading, width, *c)).is_file()]
             if wanted and arch == "eva":
                 ablate(model, ablation)  # the trained weights, one branch of the softmax switched
             for test, x_value in wanted:
-                cell = {"arch": reading, "width": width, **evaluate(model, test, x_value, settings, args, args.device)}
+                cell = {"arch": reading, "width": width, **evaluate(model, test, x_value, settings, run)}
                 write_json(folder.path / cell_name(reading, width, test, x_value), cell, indent=None)
                 written += 1
                 print(f"{reading}-{width} {test} {x_value}: {cell['accuracy']:.3f} [{cell['ci95'][0]:.2f}, "
@@ -131,7 +150,7 @@ def parser() -> Parser:
     p.add_argument("--ablations", type=_names, default=ABLATIONS,
                    help="EVA's ablations read on the trained EVA model, '' for none (default: no-remote,chunk-window)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
-    p.add_argument("--device", default="cpu", help="torch device, e.g. cuda; recorded per cell (default: cpu)")
+    load_flags(p, CellsRun, ("device",))  # the evaluator's one --device (recorded per cell)
     return p
 
 
@@ -151,6 +170,7 @@ def _names(text: str) -> tuple[str, ...]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    written = run_cells(args)
-    print(f"{args.out}: {written} cells written")
+    run = CellsRun(**{f.name: getattr(args, f.name) for f in fields(CellsRun) if getattr(args, f.name) is not None})
+    written = run_cells(run)
+    print(f"{run.out}: {written} cells written")
     return 0
