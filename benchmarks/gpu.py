@@ -12,9 +12,9 @@ Every ratio is against a baseline measured in the same process on the same GPU.
   attention  one EVA layer's attention (summaries, slots, one flex_attention call) forward + backward
              against PyTorch's Flash SDPA (causal), 16 heads of 64, bf16, w 128, c 8, at 8k / 32k / 128k
              tokens (32,768 tokens a batch below 32k), without and with attention dropout 0.1
-  train      configs/evalm-350m.toml on one GPU (FSDP2 world of one, bf16, activation checkpointing,
-             dropout 0.1 and attention dropout 0.1 as Table 6) on random tokens at 8,192 and 32,768
-             tokens a line, 32,768 tokens a micro-batch, EVA and its full-attention twin (Flash SDPA)
+  train      configs/evalm-350m.toml on one GPU (FSDP2 world of one, bf16, activation checkpointing, dropout
+             and attention dropout 0.1 as Table 6) on random tokens at 8,192 and 32,768 tokens a line, 32,768
+             a micro-batch, EVA and its full-attention twin (Flash SDPA); with --compile also at 8k compiled
   cache      the 350M shape's cache (bf16, random weights): 16 / 256 / 2,000 demonstrations encoded
              once, then per test item a fork, its 10-token shared test prefix, two 2-token candidates;
              the full-attention twin's K/V cache over the same context beside it
@@ -27,14 +27,13 @@ the rest (this project's lent H100/H200: Python 3.12), carry the wheels it lacks
     # there:
     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
     python3 -m pip install -q --no-index --no-deps --no-build-isolation -e .
-    python3 benchmarks/gpu.py --out OUT --budget 400 --commit "$(git rev-parse --short HEAD)"   # ~5 min on an H200
+    python3 benchmarks/gpu.py --out OUT --budget 400 --compile --commit "$(git rev-parse --short HEAD)"  # ~5 min, H200
 
-FLOPs per token of training (train/metrics.py): 6N for the Linear weights plus attention's own,
-12·L·E·K for K keys a query reads on average (exact: (T + 1)/2; EVA: its block, its visible
-summaries). Attention FLOPs of one call: 4·B·H·D·Σ_i K(i) forward, 3.5× that forward + backward
-(FlashAttention's count: the backward's five products, one of them recomputing the scores). MFU
-uses the vendor's dense bf16 peak (train/metrics.py) and, beside it, the matrix-product rate
-measured here (8192³ bf16, `matmul_tflops`).
+FLOPs per token of training (train/metrics.py): 6N for the Linear weights plus attention's own, 12·L·E·K
+for K keys a query reads on average (exact: (T + 1)/2; EVA: its block, its visible summaries). Attention
+FLOPs of one call: 4·B·H·D·Σ_i K(i) forward, 3.5× that forward + backward (FlashAttention's count: the
+backward's five products, one recomputing the scores). MFU uses the vendor's dense bf16 peak
+(train/metrics.py) and, beside it, the matrix-product rate measured here (8192³ bf16, `matmul_tflops`).
 """
 
 from __future__ import annotations
@@ -60,8 +59,7 @@ TOKENS_PER_BATCH = 32768
 
 def sync_time(fn, repeats: int, warmup: int = 2) -> float:
     """Median seconds of fn() over `repeats` runs after `warmup`, with the GPU synchronised around each."""
-    for _ in range(warmup):
-        fn()
+    [fn() for _ in range(warmup)]
     times = []
     for _ in range(repeats):
         torch.cuda.synchronize()
@@ -84,8 +82,6 @@ def model_config(**changes):
 
     return build(ModelConfig, {**read_toml(CONFIG)["model"], **changes}, where=f"{CONFIG} [model]")
 
-
-# ------------------------------------------------------------------------------------ sections
 
 def tests(ctx: dict) -> dict:
     """The CUDA tests in a subprocess; their whole output in OUT/tests.log, the summary lines (a failure's
@@ -206,7 +202,7 @@ class RandomLines:
         return np.random.default_rng(i).integers(0, self.vocab, self.seq_len + 1, dtype=np.int64), None
 
 
-def _train_row(attention_kind: str, n: int, runtime, steps: int, peaks: dict) -> dict:
+def _train_row(attention_kind: str, n: int, runtime, steps: int, peaks: dict, compiled: bool = False) -> dict:
     from evalm.config_toolkit import build, read_toml
     from evalm.train.config import OptimConfig
     from evalm.train.data import LineLoader
@@ -215,7 +211,7 @@ def _train_row(attention_kind: str, n: int, runtime, steps: int, peaks: dict) ->
     from evalm.train.trainer import make_optimizer, train_step
 
     config = model_config(attention=attention_kind)
-    model = build_model(config, runtime, seed=0, bf16=True, activation_checkpointing=True)
+    model = build_model(config, runtime, seed=0, bf16=True, activation_checkpointing=True, compile_blocks=compiled)
     optimizer = make_optimizer(model, build(OptimConfig, read_toml(CONFIG)["optim"], where=str(CONFIG)))
     loader = LineLoader(RandomLines(n, config.vocab_size), rank=0, world_size=1, batch_size=TOKENS_PER_BATCH // n,
                         shuffle=False, seed=0)
@@ -233,13 +229,13 @@ def _train_row(attention_kind: str, n: int, runtime, steps: int, peaks: dict) ->
     profile = top_kernels(step) if n == 8192 else None
     flops = flops_per_token(matmul_params(model), config, n)
     tok_s = TOKENS_PER_BATCH / step_s
-    row = {"attention": attention_kind, "n": n, "steps": steps, "step_s": step_s, "tokens_per_s": tok_s,
+    row = {"attention": attention_kind, "n": n, "compiled": compiled, "steps": steps, "step_s": step_s, "tokens_per_s": tok_s,
            "flops_per_token": flops, "mfu_datasheet": tok_s * flops["total"] / peaks["datasheet"],
            "mfu_measured_peak": tok_s * flops["total"] / peaks["measured"], "peak_gib": peak_gpu_gib("cuda"),
            "warmup_s": warm_s, "loss_first": losses[0], "loss_last": losses[-1], "profile": profile}
     del model, optimizer
     torch.cuda.empty_cache()
-    print(f"train {attention_kind} n={n}: {tok_s:,.0f} tok/s, MFU {100 * row['mfu_datasheet']:.1f}% "
+    print(f"train {attention_kind} n={n}{' compiled' if compiled else ''}: {tok_s:,.0f} tok/s, MFU {100 * row['mfu_datasheet']:.1f}% "
           f"(measured peak: {100 * row['mfu_measured_peak']:.1f}%), {row['peak_gib']:.1f} GiB", flush=True)
     return row
 
@@ -249,17 +245,18 @@ def train(ctx: dict) -> dict:
 
     runtime = init_distributed("cuda")
     rows = []
-    for n in (8192, 32768):
-        for kind in ("eva", "full"):
-            if time.perf_counter() > ctx["deadline"] - 40:
-                rows.append({"attention": kind, "n": n, "skipped": "budget"})
-                continue
-            try:
-                rows.append(_train_row(kind, n, runtime, ctx["train_steps"], ctx["peaks"]))
-            except Exception as err:  # noqa: BLE001 (one failed row is a finding; the others still run)
-                rows.append({"attention": kind, "n": n, "skipped": f"{type(err).__name__}: {err}"[:500]})
-                print(f"train {kind} n={n}: {rows[-1]['skipped']}", flush=True)
-                torch.cuda.empty_cache()
+    plan = [(n, kind, False) for n in (8192, 32768) for kind in ("eva", "full")]
+    plan += [(8192, kind, True) for kind in ("eva", "full")] if ctx["compile"] else []  # train.compile, same run
+    for n, kind, compiled in plan:
+        if time.perf_counter() > ctx["deadline"] - 40:
+            rows.append({"attention": kind, "n": n, "compiled": compiled, "skipped": "budget"})
+            continue
+        try:
+            rows.append(_train_row(kind, n, runtime, ctx["train_steps"], ctx["peaks"], compiled))
+        except Exception as err:  # noqa: BLE001 (one failed row is a finding; the others still run)
+            rows.append({"attention": kind, "n": n, "compiled": compiled, "skipped": f"{type(err).__name__}: {err}"[:500]})
+            print(f"train {kind} n={n}: {rows[-1]['skipped']}", flush=True)
+            torch.cuda.empty_cache()
     torch.distributed.destroy_process_group()
     return {"rows": rows, "batch_tokens": TOKENS_PER_BATCH}
 
@@ -342,7 +339,8 @@ def table(r: dict) -> str:
                             f"{x['sdpa_tflops']:.0f}", f"{x['eva_peak_gib']:.2f}", f"{x['sdpa_peak_gib']:.2f}"]) + [""]
     out += _rows(r.get("train", {}), ["tokens a line", "attention", "tokens/s", "step s", "MFU (datasheet)",
                                       "MFU (measured peak)", "FLOPs/token: 6N + attention", "peak GiB", "loss first → last"],
-                 lambda x: [f"{x['n']:,}", x["attention"], f"{x['tokens_per_s']:,.0f}", f"{x['step_s']:.3f}",
+                 lambda x: [f"{x['n']:,}", x["attention"] + " compiled" * x.get("compiled", False),
+                            f"{x['tokens_per_s']:,.0f}", f"{x['step_s']:.3f}",
                             f"{100 * x['mfu_datasheet']:.1f}%", f"{100 * x['mfu_measured_peak']:.1f}%",
                             f"{x['flops_per_token']['params'] / 1e9:.2f}G + {x['flops_per_token']['attention'] / 1e9:.2f}G",
                             f"{x['peak_gib']:.1f}", f"{x['loss_first']:.2f} → {x['loss_last']:.2f}"]) + [""]
@@ -362,6 +360,7 @@ def main(argv=None) -> int:
     parser.add_argument("--sections", nargs="+", choices=list(SECTIONS), default=list(SECTIONS),
                         help="which sections, in this order (default: all)")
     parser.add_argument("--train-steps", type=int, default=30, help="timed optimizer steps per training row, after 2 warm-up steps (default 30)")
+    parser.add_argument("--compile", action="store_true", help="also train at 8k with each block compiled (train.compile)")
     parser.add_argument("--commit", default="", help="the commit the run was made at (recorded in the report)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -372,7 +371,7 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
     device = torch.device("cuda")
-    ctx = {"deadline": start + args.budget, "train_steps": args.train_steps, "out": args.out,
+    ctx = {"deadline": start + args.budget, "train_steps": args.train_steps, "out": args.out, "compile": args.compile,
            "peaks": {"datasheet": peak_flops(device) or float("nan"), "measured": matmul_tflops() * 1e12}}
     report = {"device": device_name("cuda"), "torch": torch.__version__, "cuda": torch.version.cuda,
               "commit": args.commit, "peaks_tflops": {k: v / 1e12 for k, v in ctx["peaks"].items()}}
