@@ -18,7 +18,35 @@ PAPER_SHOTS = (0, 1, 3, 4, 8, 16, 32, 64, 80, 128, 192, 256, 372, 512, 640, 768,
 
 
 @dataclass(config=FROZEN, frozen=True)
-class EvalConfig:
+class RunOptions:
+    """How any scored model runs, declared once: every command's section inherits these keys (`[eval]`, `[ppl]`,
+    `[recall]`), `cli_args.load_flags` offers them as flags, `models.source.LoadOptions` carries them to a loader."""
+
+    device: str = "cpu"
+    """Torch device of the model (`cuda` becomes `cuda:LOCAL_RANK` under torchrun)."""
+    dtype: Literal["float32", "float64", "bfloat16", "float16"] = "float32"
+    """Model dtype (scores and NLLs are computed in float32 or wider)."""
+    eva_ablation: Literal["none", "no-remote", "chunk-window"] = "none"
+    """EVA's component ablation at evaluation time (evalm/tiling.py, `Ablation`): `no-remote` switches the chunk
+    summaries off (the window alone), `chunk-window` cuts the local window to the query's chunk (the summaries
+    carry everything else). A model without EVA attention is refused with anything but none."""
+
+
+@dataclass(config=FROZEN, frozen=True)
+class WindowedRunOptions(RunOptions):
+    """`RunOptions` and a context window: the sections that read prompts (`[eval]`, `[recall]`); perplexity reads
+    every book through the cache whatever the window, so `[ppl]` has none."""
+
+    context_window: int | None = None
+    """Override the model's window (EVALM: no limit; HF: max_position_embeddings)."""
+
+    def __post_init__(self) -> None:
+        if self.context_window is not None and self.context_window < 1:
+            raise ConfigError(f"context_window must be >= 1 when set, got {self.context_window}")
+
+
+@dataclass(config=FROZEN, frozen=True)
+class EvalConfig(WindowedRunOptions):
     """Many-shot ICL protocol (docs/evaluation.md)."""
 
     task: str = "synthetic"
@@ -59,15 +87,6 @@ class EvalConfig:
     """Also score the validation split and report test accuracy at its best shot, per method."""
     save_predictions: bool = False
     """Write predictions.jsonl: every candidate's score per item, method, shot and seed."""
-    device: str = "cpu"
-    """Torch device of the model."""
-    dtype: Literal["float32", "float64", "bfloat16", "float16"] = "float32"
-    """Model dtype (scores are computed in float32 from the logits)."""
-    context_window: int | None = None
-    """Override the model's window (EVALM: no limit; HF: max_position_embeddings)."""
-    eva_ablation: Literal["none", "no-remote", "chunk-window"] = "none"
-    """EVA's component ablation at evaluation time (evalm/tiling.py, `Ablation`; docs/evaluation.md, "Recall"):
-    no-remote (the chunk summaries off) or chunk-window (the window cut to the query's chunk); EVA models only."""
     budgets: tuple[int, ...] = ()
     """Token budgets (HELMET / ManyICLBench): per cell the largest prefix of the seed's demonstration
     order whose prompt fits, in the model's tokens (`icl_eval.protocol.budget`); 0 is the no-demonstration
@@ -101,8 +120,9 @@ class EvalConfig:
             _distinct("order_seeds", self.order_seeds)
         if any(k < 0 for k in self.shots):
             raise ConfigError(f"shots must be >= 0, got {list(self.shots)}")
-        if self.validation_items < 1 or (self.context_window is not None and self.context_window < 1):
-            raise ConfigError("validation_items and context_window (when set) must be >= 1")
+        super().__post_init__()
+        if self.validation_items < 1:
+            raise ConfigError(f"validation_items must be >= 1, got {self.validation_items}")
         if any(b < 0 for b in self.budgets) or list(self.budgets) != sorted(set(self.budgets)):
             raise ConfigError(f"budgets must be distinct, increasing and >= 0, got {list(self.budgets)}")
         if (self.budgets or self.nearest) and self.selection != "random":
@@ -124,7 +144,7 @@ def _distinct(name: str, values: tuple) -> None:
 
 
 @dataclass(config=FROZEN, frozen=True)
-class PerplexityConfig:
+class PerplexityConfig(RunOptions):
     """Perplexity vs context length (docs/evaluation.md, EVALM §4.4)."""
 
     books: tuple[str, ...] = ()
@@ -154,13 +174,6 @@ class PerplexityConfig:
     """Target span of the fixed-position protocol, in tokens."""
     fixed_targets_per_book: int = 4
     """Target spans per book in the fixed-position protocol."""
-    device: str = "cpu"
-    """Torch device of the model."""
-    dtype: Literal["float32", "float64", "bfloat16", "float16"] = "float32"
-    """Model dtype (NLLs are computed in float32 or wider)."""
-    eva_ablation: Literal["none", "no-remote", "chunk-window"] = "none"
-    """EVA's component ablation at evaluation time (evalm/tiling.py, `Ablation`; docs/evaluation.md, "Recall"):
-    no-remote (the chunk summaries off) or chunk-window (the window cut to the query's chunk); EVA models only."""
 
     def __post_init__(self) -> None:
         if self.max_books is not None and self.max_books < 1:

@@ -8,17 +8,21 @@ family (neither flag). A folder's kind is read from its config.json once, here; 
 maps each kind to its loader.
 
 `LoadOptions` are how any source is loaded: the device, the dtype, the context window and EVA's
-component ablation. They are declared once (the fields below), offered as flags once
-(`cli_args.load_flags`), and recorded in recall's results.json as `model_options`.
+component ablation. They are declared once (`icl_eval.config.RunOptions`, which every command's section
+inherits), offered as flags once (`cli_args.load_flags`), and recorded in recall's results.json as
+`model_options`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from evalm.config_toolkit import ConfigError
+from pydantic.dataclasses import dataclass
+
+from evalm.config_toolkit import FROZEN, ConfigError
+from evalm.icl_eval.config import WindowedRunOptions
 
 KINDS = {
     "evalm": "an EVALM export (--checkpoint: model.safetensors + config.json)",
@@ -32,20 +36,10 @@ KINDS = {
 T5_MODEL_TYPES = ("t5", "mt5", "umt5")
 
 
-@dataclasses.dataclass(frozen=True)
-class LoadOptions:
-    """How the model is loaded and run; a switch of the model at evaluation time is one more field here."""
-
-    device: str = "cpu"
-    """Torch device of the model (`cuda` becomes `cuda:LOCAL_RANK` under torchrun)."""
-    dtype: Literal["float32", "float64", "bfloat16", "float16"] = "float32"
-    """Model dtype (scores and NLLs are computed in float32 or wider)."""
-    context_window: int | None = None
-    """Override the model's window (EVALM: no limit; HF: max_position_embeddings)."""
-    eva_ablation: Literal["none", "no-remote", "chunk-window"] = "none"
-    """EVA's component ablation at evaluation time (evalm/tiling.py, `Ablation`): `no-remote` switches the chunk
-    summaries off (the window alone), `chunk-window` cuts the local window to the query's chunk (the summaries
-    carry everything else). A model without EVA attention is refused with anything but none."""
+@dataclass(config=FROZEN, frozen=True)
+class LoadOptions(WindowedRunOptions):
+    """How the model is loaded and run: the keys of `icl_eval.config.RunOptions` and the context window, declared
+    there once; a switch of the model at evaluation time is one more field there."""
 
     @classmethod
     def of(cls, section: Any) -> LoadOptions:

@@ -11,6 +11,7 @@ from typing import Literal
 from pydantic.dataclasses import dataclass
 
 from evalm.config_toolkit import ConfigError, FROZEN
+from evalm.icl_eval.config import WindowedRunOptions
 
 FAMILIES = ("passkey", "niah_single", "niah_multikey", "niah_multivalue", "niah_multiquery", "variable_tracking",
             "kv_recall", "mqar")
@@ -18,7 +19,7 @@ FAMILIES = ("passkey", "niah_single", "niah_multikey", "niah_multivalue", "niah_
 
 
 @dataclass(config=FROZEN, frozen=True)
-class RecallConfig:
+class RecallConfig(WindowedRunOptions):
     """Recall grid: families x lengths x depths x seeds, items per seed (docs/evaluation.md, "Recall")."""
 
     tasks: tuple[str, ...] = FAMILIES
@@ -62,16 +63,6 @@ class RecallConfig:
     """Tokens per forward when a prompt is encoded into the cache."""
     save_predictions: bool = False
     """Write predictions.jsonl: every prompt's generation, extracted answer and gold."""
-    device: str = "cpu"
-    """Torch device of the model."""
-    dtype: Literal["float32", "float64", "bfloat16", "float16"] = "float32"
-    """Model dtype."""
-    context_window: int | None = None
-    """Override the model's window (EVALM: no limit; HF: max_position_embeddings)."""
-    eva_ablation: Literal["none", "no-remote", "chunk-window"] = "none"
-    """EVA's component ablation at evaluation time (evalm/tiling.py, `Ablation`): `no-remote` switches the chunk
-    summaries off (the window alone), `chunk-window` cuts the local window to the query's chunk (the summaries
-    carry everything else). A model without EVA attention is refused with anything but none."""
 
     def __post_init__(self) -> None:
         for name in ("tasks", "lengths", "depths", "seeds"):
@@ -100,8 +91,7 @@ class RecallConfig:
             if not low <= value <= high:
                 raise ConfigError(f"{name} = {value}: give a value from {low} to {high}")
         _at_least("segment_tokens", self.segment_tokens, 1)
-        if self.context_window is not None:
-            _at_least("context_window", self.context_window, 1)
+        super().__post_init__()  # context_window
 
 
 MAX_ITEMS = 10_000

@@ -77,21 +77,22 @@ def test_every_command_offers_the_load_options_its_section_holds(capsys):
 
 @pytest.mark.parametrize("cls_path", ["evalm.icl_eval.config:EvalConfig", "evalm.icl_eval.config:PerplexityConfig",
                                       "evalm.icl_eval.recall.config:RecallConfig"])
-def test_a_section_s_load_keys_are_the_load_options_own(cls_path):
-    """`[eval]`, `[ppl]` and `[recall]` keep their file keys (device, dtype, ...; recorded in results.json in
-    their order), each with LoadOptions' type and default, so `LoadOptions.of(section)` reads them unchanged."""
+def test_a_section_s_load_keys_are_declared_once(cls_path):
+    """`[eval]`, `[ppl]` and `[recall]` keep their file keys (device, dtype, ...) by inheriting them from
+    `icl_eval.config.RunOptions` (and the window from `WindowedRunOptions`): no class body of the three declares
+    one again, so the keys cannot drift apart; `LoadOptions.of(section)` reads them unchanged."""
     import importlib
+    import inspect
+
+    from evalm.icl_eval.config import RunOptions, WindowedRunOptions
 
     module, name = cls_path.split(":")
     cls = getattr(importlib.import_module(module), name)
-    hints, own = typing.get_type_hints(cls), typing.get_type_hints(LoadOptions)
-    shared = [f.name for f in dataclasses.fields(LoadOptions) if f.name in cls.__dataclass_fields__]
-    assert shared == [f.name for f in dataclasses.fields(LoadOptions) if not (name == "PerplexityConfig"
-                                                                                 and f.name == "context_window")]
-    for field in shared:
-        assert hints[field] == own[field], field
-        assert cls.__dataclass_fields__[field].default == LoadOptions.__dataclass_fields__[field].default, field
-    assert LoadOptions.of(cls()) == LoadOptions()
+    assert issubclass(cls, WindowedRunOptions if name != "PerplexityConfig" else RunOptions)
+    body = ast.parse(inspect.getsource(cls)).body[0].body
+    declared = {item.target.id for item in body if isinstance(item, ast.AnnAssign)}
+    assert not declared & {f.name for f in dataclasses.fields(LoadOptions)}
+    assert issubclass(LoadOptions, WindowedRunOptions) and LoadOptions.of(cls()) == LoadOptions()
 
 
 def _folder(path: Path, config: dict) -> str:
