@@ -10,7 +10,6 @@ from __future__ import annotations
 import ast
 import dataclasses
 import json
-import typing
 from pathlib import Path
 
 import pytest
