@@ -113,13 +113,14 @@ def refuse_left_padding(mask: Tensor | None) -> None:
                           "use batch size 1")
 
 
-def register_attention() -> None:
-    """Register `eva_attention` (and, where `transformers` has one, its mask function) under "eva".
-    Idempotent; called by `evalm.register_with_transformers()` and by evalm's model classes."""
+def register_attention(name: str = NAME, function=eva_attention) -> None:
+    """Register `function` (default `eva_attention`, under "eva") and, where `transformers` has one, the mask
+    function its inputs need. Idempotent; called by `evalm.register_with_transformers()` and by evalm's model
+    classes, and with the functions that wrap EVA's (attention transfer's, the probe's) under their own names."""
     tf = transformers_module()
-    tf.AttentionInterface.register(NAME, eva_attention)
+    tf.AttentionInterface.register(name, function)
     try:
         from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
     except ImportError:  # older transformers build the mask in the model: it reaches EVA as a 4-D mask
         return
-    AttentionMaskInterface.register(NAME, sdpa_mask)  # a boolean mask, None when nothing is padded
+    AttentionMaskInterface.register(name, sdpa_mask)  # a boolean mask, None when nothing is padded

@@ -61,10 +61,6 @@ class EvaLlamaConfig(tf.LlamaConfig):
         """Where RoPE puts EVA's keys."""
         return build(RotaryPlacement, {k: v for k, v in self.evalm.items() if k in PLACEMENT_FIELDS}, where=WHERE)
 
-    def circular_period(self) -> int | None:
-        """M when positions are circular, else None."""
-        return self.placement().period()
-
 
 def _check_shape(values: dict) -> None:
     """The head layout of a config, refused in one line naming the field before `transformers`

@@ -112,17 +112,10 @@ def take_stats(model: torch.nn.Module) -> list[dict[str, Tensor]]:
 
 def use_probe(model) -> None:
     """Make a loaded EVA model run its layers as `probe_attention` (registered under NAME)."""
-    from evalm.hf_attention import transformers_module
+    from evalm.hf_attention import register_attention
     from evalm.hf_private import set_attention
 
-    tf = transformers_module()
-    tf.AttentionInterface.register(NAME, probe_attention)
-    try:
-        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-    except ImportError:  # older transformers build the mask in the model
-        pass
-    else:
-        AttentionMaskInterface.register(NAME, sdpa_mask)
+    register_attention(NAME, probe_attention)
     set_attention(model.config, NAME)
 
 

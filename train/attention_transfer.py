@@ -21,7 +21,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 
-from evalm.hf_attention import eva_attention, transformers_module
+from evalm.hf_attention import eva_attention, register_attention
 from evalm.hf_private import set_attention
 from evalm.train.data import LineLoader
 from evalm.train.parallelize import Runtime
@@ -65,14 +65,7 @@ def take_losses(model: torch.nn.Module) -> list[Tensor]:
 
 def use_transfer(model) -> None:
     """Make a loaded EVA model run its layers as `transfer_attention` does (registered under NAME)."""
-    tf = transformers_module()
-    tf.AttentionInterface.register(NAME, transfer_attention)
-    try:
-        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-    except ImportError:  # older transformers build the mask in the model
-        pass
-    else:
-        AttentionMaskInterface.register(NAME, sdpa_mask)
+    register_attention(NAME, transfer_attention)
     set_attention(model.config, NAME)
 
 

@@ -36,7 +36,7 @@ import torch
 
 from evalm.config_toolkit import ConfigError, Parser
 from evalm.eva import ablate
-from evalm.icl_eval.cli_args import load_flags
+from evalm.icl_eval.cli_args import csv, load_flags
 from evalm.icl_eval.stats.bootstrap import hierarchical_interval
 from evalm.config_toolkit.machine import device_name
 from evalm.recall_models import load_trained, predict
@@ -138,8 +138,8 @@ def parser() -> Parser:
     p = Parser(prog=COMMAND, description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, help="a model folder of `evalm train recall` (required)")
     p.add_argument("--out", required=True, help="the cells' folder (one JSON file per cell) (required)")
-    p.add_argument("--test-kv", type=_ints, default=(4, 8, 16), help="MQAR pairs tested (default: 4,8,16)")
-    p.add_argument("--lengths", type=_ints, default=(64, 256, 1024, 4096, 16384, 65536, 262144),
+    p.add_argument("--test-kv", type=csv(int), default=(4, 8, 16), help="MQAR pairs tested (default: 4,8,16)")
+    p.add_argument("--lengths", type=csv(int), default=(64, 256, 1024, 4096, 16384, 65536, 262144),
                    help="test lengths of passkey and far MQAR (default: 64,256,1024,4096,16384,65536,262144)")
     p.add_argument("--full-max-length", type=int, default=16384, help="full attention's longest test (default: 16384)")
     p.add_argument("--eva-max-length", type=int, default=65536, help="EVA's longest test: its summaries grow with the "
@@ -152,13 +152,6 @@ def parser() -> Parser:
     p.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
     load_flags(p, CellsRun, ("device",))  # the evaluator's one --device (recorded per cell)
     return p
-
-
-def _ints(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(v) for v in text.split(","))
-    except ValueError:
-        raise ValueError(f"{text!r}: integers separated by commas") from None
 
 
 def _names(text: str) -> tuple[str, ...]:
