@@ -1,8 +1,8 @@
 """A Llama-family decoder (SmolLM2's architecture) with EVA attention: `EvaLlamaConfig`, `EvaLlamaForCausalLM`.
 
 `transformers`' own Llama (RMSNorm, SwiGLU, RoPE, grouped-query attention) with two additions:
-every attention module carries EVA's parameters as `self_attn.eva` (A_q, A_k, the T5 bias:
-evalm/hf_attention.py, `eva_parts`), and the attention implementation is "eva" (what loading asks
+every attention module carries EVA's parameters as `self_attn.eva` (A_q, A_k, the T5 bias: an
+`EvaAttention` of its heads without projections, evalm/eva.py), and the attention implementation is "eva" (what loading asks
 for is overridden: the same weights with softmax attention are a plain `LlamaForCausalLM`). The EVA
 settings are the config's `evalm` section:
 
@@ -15,8 +15,8 @@ Both classes and their defaults are evalm/eva_settings.py's, validated once when
 unknown key, a bad value or a sink move that cannot compose is one line naming `config.json [evalm]`);
 the weights, positions and sink rule go through evalm/llama_adapter.py.
 
-`EvaLlamaForCausalLM.from_llama(model, **settings)` turns a loaded `LlamaForCausalLM` into one (its
-weights kept, A_q/A_k initialised as the EVA reference does). Its forward replaces the empty cache
+`EvaLlamaForCausalLM.from_llama(model, init, **section)` turns a loaded `LlamaForCausalLM` into one (its
+weights kept, A_q/A_k initialised by `init`: the EVA reference's draw unless asked otherwise). Its forward replaces the empty cache
 `generate()` makes with an `EvaCache`, so `generate()` runs in memory linear in the length.
 """
 

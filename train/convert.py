@@ -52,7 +52,7 @@ from pydantic.dataclasses import dataclass
 
 from evalm.config_toolkit import FROZEN, ConfigError, Parser, apply_overrides, build, report, to_dict
 from evalm.config_toolkit import check_sections, split_overrides
-from evalm.eva_settings import EVA_FIELDS, EvaSettings, RotaryPlacement, check_sink_rule, evalm_section
+from evalm.eva_settings import EVA_FIELDS, PLACEMENT_FIELDS, EvaSettings, RotaryPlacement, check_sink_rule, evalm_section
 from evalm.hf_private import unmarked
 from evalm.storage import NotOurs, RunFolder, read_json, staged, write_atomic, write_json
 from evalm.storage.run_folder import is_empty
@@ -92,7 +92,6 @@ CONVERTED_EVA = {"window_size": 1024, "chunk_size": 16, "exclude_window_chunks":
 """Where a conversion's EVA settings start instead of `EvaSettings`' defaults (the from-scratch recipe's, w = 128,
 c = 8): a window of a pretrained model's scale; the window's own chunks excluded from the summaries, so that with
 w >= n the model is the original; maps without a LayerNorm, which the identity init needs."""
-PLACEMENT_KEYS = ("positions", "circular_period", "sink_positions")
 
 
 @dataclass(config=FROZEN, frozen=True)
@@ -138,12 +137,12 @@ class Conversion:
         return RotaryPlacement("circular", period, self.sink_positions)
 
     def evalm_section(self, max_positions: int) -> dict[str, Any]:
-        """The `evalm` section of the output's config.json (evalm/llama_adapter.py)."""
+        """The `evalm` section of the output's config.json (`eva_settings.evalm_section`)."""
         return evalm_section(self.eva, self.placement(max_positions))
 
     def record(self) -> dict[str, Any]:
         """The `[eva]` keys as given and defaulted, flat, as convert.json keeps them."""
-        return {**to_dict(self.eva), **{k: getattr(self, k) for k in (*PLACEMENT_KEYS, "init")}}
+        return {**to_dict(self.eva), **{k: getattr(self, k) for k in (*PLACEMENT_FIELDS, "init")}}
 
 
 def read_settings(overrides: Sequence[str]) -> Conversion:
@@ -172,9 +171,8 @@ def settings_help() -> str:
 def source_config(folder: str | Path, gguf_file: str | None, settings: Conversion):
     """The source's `transformers` config, refused in one line unless it is a Llama of a shape EVA takes
     (checked by building the converted config before any weight is read)."""
-    from evalm import hf_folder
+    from evalm import hf_folder, llama_adapter
     from evalm.hf_attention import transformers_module
-    from evalm import llama_adapter
     from evalm.hf_llama import EvaLlamaConfig
 
     tf = transformers_module()

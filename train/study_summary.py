@@ -12,13 +12,12 @@ said to be unmeasured where not. Reads JSON only: no model is loaded.
 
 from __future__ import annotations
 
-import hashlib
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from evalm.config_toolkit import MissingInput, Parser
-from evalm.storage import read_json, write_atomic
+from evalm.storage import read_json, sha256, write_atomic
 
 PPL = ("original", "eva-0", "eva-0-off", "transfer", "lora", "lora-off", "window")
 RECALL = ("original", "lora", "lora-off", "window")
@@ -141,7 +140,7 @@ def trainables_line(root: Path) -> str:
     path = root / "lora" / "trainables.safetensors"
     if not path.is_file():
         return "trainables: not written yet\n"
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    digest = sha256(path)
     return f"trainables: {path} ({path.stat().st_size / 2**20:.1f} MiB), sha256 {digest}\n"
 
 
