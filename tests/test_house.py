@@ -305,7 +305,7 @@ def test_files_and_functions_are_small():
 
 README = ROOT / "README.md"
 MAX_README_LINES, MAX_LINE_CHARS, MAX_PARAGRAPH_WORDS = 150, 200, 80
-TRACKER = re.compile(r"\b[Ii]ssues? #?\d+\b")
+TRACKER = re.compile(r"\b[Ii]ssues?[ -]#?\d+\b")
 OUTSIDE = re.compile(r"\b(?:EVA_SPEC|ICL_SPEC|DATA_SPEC)\b|\bARCHITECTURE\.md\b|\bSTYLE\.md\b")
 
 
