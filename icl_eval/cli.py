@@ -347,6 +347,8 @@ COMMANDS = {
     "recall": ("passkey, needles, variable tracking, JSON KV and MQAR at exact lengths and depths, through the cache",
                lazy("evalm.icl_eval.recall.command:recall")),
     "recall-cells": ("the recall study's test cells of one `evalm train recall` model", lazy("evalm.icl_eval.recall.study_cells:main")),
+    "recall-tables": ("the recall study's markdown tables from its folder, or where EVA's MQAR errors go (--chunk-mates)",
+                      lazy("evalm.icl_eval.recall.study_tables:main")),
     "tables": ("markdown tables of `evalm eval icl` / `ppl` results.json files (icl runs split by seed pooled: A+B+C)",
                lazy("evalm.icl_eval.report:tables")),
     "sink": ("the attention-sink test: a transformers model under EVA's window as a mask, with and without first tokens",
