@@ -1,6 +1,6 @@
 """SAICL's experiment at CPU scale: meta-train three tiny T5s, evaluate on held-out rules, check the claims.
 
-    python benchmarks/saicl_repro.py --out runs/saicl-repro          # ~15 min on 2 quiet cores
+    evalm eval saicl-repro --out runs/saicl-repro          # ~15 min on 2 quiet cores
 
 1. `train.metaicl` meta-trains one tiny T5 per encoder (full attention, SAICL, FiD) with the same
    recipe (configs/metaicl-tiny.toml) on source rules of the synthetic family.
@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -133,7 +132,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from evalm.icl_eval.stats.summary import summarize
     from evalm.icl_eval.tasks.synthetic import episode, synthetic_task
 
-    p = argparse.ArgumentParser(allow_abbrev=False, prog="python benchmarks/saicl_repro.py", description=__doc__.split("\n")[0])
+    from evalm.config_toolkit import Parser
+
+    p = Parser(prog="evalm eval saicl-repro", description=__doc__.split("\n")[0])
     p.add_argument("--out", default="runs/saicl-repro", help="output folder (default runs/saicl-repro)")
     p.add_argument("--config", default=None, help="meta-training TOML (default configs/metaicl-tiny.toml)")
     p.add_argument("--shots", default="4,8,16,32,64,128,256", help="test k (default 4,8,...,256)")
@@ -151,9 +152,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = Path(args.out)
     try:
         models, syn = train_models(out, args.config or str(metaicl.DEFAULT_CONFIG), args.set)
-    except (ConfigError, FileNotFoundError) as err:
-        print(f"saicl_repro: error: {err}", file=sys.stderr)
-        return 2
+    except FileNotFoundError as err:
+        raise ConfigError(str(err)) from None
     shots = tuple(int(k) for k in args.shots.split(","))
     seeds = tuple(int(s) for s in args.seeds.split(","))
     records = []
