@@ -1,6 +1,6 @@
 """SAICL's experiment at CPU scale: meta-train three tiny T5s, evaluate on held-out rules, check the claims.
 
-    evalm eval saicl-repro --out runs/saicl-repro          # ~15 min on 2 quiet cores
+    python benchmarks/saicl_repro.py --out runs/saicl-repro          # ~15 min on 2 quiet cores
 
 1. `train.metaicl` meta-trains one tiny T5 per encoder (full attention, SAICL, FiD) with the same
    recipe (configs/metaicl-tiny.toml) on source rules of the synthetic family.
@@ -134,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from evalm.config_toolkit import Parser
 
-    p = Parser(prog="evalm eval saicl-repro", description=__doc__.split("\n")[0])
+    p = Parser(prog="python benchmarks/saicl_repro.py", description=__doc__.split("\n")[0])
     p.add_argument("--out", default="runs/saicl-repro", help="output folder (default runs/saicl-repro)")
     p.add_argument("--config", default=None, help="meta-training TOML (default configs/metaicl-tiny.toml)")
     p.add_argument("--shots", default="4,8,16,32,64,128,256", help="test k (default 4,8,...,256)")
@@ -152,8 +152,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = Path(args.out)
     try:
         models, syn = train_models(out, args.config or str(metaicl.DEFAULT_CONFIG), args.set)
-    except FileNotFoundError as err:
-        raise ConfigError(str(err)) from None
+    except (ConfigError, FileNotFoundError) as err:
+        print(f"saicl_repro: error: {err}", file=sys.stderr)
+        return 2
     shots = tuple(int(k) for k in args.shots.split(","))
     seeds = tuple(int(s) for s in args.seeds.split(","))
     records = []

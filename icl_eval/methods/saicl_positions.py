@@ -26,7 +26,7 @@ import torch
 from evalm.io import load_model
 from evalm.text.tokenizer import load_tokenizer
 from evalm.icl_eval.models.lm import EvalmLM
-from evalm.icl_eval.methods.decoder import METHODS, MethodOptions, _score_after, encode, make_groups
+from evalm.icl_eval.methods.decoder import METHODS, MethodOptions, score_after, encode, make_groups
 from evalm.icl_eval.tasks.prompts import PromptBuilder
 from evalm.icl_eval.protocol.selection import dataset_level
 from evalm.icl_eval.tasks.synthetic import SyntheticConfig, episode, synthetic_task
@@ -40,7 +40,7 @@ def isolated_sequential(lm, prompt, demos, items, options: MethodOptions) -> lis
         states.append(encode(lm, g.tokens, offset, options.segment_tokens))
         offset += len(g.tokens)
     merged = lm.merge(states, own_logit_bias=0.0, position_offset=offset)
-    return [_score_after(lm, merged, item, options.scoring) for item in items]
+    return [score_after(lm, merged, item, options.scoring) for item in items]
 
 
 def accuracy(scores, items) -> float:
