@@ -107,6 +107,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             p.error(f"{flag} must be >= 1, got {value}")
     if min(args.sinks) < 0:
         p.error(f"--sinks must be >= 0 each, got {list(args.sinks)}")
+    if not Path(args.hf_model).is_dir():
+        p.error(f"--hf-model {args.hf_model}: no such folder; give a local transformers model folder")
+    if not Path(args.book).is_file():
+        p.error(f"--book {args.book}: no such file; give a .txt book")
     run(SinkRun(args.hf_model, args.book, args.out, args.max_tokens, args.window, tuple(args.sinks)))
     return 0
 

@@ -6,6 +6,7 @@ losses, and the attention-sink test (`evalm eval sink`) against a converted mode
 
 from __future__ import annotations
 
+import contextlib
 import math
 from pathlib import Path
 
@@ -166,3 +167,26 @@ def test_the_sink_command_writes_a_row_per_geometry_and_sink(tmp_path):
     assert [(r["window"], r["sink"]) for r in result["rows"]] == [("block", 0), ("block", 1), ("overlap", 0), ("overlap", 1)]
     assert result["tokens"] == 32 and all(r["block_offsets"] for r in result["rows"])
     assert result["rows"][0]["buckets"] != result["rows"][1]["buckets"]  # the sink changes what blocks 2.. see
+
+
+def test_the_conversion_studys_perplexity_and_sink_steps_are_commands_that_parse(tmp_path, capfd):
+    """configs/study-convert.toml's `ppl-*` and `sink` steps: every flag and override is one their command
+    reads (each is refused only for the model folder a fresh root lacks, in one line), and every model they
+    read is the output of an earlier step."""
+    from evalm.launcher.cli import main as evalm
+    from evalm.launcher.study_file import load_study
+
+    steps = load_study("configs/study-convert.toml", root=str(tmp_path)).steps
+    made, measured = [], 0
+    for step in steps:
+        argv = step.argv
+        if argv[:2] in (["eval", "ppl"], ["eval", "sink"]):
+            model = argv[argv.index("--hf-model") + 1]
+            assert any(model == m or model.startswith(m + "/") for m in made), (step.name, model)
+            with pytest.raises(SystemExit) if argv[1] == "sink" else contextlib.nullcontext():
+                assert evalm(argv) == 2
+            err = capfd.readouterr().err.strip().splitlines()
+            assert len(err) == 1 and "--hf-model" in err[0] and "no such folder" in err[0], (step.name, err)
+            measured += 1
+        made += [a for flag, a in zip(argv, argv[1:]) if flag in ("--out", "--output")]
+    assert measured == 6
