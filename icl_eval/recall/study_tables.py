@@ -127,7 +127,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--root", default="runs/recall", help="the study's folder, its [study] root (default: runs/recall)")
     p.add_argument("--chunk-mates", action="store_true",
                    help="print where the trained EVA models' MQAR errors go instead of the tables (default: off)")
-    p.add_argument("--device", default="cpu", help="torch device of --chunk-mates' reading (default: cpu)")
     args = p.parse_args(argv)
-    print(chunk_mates(Path(args.root), device=args.device) if args.chunk_mates else tables(Path(args.root)))
+    print(chunk_mates(Path(args.root)) if args.chunk_mates else tables(Path(args.root)))
     return 0
