@@ -24,8 +24,8 @@ done; wait
 for s in 1 2 3; do  # 4,096 tokens, order seed 1, 200 items: label-sorted and the three nearest modes
   evalm eval icl $COMMON --task $RT --seeds $s --order-seeds 1 --budgets 0,4096 --label-map int \
     --order random,label-sorted --nearest remove,keep,corrupt --nearest-k 4 --out runs/smollm23/rt-int-nearest4096-seed$s &
-done; wait  # a process per draw, pooled by --tables A+B+C
-python benchmarks/smollm.py --tables runs/smollm23/*-shots/results.json runs/smollm23/*-budgets/results.json \
+done; wait  # a process per draw, pooled by `evalm eval tables A+B+C`
+evalm eval tables runs/smollm23/*-shots/results.json runs/smollm23/*-budgets/results.json \
   runs/smollm23/rt-int-diagnostics/results.json \
   runs/smollm23/rt-int-diagnostics4096-seed12/results.json+runs/smollm23/rt-int-diagnostics4096-seed3/results.json \
   runs/smollm23/rt-int-nearest4096-seed1/results.json+runs/smollm23/rt-int-nearest4096-seed2/results.json\
