@@ -135,16 +135,13 @@ def run_datatrove(work: Path, tasks: int) -> dict:
     return {"removed": removed, "index_bytes": on_disk, "index_nodes": None}
 
 
-def child(args: argparse.Namespace) -> None:
+def child(run: str, work: Path, tasks: int, redis_url: str | None) -> None:
     """One contender in this process: print its result, time and peak RSS as one JSON line."""
     from loguru import logger
 
     logger.remove()
     start = time.perf_counter()
-    if args.run == "datatrove":
-        out = run_datatrove(args.work, args.tasks)
-    else:
-        out = run_ours(args.work, args.tasks, args.redis_url)
+    out = run_datatrove(work, tasks) if run == "datatrove" else run_ours(work, tasks, redis_url)
     seconds = time.perf_counter() - start
     # VmHWM, not RUSAGE_SELF: Linux carries the forking parent's RSS high-water mark across exec
     # into ru_maxrss, so every contender would read at least the parent's size
@@ -184,7 +181,7 @@ def main() -> None:
     parser.add_argument("--redis-url", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.run:
-        return child(args)
+        return child(args.run, args.work, args.tasks, args.redis_url)
     from evalm.data_pipeline.dedup_cluster import LocalCluster, binaries
 
     root = Path(tempfile.mkdtemp(prefix="evalm-vs-datatrove-"))

@@ -64,8 +64,8 @@ def _inputs(root: Path, items: int, n_books: int) -> tuple[Path, Path, Path]:
     return folder, task / "task.toml", books
 
 
-def timed(args: list[str], world: int) -> float:
-    """Seconds of wall time of `python -m evalm.icl_eval ARGS` on `world` ranks."""
+def timed(argv: list[str], world: int) -> float:
+    """Seconds of wall time of `python -m evalm.icl_eval ARGV` on `world` ranks."""
     port, procs = _free_port(), []
     t0 = time.perf_counter()
     for rank in range(world):
@@ -74,12 +74,12 @@ def timed(args: list[str], world: int) -> float:
         if world > 1:
             env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                        LOCAL_RANK=str(rank))
-        procs.append(subprocess.Popen([sys.executable, "-m", "evalm.icl_eval", *args], env=env,
+        procs.append(subprocess.Popen([sys.executable, "-m", "evalm.icl_eval", *argv], env=env,
                                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
     errors = [p.communicate()[1] for p in procs]
     seconds = time.perf_counter() - t0
     if any(p.returncode for p in procs):
-        raise SystemExit(f"`python -m evalm.icl_eval {' '.join(args)}` failed on {world} rank(s):\n{errors}")
+        raise SystemExit(f"`python -m evalm.icl_eval {' '.join(argv)}` failed on {world} rank(s):\n{errors}")
     return seconds
 
 

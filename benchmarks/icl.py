@@ -83,7 +83,7 @@ def main(argv=None) -> int:
                                            for _ in range(args.repeats))
         rows.append(row)
         print(json.dumps(row))
-    label_rows = [label_row(eva, n, words, args) for n in map(int, args.labels.split(",")) for words in (False, True)]
+    label_rows = [label_row(eva, n, words, args.label_shots, args.items, args.repeats) for n in map(int, args.labels.split(",")) for words in (False, True)]
     first, last = rows[0], rows[-1]
     summary = {
         "test_prefix_speedup": {f"{r['labels']} {r['kind']}": r["speedup"] for r in label_rows},
@@ -100,7 +100,7 @@ def main(argv=None) -> int:
     return 0
 
 
-def label_row(lm: EvalmLM, n_labels: int, words: bool, args) -> dict:
+def label_row(lm: EvalmLM, n_labels: int, words: bool, shots: int, n_items: int, repeats: int) -> dict:
     """Marginal seconds per item (after the one context encoding) with each test-prefix mode, best of repeats.
 
     Test inputs are review-sized (20 random words, ~110 byte tokens), so that the test input, not the
@@ -108,16 +108,16 @@ def label_row(lm: EvalmLM, n_labels: int, words: bool, args) -> dict:
     rng = random.Random(n_labels)
     vocab = ["plot", "cast", "dull", "great", "slow", "fun", "dark", "warm", "score", "scene"]
     rows = [{"text": " ".join(rng.choices(vocab, k=20)), "label": rng.randrange(n_labels)}
-            for _ in range(args.label_shots + args.items)]
+            for _ in range(shots + n_items)]
     labels = WORDS[:n_labels] if words else tuple("ABCDEF"[:n_labels])
     task = Task("labels", "Review: {text} Sentiment: {label}." if words else "Review: {text} Sentiment:{label}", labels)
     prompt = PromptBuilder(task, ByteTokenizer())
-    demos = [prompt.demo(i, r) for i, r in enumerate(rows[: args.label_shots])]
-    items = [prompt.test_item(i, r, len(demos)) for i, r in enumerate(rows[args.label_shots :])]
+    demos = [prompt.demo(i, r) for i, r in enumerate(rows[:shots])]
+    items = [prompt.test_item(i, r, len(demos)) for i, r in enumerate(rows[shots:])]
     row = {"labels": n_labels, "kind": "multi-token words" if words else "single-token letters", "shots": len(demos),
            "test_tokens": len(items[0].candidates[0].tokens)}
     for mode in ("reencode", "shared"):
-        runs = [METHODS["incremental"](lm, prompt, demos, items, MethodOptions(test_prefix=mode)) for _ in range(args.repeats)]
+        runs = [METHODS["incremental"](lm, prompt, demos, items, MethodOptions(test_prefix=mode)) for _ in range(repeats)]
         row[f"{mode}_s_per_item"] = min(r.info["marginal_seconds_per_item"] for r in runs)
     row["speedup"] = row["reencode_s_per_item"] / row["shared_s_per_item"]
     print(json.dumps(row))

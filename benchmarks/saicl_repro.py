@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -133,7 +132,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from evalm.icl_eval.stats.summary import summarize
     from evalm.icl_eval.tasks.synthetic import episode, synthetic_task
 
-    p = argparse.ArgumentParser(allow_abbrev=False, prog="python benchmarks/saicl_repro.py", description=__doc__.split("\n")[0])
+    from evalm.config_toolkit import Parser
+
+    p = Parser(prog="python benchmarks/saicl_repro.py", description=__doc__.split("\n")[0])
     p.add_argument("--out", default="runs/saicl-repro", help="output folder (default runs/saicl-repro)")
     p.add_argument("--config", default=None, help="meta-training TOML (default configs/metaicl-tiny.toml)")
     p.add_argument("--shots", default="4,8,16,32,64,128,256", help="test k (default 4,8,...,256)")

@@ -26,7 +26,7 @@ def _rss_mib() -> float:
         return int(f.read().split()[1]) * resource.getpagesize() / 2**20
 
 
-def measure(kind: str, k: int, args) -> dict:
+def measure(kind: str, k: int, d_model: int, layers: int, heads: int, demo_tokens: int, repeats: int) -> dict:
     """One child: a random T5 encoder, one prompt of k demos + test, min time over repeats, peak RSS."""
     import torch
 
@@ -34,15 +34,15 @@ def measure(kind: str, k: int, args) -> dict:
     from evalm.icl_eval.models.t5 import encode, tiny_t5
 
     torch.manual_seed(0)
-    lm = tiny_t5(d_model=args.d_model, layers=args.layers, heads=args.heads, d_ff=2 * args.d_model)
+    lm = tiny_t5(d_model=d_model, layers=layers, heads=heads, d_ff=2 * d_model)
     g = torch.Generator().manual_seed(1)
-    demos = [[tuple(torch.randint(1, 256, (args.demo_tokens,), generator=g).tolist()) for _ in range(k)]]
-    test = [tuple(torch.randint(1, 256, (args.demo_tokens,), generator=g).tolist())]
+    demos = [[tuple(torch.randint(1, 256, (demo_tokens,), generator=g).tolist()) for _ in range(k)]]
+    test = [tuple(torch.randint(1, 256, (demo_tokens,), generator=g).tolist())]
     start = _rss_mib()
     with torch.no_grad():
         encode(lm.model, kind, demos, test, lm.pad_id)  # warm-up at full size (allocator, thread pool)
         times = []
-        for _ in range(args.repeats):
+        for _ in range(repeats):
             t0 = time.perf_counter()
             encode(lm.model, kind, demos, test, lm.pad_id)
             times.append(time.perf_counter() - t0)
@@ -61,7 +61,7 @@ def main() -> None:
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(measure(args.child[0], int(args.child[1]), args)))
+        print(json.dumps(measure(args.child[0], int(args.child[1]), args.d_model, args.layers, args.heads, args.demo_tokens, args.repeats)))
         return
     flags = ["--demo-tokens", str(args.demo_tokens), "--d-model", str(args.d_model), "--layers", str(args.layers),
              "--heads", str(args.heads), "--repeats", str(args.repeats)]

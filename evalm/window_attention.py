@@ -1,6 +1,6 @@
 """Window-only attention: EVA's block-local causal softmax with no remote chunk summaries.
 
-The control of the trained recall study (benchmarks/recall.py): the same visibility rule as EVA's
+The control of the trained recall study (configs/study-recall.toml): the same visibility rule as EVA's
 local part (`Tiling.window_start`, docs/eva.md), so the only difference from `eva` is the remote
 branch. For the query at absolute position i, with w = window_size and ext = w when
 overlap_window (else 0):

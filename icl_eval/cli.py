@@ -157,7 +157,7 @@ def _print_summary(summary: dict) -> None:
 
 
 PPL_FLAGS = {"books": "books", "lengths": "buckets", "max_tokens": "max_tokens", "unigram_shards": "unigram_shards",
-             "fixed_contexts": "fixed_contexts"}
+             "fixed_contexts": "fixed_contexts", "by_offset": "offset_block"}
 """`evalm eval ppl` flag attribute -> `[ppl]` key (the load flags are added by `cli_args.load_keys`)."""
 
 
@@ -283,6 +283,9 @@ def _print_perplexity(results: dict) -> None:
         bpb = f"{o['bits_per_byte']:.3f}" if o.get("bits_per_byte") else "-"
         print(f"{name:>11}  token ppl {o['token_ppl']:8.1f}  word ppl {word:>10}  bits/byte {bpb}  "
               f"({proto['protocol']['protocol']})")
+        if proto.get("block_offsets"):
+            print(f"{'':>11}  by offset in its block: "
+                  + "  ".join(f"[{r['offsets'][0]}, {r['offsets'][1]}) {r['token_ppl']:.1f}" for r in proto["block_offsets"]))
     fixed = results.get("fixed_position")
     if fixed:
         cells = "  ".join(f"{r['context']}:{r['token_ppl']:.1f}" for r in fixed["rows"])
@@ -344,6 +347,14 @@ COMMANDS = {
     "recall": ("passkey, needles, variable tracking, JSON KV and MQAR at exact lengths and depths, through the cache",
                lazy("evalm.icl_eval.recall.command:recall")),
     "recall-cells": ("the recall study's test cells of one `evalm train recall` model", lazy("evalm.icl_eval.recall.study_cells:main")),
+    "recall-tables": ("the recall study's markdown tables from its folder, or where EVA's MQAR errors go (--chunk-mates)",
+                      lazy("evalm.icl_eval.recall.study_tables:main")),
+    "saicl-positions": ("why SAICL's decoder adaptation scores low on a tuned EVALM: isolation vs shared positions",
+                        lazy("evalm.icl_eval.methods.saicl_positions:main")),
+    "tables": ("markdown tables of `evalm eval icl` / `ppl` results.json files (icl runs split by seed pooled: A+B+C)",
+               lazy("evalm.icl_eval.report:tables")),
+    "sink": ("the attention-sink test: a transformers model under EVA's window as a mask, with and without first tokens",
+             lazy("evalm.icl_eval.perplexity.sink:main")),
 }
 DISPATCHER = Dispatcher("evalm eval", COMMANDS)
 """A user error (config_toolkit.UserError) is one line; anything else is reported as a bug (config_toolkit.report)."""

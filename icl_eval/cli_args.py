@@ -224,6 +224,8 @@ def ppl_parser() -> Parser:
                    "unigram reference (default: none, uniform reference only)")
     p.add_argument("--fixed-contexts", type=csv(int), metavar="C1,C2", help="context lengths of the fixed-position "
                    "protocol (the same targets after each), e.g. 16,256,4096 (default: none, protocol off)")
+    p.add_argument("--by-offset", type=int, metavar="BLOCK", help="also report token perplexity by a token's offset "
+                   "inside blocks of BLOCK tokens (a converted model's EVA window), from position BLOCK on (default: off)")
     load_flags(p, PerplexityConfig)
     allow_skip(p, "--lengths buckets that no book reaches")
     overwrite(p)

@@ -174,11 +174,17 @@ class PerplexityConfig(RunOptions):
     """Target span of the fixed-position protocol, in tokens."""
     fixed_targets_per_book: int = 4
     """Target spans per book in the fixed-position protocol."""
+    offset_block: int | None = None
+    """Also report token perplexity by a token's offset inside blocks of this many tokens (a converted model's
+    EVA window w: its first tokens of a block see few exact keys), over the positions from one block on; None: off."""
+    past_positions: bool = False
+    """Score past the model's trained positions (a transformers model's max_position_embeddings: RoPE read
+    where it was never trained) instead of refusing; what the original of a conversion does past its window."""
 
     def __post_init__(self) -> None:
         if self.max_books is not None and self.max_books < 1:
             raise ConfigError(f"max_books must be >= 1 (or unset for every book), got {self.max_books}")
-        for name in ("max_tokens", "window_tokens", "stride_tokens"):
+        for name in ("max_tokens", "window_tokens", "stride_tokens", "offset_block"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1 (or unset), got {getattr(self, name)}")
         for name in ("segment_tokens", "fixed_target_tokens", "fixed_targets_per_book"):

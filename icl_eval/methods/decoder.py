@@ -106,7 +106,7 @@ def _logits_after(lm: CausalLM, state, item: TestItem) -> torch.Tensor:
     return lm.extend(kids, right_pad(rows, lm.tokenizer.eos_id))
 
 
-def _score_after(lm: CausalLM, state, item: TestItem, rule: str, test_prefix: str = "shared") -> list[float]:
+def score_after(lm: CausalLM, state, item: TestItem, rule: str, test_prefix: str = "shared") -> list[float]:
     """Score an item's candidates after the cache `state` (left untouched), the way `test_prefix` says."""
     return SCORERS[test_prefix](lm, state, item, rule)
 
@@ -160,7 +160,7 @@ def incremental(lm, prompt, demos, items, options: MethodOptions, progress: Prog
         contexts.append(len(ctx))
         cache_bytes = max(cache_bytes, lm.nbytes(state))
         for i in [i for i, s in enumerate(starts) if s == start]:
-            scores[i] = _score_after(lm, state, items[i], options.scoring, options.test_prefix)
+            scores[i] = score_after(lm, state, items[i], options.scoring, options.test_prefix)
             if progress:
                 progress(1)
     info = {"demos_used": [len(demos) - s for s in starts][: len(items)], "context_tokens": max(contexts),
@@ -243,7 +243,7 @@ def _grouped(lm, prompt, groups: list[Group], items, options, bias: float, progr
         states.append(encode(lm, tokens, offset, options.segment_tokens))
     merged = lm.merge(states, own_logit_bias=bias, position_offset=L)
     t_enc = time.perf_counter() - t0
-    scores = _loop(items, progress, lambda item: _score_after(lm, merged, item, options.scoring, options.test_prefix))
+    scores = _loop(items, progress, lambda item: score_after(lm, merged, item, options.scoring, options.test_prefix))
     info = {
         "groups": [{"demo_ids": g.demo_ids, "tokens": len(g.tokens), "truncated_tokens": g.truncated_tokens,
                     "padded_tokens": g.padded_tokens} for g in groups],
@@ -287,7 +287,7 @@ def ensemble(lm, prompt, demos, items, options: MethodOptions, progress: Progres
         if options.ensemble_reduce == "mean_logits":  # SAICL §5.3: average the logits of all groups, then score
             mean = torch.stack([_logits_after(lm, s, item) for s in states]).mean(0)
             return score_candidates(mean, item.candidates, options.scoring)
-        per_group = np.array([_score_after(lm, s, item, options.scoring, options.test_prefix) for s in states])  # (G, C)
+        per_group = np.array([score_after(lm, s, item, options.scoring, options.test_prefix) for s in states])  # (G, C)
         return reduce_scores(per_group, options.ensemble_reduce).tolist()
 
     scores = _loop(items, progress, one)

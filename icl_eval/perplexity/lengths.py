@@ -115,6 +115,25 @@ def _perplexity(mean_nll: float) -> float:
     return math.exp(mean_nll) if mean_nll < math.log(sys.float_info.max) else math.inf
 
 
+OFFSET_EDGES = (16, 64, 256)
+"""Where a token sits in its block: its first chunk (EVA's c = 16), the next few, a quarter of a 1,024 block."""
+
+
+def block_offsets(nlls: list[np.ndarray], block: int) -> list[dict]:
+    """Token perplexity by a token's offset inside its `block`-token block, pooled over books, from position
+    `block` on (every block there has whole blocks before it). nll[i] is the token at position i + 1."""
+    edges = [0, *(e for e in OFFSET_EDGES if e < block), block]
+    total, count = np.zeros(len(edges) - 1), np.zeros(len(edges) - 1, dtype=np.int64)
+    for nll in nlls:
+        pos = np.arange(1, len(nll) + 1)
+        keep = (pos >= block) & np.isfinite(nll)
+        which = np.searchsorted(edges, pos[keep] % block, side="right") - 1
+        np.add.at(total, which, nll[keep])
+        np.add.at(count, which, 1)
+    return [{"offsets": [lo, hi], "tokens": int(n), "mean_nll": t / n, "token_ppl": _perplexity(t / n)}
+            for lo, hi, t, n in zip(edges, edges[1:], total, count) if n]
+
+
 def token_spans(tokenizer, tokens: list[int]) -> tuple[list[int], np.ndarray]:
     """Word starts (token positions in tokens[1:] indexing) and UTF-8 bytes of each of tokens[1:].
 
@@ -220,13 +239,15 @@ class Protocols:
                  "targets_per_book": config.fixed_targets_per_book} if config.fixed_contexts else None
         if lm.max_positions is not None:
             window = min(window, lm.max_positions)
-            if max_tokens > lm.max_positions:
+            if max_tokens > lm.max_positions and not config.past_positions:
                 raise ConfigError(
                     f"max_tokens={max_tokens} exceeds the model's {lm.max_positions} positions: the cached protocol "
-                    f"would use positions it never learned; lower the largest --lengths bucket to {lm.max_positions}"
+                    f"would use positions it never learned; lower the largest --lengths bucket to {lm.max_positions} "
+                    "(or set --ppl.past_positions=true to measure what it does there)"
                 )
         self.lm, self.max_tokens, self.segment_tokens, self.buckets = lm, max_tokens, segment_tokens, config.buckets
         self.window, self.stride, self.unigram_logp, self.fixed = window, stride, unigram_logp, fixed
+        self.offset_block = config.offset_block
         self.protocols = ["cached", *(b for b in ("nonoverlap", "sliding") if b in config.baselines)]
         self.references = ["uniform", *(["unigram"] if unigram_logp is not None else [])]
 
@@ -272,6 +293,8 @@ class Protocols:
             rows = [(b["nll"][name], b["words"], b["row"]["book"], b["token_bytes"]) for b in books]
             report[name] = {"protocol": described[name], "buckets": bucket_report(rows, self.buckets),
                             "overall": _overall(rows)}
+            if self.offset_block:
+                report[name]["block_offsets"] = block_offsets([r[0] for r in rows], self.offset_block)
         out = {"books": [b["row"] for b in books], "protocols": {k: report[k] for k in self.protocols},
                "references": {k: report[k] for k in self.references}}
         if self.fixed:

@@ -83,7 +83,7 @@ def write_lead_task(task_file: Path, lead_words: int) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     toml = task_file.read_text(encoding="utf-8").replace(f'name = "{name}"', f'name = "{name}-lead{lead_words}"')
     write_atomic(folder / TASK_FILE, f"# {task_file} with each text cut to its first {lead_words} words "
-                                     f"(benchmarks/smollm.py --lead-task)\n" + toml)  # never through a link
+                                     f"(icl_eval.tasks.folder.write_lead_task)\n" + toml)  # never through a link
     for split, rows in splits.items():
         write_atomic(folder / f"{split}.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
     return folder / TASK_FILE

@@ -317,11 +317,11 @@ def test_the_sample_learning_ratio_needs_a_significant_gain_over_0_shots():
 
 
 def test_runs_split_by_draw_and_order_seed_pool_to_the_single_runs_summary(tmp_path):
-    """`benchmarks/smollm.py --tables A+B+...` pools runs made one seed per process: pooled, runs of
+    """`evalm eval tables A+B+...` pools runs made one seed per process: pooled, runs of
     (draw 1, order 1), (draw 1, order 2) and (draw 2, orders 1-2) summarise exactly as one run of
     draws 1-2 x orders 1-2, the nearest arms and their baselines included (each split repeats its
     draw's baseline records once per run; counted twice they would pose as extra draws)."""
-    from benchmarks.smollm import merged
+    from evalm.icl_eval.report import merged
     from evalm.icl_eval.protocol.units import changes, without_execution
 
     train = ["zebra lion tiger", "zebra lion cow", "cat dog", "fish bird", "owl hen", "cow pig", "ant bee", "elk yak"]

@@ -1,5 +1,5 @@
 """The recall study's data, its Mamba twin and its test cells (`evalm eval recall-cells`), and the tables
-benchmarks/recall.py prints from them.
+`evalm eval recall-tables` prints from them.
 
     python -m pytest tests/icl_eval/test_recall_study.py -q
 
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks import recall as study
+from evalm.icl_eval.recall import study_tables as study
 from evalm.config_toolkit import UserError
 from evalm.launcher.cli import main as evalm
 from evalm.mamba_twin import MambaTwin
@@ -130,7 +130,7 @@ def test_the_tables_and_the_chunk_mates_read_the_study_folder(tmp_path, capsys):
         assert evalm([*CELLS, "--ablations", "", "--model", str(_train(tmp_path, arch)),
                       "--out", str(tmp_path / "cells" / f"{arch}-16")]) == 0
     capsys.readouterr()
-    study.main(["--out", str(tmp_path)])
+    assert evalm(["eval", "recall-tables", "--root", str(tmp_path)]) == 0
     table = capsys.readouterr().out
     log = json.loads((tmp_path / "models" / "eva-16" / "log.json").read_text())
     assert f"| eva | 16 | {log['params']:,} | {log['device']} |" in table and "| window | 16 |" in table

@@ -1,26 +1,26 @@
 """The recall study's tables, and where EVA's MQAR errors go, read from a study folder (Zoology's recall
 protocol at CPU scale: EVA, full attention, window-only attention and Mamba trained alike).
 
-    evalm run --config configs/study-recall.toml                 # the grid (hours on 2 cores; rerun to resume)
-    python benchmarks/recall.py --out runs/recall                 # its markdown tables (docs/results.md)
-    python benchmarks/recall.py --out runs/recall --chunk-mates   # where EVA's MQAR errors go
+    evalm run --config configs/study-recall.toml                   # the grid (hours on 2 cores; rerun to resume)
+    evalm eval recall-tables --root runs/recall                     # its markdown tables (docs/results.md)
+    evalm eval recall-tables --root runs/recall --chunk-mates       # where EVA's MQAR errors go
 
-The study itself is package commands, one step of configs/study-recall.toml each: `evalm train
-recall` trains one (arch, width) through the trainer's step (train/recall.py: the data, optimiser and
-schedule of every model alike) into OUT/models/ARCH-WIDTH, and `evalm eval recall-cells` writes its
-test cells (icl_eval/recall/study_cells.py: kv, passkey and far MQAR, EVA's ablations) into
-OUT/cells/ARCH-WIDTH, one file per cell. This script only reads what they wrote.
+The study's steps write what is read here: `evalm train recall` trains one (arch, width) into
+ROOT/models/ARCH-WIDTH and `evalm eval recall-cells` writes its test cells (study_cells.py) into
+ROOT/cells/ARCH-WIDTH, one file per cell. The tables read those files; the chunk-mates reading loads the
+trained EVA models and scores fresh MQAR sequences (seeded apart from the cells).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from evalm.config_toolkit import MissingInput
 from evalm.recall_models import ARCHS, LOG, MODEL, load_trained, predict
 from evalm.text.recall_data import Vocab, mqar
 
@@ -35,8 +35,8 @@ def _cells(out: Path) -> list[dict]:
     found = [json.loads(p.read_text()) for p in sorted((out / "cells").glob("*/*.json"))
              if p.name != "settings.json" and not p.name.startswith(".")]
     if not found:
-        raise SystemExit(f"{out}/cells: no results yet; run the study first (evalm run --config "
-                         "configs/study-recall.toml)")
+        raise MissingInput(f"{out}/cells: no results yet; run the study first (evalm run --config "
+                           "configs/study-recall.toml)")
     return found
 
 
@@ -120,17 +120,13 @@ def chunk_mates(out: Path, kv: int = 16, n: int = 64, device: str = "cpu") -> st
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default="runs/recall", help="the study's folder, its [study] root (default: runs/recall)")
-    p.add_argument("--tables", action="store_true", help="print the markdown tables of --out (the default)")
+def main(argv: Sequence[str] | None = None) -> int:
+    from evalm.config_toolkit import Parser
+
+    p = Parser(prog="evalm eval recall-tables", description=__doc__.split("\n\n")[0])
+    p.add_argument("--root", default="runs/recall", help="the study's folder, its [study] root (default: runs/recall)")
     p.add_argument("--chunk-mates", action="store_true",
-                   help="print where the trained EVA models' MQAR errors go (chunk_mates) instead")
-    p.add_argument("--device", default="cpu", help="torch device of --chunk-mates' reading (default: cpu)")
+                   help="print where the trained EVA models' MQAR errors go instead of the tables (default: off)")
     args = p.parse_args(argv)
-    print(chunk_mates(Path(args.out), device=args.device) if args.chunk_mates else tables(Path(args.out)))
-
-
-if __name__ == "__main__":
-    main()
+    print(chunk_mates(Path(args.root)) if args.chunk_mates else tables(Path(args.root)))
+    return 0

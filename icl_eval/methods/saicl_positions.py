@@ -1,6 +1,6 @@
 """Why does the decoder adaptation of SAICL score below the other methods? An ablation on one model.
 
-    python benchmarks/saicl_positions.py --checkpoint runs/tiny/export/msit --shots 1,4,16,64 --seeds 1,2,3
+    evalm eval saicl-positions --checkpoint runs/tiny/export/msit --shots 1,4,16,64 --seeds 1,2,3
 
 SAICL (its §3.2) encodes every demonstration as its own segment, right-aligned so that all of them
 end just before the test input, and lets the test input attend to all of them. For a decoder tuned on
@@ -17,22 +17,19 @@ rows separates the two causes (docs/evaluation.md, "SAICL in a decoder").
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import torch
 
-import torch  # noqa: E402
-
-from evalm.io import load_model  # noqa: E402
-from evalm.text.tokenizer import load_tokenizer  # noqa: E402
-from evalm.icl_eval.models.lm import EvalmLM  # noqa: E402
-from evalm.icl_eval.methods.decoder import METHODS, MethodOptions, _score_after, encode, make_groups  # noqa: E402
-from evalm.icl_eval.tasks.prompts import PromptBuilder  # noqa: E402
-from evalm.icl_eval.protocol.selection import dataset_level  # noqa: E402
-from evalm.icl_eval.tasks.synthetic import SyntheticConfig, episode, synthetic_task  # noqa: E402
+from evalm.io import load_model
+from evalm.text.tokenizer import load_tokenizer
+from evalm.icl_eval.models.lm import EvalmLM
+from evalm.icl_eval.methods.decoder import METHODS, MethodOptions, score_after, encode, make_groups
+from evalm.icl_eval.tasks.prompts import PromptBuilder
+from evalm.icl_eval.protocol.selection import dataset_level
+from evalm.icl_eval.tasks.synthetic import SyntheticConfig, episode, synthetic_task
 
 
 def isolated_sequential(lm, prompt, demos, items, options: MethodOptions) -> list[list[float]]:
@@ -43,7 +40,7 @@ def isolated_sequential(lm, prompt, demos, items, options: MethodOptions) -> lis
         states.append(encode(lm, g.tokens, offset, options.segment_tokens))
         offset += len(g.tokens)
     merged = lm.merge(states, own_logit_bias=0.0, position_offset=offset)
-    return [_score_after(lm, merged, item, options.scoring) for item in items]
+    return [score_after(lm, merged, item, options.scoring) for item in items]
 
 
 def accuracy(scores, items) -> float:
@@ -51,7 +48,9 @@ def accuracy(scores, items) -> float:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n")[0])
+    from evalm.config_toolkit import Parser
+
+    p = Parser(prog="evalm eval saicl-positions", description=__doc__.split("\n")[0])
     p.add_argument("--checkpoint", default="runs/tiny/export/msit", help="exported EVALM (default: the tiny run's tuned model)")
     p.add_argument("--shots", default="1,4,16,64", help="comma-separated shot counts (default 1,4,16,64)")
     p.add_argument("--seeds", default="1,2,3", help="comma-separated episode seeds (default 1,2,3)")

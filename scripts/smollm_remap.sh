@@ -1,7 +1,8 @@
-# The remapped-label runs (`python benchmarks/smollm.py --remap-commands` prints this file): `evalm eval icl`
-# itself, then `--tables` renders their results.json.
-G=$(python -c "import benchmarks.smollm as b; f, n = b.gguf_location(); print(f / n)")
-python benchmarks/smollm.py --lead-task    # data/samples/tasks/bbc_news-lead32: bodies cut to 32 words
+# The remapped-label runs of SmolLM2-135M (docs/findings.md): `evalm eval icl` itself, then
+# `evalm eval tables runs/smollm23/*/results.json` renders their results.json (A+B+C pools runs split by seed).
+G=$(python -c "from evalm.train.study import gguf_location as g; f, n = g(); print(f / n)")
+python -c "from pathlib import Path; from evalm.icl_eval.tasks.folder import write_lead_task as w; \
+print(w(Path('data/samples/tasks/bbc_news/task.toml'), 32))"    # data/samples/tasks/bbc_news-lead32: bodies cut to 32 words
 COMMON="--hf-model $(dirname $G) --gguf-file $(basename $G) --methods incremental --eval.method.scoring=answer-sum \
   --eval.method.on_overflow=drop_left --eval.dtype=bfloat16 --seeds 1,2,3 --test-items 200"
 RT=data/samples/tasks/rotten_tomatoes/task.toml; BBC=data/samples/tasks/bbc_news-lead32/task.toml
@@ -23,8 +24,8 @@ done; wait
 for s in 1 2 3; do  # 4,096 tokens, order seed 1, 200 items: label-sorted and the three nearest modes
   evalm eval icl $COMMON --task $RT --seeds $s --order-seeds 1 --budgets 0,4096 --label-map int \
     --order random,label-sorted --nearest remove,keep,corrupt --nearest-k 4 --out runs/smollm23/rt-int-nearest4096-seed$s &
-done; wait  # a process per draw, pooled by --tables A+B+C
-python benchmarks/smollm.py --tables runs/smollm23/*-shots/results.json runs/smollm23/*-budgets/results.json \
+done; wait  # a process per draw, pooled by `evalm eval tables A+B+C`
+evalm eval tables runs/smollm23/*-shots/results.json runs/smollm23/*-budgets/results.json \
   runs/smollm23/rt-int-diagnostics/results.json \
   runs/smollm23/rt-int-diagnostics4096-seed12/results.json+runs/smollm23/rt-int-diagnostics4096-seed3/results.json \
   runs/smollm23/rt-int-nearest4096-seed1/results.json+runs/smollm23/rt-int-nearest4096-seed2/results.json\
