@@ -45,7 +45,7 @@ from evalm.icl_eval.stats.summary import summarize  # noqa: E402
 from evalm.icl_eval.tasks.folder import lead_rows, write_lead_task  # noqa: E402
 from evalm.icl_eval.tasks.data import SeedSplits, load_splits, task_data_files  # noqa: E402
 from evalm.icl_eval.tasks.task import read_task_file  # noqa: E402
-from evalm.train.study import gguf_location  # noqa: E402,F401 - also REMAP_RUNS' `b.gguf_location()`
+from evalm.train.prepare import gguf_location  # noqa: E402,F401 - also REMAP_RUNS' `b.gguf_location()`
 
 OVERFLOW = {"incremental": "drop_left", "structured": "error", "saicl": "error"}
 """What each method does past the window (see the module docstring)."""
