@@ -35,6 +35,9 @@ def staged(folder: str | Path, last: Sequence[str] = ("config.json",)) -> Iterat
     if folder.is_symlink():  # its files would land in the folder it points to
         raise LinkedOutput(f"{folder} is a symbolic link (to {os.readlink(folder)}); evalm never writes through a "
                            "link: remove the link and rerun")
+    if folder.exists() and not folder.is_dir():
+        raise LinkedOutput(f"{folder} is a file, not a folder; the output is written as a folder: remove the file "
+                           "or choose another output")
     folder.mkdir(parents=True, exist_ok=True)
     for stale in folder.glob(f"{STAGING}*"):  # a killed process's
         shutil.rmtree(stale, ignore_errors=True)

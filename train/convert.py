@@ -339,7 +339,7 @@ def _run_mode(args, dotted: Sequence[str]) -> Path:
     if args.widen:
         from evalm.train.widen import widen
 
-        return widen(args.hf_model, args.out, args.window, args.overwrite)
+        return widen(args.hf_model, args.out, args.window, MAX_WINDOW, args.overwrite)
     return convert(args.hf_model, args.out, read_settings([*dotted, *args.overrides]), args.gguf_file, args.dtype,
                    args.overwrite)
 

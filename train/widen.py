@@ -46,19 +46,18 @@ def model_files(model: Path) -> list[Path]:
     return files
 
 
-def widened_config(model: Path, window: int):
-    """MODEL's config (`EvaLlamaConfig`) with EVA's window set to `window`, every check of a conversion's settings
-    applied to it (named after the file)."""
+def widened_config(model: Path, window: int, bound: int):
+    """MODEL's config (`EvaLlamaConfig`) with EVA's window set to `window` (at most `bound`, the conversion's
+    `MAX_WINDOW`), every check of a conversion's settings applied to it (named after the file)."""
     from evalm import hf_folder
     from evalm.eva_settings import EVA_FIELDS, EvaSettings
     from evalm.hf_llama import EvaLlamaConfig
-    from evalm.train.convert import MAX_WINDOW
 
     if not (model / "config.json").is_file():
         raise MissingInput(f"{model}: no config.json; --hf-model is a folder `evalm convert` (or an uptraining run's "
                            "hf/) wrote")
-    if not 1 <= window <= MAX_WINDOW:
-        raise ConfigError(f"--window {window}: at most {MAX_WINDOW} tokens, as for any conversion (a window past any "
+    if not 1 <= window <= bound:
+        raise ConfigError(f"--window {window}: at most {bound} tokens, as for any conversion (a window past any "
                           "input is the input itself: give at most the longest context you evaluate)")
     raw = read_json(model / "config.json", "a model's config.json")
     if not isinstance(raw, dict) or raw.get("model_type") != "eva_llama":
@@ -76,13 +75,13 @@ def widened_config(model: Path, window: int):
     return config
 
 
-def widen(model: str | Path, out: str | Path, window: int, overwrite: bool = False) -> Path:
-    """OUT: the converted folder MODEL with EVA's window set to `window` (`widened_config`), every other file
-    copied as it is."""
+def widen(model: str | Path, out: str | Path, window: int, bound: int, overwrite: bool = False) -> Path:
+    """OUT: the converted folder MODEL with EVA's window set to `window` (`widened_config`; `bound`: the
+    conversion's, which `evalm convert` passes), every other file copied as it is."""
     from evalm.hf_private import unmarked
 
     model = Path(model)
-    config = widened_config(model, window)
+    config = widened_config(model, window, bound)
     files = model_files(model)
     target = RunFolder(out, COMMAND, inputs=[model])
     target.refuse_inputs()

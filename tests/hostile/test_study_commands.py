@@ -199,6 +199,10 @@ def test_damaged_inputs_and_wrong_paths_are_one_line(run, tmp_path):
     refused_in_process(["study", "widen", "--model", eva, "--out", tmp_path / "file", "--window", "16"])
     refused_in_process(["study", "prepare", "--source", eva, "--out", tmp_path / "file"])
     assert (tmp_path / "file").read_text() == "x"
+    copy = tmp_path / "run"
+    shutil.copytree(out, copy, ignore=shutil.ignore_patterns("hf"))
+    (copy / "hf").write_text("x")  # a run's hf/ that is a file
+    assert "is a file, not a folder" in refused_in_process(["study", "rebuild", "--run", copy])
     runs = tmp_path / "not-a-run"
     runs.mkdir()
     (runs / "config.json").write_text('"text"')
