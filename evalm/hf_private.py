@@ -11,7 +11,7 @@ must avoid; a later version that changes them breaks here and nowhere else.
   `save_pretrained` would then copy evalm's source into the folder and point `auto_map` at it;
   `evalm convert` writes its own pinned modeling file instead, so the mark is lifted while it saves.
 - `model.hf_quantizer` / `is_quantized`: a GGUF file loaded in float32 is dequantised, yet the model keeps
-  its quantizer and `save_pretrained` would write it as quantized; `evalm study prepare` saves it as the
+  its quantizer and `save_pretrained` would write it as quantized; `evalm convert --prepare` saves it as the
   plain float32 model it is (there is no public "forget the quantizer").
 """
 

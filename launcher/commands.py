@@ -34,8 +34,9 @@ COMMANDS: dict[str, tuple[str, Run]] = {
     "export": ("write a checkpoint as safetensors + config.json", lazy("evalm.train.export:main")),
     "convert": ("a Llama-family transformers model with EVA attention (uptrain it: evalm train uptrain)",
                 lazy("evalm.train.convert:main")),
-    "study": ("what a study needs beside measurements: prepare a GGUF, widen a window, trainables, rebuild, digest",
-              lazy("evalm.train.study:main")),
+    "study": ("earlier spellings: study prepare|widen = convert --prepare|--widen, trainables|rebuild = train uptrain "
+              "--export-trainables|--rebuild, digest = export --digest, summary = run --summary",
+              lazy("evalm.launcher.study_aliases:main")),
 }
 """Command -> (one-line help, function of the remaining arguments): `config_toolkit.Dispatcher`'s table."""
 

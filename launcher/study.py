@@ -29,6 +29,7 @@ from evalm.config_toolkit import ConfigError, Parser, report, split_overrides
 from evalm.launcher.console import StageFailed
 from evalm.launcher.schedule import CHILD
 from evalm.launcher.study_file import Study, StudyStep, load_study
+from evalm.launcher.study_report import write_report
 from evalm.storage import folder_lock, read_json, redact_argv, write_json
 from evalm.storage.files import appended
 
@@ -135,6 +136,16 @@ def listing(study: Study) -> str:
     return "\n".join(lines)
 
 
+def summarize(study: Study) -> int:
+    """`--summary`: the report alone, printed and written (a study without [summary] is one line)."""
+    if study.summary is None:
+        raise ConfigError(f"{study.path}: no [summary] section; declare its tables and goals there "
+                          "(launcher/study_report.py)")
+    path = write_report(study.root, study.summary, study.section.name)
+    print(path.read_text(encoding="utf-8"))
+    return 0
+
+
 def _parser() -> Parser:
     parser = Parser(prog="evalm run", description=__doc__)
     parser.add_argument("config", nargs="?", help="the study file (or --config FILE; required)")
@@ -143,9 +154,11 @@ def _parser() -> Parser:
     where.add_argument("--from", dest="start", metavar="STEP", help="rerun this step and every later one (default: none)")
     where.add_argument("--only", metavar="STEP[,STEP...]", help="rerun just these steps (default: none)")
     where.add_argument("--list", action="store_true", help="print the steps and their state; run nothing (default: off)")
+    where.add_argument("--summary", action="store_true", help="write the study's report from the file's [summary] "
+                       "(launcher/study_report.py); run nothing (default: off: written after the steps)")
     parser.add_argument("--root", help="the study's folder (default: its [study] root)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="study.KEY=VALUE",
-                        help="override a [study] value, e.g. --set study.root=/data/convert; repeatable")
+                        help="override a [study] value, e.g. --set study.root=/data/convert; repeatable (default: none)")
     return parser
 
 
@@ -163,10 +176,14 @@ def main(argv: Sequence[str]) -> int:
         if args.list:
             print(listing(study))
             return 0
+        if args.summary:
+            return summarize(study)
         steps, force = select(study, args.only, args.start)
         study.root.mkdir(parents=True, exist_ok=True)
         with folder_lock(study.root, "evalm run"):  # one invocation per study folder
             outcome = run_study(study, steps, force)
+            if study.summary:
+                print(f"wrote {write_report(study.root, study.summary, study.section.name)}")
     except KeyboardInterrupt:
         print(f"evalm run: interrupted; rerun `evalm run --config {path}` to resume: done steps are skipped",
               file=sys.stderr)

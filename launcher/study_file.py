@@ -3,6 +3,7 @@
     [study] name = "convert-smollm2", root = "runs/convert-smollm2", about = "what the study asks"
     [study.vars] seq_len = 8192                         # `{seq_len}` in any step argument
     [[step]] name = "convert-rope", run = ["convert", "--out", "{root}/eva-rope-0"], about = "why", needs = ["prepare"]
+    [summary] title = "...", [[summary.table]], [[summary.goal]]   # its report (launcher/study_report.py)
 
 A study is a list of `evalm` commands a question needs (a conversion, its training, its evaluations),
 run by `launcher.study` as the main job runs its stages: each step once, skipped when done with the same
@@ -23,6 +24,7 @@ from pydantic.dataclasses import dataclass
 
 from evalm.config_toolkit import FROZEN, ConfigError, apply_overrides, build, check_sections, read_toml
 from evalm.launcher.commands import COMMANDS
+from evalm.launcher.study_report import Summary, declared
 
 STEP_NAME = re.compile(r"[a-z0-9-]+")
 VAR_NAME = re.compile(r"[a-z0-9_]+")
@@ -88,6 +90,8 @@ class Study:
     section: StudySection
     root: Path
     steps: tuple[StudyStep, ...] = field(default_factory=tuple)
+    summary: Summary | None = None
+    """Its report's tables and goals (`launcher.study_report`), None without a [summary]."""
 
     def step(self, name: str) -> StudyStep:
         return next(s for s in self.steps if s.name == name)
@@ -104,7 +108,7 @@ def is_study(path: str | Path) -> bool:
 def load_study(path: str | Path, overrides: Sequence[str] = (), root: str | None = None) -> Study:
     """Read and check a study file; `overrides` are `study.KEY=VALUE`, `root` moves its folder."""
     raw = apply_overrides(read_toml(path), overrides)
-    check_sections(raw, ("study", "step"), str(path))
+    check_sections(raw, ("study", "step", "summary"), str(path))
     section = build(StudySection, raw.get("study"), where=f"{path} [study]")
     if root is not None:
         section = dataclasses.replace(section, root=root)
@@ -114,7 +118,8 @@ def load_study(path: str | Path, overrides: Sequence[str] = (), root: str | None
     if not tables:
         raise ConfigError(f"{path}: no [[step]]; a study needs at least one")
     built = [build(StepSection, t, where=f"{path} [[step]] {i} ({t.get('name', '?')})") for i, t in enumerate(tables, 1)]
-    return Study(Path(path), section, Path(section.root), tuple(_steps(path, built, section)))
+    summary = declared(raw.get("summary"), lambda text: substitute(text, section), str(path))
+    return Study(Path(path), section, Path(section.root), tuple(_steps(path, built, section)), summary)
 
 
 def substitute(argument: str, section: StudySection) -> str:

@@ -1,6 +1,6 @@
 # The remapped-label runs of SmolLM2-135M (docs/findings.md): `evalm eval icl` itself, then
 # `evalm eval tables runs/smollm23/*/results.json` renders their results.json (A+B+C pools runs split by seed).
-G=$(python -c "from evalm.train.study import gguf_location as g; f, n = g(); print(f / n)")
+G=$(python -c "from evalm.train.prepare import gguf_location as g; f, n = g(); print(f / n)")
 python -c "from pathlib import Path; from evalm.icl_eval.tasks.folder import write_lead_task as w; \
 print(w(Path('data/samples/tasks/bbc_news/task.toml'), 32))"    # data/samples/tasks/bbc_news-lead32: bodies cut to 32 words
 COMMON="--hf-model $(dirname $G) --gguf-file $(basename $G) --methods incremental --eval.method.scoring=answer-sum \

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from evalm.storage.files import write_atomic
+from evalm.storage.files import DamagedFile, regular, write_atomic
 from evalm.storage.identity import sha256
 
 DIGEST_FILE = "digest.json"
@@ -60,12 +60,17 @@ def weights_digest(folder: str | Path, file: str = "model.safetensors") -> str:
     import hashlib
 
     import torch
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
-    digest = hashlib.sha256()
-    with safe_open(str(Path(folder) / file), framework="pt") as f:
-        for name in sorted(f.keys()):
-            t = f.get_tensor(name).contiguous()
-            digest.update(f"{name} {t.dtype} {tuple(t.shape)}".encode())
-            digest.update(t.view(-1).view(torch.uint8).numpy().tobytes())
+    digest, path = hashlib.sha256(), Path(folder) / file
+    regular(path, "a weights file")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            for name in sorted(f.keys()):
+                t = f.get_tensor(name).contiguous()
+                digest.update(f"{name} {t.dtype} {tuple(t.shape)}".encode())
+                digest.update(t.view(-1).view(torch.uint8).numpy().tobytes())
+    except (SafetensorError, ValueError, RuntimeError) as err:  # cut short, or not safetensors at all
+        raise DamagedFile(f"{path}: not a readable safetensors file ({str(err)[:120]}); restore it or write it "
+                          "again with the command that made it") from None
     return digest.hexdigest()

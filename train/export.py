@@ -2,11 +2,16 @@
 
     evalm export --checkpoint runs/tiny/msit --out runs/tiny/model
     evalm export --hf --checkpoint runs/tiny/msit --out runs/tiny/hf   # a transformers folder (train/hf_export.py)
+    evalm export --digest runs/tiny/hf                                 # an exported folder's weights digest
 
 `--checkpoint` is a complete `step-XXXXXXXX` folder or a run folder (its latest complete one). The
 sharded checkpoint of any number of ranks is read in one process; the architecture comes from the
 checkpoint's own config.json. The run's tokenizer (`[data] tokenizer`, or `tokenizer.json` beside
 the `[data] shards`) is copied along, so `evalm eval --checkpoint OUT` needs nothing else.
+
+`--digest FOLDER` prints the SHA-256 of a folder's tensors (names, dtypes, shapes and bytes:
+`storage.weights_digest`), the same for the same weights on any machine whatever the file's metadata,
+so an export (or a conversion, a rebuilt uptraining run) made elsewhere is checked against this one.
 """
 
 from __future__ import annotations
@@ -48,16 +53,31 @@ def export(checkpoint: str | Path, out: str | Path, tokenizer: str | Path | None
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = Parser(prog="evalm export", description=__doc__)
-    parser.add_argument("--checkpoint", required=True, metavar="DIR",
-                        help="step-XXXXXXXX folder, or a run folder (its latest complete checkpoint) (required)")
-    parser.add_argument("--out", required=True, metavar="DIR",
-                        help="folder for model.safetensors, config.json, tokenizer.json (required)")
+    parser.add_argument("--checkpoint", metavar="DIR",
+                        help="step-XXXXXXXX folder, or a run folder (its latest complete checkpoint) (required but "
+                             "with --digest)")
+    parser.add_argument("--out", metavar="DIR",
+                        help="folder for model.safetensors, config.json, tokenizer.json (required but with --digest)")
+    parser.add_argument("--digest", action="store_true",
+                        help="print the weights digest of FOLDER instead (its model.safetensors; "
+                             "storage.weights_digest) and write nothing (default: off)")
+    parser.add_argument("folder", nargs="?", metavar="FOLDER", help="the folder --digest reads (required there)")
     parser.add_argument("--tokenizer", help="tokenizer.json to copy (default: the one the run trained with)")
     parser.add_argument("--hf", action="store_true",
                         help="write a transformers model folder (AutoModelForCausalLM, trust_remote_code=True); "
                              "--checkpoint may then also be an exported folder (default: off)")
     args = parser.parse_args(argv)
+    if not args.digest and not (args.checkpoint and args.out) or bool(args.digest) != bool(args.folder):
+        parser.error("give --checkpoint DIR --out DIR, or --digest FOLDER")
     try:
+        if args.digest:
+            from evalm.config_toolkit import MissingInput
+            from evalm.storage import weights_digest
+
+            if not (Path(args.folder) / "model.safetensors").exists():
+                raise MissingInput(f"{args.folder}: no model.safetensors; --digest names an exported or converted folder")
+            print(f"weights sha256 {weights_digest(args.folder)}")
+            return 0
         if args.hf:
             from evalm.train.hf_export import export_hf
 

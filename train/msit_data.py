@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from evalm.config_toolkit import ConfigError, InputError, MissingInput, Parser, report
-from evalm.storage import write_atomic
+from evalm.storage import overlap, write_atomic
 
 DEFAULTS = {"episodes": 1200, "examples": 160, "inputs": (2, 4, 8, 16), "seed": 10**6}
 """The embedded run's tuning data (configs/tiny.toml [msit])."""
@@ -83,6 +83,10 @@ def write_msit_data(out: Path, *, episodes: int, examples: int, inputs: Sequence
         raise ConfigError("--episodes and --instructions-limit must be >= 0 and --examples >= 1")
     if not episodes and instructions is None:
         raise ConfigError("--episodes 0 and no --instructions: nothing to write; give either")
+    if instructions is not None and (overlap(out, instructions) or out.exists() and instructions.exists()
+                                     and out.samefile(instructions)):  # a hard link is the same file too
+        raise ConfigError(f"--out {out} is, or overlaps, the input --instructions {instructions}; writing it would "
+                          "destroy what it reads: choose another --out")
     rows = instruction_examples(SyntheticConfig(), episodes, examples, seed=seed, inputs_per_episode=inputs)
     n_synthetic = len(rows)
     if instructions is not None:

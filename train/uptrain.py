@@ -13,6 +13,13 @@ cross-entropy on the `[data]` token shards, or `attention-transfer`, LoLCATs' fi
 (train/attention_transfer.py), which trains EVA's parameters alone. After the last step the run's
 model is written to OUT/hf as a converted folder (LoRA merged into its weights), ready for
 `--hf-model OUT/hf` and for the next stage's `[model] hf_model`.
+
+    evalm train uptrain --export-trainables --out RUN [--trainables FILE]              # its trainable tensors
+    evalm train uptrain --rebuild --out RUN --hf-model CONVERTED [--trainables FILE]   # RUN/hf from them
+
+A run trained on another machine comes home as its trainable tensors (LoRA adapters, EVA's maps: megabytes)
+and its OUT/hf is rebuilt here from them and the same converted folder (`uptrain_model.save_trainables`,
+`export_run`); the rebuild prints the weights digest, the same for the same weights on any machine.
 """
 
 from __future__ import annotations
@@ -138,6 +145,9 @@ def load_config(path: str | Path, overrides: list[str], data_cls: type = DataCon
     if config.uptrain.objective == "attention-transfer" and config.model.parameters != "eva":
         raise ConfigError(f"{path}: [uptrain] objective 'attention-transfer' trains EVA's parameters alone; set "
                           "[model] parameters = \"eva\" (LoRA or full training is the next stage, objective 'lm')")
+    if config.train.compile:  # said, not ignored: the blocks compiled are the project's own (train/parallelize.py)
+        raise ConfigError(f"{path}: [train] compile = true is not applied by uptraining (its decoder layers are "
+                          "transformers' Llama layers, which the trainer does not compile); set train.compile=false")
     if config.checkpoint.init_from:
         raise ConfigError(f"{path}: [checkpoint] init_from is not used by uptraining; [model] hf_model names the "
                           "weights it starts from")
@@ -203,8 +213,46 @@ def run_options(config: UptrainConfig) -> dict[str, Any]:
     return {"build": build_sharded, "step": step}
 
 
+def bring_home(argv: Sequence[str]) -> int:
+    """`--export-trainables` / `--rebuild`: a run's trainable tensors written to a small file, or its OUT/hf
+    rebuilt from them (on the machine the file was brought to); neither trains."""
+    from evalm.config_toolkit import Parser
+    from evalm.storage import weights_digest
+    from evalm.train.uptrain_model import export_run, save_trainables
+
+    p = Parser(prog="evalm train uptrain", description=bring_home.__doc__)
+    mode = p.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--export-trainables", action="store_true", help="write RUN's trainable tensors (LoRA adapters, "
+                      "EVA's maps) from its newest checkpoint to --trainables (one of the two is required)")
+    mode.add_argument("--rebuild", action="store_true", help="write RUN/hf from its converted folder and --trainables (one of the two is "
+                      "required)")
+    p.add_argument("--out", "--run", dest="run", type=Path, required=True, help="the run folder (required)")
+    p.add_argument("--hf-model", type=Path, help="its converted folder on this machine (default: the path the run "
+                                                  "recorded in its config.json)")
+    p.add_argument("--trainables", type=Path, help="the trainables file (default: RUN/trainables.safetensors)")
+    args = p.parse_args(list(argv))
+    try:
+        config = run_config(args.run, args.hf_model)
+        trainables = args.trainables or args.run / "trainables.safetensors"
+        if args.export_trainables:
+            print(f"wrote {save_trainables(args.run, config, trainables)}")
+        else:
+            out = export_run(args.run, config, trainables)
+            print(f"wrote {out}; weights sha256 {weights_digest(out)}")
+    except Exception as err:  # noqa: BLE001 - the one rule
+        return report("evalm train uptrain", err)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    from evalm.config_toolkit import Parser
     from evalm.train.command import parse_run_args, run_command
+
+    argv = list(argv if argv is not None else sys.argv[1:])
+    modes = Parser(add_help=False)
+    modes.add_argument("--export-trainables", "--rebuild", dest="home", action="store_true")
+    if modes.parse_known_args(argv)[0].home:  # the run brought home, not trained
+        return bring_home(argv)
     from evalm.train.pretrain import make_source
 
     status = run_command(argv, command="uptrain", doc=__doc__, default_config=DEFAULT_CONFIG, make_source=make_source,

@@ -139,15 +139,35 @@ def trained_model(out: str | Path, config, trainables: str | Path | None = None)
         return hf, {"checkpoint": str(path), "config": read_json(path / "config.json")}
     from safetensors.torch import load_file
 
+    from safetensors import SafetensorError
+
     check_run(trainables, config)
-    tensors = load_file(str(trainables))
-    expected = set(trainable_tensors(hf))
-    if set(tensors) != expected:  # another run's file, or another [model] section: nothing loads silently
-        raise InputError(f"{trainables}: its tensors are not this run's trainable ones "
-                         f"({len(set(tensors) - expected)} unexpected, {len(expected - set(tensors))} missing); "
-                         "write it from this run with save_trainables")
+    try:
+        tensors = load_file(str(trainables))
+    except (SafetensorError, OSError, ValueError) as err:  # a file cut short after its header
+        raise InputError(f"{trainables}: not a readable safetensors file ({str(err)[:120]}); write it again with "
+                         "save_trainables") from None
+    check_tensors(trainables, tensors, trainable_tensors(hf))
     hf.load_state_dict(tensors, strict=False)
     return hf, {"trainables": str(trainables)}
+
+
+def check_tensors(path: str | Path, tensors: dict[str, Tensor], expected: dict[str, Tensor]) -> None:
+    """Refuse trainable tensors that would make a broken model, before anything is written: other names than
+    the run's (another run's file, another [model] section), a shape that is not the parameter's, a dtype that
+    is not floating point (an int32 tensor loaded by casting), a NaN or an infinity (a diverged run)."""
+    if set(tensors) != set(expected):
+        raise InputError(f"{path}: its tensors are not this run's trainable ones "
+                         f"({len(set(tensors) - set(expected))} unexpected, {len(set(expected) - set(tensors))} "
+                         "missing); write it from this run with save_trainables")
+    for name, tensor in tensors.items():
+        why = (f"shape {tuple(tensor.shape)}, the parameter's is {tuple(expected[name].shape)}"
+               if tensor.shape != expected[name].shape else
+               f"dtype {tensor.dtype}, not floating point" if not tensor.is_floating_point() else
+               "NaN or infinite values" if not bool(torch.isfinite(tensor).all()) else None)
+        if why:
+            raise InputError(f"{path}: tensor {name!r} has {why}; write the file again from a good checkpoint "
+                             "with save_trainables (`evalm train uptrain --export-trainables`)")
 
 
 def trainable_tensors(hf: nn.Module) -> dict[str, Tensor]:
@@ -196,6 +216,31 @@ def check_run(trainables: str | Path, config) -> None:
                          "run with save_trainables, or pass the run file it was trained with")
 
 
+def check_destination(dest: str | Path, inputs) -> None:
+    """Where `save_trainables` may write: never an input of the run (the converted folder, its checkpoints) nor a
+    file inside one, and over an existing file only when it is a trainables file (one that names its run):
+    `--trainables FILE` replaced any file, the converted model's model.safetensors included."""
+    from safetensors import SafetensorError, safe_open
+
+    from evalm.storage import inside, refuse_link
+
+    dest = refuse_link(dest)
+    for path in inputs:
+        if inside(dest, path):
+            raise InputError(f"--trainables {dest} lies inside {path}, which the run reads; choose a file outside "
+                             "it (default: RUN/trainables.safetensors)")
+    if not dest.exists():
+        return
+    try:
+        with safe_open(str(dest), framework="pt") as f:
+            ours = RUN_KEY in (f.metadata() or {})
+    except (SafetensorError, OSError, ValueError):
+        ours = False
+    if not ours:
+        raise InputError(f"--trainables {dest} exists and is no trainables file (save_trainables names its run in "
+                         "it); choose another file, or delete it yourself if it is disposable")
+
+
 def save_trainables(out: str | Path, config, dest: str | Path) -> Path:
     """The trainable tensors of run `out`'s newest checkpoint (LoRA adapters and EVA's maps: megabytes where
     the whole model is hundreds), so a run trained on another machine is rebuilt here with
@@ -204,6 +249,7 @@ def save_trainables(out: str | Path, config, dest: str | Path) -> Path:
 
     from evalm.storage import replaced
 
+    check_destination(dest, [config.model.hf_model, Path(out) / "checkpoints"])
     hf, source = trained_model(out, config)
     with replaced(dest) as tmp:
         save_file(trainable_tensors(hf), str(tmp), metadata={"checkpoint": source["checkpoint"], "run": str(out),
@@ -227,4 +273,4 @@ def export_run(out: str | Path, config, trainables: str | Path | None = None) ->
 
 
 def _read(path: Path):
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    return read_json(path) if path.is_file() else None

@@ -106,7 +106,7 @@ ALLOWED = {
     "train/convert.py", "train/hf_export.py", "train/uptrain_model.py", "icl_eval/models/t5.py",
     "text/hf_tokenizer.py", "storage/files.py", "icl_eval/report.py",
     "data_pipeline/dedup_verify.py", "data_pipeline/dedup_job.py", "data_pipeline/blend_job.py",
-    "icl_eval/protocol/units.py", "train/shards.py", "train/study.py",
+    "icl_eval/protocol/units.py", "train/shards.py", "train/prepare.py", "train/widen.py",
     # not a file of an output folder a user names: a bug log, the sample builder's own staging folder, a
     # checkpoint's temporary folder (renamed complete), the log of a Redis server started in a folder of its own
     "config_toolkit/errors.py", "data_pipeline/samples/build.py", "data_pipeline/samples/pile.py",

@@ -28,7 +28,7 @@ def _subcommands() -> list[list[str]]:
     from evalm.data_pipeline.cli import COMMANDS as DATA
     from evalm.icl_eval.cli import COMMANDS as EVAL
     from evalm.train.cli import COMMANDS as TRAIN
-    from evalm.train.study import COMMANDS as STUDY
+    from evalm.launcher.study_aliases import ALIASES as STUDY
 
     nested = {"data": DATA, "train": TRAIN, "eval": EVAL, "study": STUDY}
     return [[name, sub] for name in top.COMMANDS for sub in nested.get(name, [None])]

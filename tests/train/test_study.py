@@ -1,5 +1,7 @@
-"""`evalm study`: widening against a fresh conversion, the weights digest against the file's own bytes, a run's
-config rebuilt from its folder, trainables and rebuild through the command.
+"""What a study needs beside its measurements, in the commands that own each noun: `evalm convert --widen`
+against a fresh conversion, `evalm export --digest` against the file's own bytes, a run's config rebuilt from
+its folder, `evalm train uptrain --export-trainables` / `--rebuild`, `evalm convert --prepare`; and the earlier
+`evalm study ...` spellings giving the same results.
 
     pytest tests/train/test_study.py
 """
@@ -71,7 +73,7 @@ def twins(tmp_path_factory):
 
 def test_a_widened_folder_is_a_fresh_conversion_at_the_wide_window(twins, tmp_path):
     x = torch.randint(0, 63, (2, 32), generator=torch.Generator().manual_seed(0))
-    assert evalm(["study", "widen", "--model", str(twins / "w8"), "--out", str(tmp_path / "wide"), "--window", "32"]) == 0
+    assert evalm(["convert", "--widen", "--hf-model", str(twins / "w8"), "--out", str(tmp_path / "wide"), "--window", "32"]) == 0
     wide, fresh, narrow = logits(tmp_path / "wide", x), logits(twins / "w32", x), logits(twins / "w8", x)
     assert torch.equal(wide, fresh)  # the same weights, the same computation: bit for bit
     assert (wide - narrow).abs().max() > 1e-3  # w = 8 reads summaries past its first block: widening changed it
@@ -84,11 +86,11 @@ def test_a_widened_folder_is_a_fresh_conversion_at_the_wide_window(twins, tmp_pa
 
 
 def test_a_window_the_chunks_do_not_divide_is_refused(twins, tmp_path, capsys):
-    assert evalm(["study", "widen", "--model", str(twins / "w8"), "--out", str(tmp_path / "bad"), "--window", "30"]) == 2
+    assert evalm(["convert", "--widen", "--hf-model", str(twins / "w8"), "--out", str(tmp_path / "bad"), "--window", "30"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "window_size=30 must be a positive multiple of" in err and "chunk_size=4" in err
     assert not (tmp_path / "bad" / "config.json").exists()
-    assert evalm(["study", "widen", "--model", str(tmp_path / "none"), "--out", str(tmp_path / "x"), "--window", "32"]) == 2
+    assert evalm(["convert", "--widen", "--hf-model", str(tmp_path / "none"), "--out", str(tmp_path / "x"), "--window", "32"]) == 2
     assert "none: no config.json" in capsys.readouterr().err
 
 
@@ -107,7 +109,7 @@ def test_the_weights_digest_is_the_tensors_bytes_whatever_the_metadata(twins, tm
     tensors[name].view(-1)[0] += 1
     save_file(tensors, tmp_path / "a" / "model.safetensors")
     assert weights_digest(tmp_path / "a") == file_digest(tmp_path / "a" / "model.safetensors") != weights_digest(folder)
-    assert evalm(["study", "digest", str(folder)]) == 0
+    assert evalm(["export", "--digest", str(folder)]) == 0
     assert capsys.readouterr().out.strip() == f"weights sha256 {file_digest(folder / 'model.safetensors')}"
 
 
@@ -131,21 +133,21 @@ def test_the_weights_digest_reads_tensors_not_the_files_metadata(tmp_path):
 
 
 def test_a_run_comes_home_as_its_trainables_and_is_rebuilt_there(tmp_path, capsys):
-    """`evalm study trainables` there, `evalm study rebuild` here (the converted folder at another path):
+    """`evalm train uptrain --export-trainables` there, `--rebuild` here (the converted folder at another path):
     the run's own OUT/hf, digest for digest; the run's config read back from its folder is its run file's."""
     from evalm.train.uptrain import load_config, main as uptrain, run_config
 
     _, eva, shards = converted_tiny(tmp_path)
     run = uptrain_file(tmp_path / "run.toml", eva, shards, parameters="lora", objective="lm", steps=3)
     assert uptrain(["--config", str(run), "--out", str(tmp_path / "there")]) == 0
-    assert evalm(["study", "trainables", "--run", str(tmp_path / "there")]) == 0
+    assert evalm(["train", "uptrain", "--export-trainables", "--out", str(tmp_path / "there")]) == 0
     home = tmp_path / "home"
     shutil.copytree(tmp_path / "there", home, ignore=shutil.ignore_patterns("checkpoints", "step-*", "hf"))
     shutil.copytree(eva, tmp_path / "eva-here")
     shutil.rmtree(eva)  # the recorded path is gone: only --hf-model finds the converted folder
     assert run_config(home, tmp_path / "eva-here") == load_config(run, [f"model.hf_model={tmp_path / 'eva-here'}"])
     capsys.readouterr()
-    assert evalm(["study", "rebuild", "--run", str(home), "--hf-model", str(tmp_path / "eva-here")]) == 0
+    assert evalm(["train", "uptrain", "--rebuild", "--out", str(home), "--hf-model", str(tmp_path / "eva-here")]) == 0
     assert capsys.readouterr().out.strip().endswith(f"weights sha256 {weights_digest(tmp_path / 'there' / 'hf')}")
     assert file_digest(home / "hf" / "model.safetensors") == weights_digest(tmp_path / "there" / "hf")
 
@@ -153,23 +155,45 @@ def test_a_run_comes_home_as_its_trainables_and_is_rebuilt_there(tmp_path, capsy
 def test_a_folder_that_is_no_run_is_one_line(tmp_path, capsys):
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "config.json").write_text('{"model": {}}')
-    assert evalm(["study", "trainables", "--run", str(tmp_path / "run")]) == 2
+    assert evalm(["train", "uptrain", "--export-trainables", "--out", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "no ['data', 'optim', 'train', 'checkpoint', 'uptrain'] section(s)" in err
 
 
 def test_prepare_writes_a_llama_folder_as_the_same_float32_weights_once(tmp_path, capsys):
-    """`evalm study prepare --source DIR`: a transformers folder read through evalm.hf_folder and written as a plain
+    """`evalm convert --prepare --hf-model DIR`: a transformers folder read through evalm.hf_folder and written as a plain
     float32 folder whose tensors are the source's (the digest read from the files' bytes); a second run keeps it;
     an output inside the source is refused in one line."""
     source = tiny_llama_folder(tmp_path / "llama", dtype="float32")
     out = tmp_path / "prepared"
-    assert evalm(["study", "prepare", "--source", str(source), "--out", str(out)]) == 0
+    assert evalm(["convert", "--prepare", "--hf-model", str(source), "--out", str(out)]) == 0
     assert file_digest(out / "model.safetensors") == file_digest(source / "model.safetensors")
     assert (out / "tokenizer.json").is_file() and not list(out.glob(".staging-*"))
     stamp = (out / "model.safetensors").stat().st_mtime_ns
-    assert evalm(["study", "prepare", "--source", str(source), "--out", str(out)]) == 0
+    assert evalm(["convert", "--prepare", "--hf-model", str(source), "--out", str(out)]) == 0
     assert (out / "model.safetensors").stat().st_mtime_ns == stamp
     capsys.readouterr()
-    assert evalm(["study", "prepare", "--source", str(source), "--out", str(source / "inside")]) == 2
+    assert evalm(["convert", "--prepare", "--hf-model", str(source), "--out", str(source / "inside")]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_the_earlier_study_spellings_give_what_the_new_ones_give(twins, tmp_path, capsys):
+    """`evalm study widen|digest|prepare` forward to `evalm convert --widen`, `evalm export --digest`, `evalm convert
+    --prepare`: the same folders, file for file (but the made-by marker's time and the recorded --out), the same
+    lines printed."""
+    def files(folder):
+        return {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()
+                and p.name not in (".evalm-folder.json", ".evalm.lock", ".evalm-digests.json")}
+
+    old = ["study", "widen", "--model", str(twins / "w8"), "--window", "32", "--out"]
+    new = ["convert", "--widen", "--hf-model", str(twins / "w8"), "--window", "32", "--out"]
+    assert evalm([*old, str(tmp_path / "old")]) == 0 and evalm([*new, str(tmp_path / "new")]) == 0
+    assert files(tmp_path / "old") == files(tmp_path / "new")
+    capsys.readouterr()
+    assert evalm(["study", "digest", str(twins / "w8")]) == 0 and evalm(["export", "--digest", str(twins / "w8")]) == 0
+    first, second = capsys.readouterr().out.strip().splitlines()
+    assert first == second and first.startswith("weights sha256 ")
+    source = tiny_llama_folder(tmp_path / "llama", dtype="float32")
+    assert evalm(["study", "prepare", "--source", str(source), "--out", str(tmp_path / "p-old")]) == 0
+    assert evalm(["convert", "--prepare", "--hf-model", str(source), "--out", str(tmp_path / "p-new")]) == 0
+    assert files(tmp_path / "p-old") == files(tmp_path / "p-new")

@@ -81,7 +81,7 @@ def test_the_summaries_study_runs_end_to_end_on_a_tiny_llama(tmp_path, capsys):
     assert "| (uniform) | 64.0 | 64.0 | 64.0 |" in summary and "| (unigram) |" in summary
     off = json.loads((root / "recall" / "lora-off" / "results.json").read_text())["cells"]
     assert {c["eva_ablation"] for c in off} == {"no-remote"}  # the summaries-off reading is what it says
-    assert "perplexity goals: unmeasured" in summary  # no [16, 32) bucket at this scale: said, not guessed
+    assert "unmeasured (no ppl lora -32" in summary  # no [16, 32) bucket at this scale: said, not guessed
 
 
 def test_the_shipped_scale_is_the_issues():
