@@ -53,16 +53,6 @@ class MissingExtra(UserError, ImportError):
     """An optional dependency the chosen option needs is not installed; the message gives the pip command."""
 
 
-def require_gguf() -> None:
-    """`--gguf-file` reads through transformers' GGUF loader, which needs the `gguf` package (the
-    `smollm` extra); without it transformers raises a bare ImportError deep in loading."""
-    import importlib.util
-
-    if importlib.util.find_spec("gguf") is None:
-        raise MissingExtra("--gguf-file: reading a GGUF file needs the gguf package: "
-                           "pip install 'evalm[smollm]' (or pip install 'gguf>=0.10')")
-
-
 USER_OS_ERRORS = {errno.ENOENT, errno.EACCES, errno.EPERM, errno.EISDIR, errno.ENOTDIR, errno.ENOSPC,
                   errno.EDQUOT, errno.EROFS, errno.ENAMETOOLONG, errno.ELOOP}
 """Errnos of an OSError about a named path that the user causes and can fix (see the module docstring)."""

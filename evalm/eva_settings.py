@@ -1,12 +1,15 @@
-"""EVA's settings, the one schema: `EvaSettings` (the attention's rule and maps) and `RotaryPlacement`
-(where a rotary host puts EVA's keys). Data only: this module imports no torch.
+"""EVA's settings, the one schema: `EvaSettings` (the attention's rule and maps), `RotaryPlacement`
+(where a rotary host puts EVA's keys), the sink rule that ties them (`check_sink_rule`) and how a
+converted model's maps start (`MapInit`). Data only: this module imports no torch.
 
 Three hosts hold them, each reading the same fields:
 - `ModelConfig` (evalm/config.py) is an `EvaSettings` plus a decoder's shape: the `[model]` section of a
   run file, and the defaults below, which are the EVA LM recipe's (window 128, chunk 8);
-- `evalm convert` (train/convert.py) builds one from its `[eva]` keys over its own starting values,
-  `CONVERTED_EVA` there (window 1024, chunk 16, the window's chunks excluded, maps without LayerNorm, so
-  that the zero-step model is the original wherever the window covers the input);
+- `evalm convert` (train/convert.py) holds an `EvaSettings` and a `RotaryPlacement` read from its `[eva]`
+  keys over its own starting values, `CONVERTED_EVA` and `CONVERTED_PLACEMENT` there (window 1024,
+  chunk 16, the window's chunks excluded, maps without LayerNorm, so that the zero-step model is the
+  original wherever the window covers the input; a circular period of the source's own length), and
+  checks the sink rule once, when they are read;
 - a converted model's `config.json` (`evalm` section, evalm/hf_llama.py) holds both classes' fields; a key
   it omits takes the default here.
 """
@@ -14,7 +17,12 @@ Three hosts hold them, each reading the same fields:
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Literal
+from typing import Any, Literal, get_args
+
+MapInit = Literal["identity", "mean-key", "reference"]
+"""How a converted model's summary maps A_q/A_k start (docs/training.md, "Converting a pretrained model"): both
+the identity, A_q zero and A_k the identity, or the EVA reference's draw (evalm/llama_adapter.py)."""
+MAP_INITS = get_args(MapInit)
 
 from pydantic.dataclasses import dataclass
 
@@ -64,22 +72,32 @@ EVA_FIELDS = tuple(field.name for field in dataclasses.fields(EvaSettings))
 class RotaryPlacement:
     """Where a rotary (RoPE) host puts EVA's keys: the Llama adapter's half of the schema (evalm/hf_llama.py)."""
 
-    positions: Literal["rope", "circular"] = "rope"
+    positions: Literal["rope", "circular", "block"] = "rope"
     """'rope': RoPE at each token's position; 'circular': at position i mod circular_period (EVALM §3.1's
-    circular positions, applied to RoPE)."""
+    circular positions, applied to RoPE); 'block': at the position within the local block, i mod window_size
+    (circular with M = w: every exact local offset is the original's)."""
     circular_period: int = 8192
-    """M, with positions = 'circular'."""
+    """M, with positions = 'circular'; 0: the host's own length (its max_position_embeddings)."""
     sink_positions: Literal["own", "window"] = "own"
     """With sink tokens: 'own', sink keys at their own positions; 'window', moved to sit right before the
     query's window (StreamingLLM's positions inside its cache), so their distance from a query stays inside
     the trained range at any length."""
 
     def __post_init__(self) -> None:
-        if self.circular_period < 1:
-            raise ConfigError(f"circular_period={self.circular_period} must be an integer >= 1")
+        if self.circular_period < 0:
+            raise ConfigError(f"circular_period={self.circular_period} must be an integer >= 1, or 0 for the model's "
+                              "max_position_embeddings")
+
+    def resolved(self, window_size: int, max_positions: int) -> RotaryPlacement:
+        """The placement with its period spelled out for a host of `window_size` and `max_positions`: 'block' is
+        circular with M = window_size, a period of 0 is max_positions."""
+        if self.positions == "rope":
+            return self
+        period = window_size if self.positions == "block" else self.circular_period or max_positions
+        return RotaryPlacement("circular", period, self.sink_positions)
 
     def period(self) -> int | None:
-        """M when positions are circular, else None."""
+        """M when positions are circular, else None (a resolved placement's: `resolved`)."""
         return self.circular_period if self.positions == "circular" else None
 
 
@@ -96,12 +114,13 @@ def check_sink_rule(eva: EvaSettings, placement: RotaryPlacement) -> None:
                           "to a multiple of chunk_size, or sink_positions='own'")
     if placement.positions != "rope":
         raise ConfigError("sink_positions='window' needs positions='rope': a circular rotation (positions 'circular' "
-                          "or a conversion's 'block') wraps and does not compose")
+                          "or 'block') wraps and does not compose")
 
 
 def evalm_section(eva: EvaSettings, placement: RotaryPlacement) -> dict[str, Any]:
-    """The `evalm` section of an EVA Llama's config.json: every EVA setting, and the placement's fields
-    that differ from the plain RoPE at absolute positions (so a RoPE model's section names no period)."""
+    """The `evalm` section of an EVA Llama's config.json: every EVA setting, and the fields of the placement
+    (resolved: `RotaryPlacement.resolved`) that differ from the plain RoPE at absolute positions (so a RoPE
+    model's section names no period)."""
     section = dataclasses.asdict(eva)
     if placement.sink_positions != "own":
         section["sink_positions"] = placement.sink_positions

@@ -25,7 +25,7 @@ import math
 import torch
 from torch import Tensor
 
-from evalm.config_toolkit import ConfigError, MissingExtra
+from evalm.config_toolkit import ConfigError, transformers_module
 from evalm.eva import EvaAttention
 
 NAME = "eva"
@@ -33,15 +33,6 @@ NAME = "eva"
 
 CARRIER = "_evalm_eva_layer"
 """Attribute of the key tensor an `EvaCache.update` returns: the cache layer the attention continues."""
-
-
-def transformers_module():
-    """`transformers`, or the one-line error naming the extra that installs it."""
-    try:
-        import transformers
-    except ImportError as err:
-        raise MissingExtra("EVA in transformers needs the optional extra: pip install 'evalm[hf]'") from err
-    return transformers
 
 
 def check_heads(n_head: int, n_kv_head: int, head_dim: int, v_head_dim: int, where: str) -> None:

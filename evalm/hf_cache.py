@@ -26,7 +26,8 @@ from torch import Tensor
 from evalm.cache import Cache as EvalmCache
 from evalm.cache import merge as merge_states
 from evalm.config_toolkit import ConfigError
-from evalm.hf_attention import CARRIER, transformers_module
+from evalm.config_toolkit import transformers_module
+from evalm.hf_attention import CARRIER
 
 tf = transformers_module()
 try:  # transformers >= 4.56: a cache is a list of layer objects

@@ -23,11 +23,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from evalm.config_toolkit import ConfigError, build, to_dict
+from evalm.config_toolkit import ConfigError, build, to_dict, transformers_module
 from evalm.config import ModelConfig
 from evalm.eva import EvaAttention
 from evalm.heads import upcast
-from evalm.hf_attention import NAME, register_attention, transformers_module
+from evalm.hf_attention import NAME, register_attention
 from evalm.hf_cache import EvaCache
 from evalm.model import EvalmModel
 from evalm.positions import CircularPositionalEmbedding

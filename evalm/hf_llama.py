@@ -11,12 +11,14 @@ settings are the config's `evalm` section:
 | `window_size`, `chunk_size`, `overlap_window`, `use_t5_bias`, `exclude_window_chunks`, `sink_tokens`, `adaptive_proj` | EVA's rule and maps, as in `ModelConfig` (docs/model.md) | `EvaSettings` |
 | `positions`, `circular_period`, `sink_positions` | where RoPE puts EVA's keys: at each position or i mod M; sink keys at their own positions or moved before the window | `RotaryPlacement` |
 
-Both classes and their defaults are evalm/eva_settings.py's, validated once when the config is made (an
-unknown key, a bad value or a sink move that cannot compose is one line naming `config.json [evalm]`);
-the weights, positions and sink rule go through evalm/llama_adapter.py.
+Both classes and their defaults are evalm/eva_settings.py's, validated once when the config is made from
+a section (an unknown key, a bad value or a sink move that cannot compose is one line naming
+`config.json [evalm]`); a config made from settings already checked (a conversion's, as the pair
+(`EvaSettings`, `RotaryPlacement`)) writes them as its section and checks them no second time. The
+weights, positions and sink rule go through evalm/llama_adapter.py.
 
-`EvaLlamaForCausalLM.from_llama(model, init, **section)` turns a loaded `LlamaForCausalLM` into one (its
-weights kept, A_q/A_k initialised by `init`: the EVA reference's draw unless asked otherwise). Its forward replaces the empty cache
+`EvaLlamaForCausalLM.from_llama(model, init, settings=... or **section)` turns a loaded `LlamaForCausalLM`
+into one (its weights kept, A_q/A_k initialised by `init`: the EVA reference's draw unless asked otherwise). Its forward replaces the empty cache
 `generate()` makes with an `EvaCache`, so `generate()` runs in memory linear in the length.
 """
 
@@ -25,11 +27,11 @@ from __future__ import annotations
 from torch import Tensor
 
 from evalm import llama_adapter
-from evalm.config_toolkit import ConfigError, build
+from evalm.config_toolkit import ConfigError, build, transformers_module
 from evalm.eva import EvaAttention
-from evalm.eva_settings import EVA_FIELDS, PLACEMENT_FIELDS, EvaSettings, RotaryPlacement
+from evalm.eva_settings import EVA_FIELDS, PLACEMENT_FIELDS, EvaSettings, RotaryPlacement, evalm_section
 from evalm.heads import HeadShape
-from evalm.hf_attention import NAME, check_heads, register_attention, transformers_module
+from evalm.hf_attention import NAME, check_heads, register_attention
 from evalm.hf_cache import CACHE_ARG, EvaCache
 from evalm.hf_private import set_attention
 
@@ -43,13 +45,18 @@ class EvaLlamaConfig(tf.LlamaConfig):
 
     model_type = "eva_llama"
 
-    def __init__(self, evalm: dict | None = None, **kwargs):
-        self.evalm = dict(evalm or {})
+    def __init__(self, evalm: dict | tuple[EvaSettings, RotaryPlacement] | None = None, **kwargs):
+        """`evalm`: the section as config.json holds it, checked here (every value, and the sink rule), or the
+        settings a conversion checked when it read them, written as that section."""
         _check_shape(kwargs)
-        unknown = sorted(set(self.evalm) - set(EVA_FIELDS) - set(PLACEMENT_FIELDS))
-        if unknown:
-            raise ConfigError(f"{WHERE}: unknown key(s) {unknown}; valid keys: {[*EVA_FIELDS, *PLACEMENT_FIELDS]}")
-        llama_adapter.check_settings(self.eva_settings(), self.placement(), WHERE)  # every value, and the sink rule
+        if isinstance(evalm, tuple):
+            self.evalm = evalm_section(*evalm)
+        else:
+            self.evalm = dict(evalm or {})
+            unknown = sorted(set(self.evalm) - set(EVA_FIELDS) - set(PLACEMENT_FIELDS))
+            if unknown:
+                raise ConfigError(f"{WHERE}: unknown key(s) {unknown}; valid keys: {[*EVA_FIELDS, *PLACEMENT_FIELDS]}")
+            llama_adapter.check_settings(self.eva_settings(), self._placement(), WHERE)
         kwargs.setdefault("attn_implementation", NAME)
         super().__init__(**kwargs)
 
@@ -57,9 +64,12 @@ class EvaLlamaConfig(tf.LlamaConfig):
         """EVA's rule and maps (a key the section omits takes `EvaSettings`' default)."""
         return build(EvaSettings, {k: v for k, v in self.evalm.items() if k in EVA_FIELDS}, where=WHERE)
 
-    def placement(self) -> RotaryPlacement:
-        """Where RoPE puts EVA's keys."""
+    def _placement(self) -> RotaryPlacement:
         return build(RotaryPlacement, {k: v for k, v in self.evalm.items() if k in PLACEMENT_FIELDS}, where=WHERE)
+
+    def placement(self) -> RotaryPlacement:
+        """Where RoPE puts EVA's keys, its period spelled out (`RotaryPlacement.resolved`)."""
+        return self._placement().resolved(self.eva_settings().window_size, self.max_position_embeddings)
 
 
 def _check_shape(values: dict) -> None:
@@ -89,7 +99,7 @@ class EvaLlamaForCausalLM(tf.LlamaForCausalLM):
         heads = HeadShape(H, getattr(config, "head_dim", None) or config.hidden_size // H,
                           float(config.attention_dropout or 0.0))
         settings, placement = config.eva_settings(), config.placement()
-        move = llama_adapter.sink_move(settings, placement, self.model.rotary_emb, WHERE)
+        move = llama_adapter.sink_move(placement, self.model.rotary_emb, WHERE)
         self.model.rotary_emb = llama_adapter.rotary_for(self.model.rotary_emb, placement)
         for layer in self.model.layers:
             attn = layer.self_attn
@@ -97,10 +107,11 @@ class EvaLlamaForCausalLM(tf.LlamaForCausalLM):
             attn.eva.sink_shift = move
 
     @classmethod
-    def from_llama(cls, llama, init: str = "reference", **section) -> EvaLlamaForCausalLM:
+    def from_llama(cls, llama, init: str = "reference", settings: tuple[EvaSettings, RotaryPlacement] | None = None,
+                   **section) -> EvaLlamaForCausalLM:
         """A loaded `LlamaForCausalLM` with EVA: its weights, EVA's parts initialised by `init`
-        (llama_adapter.init_parts), `section` the `evalm` section."""
-        config = EvaLlamaConfig(evalm=section, **llama_adapter.carried(llama.config))
+        (llama_adapter.init_parts), `settings` as a conversion checked them, else `section` the `evalm` section."""
+        config = EvaLlamaConfig(evalm=section if settings is None else settings, **llama_adapter.carried(llama.config))
         model = cls(config).to(device=next(llama.parameters()).device, dtype=next(llama.parameters()).dtype)
         llama_adapter.load_llama_weights(model, llama)
         for layer in model.model.layers:

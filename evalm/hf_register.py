@@ -12,7 +12,8 @@ from __future__ import annotations
 
 def register_with_transformers() -> None:
     """Register EVA's attention function and evalm's model classes with `transformers` (idempotent)."""
-    from evalm.hf_attention import register_attention, transformers_module
+    from evalm.config_toolkit import transformers_module
+    from evalm.hf_attention import register_attention
     from evalm.hf_evalm import EvalmConfig, EvalmForCausalLM
     from evalm.hf_llama import EvaLlamaConfig, EvaLlamaForCausalLM
 

@@ -1,4 +1,4 @@
-"""A Hugging Face folder's safetensors weights checked against its config.json before any model is built.
+"""A Hugging Face folder's weights checked against its config.json before any model is built.
 
 Our own exports are checked so (evalm/io.py); a Hugging Face folder was handed to `transformers`,
 which builds the model config.json describes and then fills it from the weights, reporting what did
@@ -15,6 +15,15 @@ offsets against the file):
 4. the model config.json describes, built on the meta device (no memory), has every tensor the
    weights hold and no other, each of the same shape: tensors `transformers` ties to another may be
    absent, and each class's own ignore lists are honoured.
+
+Which files are the weights (`weight_files`) is decided here, in `transformers`' order: model.safetensors,
+its index, pytorch_model.bin, its index. An index names its shards by file name: a name with a `/`, an
+absolute path or `..` is refused (the library opened whatever the name made, so another file's tensors
+entered a conversion, and a FIFO hung it), and so is a shard that is not a regular file.
+
+`.bin` weights are a zip of pickled tensors, never unpickled here: their tensor names are read from
+the pickle's opcodes (evalm/torch_zip.py), so that 3. holds for them too, before the model config.json
+describes is built on the meta device to count its parameters (the memory estimate).
 """
 
 from __future__ import annotations
@@ -24,31 +33,46 @@ import re
 from pathlib import Path
 from typing import Any
 
-from evalm.config_toolkit import MissingInput, UserError
-from evalm.storage import DamagedFile, read_json
+from evalm.config_toolkit import InputError, MissingInput, UserError
+from evalm.hf_config import LAYER_KEYS
+from evalm.storage import DamagedFile, read_json, regular
 
 SINGLE, INDEX = "model.safetensors", "model.safetensors.index.json"
+BIN, BIN_INDEX = "pytorch_model.bin", "pytorch_model.bin.index.json"
+FORMATS = ((SINGLE, INDEX), (BIN, BIN_INDEX))
+"""The weights `transformers` loads from a local folder, in the order it looks for them."""
 FLOATING = ("F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2")
-LAYER_FIELDS = ("num_hidden_layers", "num_layers", "num_decoder_layers", "n_layer", "encoder_layers",
-                "decoder_layers")
-"""config.json keys that count layers, across model families."""
 SHOWN = 4
 
 
-def weight_files(folder: Path) -> list[Path]:
-    """The folder's safetensors files (one, or the shards its index names); [] when it has none."""
-    if (folder / SINGLE).is_file():
-        return [folder / SINGLE]
-    if (folder / INDEX).is_file():
-        index = read_json(folder / INDEX)
-        names = sorted(set(index.get("weight_map", {}).values())) if isinstance(index, dict) else []
-        files = [folder / n for n in names if isinstance(n, str) and "/" not in n]
-        missing = [f for f in files if not f.is_file()]
-        if missing or not files:
-            raise MissingInput(f"{folder / INDEX}: names {missing[0] if missing else 'no'} shard file; restore the "
-                               "folder's weights as downloaded")
-        return files
-    return []
+def weight_files(folder: Path) -> tuple[Path, ...]:
+    """The folder's weights: one file, or the shards its index names, of the first format present; () for none."""
+    for single, index in FORMATS:
+        if (folder / single).is_file():
+            return (folder / single,)
+        if (folder / index).is_file():
+            return shards(folder / index)
+    return ()
+
+
+def shards(index: Path) -> tuple[Path, ...]:
+    """The shard files an index names, each a plain file name of a regular file beside it."""
+    data = read_json(index, "a weights index")
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise DamagedFile(f"{index}: no weight_map naming the shards; restore the folder's weights as downloaded")
+    names = sorted({str(n) if not isinstance(n, str) else n for n in weight_map.values()})
+    for name in names:
+        if not name or name != Path(name).name or name in (".", "..") or "\\" in name:
+            raise InputError(f"{index}: shard {name!r} is not a plain file name inside {index.parent}; an index names "
+                             "its shards by file name only: restore the folder's weights as downloaded")
+    files = tuple(index.parent / name for name in names)
+    for path in files:
+        if not (path.exists() or path.is_symlink()):
+            raise MissingInput(f"{index}: names shard {path.name}, which is not in the folder; restore the folder's "
+                               "weights as downloaded")
+        regular(path, "a model folder's weights")
+    return files
 
 
 def header_of(path: Path, remedy: str) -> tuple[dict[str, str], dict[str, tuple[int, ...]], dict[str, str]]:
@@ -85,7 +109,7 @@ def layers_held(names) -> int:
 def check_counts(folder: Path, config: dict[str, Any], shapes: dict[str, tuple[int, ...]], weights: Path) -> None:
     """Layer counts of config.json against the weights, before a model of that many layers is built."""
     held = layers_held(shapes)
-    for key in LAYER_FIELDS:
+    for key in LAYER_KEYS:
         value = config.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value > held:
             raise DamagedFile(f"{folder / 'config.json'} does not describe {weights}: {key} {value}, but the weights "
@@ -148,22 +172,33 @@ def compare(folder: Path, model, shapes: dict[str, tuple[int, ...]], weights: Pa
                           "config.json and the weights as the model was saved")
 
 
-def check_weights(folder: str | Path, build, config: dict[str, Any], settings) -> int:
-    """The checks of the module docstring on FOLDER's safetensors weights: `config` is its config.json,
-    `settings(config)` the `transformers` config read from it (called only once the layer counts fit the
-    weights) and `build(settings)` the model class that will load them (called on the meta device).
-    Returns the weights' parameter count (0 when the folder has no safetensors weights: `.bin` files are
-    read by transformers with weights_only=True)."""
+def check_weights(folder: Path, files: tuple[Path, ...], build, config: dict[str, Any], settings) -> int:
+    """The checks of the module docstring on FOLDER's weights `files` (`weight_files`): `config` is its
+    config.json, `settings()` the `transformers` config read from it (called only once the layer counts fit
+    the weights) and `build(settings)` the model class that will load them (called on the meta device).
+    Returns the parameter count: the safetensors' own, or the meta model's for `.bin` weights."""
+    from evalm.torch_zip import tensor_names
+
+    safetensors = files[0].suffix == ".safetensors"
+    weights = files[0] if len(files) == 1 else folder / (INDEX if safetensors else BIN_INDEX)
+    if safetensors:
+        shapes, dtypes = read_headers(list(files))
+        check_dtypes(config, dtypes, weights)
+    else:
+        shapes = {name: () for path in files for name in tensor_names(path)}
+    check_counts(folder, config, shapes, weights)
+    model = meta_model(folder, build, settings)
+    if not safetensors:
+        return sum(p.numel() for p in model.parameters())
+    compare(folder, model, shapes, weights)
+    return sum(math.prod(shape) for shape in shapes.values())
+
+
+def meta_model(folder: Path, build, settings):
+    """The model config.json describes, on the meta device (no memory); a config transformers cannot read is
+    one line naming it."""
     import torch
 
-    folder = Path(folder)
-    files = weight_files(folder)
-    if not files:
-        return 0
-    weights = files[0] if len(files) == 1 else folder / INDEX
-    shapes, dtypes = read_headers(files)
-    check_dtypes(config, dtypes, weights)
-    check_counts(folder, config, shapes, weights)
     try:
         read = settings()
     except (ValueError, TypeError, KeyError) as err:
@@ -172,6 +207,4 @@ def check_weights(folder: str | Path, build, config: dict[str, Any], settings) -
         raise DamagedFile(f"{folder / 'config.json'}: not a config transformers can read ({str(err)[:200]}); restore "
                           "it as the model was saved") from None
     with torch.device("meta"):
-        model = build(read)
-    compare(folder, model, shapes, weights)
-    return sum(math.prod(shape) for shape in shapes.values())
+        return build(read)

@@ -13,16 +13,13 @@ import torch
 from torch import Tensor, nn
 
 from evalm.config_toolkit import ConfigError
-from evalm.eva_settings import EvaSettings, RotaryPlacement, check_sink_rule
+from evalm.eva_settings import MAP_INITS, EvaSettings, RotaryPlacement, check_sink_rule
 
 NOT_CARRIED = ("model_type", "architectures", "attn_implementation", "quantization_config")
 """A Llama config's keys an EVA Llama does not take over (its own type and architecture, the attention it
 asked for, a dequantised GGUF's note on a quantisation that is not this model's)."""
 STATIC_ROPE = ("default", "linear", "llama3")
 """RoPE types whose rotation is a fixed angle per position, so RoPE at p then at s is RoPE at p + s."""
-INITS = ("identity", "mean-key", "reference")
-"""How EVA's maps start (docs/training.md, "Converting a pretrained model"): both the identity, A_q zero and
-A_k the identity, or the EVA reference's draw."""
 
 
 def carried(llama_config) -> dict[str, Any]:
@@ -43,8 +40,8 @@ def init_parts(eva: nn.Module, init: str = "reference") -> None:
     (Xavier-uniform, gain 1/√2; LayerNorm 1/0) and the T5 table N(0, 1). `identity`: k̃ = A_k(k̄) = k̄ and
     ω = A_q(q̄) + k̃ = q̄ + k̄ (both maps the identity); `mean-key`: A_q zero (ω = k̄); with either the T5 table
     is zero."""
-    if init not in INITS:
-        raise ConfigError(f"init={init!r}; valid: {', '.join(map(repr, INITS))}")
+    if init not in MAP_INITS:  # the names and what each does: eva_settings.MapInit
+        raise ConfigError(f"init={init!r}; valid: {', '.join(map(repr, MAP_INITS))}")
     if init == "reference":
         for seq in (eva.adaptive_mu_q, eva.adaptive_mu_k):
             seq[0].reset_parameters()
@@ -100,11 +97,10 @@ def check_settings(eva: EvaSettings, placement: RotaryPlacement, where: str) -> 
         raise ConfigError(f"{where}: {err}") from None
 
 
-def sink_move(eva: EvaSettings, placement: RotaryPlacement, rotary: nn.Module, where: str) -> RotaryMove | None:
-    """The move of sink keys `sink_positions = "window"` asks for (None: keys at their own positions),
-    refused in one line where it cannot compose: the settings' rule, then the model's RoPE, which must be
-    a fixed rotation per position."""
-    check_settings(eva, placement, where)
+def sink_move(placement: RotaryPlacement, rotary: nn.Module, where: str) -> RotaryMove | None:
+    """The move of sink keys `sink_positions = "window"` asks for (None: keys at their own positions), for
+    settings that met the sink rule when their config was made (`check_settings`); refused in one line where
+    the model's RoPE cannot compose with it: it must be a fixed rotation per position."""
     if placement.sink_positions == "own":
         return None
     rope = getattr(rotary, "rope_type", "default")

@@ -424,23 +424,40 @@ def test_a_models_config_loads_no_torch():
     assert done.stdout.strip() == "False"
 
 
+SAME_NAME_OTHER_FIELD = {("ModelConfig", "positions"), ("ModelConfig", "circular_period")}
+"""Fields named as a placement's that are not one: `ModelConfig`'s learned position table (EVALM's own decoder has
+no RoPE; its rows are taken at i mod M or clamped), which a rotary placement does not describe."""
+
+
 def test_eva_settings_are_declared_once():
     """One EVA schema: the fields of `EvaSettings` (window, chunk, overlap, T5 bias, excluded window chunks, sink,
-    maps) are declared by that class alone; every host holds or inherits it (`ModelConfig`, the conversion, the
-    Llama config), so no second set of defaults can drift. A config class (`@dataclass(config=FROZEN, ...)`, what
-    `build` reads from a file or flags) anywhere else annotating one of those names is a second schema; the
-    rule a call runs (`Tiling`, derived from the settings) is not a schema."""
-    from evalm.eva_settings import EVA_FIELDS
+    maps) and of `RotaryPlacement` (positions, circular period, sink positions) are declared by those classes
+    alone; every host holds or inherits them (`ModelConfig`, the conversion, the Llama config), so no second set of
+    defaults can drift. A config class (`@dataclass(config=FROZEN, ...)`, what `build` reads from a file or flags)
+    anywhere else annotating one of those names is a second schema; the rule a call runs (`Tiling`, derived from
+    the settings) is not a schema. The inits of a converted model's maps are one Literal there too: no other
+    tuple, list, set or Literal spells two of them."""
+    from evalm import eva_settings
+    from evalm.eva_settings import EVA_FIELDS, PLACEMENT_FIELDS
+
+    MAP_INITS = getattr(eva_settings, "MAP_INITS", ("identity", "mean-key", "reference"))  # noqa: N806
 
     home = ROOT / "evalm" / "eva_settings.py"
-    found = []
+    found, inits = [], []
     for path in modules().values():
+        if path == home:
+            continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.ClassDef) and "FROZEN" in " ".join(map(ast.unparse, node.decorator_list)):
                 found += [f"{path.relative_to(ROOT)}:{item.lineno} {node.name}.{item.target.id}" for item in node.body
                           if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)
-                          and item.target.id in EVA_FIELDS and path != home]
-    assert found == [], f"EVA settings declared outside evalm/eva_settings.py: {found}"
+                          and item.target.id in (*EVA_FIELDS, *PLACEMENT_FIELDS)
+                          and (node.name, item.target.id) not in SAME_NAME_OTHER_FIELD]
+            if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+                spelled = {e.value for e in node.elts if isinstance(e, ast.Constant)} & set(MAP_INITS)
+                inits += [f"{path.relative_to(ROOT)}:{node.lineno}"] if len(spelled) > 1 else []
+    assert found == [], f"EVA or placement settings declared outside evalm/eva_settings.py: {found}"
+    assert inits == [], f"the map inits spelled outside evalm/eva_settings.py (MapInit): {inits}"
     code = "import sys, evalm.eva_settings, evalm.train.convert; print('torch' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert done.stdout.strip() == "False"

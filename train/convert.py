@@ -43,18 +43,18 @@ the summaries' offsets stay within ±w).
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic.dataclasses import dataclass
 
 from evalm.config_toolkit import FROZEN, ConfigError, Parser, apply_overrides, build, report, to_dict
-from evalm.config_toolkit import check_sections, split_overrides
-from evalm.eva_settings import EVA_FIELDS, PLACEMENT_FIELDS, EvaSettings, RotaryPlacement, check_sink_rule, evalm_section
+from evalm.config_toolkit import check_sections, split_overrides, transformers_module
+from evalm.eva_settings import (EVA_FIELDS, PLACEMENT_FIELDS, EvaSettings, MapInit, RotaryPlacement, check_sink_rule,
+                                evalm_section)
 from evalm.hf_private import unmarked
 from evalm.storage import NotOurs, RunFolder, read_json, staged, write_atomic, write_json
 from evalm.storage.run_folder import is_empty
@@ -94,24 +94,25 @@ CONVERTED_EVA = {"window_size": 1024, "chunk_size": 16, "exclude_window_chunks":
 """Where a conversion's EVA settings start instead of `EvaSettings`' defaults (the from-scratch recipe's, w = 128,
 c = 8): a window of a pretrained model's scale; the window's own chunks excluded from the summaries, so that with
 w >= n the model is the original; maps without a LayerNorm, which the identity init needs."""
+CONVERTED_PLACEMENT = {"circular_period": 0}
+"""Where a conversion's placement starts instead of `RotaryPlacement`'s defaults: a circular period of the source's
+own length (its max_position_embeddings)."""
+OWN = ("init",)
+"""The `[eva]` keys that are the conversion's own, neither EVA's nor the placement's."""
 
 
 @dataclass(config=FROZEN, frozen=True)
 class Conversion:
-    """The `[eva]` settings of a conversion (`--set eva.KEY=VALUE`): EVA's own (`EvaSettings`, evalm/eva_settings.py,
-    starting from `CONVERTED_EVA`), where RoPE puts its keys, and how its maps start."""
+    """The `[eva]` settings of a conversion (`--set eva.KEY=VALUE`): EVA's own (`EvaSettings`, starting from
+    `CONVERTED_EVA`), where RoPE puts its keys (`RotaryPlacement`, from `CONVERTED_PLACEMENT`; both
+    evalm/eva_settings.py), and how its maps start. Checked once, here, the sink rule included: every config and
+    model the conversion builds takes them as checked."""
 
     eva: EvaSettings
-    """EVA's rule and maps: window_size, chunk_size, overlap_window, use_t5_bias, exclude_window_chunks, sink_tokens,
-    adaptive_proj (the `[eva]` section's keys of those names)."""
-    positions: Literal["rope", "circular", "block"] = "rope"
-    """RoPE at i, at i mod circular_period, or at i mod window_size (module docstring)."""
-    circular_period: int = 0
-    """M with positions = "circular"; 0: the model's max_position_embeddings."""
-    sink_positions: Literal["own", "window"] = "own"
-    """Sink keys at their own RoPE positions, or moved right before each query's window ("window", as
-    StreamingLLM re-indexes its cache): their distance from a query then stays within the trained range."""
-    init: Literal["identity", "mean-key", "reference"] = "identity"
+    """EVA's rule and maps: the `[eva]` section's keys of `EvaSettings`' field names."""
+    placement: RotaryPlacement
+    """Where RoPE puts EVA's keys: the `[eva]` section's positions, circular_period, sink_positions."""
+    init: MapInit = "identity"
     """A_q/A_k at zero steps: both the identity, A_q zero and A_k the identity, or the EVA reference's draw."""
 
     def __post_init__(self) -> None:
@@ -119,75 +120,73 @@ class Conversion:
             if getattr(self.eva, name) > MAX_WINDOW:
                 raise ConfigError(f"eva.{name}={getattr(self.eva, name)}: at most {MAX_WINDOW} tokens (a window past "
                                   "any input is the input itself: give at most the longest context you evaluate)")
-        if not 0 <= self.circular_period <= MAX_WINDOW:
-            raise ConfigError(f"eva.circular_period={self.circular_period} must lie in 1 … {MAX_WINDOW} (0: the "
-                              "model's max_position_embeddings)")
-        check_sink_rule(self.eva, self.placement(1))
-        if self.positions == "block" and self.eva.overlap_window:
+        if self.placement.circular_period > MAX_WINDOW:
+            raise ConfigError(f"eva.circular_period={self.placement.circular_period} must lie in 1 … {MAX_WINDOW} (0: "
+                              "the model's max_position_embeddings)")
+        check_sink_rule(self.eva, self.placement)
+        if self.placement.positions == "block" and self.eva.overlap_window:
             raise ConfigError("eva.positions='block' with eva.overlap_window=true: the previous block's keys would sit "
                               "at the wrong offsets; use positions 'rope' or 'circular', or no overlap")
         if self.init != "reference" and self.eva.adaptive_proj == "qk":
             raise ConfigError(f"eva.init={self.init!r} needs eva.adaptive_proj='no-ln': a LayerNorm cannot be the "
                               "identity (use init 'reference' for the LayerNorm maps)")
 
-    def placement(self, max_positions: int) -> RotaryPlacement:
-        """Where the converted model's RoPE puts keys: `block` is circular with M = w; circular M = 0 is the
-        source's `max_position_embeddings`."""
-        if self.positions == "rope":
-            return RotaryPlacement("rope", sink_positions=self.sink_positions)
-        period = self.eva.window_size if self.positions == "block" else self.circular_period or max_positions
-        return RotaryPlacement("circular", period, self.sink_positions)
+    def settings(self, max_positions: int) -> tuple[EvaSettings, RotaryPlacement]:
+        """EVA's settings and the placement resolved for a source of `max_positions` (`block` is circular with
+        M = w, a period of 0 the source's max_position_embeddings): what the converted model's config holds."""
+        return self.eva, self.placement.resolved(self.eva.window_size, max_positions)
 
     def evalm_section(self, max_positions: int) -> dict[str, Any]:
         """The `evalm` section of the output's config.json (`eva_settings.evalm_section`)."""
-        return evalm_section(self.eva, self.placement(max_positions))
+        return evalm_section(*self.settings(max_positions))
 
     def record(self) -> dict[str, Any]:
         """The `[eva]` keys as given and defaulted, flat, as convert.json keeps them."""
-        return {**to_dict(self.eva), **{k: getattr(self, k) for k in (*PLACEMENT_FIELDS, "init")}}
+        return {**to_dict(self.eva), **to_dict(self.placement), "init": self.init}
 
 
 def read_settings(overrides: Sequence[str]) -> Conversion:
-    """`--set eva.KEY=VALUE` overrides into a `Conversion`: EVA's keys over `CONVERTED_EVA`, the rest the
-    conversion's own (an unknown key names the valid ones)."""
+    """`--set eva.KEY=VALUE` overrides into a `Conversion`: EVA's keys over `CONVERTED_EVA`, the placement's over
+    `CONVERTED_PLACEMENT`, the rest the conversion's own (an unknown key names the valid ones)."""
     raw = apply_overrides({}, overrides)
     check_sections(raw, ("eva",), "--set")
     section = dict(raw.get("eva") or {})
-    own = [f.name for f in dataclasses.fields(Conversion) if f.name != "eva"]
-    unknown = sorted(set(section) - set(EVA_FIELDS) - set(own))
+    unknown = sorted(set(section) - set(EVA_FIELDS) - set(PLACEMENT_FIELDS) - set(OWN))
     if unknown:
-        raise ConfigError(f"--set eva: unknown key(s) {unknown}; valid keys: {[*EVA_FIELDS, *own]}")
-    eva = build(EvaSettings, {**CONVERTED_EVA, **{k: v for k, v in section.items() if k in EVA_FIELDS}},
-                where="--set eva")
-    return build(Conversion, {"eva": eva, **{k: v for k, v in section.items() if k in own}}, where="--set eva")
+        raise ConfigError(f"--set eva: unknown key(s) {unknown}; valid keys: {[*EVA_FIELDS, *PLACEMENT_FIELDS, *OWN]}")
+
+    def given(fields: Sequence[str]) -> dict[str, Any]:
+        return {k: v for k, v in section.items() if k in fields}
+
+    eva = build(EvaSettings, {**CONVERTED_EVA, **given(EVA_FIELDS)}, where="--set eva")
+    placement = build(RotaryPlacement, {**CONVERTED_PLACEMENT, **given(PLACEMENT_FIELDS)}, where="--set eva")
+    return build(Conversion, {"eva": eva, "placement": placement, **given(OWN)}, where="--set eva")
 
 
 def settings_help() -> str:
     """The `--help` epilog: every `[eva]` key with the default a conversion starts from."""
-    eva = EvaSettings(**CONVERTED_EVA)
-    lines = [f"  eva.{name} = {getattr(eva, name)!r}" for name in EVA_FIELDS]
-    lines += [f"  eva.{f.name} = {f.default!r}" for f in dataclasses.fields(Conversion) if f.name != "eva"]
+    start = {**to_dict(EvaSettings(**CONVERTED_EVA)), **to_dict(RotaryPlacement(**CONVERTED_PLACEMENT)),
+             "init": Conversion.__dataclass_fields__["init"].default}
+    lines = [f"  eva.{name} = {value!r}" for name, value in start.items()]
     return "\n".join(["settable keys (--set eva.KEY=VALUE; values are TOML: 5, 1e-3, true, \"text\"):", *lines])
 
 
-def source_config(folder: str | Path, gguf_file: str | None, settings: Conversion):
-    """The source's `transformers` config, refused in one line unless it is a Llama of a shape EVA takes
-    (checked by building the converted config before any weight is read)."""
+def source_config(checked, settings: Conversion):
+    """The `transformers` config of the source (an `evalm.hf_folder.CheckedFolder`), refused in one line unless
+    it is a Llama of a shape EVA takes (checked by building the converted config before any weight is read)."""
     from evalm import hf_folder, llama_adapter
-    from evalm.hf_attention import transformers_module
     from evalm.hf_llama import EvaLlamaConfig
 
     tf = transformers_module()
-    folder = Path(folder)
-    where = hf_folder.gguf(folder, gguf_file) if gguf_file else folder / "config.json"
-    kind = hf_folder.check_folder(folder, gguf_file).get("model_type")  # no code of its own, first
-    if not gguf_file and kind not in LLAMA_TYPES:
+    where = checked.path / (checked.gguf_file or "config.json")
+    kind = checked.config.get("model_type")
+    if not checked.gguf_file and kind not in LLAMA_TYPES:
         _not_llama(where, kind)
-    config = hf_folder.pretrained(tf.AutoConfig, folder, **({"gguf_file": gguf_file} if gguf_file else {}))
+    config = hf_folder.pretrained(tf.AutoConfig, checked)
     if config.model_type not in LLAMA_TYPES:
         _not_llama(where, config.model_type)
-    try:
-        EvaLlamaConfig(evalm=settings.evalm_section(config.max_position_embeddings), **llama_adapter.carried(config))
+    try:  # the settings as checked when read: the config checks the source's shape only
+        EvaLlamaConfig(evalm=settings.settings(config.max_position_embeddings), **llama_adapter.carried(config))
     except ConfigError as err:
         raise ConfigError(str(err).replace("config.json", str(where), 1)) from None
     return config
@@ -203,18 +202,19 @@ def convert_llama(llama, settings: Conversion):
     `settings.init` asks, evalm/llama_adapter.py)."""
     from evalm.hf_llama import EvaLlamaForCausalLM
 
-    section = settings.evalm_section(llama.config.max_position_embeddings)
-    return EvaLlamaForCausalLM.from_llama(llama, init=settings.init, **section)
+    return EvaLlamaForCausalLM.from_llama(llama, init=settings.init,
+                                          settings=settings.settings(llama.config.max_position_embeddings))
 
 
-def quantisation(folder: Path, gguf_file: str | None) -> str:
-    """How the source's weights were stored: a GGUF's file type (e.g. MOSTLY_Q4_1), else their dtype."""
-    if not gguf_file:
-        config = read_json(folder / "config.json")
+def quantisation(checked) -> str:
+    """How the source (a `CheckedFolder`) stored its weights: a GGUF's file type (e.g. MOSTLY_Q4_1), else their
+    dtype."""
+    if not checked.gguf_file:
+        config = checked.config
         return f"none ({config.get('dtype') or config.get('torch_dtype') or 'float32'} weights)"
     from gguf import GGUFReader, LlamaFileType
 
-    field = GGUFReader(folder / gguf_file).fields.get("general.file_type")
+    field = GGUFReader(checked.path / checked.gguf_file).fields.get("general.file_type")
     if field is None:
         return "GGUF (file type not recorded)"
     return f"GGUF {LlamaFileType(int(field.parts[field.data[0]][0])).name}, dequantised to float32"
@@ -261,20 +261,20 @@ def convert(folder: str | Path, out: str | Path, settings: Conversion, gguf_file
     import torch
 
     from evalm import hf_folder
-    from evalm.hf_attention import transformers_module
 
     tf = transformers_module()
     folder = Path(folder)
-    source_config(folder, gguf_file, settings)
+    checked = hf_folder.check_folder(folder, gguf_file)  # the one check of the source: no code of its own, first
+    source_config(checked, settings)
     target = RunFolder(out, "evalm convert", inputs=[folder])
     target.refuse_inputs()
     target.claim()  # before the source is read: a wrong --out is refused at once (again once it is held)
     if not overwrite and not is_empty(target.path):
         raise NotOurs(f"{target.path} already holds a conversion; --overwrite replaces it, or choose another --out")
-    llama = hf_folder.model(tf.AutoModelForCausalLM, folder, gguf_file=gguf_file, dtype=getattr(torch, dtype))
-    tokenizer = hf_folder.tokenizer(folder, gguf_file)
+    llama = hf_folder.model(tf.AutoModelForCausalLM, checked, dtype=getattr(torch, dtype))
+    tokenizer = hf_folder.tokenizer(checked)
     eva = convert_llama(llama.eval(), settings)
-    record = {"source": str(folder), "gguf_file": gguf_file, "quantisation": quantisation(folder, gguf_file),
+    record = {"source": str(folder), "gguf_file": gguf_file, "quantisation": quantisation(checked),
               "eva": settings.record(), "evalm": dict(eva.config.evalm)}
     with target.held() as run:
         if overwrite:

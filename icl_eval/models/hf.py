@@ -24,15 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from evalm.config_toolkit import ConfigError, InputError, MissingExtra
-
-
-def _transformers():
-    try:
-        import transformers
-    except ImportError as err:
-        raise MissingExtra("Hugging Face models need the optional extra: pip install 'evalm[hf]'") from err
-    return transformers
+from evalm.config_toolkit import ConfigError, InputError, transformers_module
 
 
 @dataclasses.dataclass
@@ -127,7 +119,7 @@ class HFCausalLM:
 
     @torch.no_grad()
     def extend(self, state: HFState, tokens: Tensor) -> Tensor:
-        tf = _transformers()
+        tf = transformers_module()
         tokens = tokens.to(self.device)
         B, T = tokens.shape
         if state.layers and state.batch_size != B:
@@ -182,26 +174,28 @@ class HFCausalLM:
         return total
 
 
-def load_hf(folder: str | Path, tokenizer=None, dtype: str = "float32", device: str = "cpu",
-            gguf_file: str | None = None, attn_implementation: str = "sdpa") -> HFCausalLM:
-    """A causal LM (and its tokenizer, unless one is given) from a local folder; never the network.
-    An EVA folder (model_type "evalm" or "eva_llama") loads into evalm's classes with EVA's cache
+def load_hf(folder, tokenizer=None, dtype: str = "float32", device: str = "cpu", gguf_file: str | None = None,
+            attn_implementation: str = "sdpa") -> HFCausalLM:
+    """A causal LM (and its tokenizer, unless one is given) from a local folder (a path, or the
+    `evalm.hf_folder.CheckedFolder` of this load, not checked again); never the network. An EVA folder
+    (model_type "evalm" or "eva_llama") loads into evalm's classes with EVA's cache
     (icl_eval/models/hf_eva.py), whatever `attn_implementation` says."""
     from evalm import hf_folder
     from evalm.icl_eval.models.hf_eva import EVA_MODEL_TYPES, EvaHFCausalLM
 
-    tf = _transformers()
-    folder = Path(folder)
-    eva = hf_folder.check_folder(folder, gguf_file).get("model_type") in EVA_MODEL_TYPES  # registers evalm's classes
+    tf = transformers_module()
+    checked = hf_folder.gate(folder, gguf_file)  # evalm's classes registered for an EVA folder
+    folder, gguf_file = checked.path, checked.gguf_file
+    eva = checked.config.get("model_type") in EVA_MODEL_TYPES
     if eva:
         attn_implementation = "eva"
     try:  # no code from the folder, its weights checked against its config.json first (evalm.hf_folder)
-        model = hf_folder.model(tf.AutoModelForCausalLM, folder, gguf_file=gguf_file, dtype=getattr(torch, dtype),
-                                device=device, attn_implementation=attn_implementation).to(device)
+        model = hf_folder.model(tf.AutoModelForCausalLM, checked, dtype=getattr(torch, dtype), device=device,
+                                attn_implementation=attn_implementation).to(device)
     except ConfigError as err:  # an EVA config's refusal names its field; here also the folder
         raise ConfigError(str(err).replace("config.json", str(folder / "config.json"), 1)) from None
     if tokenizer is None:
-        tokenizer = HFTokenizerAdapter(hf_folder.tokenizer(folder, gguf_file))
+        tokenizer = HFTokenizerAdapter(hf_folder.tokenizer(checked))
     if eva:
         return EvaHFCausalLM(model, tokenizer, name=str(folder))
     return HFCausalLM(model, tokenizer, name=str(folder / gguf_file) if gguf_file else str(folder))

@@ -49,7 +49,8 @@ def _transformers(source: ModelSource, options: LoadOptions, device: str):
     from evalm.icl_eval.models.hf import load_hf
 
     tok = _hf_tokenizer(source)
-    lm = load_hf(source.path, tokenizer=tok, dtype=options.dtype, device=device, gguf_file=source.gguf_file)
+    lm = load_hf(source.checked or source.path, tokenizer=tok, dtype=options.dtype, device=device,
+                 gguf_file=source.gguf_file)
     if options.context_window:
         lm.max_positions = options.context_window
     return lm
@@ -60,7 +61,7 @@ def _t5(source: ModelSource, options: LoadOptions, device: str):
     from evalm.icl_eval.models.t5 import load_t5
 
     tok = _hf_tokenizer(source)
-    return load_t5(source.path, tokenizer=tok, dtype=options.dtype, device=device)
+    return load_t5(source.checked or source.path, tokenizer=tok, dtype=options.dtype, device=device)
 
 
 def _evalm(source: ModelSource, options: LoadOptions, device: str):

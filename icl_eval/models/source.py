@@ -4,8 +4,9 @@ A source is one of KINDS, chosen here and nowhere else from the flags (`ModelSou
 export (`--checkpoint`), a Hugging Face causal LM folder (`--hf-model`; an EVA folder of evalm's
 classes is one too, `models.hf.load_hf` builds it with EVA's cache), a GGUF file in such a folder
 (`--gguf-file`), a T5 folder (encoder-decoder), or the built-in tiny EVALM trained on the synthetic
-family (neither flag). A folder's kind is read from its config.json once, here; `models.loading.SOURCES`
-maps each kind to its loader.
+family (neither flag). A folder goes through the gate once, here (`evalm.hf_folder.check_folder`): its
+kind is read from the config.json the check read, and the `CheckedFolder` travels with the source to
+its loader (`models.loading.SOURCES` maps each kind to one), which checks nothing again.
 
 `LoadOptions` are how any source is loaded: the device, the dtype, the context window and EVA's
 component ablation. They are declared once (`icl_eval.config.RunOptions`, which every command's section
@@ -63,6 +64,9 @@ class ModelSource:
     """The built-in model's `[model]` (a ModelConfig); None for the other kinds."""
     synthetic: Any = None
     """The built-in model's `[synthetic]` training (a SyntheticConfig); None for the other kinds."""
+    checked: Any = dataclasses.field(default=None, compare=False, repr=False)
+    """A --hf-model folder as the gate checked it (an `evalm.hf_folder.CheckedFolder`), for its loader; None for
+    the other kinds and for a folder that is not there (its loader refuses it)."""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -75,7 +79,8 @@ class ModelSource:
         if checkpoint:
             return cls("evalm", str(checkpoint), tokenizer)
         if hf_model:
-            return cls(folder_kind(hf_model, gguf_file), str(hf_model), tokenizer, gguf_file)
+            checked = check_hf_folder(hf_model, gguf_file)
+            return cls(folder_kind(checked, gguf_file), str(hf_model), tokenizer, gguf_file, checked=checked)
         return cls("tiny", tokenizer=tokenizer, model=model, synthetic=synthetic)
 
     def inputs(self) -> list:
@@ -90,16 +95,20 @@ class ModelSource:
         return {"kind": kind, "files": folder.identity(self.path) if self.path else None, "tokenizer": tokenizer}
 
 
-def folder_kind(folder: str | Path, gguf_file: str | None) -> str:
-    """The kind of a --hf-model folder: t5 when its config.json declares an encoder-decoder, else gguf
-    with --gguf-file, else transformers. A folder that does not exist is refused by its loader, in the
-    words of a missing folder; a config.json that is not JSON is one line naming it."""
-    from evalm.hf_folder import check_folder
+def check_hf_folder(folder: str | Path, gguf_file: str | None):
+    """The --hf-model folder through the gate, once for the whole load (a `CheckedFolder`); None when there is no
+    such folder, which its loader refuses in the words of a missing folder."""
+    from evalm import hf_folder
 
-    if (Path(folder) / "config.json").is_file():
-        config = check_folder(folder)
-        if config.get("is_encoder_decoder") or config.get("model_type") in T5_MODEL_TYPES:
-            return "t5"
+    return hf_folder.check_folder(folder, gguf_file) if Path(folder).is_dir() else None
+
+
+def folder_kind(checked, gguf_file: str | None) -> str:
+    """The kind of a checked --hf-model folder: t5 when its config.json declares an encoder-decoder, else gguf
+    with --gguf-file, else transformers."""
+    config = checked.config if checked is not None else {}
+    if config.get("is_encoder_decoder") or config.get("model_type") in T5_MODEL_TYPES:
+        return "t5"
     return "gguf" if gguf_file else "transformers"
 
 

@@ -35,23 +35,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from evalm.config_toolkit import ConfigError, MissingExtra, MissingInput
+from evalm.config_toolkit import ConfigError, MissingInput, transformers_module
 
 Cross = Literal["none", "aligned"]
-
-
-def _transformers():
-    try:
-        import transformers
-    except ImportError as err:
-        raise MissingExtra("T5 models need the optional extra: pip install 'evalm[hf]'") from err
-    return transformers
 
 
 def tiny_t5_config(vocab_size: int = 257, eos_id: int = 256, d_model: int = 64, layers: int = 2, heads: int = 4,
                    d_ff: int = 128, dropout: float = 0.0):
     """A T5.1.1 / LM-adapt shaped config (gated-GELU, untied head) small enough for a CPU; id 0 is pad/start."""
-    tf = _transformers()
+    tf = transformers_module()
     return tf.T5Config(vocab_size=vocab_size, d_model=d_model, d_kv=d_model // heads, d_ff=d_ff, num_layers=layers,
                        num_decoder_layers=layers, num_heads=heads, relative_attention_num_buckets=32,
                        relative_attention_max_distance=128, dropout_rate=dropout, feed_forward_proj="gated-gelu",
@@ -64,7 +56,7 @@ def tiny_t5(seed: int = 0, dtype=torch.float32, init_std: float | None = None, *
     that attention patterns, and so any masking bug, show in the scores of an untrained model."""
     from evalm.text.tokenizer import ByteTokenizer
 
-    tf = _transformers()
+    tf = transformers_module()
     torch.manual_seed(seed)
     model = tf.T5ForConditionalGeneration(tiny_t5_config(**kwargs))
     if init_std:
@@ -75,21 +67,22 @@ def tiny_t5(seed: int = 0, dtype=torch.float32, init_std: float | None = None, *
     return T5LM(model.to(dtype), ByteTokenizer(), name="tiny random T5")
 
 
-def load_t5(folder: str | Path, tokenizer=None, dtype: str = "float32", device: str = "cpu") -> T5LM:
-    """A T5ForConditionalGeneration (and its tokenizer unless given) from a local folder; never the network."""
+def load_t5(folder, tokenizer=None, dtype: str = "float32", device: str = "cpu") -> T5LM:
+    """A T5ForConditionalGeneration (and its tokenizer unless given) from a local folder (a path, or the
+    `evalm.hf_folder.CheckedFolder` of this load, not checked again); never the network."""
     from evalm.icl_eval.models.hf import HFTokenizerAdapter
 
     from evalm import hf_folder
 
-    tf = _transformers()
-    folder = Path(folder)
-    if not folder.is_dir():
+    tf = transformers_module()
+    if not isinstance(folder, hf_folder.CheckedFolder) and not Path(folder).is_dir():
         raise MissingInput(f"{folder}: T5 model folder not found")
-    model = hf_folder.model(tf.T5ForConditionalGeneration, folder, dtype=getattr(torch, dtype), device=device,
+    checked = hf_folder.gate(folder)
+    model = hf_folder.model(tf.T5ForConditionalGeneration, checked, dtype=getattr(torch, dtype), device=device,
                             attn_implementation="eager").to(device)  # no code from the folder, weights checked first
     if tokenizer is None:
-        tokenizer = HFTokenizerAdapter(hf_folder.tokenizer(folder))
-    return T5LM(model, tokenizer, name=str(folder))
+        tokenizer = HFTokenizerAdapter(hf_folder.tokenizer(checked))
+    return T5LM(model, tokenizer, name=str(checked.path))
 
 
 class T5LM:

@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from evalm.config_toolkit import ConfigError, MissingExtra, UserError
+from evalm.config_toolkit import ConfigError, UserError
 
 MODES = ("remove", "keep", "corrupt")
 
@@ -39,14 +39,12 @@ class Embedder:
     """Cosine similarity of mean-pooled last hidden states of a local encoder (no hub: local files only)."""
 
     def __init__(self, folder: str, text_of: Callable[[int], str]):
-        try:
-            import transformers
-        except ImportError:
-            raise MissingExtra("nearest_embedding needs transformers: pip install 'evalm[hf]'") from None
         from evalm import hf_folder
+        from evalm.config_toolkit import transformers_module
 
-        self.tokenizer = hf_folder.tokenizer(folder)  # no code from the folder (evalm.hf_folder)
-        self.model = hf_folder.model(transformers.AutoModel, folder).eval()
+        checked = hf_folder.check_folder(folder)  # once for both loads; no code from the folder (evalm.hf_folder)
+        self.tokenizer = hf_folder.tokenizer(checked)
+        self.model = hf_folder.model(transformers_module().AutoModel, checked).eval()
         self.text_of, self.cache = text_of, {}
 
     def embed(self, text: str) -> np.ndarray:

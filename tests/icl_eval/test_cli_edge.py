@@ -101,13 +101,17 @@ def _folder(path: Path, config: dict) -> str:
 
 
 def test_a_source_s_kind_is_chosen_from_the_flags_and_the_folder(tmp_path):
+    from evalm.hf_folder import CheckedFolder
     from evalm.icl_eval.models.loading import SOURCES
+    from evalm.icl_eval.models.source import folder_kind
 
     assert set(SOURCES) == set(KINDS)  # one loader per kind, no kind without one
     gpt2 = _folder(tmp_path / "gpt2", {"model_type": "gpt2"})
     assert ModelSource.of("ck", None, None, None).kind == "evalm"
     assert ModelSource.of(None, gpt2, None, "bytes").kind == "transformers"
-    assert ModelSource.of(None, gpt2, "m.gguf", None).kind == "gguf"
+    assert folder_kind(CheckedFolder(Path(gpt2), {"model_type": "gpt2"}, gguf_file="m.gguf"), "m.gguf") == "gguf"
+    with pytest.raises(UserError, match="m.gguf|gguf package"):  # the gate reads --gguf-file with its folder, once
+        ModelSource.of(None, gpt2, "m.gguf", None)
     assert ModelSource.of(None, _folder(tmp_path / "t5", {"model_type": "t5"}), None, None).kind == "t5"
     assert ModelSource.of(None, _folder(tmp_path / "ed", {"model_type": "bart", "is_encoder_decoder": True}), None, None).kind == "t5"
     assert ModelSource.of(None, None, None, None).kind == "tiny"
