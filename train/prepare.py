@@ -87,8 +87,9 @@ def prepare(out: str | Path, source: str | Path | None = None, overwrite: bool =
             was = before.get("source") if isinstance(before, dict) else "a source it did not record"
             raise NotOurs(f"{run.path} holds {was} prepared, not {read} (or that file changed since); --overwrite "
                           "prepares it again from this source, or choose another --out")
-        model = dequantised(hf_folder.model(AutoModelForCausalLM, folder, gguf_file=name, dtype=torch.float32))
-        tokenizer = hf_folder.tokenizer(folder, name)
+        checked = hf_folder.check_folder(folder, name)  # the gate once, for the model and its tokenizer
+        model = dequantised(hf_folder.model(AutoModelForCausalLM, checked, dtype=torch.float32))
+        tokenizer = hf_folder.tokenizer(checked)
         if not is_empty(run.path):
             run.discard(inputs=[folder])  # a prepare killed before its weights landed
         with staged(run.path) as stage:
