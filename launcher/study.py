@@ -29,7 +29,7 @@ from pathlib import Path
 from evalm.launcher.runner import Runner, Step, Unit
 from evalm.launcher.schedule import run_teed
 from evalm.launcher.study_file import Study, load_study
-from evalm.storage import RunFolder, made_by, write_json
+from evalm.storage import LinkedOutput, RunFolder, made_by, write_json
 from evalm.storage.run_folder import MARKER, RUN
 
 
@@ -76,6 +76,10 @@ def run_study(path: str | Path, raw: dict, overrides: Sequence[str], root: str |
     """`evalm run` on a study file (read once by `launcher.run.main`): `--list`, or its steps under the
     folder's owner."""
     study = load_study(path, overrides, root, raw=raw)
+    for sub in ("steps", "logs"):  # before a marker is read through one
+        if (study.root / sub).is_symlink():
+            raise LinkedOutput(f"{study.root / sub} is a symbolic link; evalm never writes through a link (its markers "
+                               "and logs would land in the folder it points to): remove the link and rerun")
     runner = Runner(StudyJob(study, again))
     if listing:
         about = f": {study.section.about}" if study.section.about else ""
