@@ -117,8 +117,8 @@ def run_main(r: Run, only: str | None, start: str | None, listing: bool, again: 
         t0 = time.perf_counter()
         ensure_samples(r)
         timings = Runner(MainJob(r, folder, again)).run(only, start)  # the keys again: the samples exist now
-        report = write_report(r, timings, wall_seconds=time.perf_counter() - t0, peak_rss_gib=peak_rss_gib(children=True))
-    print(f"\nreport: {report / 'summary.md'}")
+        done = write_report(r, timings, wall_seconds=time.perf_counter() - t0, peak_rss_gib=peak_rss_gib(children=True))
+    print(f"\nreport: {done / 'summary.md'}")
     return 0
 
 

@@ -203,3 +203,43 @@ def test_the_main_jobs_run_file_still_runs_as_before(capsys):
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert "--only ['nosuch']: no such stage; valid: ['filter'" in err and len(err.strip().splitlines()) == 1
+
+
+def test_only_marks_the_steps_that_read_it_stale(study, capsys):
+    """The main job's rule, for studies too: `--only second` rebuilds what `third` read, so the next run
+    redoes `third` (and leaves `first` alone)."""
+    path, root = study
+    assert main(["run", "--config", str(path)]) == 0
+    assert main(["run", "--config", str(path), "--only", "second"]) == 0
+    assert json.loads((root / "steps" / "third.done").read_text())["stale"] is True
+    age(root)
+    old = mtimes(root)
+    capsys.readouterr()
+    assert main(["run", "--config", str(path)]) == 0
+    assert "third: marked stale by --only; redoing it" in capsys.readouterr().out
+    new = mtimes(root)
+    assert (new["a.jsonl"], new["b.jsonl"]) == (old["a.jsonl"], old["b.jsonl"]) and new["c.jsonl"] != old["c.jsonl"]
+
+
+def test_a_study_folder_of_the_runner_before_keys_is_resumed(study, capsys):
+    """A folder the study runner made before the one runner (argv markers, no folder marker) is taken as
+    `evalm run`'s and its done steps are skipped, not rerun."""
+    path, root = study
+    assert main(["run", "--config", str(path)]) == 0
+    (root / ".evalm-folder.json").unlink()
+    for marker in (root / "steps").glob("*.done"):
+        marker.write_text(json.dumps(json.loads(marker.read_text())["commands"][0]))
+    age(root)
+    before = mtimes(root)
+    capsys.readouterr()
+    assert main(["run", "--config", str(path)]) == 0
+    assert capsys.readouterr().out.count("complete, skipped") == 3 and mtimes(root) == before
+
+
+def test_the_main_job_lists_its_stages(tmp_path, capsys):
+    """`--list` and `--root` for the main job too: every stage, its state and its commands; nothing made."""
+    assert main(["run", "configs/tiny.toml", "--list", "--root", str(tmp_path / "runs")]) == 0
+    out = capsys.readouterr().out
+    assert all(f"  {stage:<28} to run" in out for stage in ("filter", "pretrain", "recall"))
+    assert f"--output {tmp_path / 'runs' / 'tiny' / 'filter'}" in out
+    assert not (tmp_path / "runs").exists()
