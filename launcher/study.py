@@ -40,8 +40,9 @@ class StudyJob:
 
     def __init__(self, study: Study, again: str):
         self.study, self.path, self.folder, self.command = study, study.path, study.root, again
-        self.units = [Unit(s.name, (Step(s.name, s.argv, s.needs, s.shown),), s.needs,
-                           study.root / "steps" / f"{s.name}.done", (s.shown,)) for s in study.steps]
+        steps = study.root / "steps"
+        self.units = [Unit(s.name, (Step(s.name, s.argv, s.needs, s.shown),), s.needs, steps / f"{s.name}.done",
+                           (s.shown,)) for s in study.steps]
 
     def clear(self, unit: Unit, why: str) -> None:
         """Nothing beyond the marker: a step's own command resumes its folder or refuses other settings."""
