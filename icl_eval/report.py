@@ -113,7 +113,7 @@ def tables(argv: Sequence[str] | None = None) -> int:
 
     p = Parser(prog="evalm eval tables", description="The markdown table of each `evalm eval icl` or `evalm eval ppl` "
                "results.json; A+B+C pools icl runs that differ only in their seeds and writes <run>-merged.json beside them.")
-    p.add_argument("results", nargs="+", metavar="RESULTS_JSON", help="results.json files, or A+B+C to pool")
+    p.add_argument("results", nargs="+", metavar="RESULTS_JSON", help="results.json files, or A+B+C to pool (required: at least one; default: none)")
     for group in p.parse_args(argv).results:
         paths = group.split("+")
         missing = [q for q in paths if not Path(q).is_file()]

@@ -3,11 +3,14 @@
     commands.py   the package commands (`data`, `train`, `eval`, `export`), each imported lazily
     cli.py        `evalm`: `run` plus the command table; --version, --debug
     run_file.py   the run file of `evalm run`: its sections, validated; the models a run trains
+    runner.py     the one runner of run files: units (stages, study steps), their keys and what is done
     stages.py     the stage table: each stage's steps (argv + the steps it reads from), from the command table
-    keys.py       stage keys: commands, the files and sample folders they read, the previous key
-    markers.py    stage markers, stale marks, peak memory
+    keys.py       a stage's key inputs: the settings files and sample folders its commands read
+    markers.py    the main job's stage marker; a stage folder deleted only when this run made it
     console.py    the quiet console: a stage's output to its log, progress bars on screen
     report.py     the report folder (results.json, plots); summary.py its summary.md
-    schedule.py   the steps one at a time in this process, or `jobs` child processes at once
-    run.py        `evalm run`: every stage, skip by key, --from, --only
+    schedule.py   the steps one at a time in this process, `jobs` child processes at once, or teed in turn
+    study_file.py a study's run file: [study], its vars, its [[step]]s, validated
+    study.py      a study's steps as the runner's units, in its own run folder
+    run.py        `evalm run`: the run file read once; the main job's stages (a [study] file: study.py)
 """

@@ -23,7 +23,7 @@ class StageFailed(UserError, RuntimeError):
     """A stage's command exited with an error, which it printed to the stage's log."""
 
 
-def call(argv: list, log: Path) -> None:
+def call(argv: list, log: Path, step: str | None = None) -> None:
     """Run one command in this process; its printed lines and the data library's log lines go to
     the stage's log file, while progress bars (stderr) stay on the console. An error names the log."""
     with appended(log) as f:  # never through a link
@@ -31,7 +31,7 @@ def call(argv: list, log: Path) -> None:
         f.flush()
         with _quiet(f):
             code = dispatch(argv)
-    check_exit(code, argv, log)
+    check_exit(code, argv, log, step)
 
 
 def _shown(argv: list) -> str:
@@ -43,21 +43,21 @@ def log_header(argv: list) -> str:
     return f"\n$ evalm {_shown(argv)}\n"
 
 
-def check_exit(code: int, argv: list, log: Path) -> None:
+def check_exit(code: int, argv: list, log: Path, step: str | None = None) -> None:
     """A command's exit status as `evalm run` reports it: 0 passes, 130 is Ctrl-C, 1 a bug of ours
-    (config_toolkit.report), anything else the user's error, each naming the log with the details."""
-    shown = _shown(argv)
+    (config_toolkit.report), anything else the user's error, each naming the step, if given, and the log."""
+    shown = f"{_shown(argv)}` (step {step!r})" if step else f"{_shown(argv)}`"
     if code in (130, -signal.SIGINT):  # Ctrl-C inside the command (a training stage keeps its last complete
         raise KeyboardInterrupt        # checkpoint); -SIGINT: a child process that let the KeyboardInterrupt out
     if code < 0:  # killed by a signal: the out-of-memory killer's SIGKILL, most often
         why = "; free memory (or lower [run] jobs)" if -code == signal.SIGKILL else ""
-        raise StageFailed(f"`evalm {shown}` was killed by {signal.Signals(-code).name}; its output is in {log}{why}; "
+        raise StageFailed(f"`evalm {shown} was killed by {signal.Signals(-code).name}; its output is in {log}{why}; "
                           "then rerun `evalm run` to resume")
     if code == 1:  # config_toolkit.report: a bug of ours, its traceback in a file the log names
-        raise StageFailed(f"`evalm {shown}` stopped on an internal error (a bug, not your input); "
+        raise StageFailed(f"`evalm {shown} stopped on an internal error (a bug, not your input); "
                           f"its output in {log} names the file with the traceback; please report it with that file")
     if code:
-        raise StageFailed(f"`evalm {shown}` exited with {code}; its output is in {log}; "
+        raise StageFailed(f"`evalm {shown} exited with {code}; its output is in {log}; "
                            f"fix the error, then rerun `evalm run`")
 
 

@@ -10,14 +10,13 @@ it in the run folder under each file's `stat`).
 
 from __future__ import annotations
 
-import hashlib
-import json
 import tomllib
 from collections.abc import Callable
 from pathlib import Path
 
 from evalm.config_toolkit import read_toml, shipped
 from evalm.config_toolkit.files import INCLUDE
+from evalm.launcher.runner import unit_key
 from evalm.storage import identity as content_identity
 
 
@@ -34,8 +33,14 @@ def stage_key(r, stage: str, commands: list, previous: str,
               identity: Callable[[Path], str | None] = content_identity) -> str:
     """What a stage's outputs depend on: its commands, the content of every settings file or
     sample folder they name (configs, budgets, task files and their splits, books, instructions),
-    and the key of the stage before it, so a change reruns the stage and every later one. `identity`
-    is the run folder's cached one (`RunFolder.identity`)."""
+    and the key of the stage before it, so a change reruns the stage and every later one (the runner's
+    `unit_key` of the stage). `identity` is the run folder's cached one (`RunFolder.identity`)."""
+    return unit_key(commands, stage_inputs(r, stage, commands, identity), [previous] if previous else [])
+
+
+def stage_inputs(r, stage: str, commands: list, identity: Callable[[Path], str | None] = content_identity
+                 ) -> dict[str, str | None]:
+    """The identities of the settings files and sample folders a stage's commands name."""
     inputs = {}
     run_dir, samples = r.dir.resolve(), r.samples.resolve()
     for arg in (a for argv in commands for a in argv):
@@ -57,5 +62,4 @@ def stage_key(r, stage: str, commands: list, previous: str,
         inputs["shipped word lists"] = identity(Path(wordlists.__file__).parent / "wordlists")
         if (r.samples / "manifest.json").is_file():
             inputs["samples manifest"] = identity(r.samples / "manifest.json")
-    blob = json.dumps({"commands": commands, "inputs": inputs, "previous": previous}, sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()
+    return inputs

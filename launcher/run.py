@@ -15,104 +15,81 @@ evaluate the models each entry names. Steps that do not read each other's output
 so the twins train beside EVA and a model's evaluations start when its export is written. The console
 shows `stage k/N name` when a stage starts, one result line when it ends and, on a terminal, the running
 steps; everything else a step prints goes to ROOT/NAME/logs/STEP.log (`jobs = 1`: one step at a time in
-this process, its progress bars on the console). A stage is
-complete when its marker `.evalm-stage.json` exists (written last, with the arguments it ran with,
-its seconds and the peak memory so far); a rerun skips complete stages, resumes interrupted data
-and training stages (their own relaunch logic), and redoes the rest. Each marker holds the stage's
-key (`stage_key`: its commands, the content of the settings files and sample folders they name,
-and the previous stage's key): a changed key redoes the stage and, through the chain, every later
-one; `--only STAGE` marks the later stages stale.
+this process, its progress bars on the console).
 
-A run file whose top section is `[study]` is a study, not the main job: `evalm run --config
-configs/study-convert.toml` runs its steps (launcher/study.py).
+The stages are the units of the one runner (launcher/runner.py), as a study's steps are: a stage is
+done when its marker `.evalm-stage.json` holds its key (written last, with the arguments it ran with,
+its seconds and the peak memory so far); the key hashes its commands, the content of the settings
+files and sample folders they name (launcher/keys.py) and the previous stage's key, so a changed
+stage is redone with every later one. A rerun skips done stages, resumes interrupted data and
+training stages (their own relaunch logic), and redoes the rest; `--only STAGE` marks the later
+stages stale; `--list` prints each stage, its state and its commands; `--root DIR` moves the run
+(`[run] root`). The run folder ROOT/NAME is held by its owner (storage.RunFolder) while it runs.
+
+`evalm run` reads the run file once and tells a study from the main job by its top table: a file
+whose top section is `[study]` runs its steps with the same runner and flags (launcher/study.py),
+e.g. `evalm run --config configs/study-convert.toml --list`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from evalm.config_toolkit import ConfigError, Parser, UserError, report, shipped, split_overrides
+from evalm.config_toolkit import ConfigError, Parser, read_toml, report, shipped, split_overrides
 from evalm.config_toolkit.machine import peak_rss_gib
-from evalm.launcher.keys import stage_key
-from evalm.launcher.markers import discard_stage, mark_stale, read_marker, write_marker
+from evalm.launcher.keys import stage_inputs
+from evalm.launcher.markers import MARKER, discard_stage
 from evalm.launcher.report import stage_result, write_report
 from evalm.launcher.run_file import Run, load_run
+from evalm.launcher.runner import Choice, Runner, Step, Unit
 from evalm.launcher.schedule import run_steps
-from evalm.launcher.stages import RESUMABLE, STAGES, Step, stage_steps
-from evalm.storage import RunFolder
+from evalm.launcher.stages import RESUMABLE, STAGES, stage_steps
+from evalm.storage import RunFolder, redact_argv
 
 DEFAULT_CONFIG = shipped("configs/tiny.toml")
 
 
-def plan_stage(r: Run, stage: str, commands: list[list[str]], position: str, previous: str, folder: RunFolder
-               ) -> tuple[bool, str]:
-    """Whether a stage must run (not complete with the same key), and its key; a complete stage whose key
-    changed (or that `--only` marked stale) is discarded, to be redone from scratch."""
-    key = stage_key(r, stage, commands, previous, identity=folder.identity)
-    done = read_marker(r, stage)
-    if done is not None and done.get("key") == key and not done.get("stale"):
-        print(f"stage {position} {stage}: complete, skipped ({done['seconds']:.0f} s when it ran)")
-        return False, key
-    if done is not None:  # changed settings or inputs: the old outputs must not be resumed
-        why = "marked stale by --only" if done.get("stale") else "its settings or inputs changed"
-        print(f"stage {position} {stage}: {why}; redoing it")
-        discard_stage(r, stage)
-    elif stage not in RESUMABLE:
-        discard_stage(r, stage)
-    return True, key
+class MainJob:
+    """The main job's stages as the runner's units: each needs the stage before it (the key chain), its marker
+    in its folder; a stage that reruns gets its folder cleared (resumable ones continue when only interrupted)."""
 
+    noun = "stage"
 
-class _Stages:
-    """The stages one invocation runs, from their steps' start and end: the first step prints the
-    stage's line and marks its folder as made by this run; the last writes its marker (key, commands,
-    the seconds its steps ran, summed: with jobs > 1 stages overlap, and the invocation's wall is less)."""
+    def __init__(self, r: Run, folder: RunFolder, again: str):
+        self.r, self.path, self.folder, self.command = r, r.path, r.dir, again
+        self.units: list[Unit] = []
+        for i, stage in enumerate(STAGES):
+            steps = stage_steps(r, stage)
+            commands = [s.argv for s in steps]
+            inputs = stage_inputs(r, stage, commands, identity=folder.identity)  # cached in the run folder
+            self.units.append(Unit(stage, tuple(steps), tuple(list(STAGES)[i - 1:i]), r.stage_dir(stage) / MARKER,
+                                   tuple(commands), inputs))
 
-    def __init__(self, r: Run, planned: dict[str, tuple[str, str, list[Step]]]):
-        self.r, self.planned = r, planned
-        self.steps = {stage: steps for stage, (_, _, steps) in planned.items()}
-        self.stage_of = {step.name: stage for stage, steps in self.steps.items() for step in steps}
-        self.left = {stage: len(steps) for stage, steps in self.steps.items()}
-        self.seconds = dict.fromkeys(planned, 0.0)
-        self.begun: set[str] = set()
+    def clear(self, unit: Unit, why: str) -> None:
+        if why != "new" or unit.name not in RESUMABLE:  # the old outputs must not be resumed
+            discard_stage(self.r, unit.name)
+
+    def begin(self, unit: Unit, position: str) -> None:
+        RunFolder(self.r.stage_dir(unit.name), "evalm run").mark()  # made by this run: what discard_stage may delete
+        print(f"stage {position} {unit.name} ...", flush=True)
 
     def log(self, step: Step) -> Path:
         return self.r.dir / "logs" / f"{step.name}.log"
 
-    def started(self, step: Step) -> None:
-        stage = self.stage_of[step.name]
-        if stage not in self.begun:
-            self.begun.add(stage)
-            self._begin(stage)
+    def execute(self, steps: Sequence[Step], started: Callable[[Step], None],
+                finished: Callable[[Step, float], None]) -> None:
+        run_steps(steps, self.r.run.jobs, self.log, started, finished)
 
-    def _begin(self, stage: str) -> None:
-        RunFolder(self.r.stage_dir(stage), "evalm run").mark()  # made by this run: what discard_stage may delete later
-        print(f"stage {self.planned[stage][0]} {stage} ...", flush=True)
+    def extra(self, unit: Unit) -> dict:
+        return {"jobs": self.r.run.jobs, "peak_rss_gib_so_far": peak_rss_gib(children=True)}
 
-    def finished(self, step: Step, seconds: float) -> None:
-        stage = self.stage_of[step.name]
-        self.seconds[stage] += seconds
-        self.left[stage] -= 1
-        if not self.left[stage]:
-            self._complete(stage)
-
-    def _complete(self, stage: str) -> None:
-        r, (position, key, steps) = self.r, self.planned[stage]
-        seconds = self.seconds[stage]
-        write_marker(r, stage, {"stage": stage, "key": key, "commands": [s.argv for s in steps], "seconds": seconds,
-                                "jobs": r.run.jobs, "peak_rss_gib_so_far": peak_rss_gib(children=True)})
-        logs = self.log(steps[0]) if len(steps) == 1 else self.r.dir / "logs" / f"{stage}*.log"
-        print(f"stage {position} {stage}: {stage_result(r, stage)} ({seconds:.0f} s; log {logs})", flush=True)
-
-    def run(self) -> dict[str, float]:
-        for stage in [s for s, steps in self.steps.items() if not steps]:  # a stage with nothing to do (twins off)
-            self._begin(stage)
-            self._complete(stage)
-        steps = [step for steps in self.steps.values() for step in steps]
-        run_steps(steps, self.r.run.jobs, self.log, self.started, self.finished)
-        return self.seconds
+    def finish(self, unit: Unit, position: str, seconds: float) -> None:
+        logs = self.log(unit.steps[0]) if len(unit.steps) == 1 else self.r.dir / "logs" / f"{unit.name}*.log"
+        print(f"stage {position} {unit.name}: {stage_result(self.r, unit.name)} ({seconds:.0f} s; log {logs})", flush=True)
 
 
 def ensure_samples(r: Run) -> None:
@@ -127,122 +104,87 @@ def ensure_samples(r: Run) -> None:
     build_samples(r.samples)
 
 
+def run_main(r: Run, choice: Choice, again: str) -> int:
+    """The main job: `--list`, or its stages in order under the run folder's owner, then the report."""
+    if choice.summary:
+        raise ConfigError(f"{r.path}: --summary writes a study's report; the main job writes its own "
+                          f"({r.dir / 'report'}) when its stages run")
+    only, start = choice.only, choice.start
+    folder = RunFolder(r.dir, "evalm run")  # its digest cache: the stage keys' inputs, read once per change
+    runner = Runner(MainJob(r, folder, again))
+    if choice.listing:
+        print(f"run {r.run.name} ({r.dir}): {r.path}\n{runner.listing()}")
+        return 0
+    runner.select(only, start)  # a bad selection is refused before anything is made
+    with folder.held():  # one main job per run folder
+        folder.mark("logs")  # never written through a link
+        t0 = time.perf_counter()
+        ensure_samples(r)
+        timings = Runner(MainJob(r, folder, again)).run(only, start)  # the keys again: the samples exist now
+        done = write_report(r, timings, wall_seconds=time.perf_counter() - t0, peak_rss_gib=peak_rss_gib(children=True))
+    print(f"\nreport: {done / 'summary.md'}")
+    return 0
+
+
 def _parser() -> Parser:
     parser = Parser(prog="evalm run", description=__doc__)
-    parser.add_argument("config", nargs="?", default=str(DEFAULT_CONFIG), help="run file (default: configs/tiny.toml)")
+    parser.add_argument("config", nargs="?", help="run file: the main job's or a study's (default: configs/tiny.toml)")
     parser.add_argument("--config", dest="config_flag", metavar="FILE",
                         help="run file, as the positional CONFIG; a file whose top section is [study] runs as a "
-                             "study (launcher/study.py: --only/--from name its steps, --list, --root) (default: none: CONFIG)")
+                             "study (launcher/study.py: --only/--from name its steps) (default: none: CONFIG)")
     where = parser.add_mutually_exclusive_group()
-    where.add_argument("--from", dest="start", choices=list(STAGES), metavar="STAGE",
-                       help=f"rerun this stage and every later one; one of {', '.join(STAGES)} "
-                            "(default: none, run every stage that is not complete)")
-    where.add_argument("--only", choices=list(STAGES), metavar="STAGE",
-                       help="rerun just this stage; the later ones are marked stale (default: none)")
+    where.add_argument("--from", dest="start", metavar="NAME",
+                       help=f"rerun this stage (or study step) and every later one; the main job's stages are "
+                            f"{', '.join(STAGES)} (default: none, run every one that is not done)")
+    where.add_argument("--only", metavar="NAME[,NAME...]",
+                       help="rerun just these stages (or study steps); the ones that read them are marked stale "
+                            "(default: none)")
+    where.add_argument("--list", action="store_true",
+                       help="print every stage (or study step), its state and its commands; run nothing (default: off)")
+    where.add_argument("--summary", action="store_true",
+                       help="a study only: write its report from the file's [summary] tables and goals "
+                            "(launcher/study_report.py) and run nothing (default: off: written after its steps)")
+    parser.add_argument("--root", metavar="DIR",
+                        help="where the run lives: the main job's [run] root, a study's folder (default: the file's)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                        help="override one run-file value, e.g. --set run.seed=2 (every training stage's seed) or "
-                             "--set run.name=tiny-seed2 (the run folder); repeatable (default: none)")
+                        help="override one run-file value, e.g. --set run.seed=2 (every training stage's seed), "
+                             "--set run.name=tiny-seed2 (the run folder) or a study's --set study.vars.NAME=VALUE; "
+                             "repeatable (default: none)")
     return parser
-
-
-def _stages_to_run(r: Run, start: str | None, only: str | None) -> list[str]:
-    """Every stage, or `--from` X onward, or `--only` X; their folders are cleared (earlier ones must be complete)."""
-    stages = list(STAGES)
-    if not (start or only):
-        return stages
-    first = stages.index(start or only)
-    missing = [s for s in stages[:first] if read_marker(r, s) is None]
-    if missing:
-        raise ConfigError(f"{r.dir}: stage(s) {missing} before {stages[first]!r} are not complete; "
-                          f"run `evalm run {r.path}` first")
-    stages = stages[first:] if start else [only]
-    for stage in stages:
-        discard_stage(r, stage)
-    return stages
-
-
-def run_all(r: Run, start: str | None, only: str | None) -> Path:
-    """Run the chosen stages in order, chaining their keys; returns the report folder."""
-    folder = RunFolder(r.dir, "evalm run")  # its digest cache: the stage keys' inputs, read once per change
-    stages = _stages_to_run(r, start, only)
-    t0 = time.perf_counter()
-    ensure_samples(r)
-    order = list(STAGES)
-    previous = (read_marker(r, order[order.index(stages[0]) - 1]) or {}).get("key", "") if stages[0] != order[0] else ""
-    planned, timings = {}, {}
-    for i, stage in enumerate(stages, 1):  # keys first: they hash commands and settings, never a stage's outputs
-        position, steps = f"{i}/{len(stages)}", stage_steps(r, stage)
-        todo, previous = plan_stage(r, stage, [s.argv for s in steps], position, previous, folder)
-        if todo:
-            planned[stage] = (position, previous, steps)
-        else:
-            timings[stage] = 0.0
-    timings |= _Stages(r, planned).run()
-    timings = {stage: timings[stage] for stage in stages}
-    if only:
-        mark_stale(r, order[order.index(only) + 1:])
-    return write_report(r, timings, wall_seconds=time.perf_counter() - t0, peak_rss_gib=peak_rss_gib(children=True))
-
-
-VALUED = ("--from", "--only", "--set", "--root", "--config")
-"""Options of `evalm run` (main job or study) followed by a value: what `_config_of` steps over."""
-
-
-def _config_of(argv: Sequence[str]) -> str | None:
-    """The run file an `evalm run` command line names (`--config FILE` or the first positional)."""
-    args = list(argv)
-    for i, arg in enumerate(args):
-        if arg == "--config" and i + 1 < len(args):
-            return args[i + 1]
-        if arg.startswith("--config="):
-            return arg.split("=", 1)[1]
-    for i, arg in enumerate(args):
-        if not arg.startswith("-") and (i == 0 or args[i - 1] not in VALUED):
-            return arg
-    return None
-
-
-def _is_study(argv: Sequence[str]) -> bool:
-    """Whether the run file is a study (`[study]`); a file that cannot be read is left to the main job's
-    path, which names the problem in one line."""
-    from evalm.launcher.study_file import is_study
-
-    path = _config_of(argv)
-    try:
-        return path is not None and is_study(path)
-    except UserError:
-        return False
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """A user error (config_toolkit.UserError: a bad run file, a failed stage, a busy folder) is one
     line; anything else is a bug of ours, its traceback kept in ROOT/NAME/logs/error.log (the run
     folder it escaped from) and named on the console (config_toolkit.report, as every command)."""
-    argv = list(argv if argv is not None else sys.argv[1:])
-    if _is_study(argv):
-        from evalm.launcher.study import main as study
-
-        return study(argv)
     parser = _parser()
     try:
-        dotted, rest = split_overrides(argv)  # --run.seed=2 is --set's alias
+        dotted, rest = split_overrides(list(argv if argv is not None else sys.argv[1:]))  # --run.seed=2: --set's alias
     except ConfigError as err:
         parser.exit(2, f"evalm run: error: {err}\n")
     args = parser.parse_args(rest)
-    if args.config_flag:
-        if args.config != str(DEFAULT_CONFIG):
-            parser.error(f"give the run file once: {args.config} and --config {args.config_flag}")
-        args.config = args.config_flag
+    if args.config_flag and args.config:
+        parser.error(f"give the run file once: {args.config} and --config {args.config_flag}")
+    path = args.config_flag or args.config or str(DEFAULT_CONFIG)
+    overrides = [*dotted, *args.overrides]
+    again = " ".join(["evalm run", path, *([] if args.root is None else ["--root", args.root]),
+                      *redact_argv(f"--set {o}" for o in overrides)])  # the command that resumes this run
     try:
-        r = load_run(args.config, [*dotted, *args.overrides])
-        with RunFolder(r.dir, "evalm run").held():  # one main job per run folder
-            folder = run_all(r, args.start, args.only)
+        if args.root is not None and not args.root.strip():
+            raise ConfigError(f"evalm run {path}: --root is empty; give the folder the run lives in")
+        choice = Choice(args.only, args.start, args.list, args.summary)
+        raw = read_toml(path)  # read once: its top table says which job it is
+        if "study" in raw:
+            from evalm.launcher.study import run_study
+
+            return run_study(path, raw, overrides, args.root, choice, again)
+        r = load_run(path, overrides, raw=raw)
+        if args.root is not None:
+            r = dataclasses.replace(r, run=dataclasses.replace(r.run, root=args.root))
+        return run_main(r, choice, again)
     except KeyboardInterrupt:
-        again = " ".join(["evalm run", args.config, *(f"--set {o}" for o in [*dotted, *args.overrides])])
-        print(f"evalm run: interrupted; rerun `{again}` to resume: complete stages are skipped, "
+        print(f"evalm run: interrupted; rerun `{again}` to resume: done stages and steps are skipped, "
               "data and training stages continue from where they stopped", file=sys.stderr)
         return 130
     except Exception as err:  # noqa: BLE001 - the one rule of every command
         return report("evalm run", err)
-    print(f"\nreport: {folder / 'summary.md'}")
-    return 0

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from pydantic.dataclasses import dataclass
 
-from evalm.config_toolkit import FROZEN, ConfigError, apply_overrides, build, check_sections, read_toml, shipped
+from evalm.config_toolkit import (FROZEN, ConfigError, apply_overrides, build, check_overrides, check_sections, read_toml,
+                                  shipped)
 
 
 @dataclass(config=FROZEN, frozen=True)
@@ -182,9 +183,16 @@ def _shipped_config(section: TrainSection) -> TrainSection:
     return dataclasses.replace(section, config=str(shipped(section.config)))
 
 
-def load_run(path: str | Path, overrides: Sequence[str] = ()) -> Run:
-    """The run file with `section.key=value` overrides (`evalm run --set`) on top."""
-    data = apply_overrides(read_toml(path), overrides)
+SECTIONS = {"run": RunSection, "data": DataSection, "tokenizer": TokenizerSection, "pretrain": TrainSection,
+            "msit": TrainSection, "twins": TwinsSection, "ppl": PplSection, "recall": RecallSection}
+"""The run file's sections a `--set` may name ([[eval]] is a list: its entries are the file's own)."""
+
+
+def load_run(path: str | Path, overrides: Sequence[str] = (), raw: dict | None = None) -> Run:
+    """The run file (`raw`: its tables, when the caller has read it) with `section.key=value` overrides
+    (`evalm run --set`) on top; a misspelled override is the flag's mistake, named as such, not the file's."""
+    check_overrides(overrides, SECTIONS)
+    data = apply_overrides(read_toml(path) if raw is None else raw, overrides)
     known = {"run", "data", "tokenizer", "pretrain", "msit", "twins", "eval", "ppl", "recall"}
     check_sections(data, sorted(known), str(path))
     evals = [build(EvalEntry, e, where=f"{path} [[eval]] #{i + 1}") for i, e in enumerate(data.get("eval", []))]

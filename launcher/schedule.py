@@ -26,7 +26,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from evalm.launcher.console import check_exit, log_header
-from evalm.launcher.stages import Step
+from evalm.launcher.runner import Step
+from evalm.storage.files import appended
 
 POLL_SECONDS = 0.2
 CHILD = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
@@ -61,10 +62,35 @@ def run_steps(steps: Sequence[Step], jobs: int, log_of: Callable[[Step], Path],
         for step in steps:
             started(step)
             t0 = time.perf_counter()
-            call(step.argv, log_of(step))
+            call(step.argv, log_of(step), step.name)
             finished(step, time.perf_counter() - t0)
         return
     _Pool(steps, jobs, log_of, started, finished).run()
+
+
+def run_teed(steps: Sequence[Step], log_of: Callable[[Step], Path], started: Callable[[Step], None],
+             finished: Callable[[Step, float], None]) -> None:
+    """`steps` one after another (a study's), each a child process (`CHILD`: a GPU's memory is freed when it
+    ends) whose lines go to the console and to its log; a failed step stops them, naming the step and its log."""
+    for step in steps:
+        started(step)
+        t0, log = time.perf_counter(), log_of(step)
+        with appended(log) as f:  # never through a link, nor into a file with another name (a hard link)
+            f.write(log_header(step.record()))
+            f.flush()
+            proc = subprocess.Popen([sys.executable, "-c", CHILD, *step.argv], stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
+            try:
+                for line in proc.stdout:
+                    sys.stdout.write(line)
+                    sys.stdout.flush()
+                    f.write(line)
+            except KeyboardInterrupt:  # the child got the same Ctrl-C (same process group): let it stop cleanly
+                proc.wait()
+                raise
+            code = proc.wait()
+        check_exit(code, step.record(), log, step.name)
+        finished(step, time.perf_counter() - t0)
 
 
 class _Pool:
@@ -103,7 +129,7 @@ class _Pool:
             self.status.clear()
         if failure is not None:
             step, code = failure
-            check_exit(code, step.argv, self.log_of(step))
+            check_exit(code, step.record(), self.log_of(step), step.name)
         if self.pending:
             raise RuntimeError(f"steps whose needs were never met: {[s.name for s in self.pending]}")
 
@@ -118,7 +144,7 @@ class _Pool:
             log = self.log_of(step)
             log.parent.mkdir(parents=True, exist_ok=True)
             with log.open("a", encoding="utf-8") as f:
-                f.write(log_header(step.argv))
+                f.write(log_header(step.record()))
                 f.flush()
                 # its own session: Ctrl-C reaches the children once, forwarded by _interrupt, not twice
                 proc = subprocess.Popen([sys.executable, "-c", CHILD, *step.argv], stdin=subprocess.DEVNULL,

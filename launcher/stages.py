@@ -7,29 +7,19 @@ appended. `twins` trains the baselines EVALM compares EVA with on the same data,
 (full attention; learned absolute positions), `export` writes every model to export/NAME/, and
 `icl` / `ppl` / `recall` evaluate the models each entry names (resumable by unit: `icl_eval.protocol.units`).
 
-Each step names the steps whose outputs it reads (`Step.needs`), so `launcher.schedule` can run the
-steps that do not depend on each other at once (`[run] jobs`): the twins train beside EVA, and every
+Each step (`launcher.runner.Step`) names the steps whose outputs it reads (`Step.needs`), so
+`launcher.schedule` can run the steps that do not depend on each other at once (`[run] jobs`): the twins train beside EVA, and every
 evaluation of a model starts when its export is written.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from evalm.launcher.commands import argv
 from evalm.launcher.run_file import MODELS, Run, trained_models
-
-
-@dataclass(frozen=True)
-class Step:
-    """One command of a stage: a name unique in the run (also its log's name), its argv, and the
-    names of the steps it reads outputs of (a step of a stage that is complete already counts as done)."""
-
-    name: str
-    argv: list[str]
-    needs: tuple[str, ...] = ()
+from evalm.launcher.runner import Step  # noqa: F401 - the stage table's noun, re-exported
 
 
 SYNTHETIC_SEED = 10**6

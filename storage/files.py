@@ -137,8 +137,8 @@ TEMPORARY = ".tmp-"
 
 
 def appended(path: str | Path):
-    """`path` opened for appending text (created if missing), never through a link (O_NOFOLLOW): a log or a
-    metrics file linked to another file would grow that file."""
+    """`path` opened for appending text (created if missing), never through a link (O_NOFOLLOW) nor into a file
+    with another name (a hard link): a log or a metrics file linked to another file would grow that file."""
     path = refuse_link(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -148,6 +148,11 @@ def appended(path: str | Path):
             raise
         refuse_link(path)  # placed since: the message names its target
         raise
+    names = os.fstat(fd).st_nlink
+    if names > 1:
+        os.close(fd)
+        raise LinkedOutput(f"{path} is a file with {names} names (a hard link); evalm never appends into a file "
+                           "another name shares (it would grow that file): remove it and rerun")
     return os.fdopen(fd, "a", encoding="utf-8")
 
 

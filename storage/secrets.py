@@ -34,6 +34,10 @@ _ENCODED = re.compile(r"(?i)(?P<scheme>[a-z][a-z0-9+.\-]*%3A%2F%2F)(?P<info>(?:(
 _QUERY = re.compile(r"(?i)(?P<key>(?:[?&;]|%3F|%26)(?:password|passwd|pass|pwd|auth|token|secret)(?:=|%3D))"
                     r"(?P<value>[^&\s#;]*)")
 """A password given as a query parameter (`?password=...`), plain or percent-encoded."""
+_VAR = re.compile(r"(?i)(?P<key>\bvars\.(?P<name>[a-z0-9_]+)(?:=|%3D))(?P<value>\S*)")
+"""A study's var set on the command line (`--set study.vars.NAME=VALUE`), masked when its name looks secret."""
+SECRET_NAME = re.compile(r"(?i)pass|pw|secret|token|key")
+"""A name that says its value is a credential (`password`, `db_pw`, `api_key`, `hf_token`)."""
 _KNOWN: set[str] = set()
 """Passwords `Secret`s of this process hold, in each spelling: masked wherever they appear."""
 
@@ -49,14 +53,26 @@ def redact(text: str) -> str:
     text = _USERINFO.sub(lambda m: _info(m, ":"), text)
     text = _ENCODED.sub(lambda m: _info(m, "%3A").replace(f"%3A{MASK}@", f"%3A{MASK}%40"), text)
     text = _QUERY.sub(lambda m: f"{m['key']}{MASK}", text)
+    text = _VAR.sub(lambda m: f"{m['key']}{MASK}" if SECRET_NAME.search(m["name"]) else m[0], text)
     for secret in sorted(_KNOWN, key=len, reverse=True):
         text = text.replace(secret, MASK)
     return text
 
 
 def redact_argv(argv: Iterable[str]) -> list[str]:
-    """A command line safe to record: each argument redacted."""
-    return [redact(arg) for arg in argv]
+    """A command line safe to record: each argument redacted; a secret-looking var's whole value masked, spaces
+    and all (`--set "study.vars.pw=two words"` is one argument)."""
+    return [_whole_var(redact(arg)) for arg in argv]
+
+
+def _whole_var(arg: str) -> str:
+    match = _VAR.search(arg)
+    return arg[:match.end("key")] + MASK if match and SECRET_NAME.search(match["name"]) else arg
+
+
+def looks_secret(name: str, value: str) -> bool:
+    """Whether a named value (a study's var) is a credential: its name says so, or it is a URL with a password."""
+    return bool(SECRET_NAME.search(name)) or redact(value) != value
 
 
 def redact_value(value: Any) -> Any:

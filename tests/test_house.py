@@ -500,3 +500,29 @@ def test_no_argparse_namespace_passes_into_the_package():
                for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _takes_a_namespace(node, True)]
     assert package == [] and scripts == []
+
+
+def test_one_runner_for_run_files():
+    """The main job's stages and a study's steps are units of one runner (`launcher/runner.py`), with one
+    meaning of done: no other launcher module reads or writes a unit's key or its stale flag, or reads a
+    marker to decide what runs; `evalm run` tells a study from the main job by the file's table, read once
+    (no scan of the command line for the run file), and the study's folder is held by its owner (RunFolder),
+    never by a lock taken by hand."""
+    launcher = ROOT / "launcher"
+    runner = launcher / "runner.py"
+    found = []
+    for path in sorted(launcher.glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        strings = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+        names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} | \
+                {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+        defined = {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+        if path != runner:
+            found += [f"{path.name}: the done-key {s!r}" for s in ("key", "stale") if s in strings]
+            found += [f"{path.name}: {n}" for n in ("read_marker", "write_marker", "mark_stale", "plan_stage")
+                      if n in names | defined]
+        found += [f"{path.name}: {n}" for n in ("_config_of", "_is_study", "is_study", "folder_lock") if n in names | defined]
+        found += [f"{path.name}: scans argv for --config" for s in strings if s.startswith("--config=")]
+    assert found == [], f"a second runner, or its pieces: {found}"
+    for job in ("run.py", "study.py"):
+        assert "Runner(" in (launcher / job).read_text(encoding="utf-8"), job

@@ -14,8 +14,8 @@ cross-entropy on the `[data]` token shards, or `attention-transfer`, LoLCATs' fi
 model is written to OUT/hf as a converted folder (LoRA merged into its weights), ready for
 `--hf-model OUT/hf` and for the next stage's `[model] hf_model`.
 
-    evalm train uptrain --export-trainables --out RUN [--trainables FILE]              # its trainable tensors
-    evalm train uptrain --rebuild --out RUN --hf-model CONVERTED [--trainables FILE]   # RUN/hf from them
+    evalm train uptrain --export-trainables --run RUN [--trainables FILE]              # its trainable tensors
+    evalm train uptrain --rebuild --run RUN --hf-model CONVERTED [--trainables FILE]   # RUN/hf from them
 
 A run trained on another machine comes home as its trainable tensors (LoRA adapters, EVA's maps: megabytes)
 and its OUT/hf is rebuilt here from them and the same converted folder (`uptrain_model.save_trainables`,
@@ -226,7 +226,8 @@ def bring_home(argv: Sequence[str]) -> int:
                       "EVA's maps) from its newest checkpoint to --trainables (one of the two is required)")
     mode.add_argument("--rebuild", action="store_true", help="write RUN/hf from its converted folder and --trainables (one of the two is "
                       "required)")
-    p.add_argument("--out", "--run", dest="run", type=Path, required=True, help="the run folder (required)")
+    p.add_argument("--run", "--out", dest="run", type=Path, required=True,
+                   help="the uptraining run's folder (its --out), read and written inside (required)")
     p.add_argument("--hf-model", type=Path, help="its converted folder on this machine (default: the path the run "
                                                   "recorded in its config.json)")
     p.add_argument("--trainables", type=Path, help="the trainables file (default: RUN/trainables.safetensors)")

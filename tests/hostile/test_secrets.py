@@ -87,7 +87,8 @@ def test_a_wrong_password_is_refused_without_being_echoed(tmp_path, locked_redis
 def test_evalm_runs_stage_log_and_marker_hold_no_password(tmp_path, locked_redis):
     """`evalm run` records each stage's command line in its log (`launcher.console.call`) and marker."""
     from evalm.launcher.console import StageFailed, call
-    from evalm.launcher.markers import write_marker
+    from evalm.launcher.markers import MARKER
+    from evalm.launcher.runner import write_marker
     from evalm.launcher.run_file import load_run
 
     corpus = _corpus(tmp_path / "in")
@@ -102,7 +103,7 @@ def test_evalm_runs_stage_log_and_marker_hold_no_password(tmp_path, locked_redis
     run_file.write_text(f'[run]\nname = "r"\nroot = "{tmp_path}"\n')
     r = load_run(run_file)
     r.stage_dir("dedup").mkdir(parents=True)
-    write_marker(r, "dedup", {"stage": "dedup", "key": "k", "commands": [argv], "seconds": 1.0})
+    write_marker(r.stage_dir("dedup") / MARKER, {"stage": "dedup", "key": "k", "commands": [argv], "seconds": 1.0})
     marker = (r.stage_dir("dedup") / ".evalm-stage.json").read_text()
     assert WRONG not in marker and "redis://:***@" in marker
 

@@ -194,10 +194,10 @@ def test_a_run_mistake_is_one_line(tmp_path, capsys):
 
 
 def test_a_run_bug_is_reported_as_one_with_its_traceback_kept(tmp_path, capsys, monkeypatch):
-    def broken(r, start, only):  # a fault injected where a stage's code would fail
+    def broken(r):  # a fault injected where the run's own code would fail, inside the held run folder
         return {}["missing"]
 
-    monkeypatch.setattr(launcher_run, "run_all", broken)
+    monkeypatch.setattr(launcher_run, "ensure_samples", broken)
     log = tmp_path / "r" / "logs" / "error.log"
     line = a_bug(capsys, log, "run", _run_file(tmp_path))
     assert line.startswith("evalm run: bug: KeyError: 'missing'")

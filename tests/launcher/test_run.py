@@ -239,5 +239,5 @@ def test_only_a_stage_whose_predecessors_are_incomplete_is_refused(run_file, tmp
     fresh.write_text(run_file.read_text().replace('name = "ci"', 'name = "fresh"'))
     assert main([str(fresh), "--only", "icl"]) == 2
     err = capsys.readouterr().err
-    assert "not complete" in err and "filter" in err
+    assert "stage 'icl' needs ['export'], not done" in err and "runs/fresh" in err
     assert not (run_file.parent / "runs" / "fresh" / "icl").exists()

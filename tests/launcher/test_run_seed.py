@@ -56,6 +56,6 @@ def test_evalm_run_reads_set_and_its_dotted_alias(tmp_path, capsys):
 
     assert main([str(_run_file(tmp_path)), "--set", "run.name=tiny-seed7", "--run.seed=7", "--only", "pretrain"]) == 2
     err = capsys.readouterr().err
-    assert f"{tmp_path / 'runs' / 'tiny-seed7'}: stage(s)" in err and len(err.strip().splitlines()) == 1, err
+    assert f"{tmp_path / 'runs' / 'tiny-seed7'}: stage 'pretrain' needs ['tokenizer'], not done" in err and len(err.strip().splitlines()) == 1, err
     assert main([str(_run_file(tmp_path)), "--set", "run.seed=two"]) == 2
     assert "seed" in capsys.readouterr().err

@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 
 from evalm.launcher.cli import main
-from evalm.launcher.run import _config_of
 
 STUDY = """\
 [study]
@@ -72,15 +71,15 @@ def test_every_step_runs_once_then_is_skipped(study, capsys):
     # each step's own output: 2x3 synthetic rows; 2 + those 6; 2 + those 8
     assert (rows(root / "a.jsonl"), rows(root / "b.jsonl"), rows(root / "c.jsonl")) == (6, 8, 10)
     marker = json.loads((root / "steps" / "third.done").read_text())
-    assert marker == ["train", "msit-data", "--out", f"{root}/c.jsonl", "--episodes", "1", "--examples", "2",
-                      "--instructions", f"{root}/b.jsonl"]
+    assert marker["commands"] == [["train", "msit-data", "--out", f"{root}/c.jsonl", "--episodes", "1", "--examples",
+                                   "2", "--instructions", f"{root}/b.jsonl"]] and len(marker["key"]) == 64
     assert "wrote" in (root / "logs" / "second.log").read_text()  # the step's own output, in its log
     assert "wrote" in capsys.readouterr().out  # and on the console
     age(root)
     before = mtimes(root)
     assert main(["run", str(path)]) == 0  # the positional form too
     assert mtimes(root) == before  # nothing rewritten
-    assert capsys.readouterr().out.count("done, skipped") == 3
+    assert capsys.readouterr().out.count("complete, skipped") == 3
 
 
 def test_a_failed_step_stops_the_study_and_a_rerun_resumes(tmp_path, capsys):
@@ -95,7 +94,7 @@ def test_a_failed_step_stops_the_study_and_a_rerun_resumes(tmp_path, capsys):
     age_a = (root / "a.jsonl").stat().st_mtime_ns
     assert main(["run", "--config", str(path)]) == 0
     out = capsys.readouterr().out
-    assert "first: done, skipped" in out and (root / "a.jsonl").stat().st_mtime_ns == age_a
+    assert "first: complete, skipped" in out and (root / "a.jsonl").stat().st_mtime_ns == age_a
     assert rows(root / "c.jsonl") == 10
 
 
@@ -124,7 +123,7 @@ def test_a_changed_step_is_run_again_and_said_so(tmp_path, capsys):
     listed = capsys.readouterr().out
     assert "first" in listed and "changed" in listed.split("third")[1].split("\n")[0]
     assert main(["run", "--config", str(path)]) == 0
-    assert "third: its command changed" in capsys.readouterr().out
+    assert "third: its settings or inputs changed; redoing it" in capsys.readouterr().out
     new = mtimes(root)
     assert new["a.jsonl"] == old["a.jsonl"] and new["b.jsonl"] == old["b.jsonl"]
     assert rows(root / "c.jsonl") == 3 * 2 + 8
@@ -199,11 +198,48 @@ def test_a_bad_selection_is_one_line(study, capsys, flags, expected):
 
 
 def test_the_main_jobs_run_file_still_runs_as_before(capsys):
-    # the same refusal from the main job's parser, by --config or positionally: the stage names, not steps
+    # the same refusal from the one runner, by --config or positionally: the stage names, not steps
     for argv in (["run", "--config", "configs/tiny.toml", "--only", "nosuch"], ["run", "configs/tiny.toml", "--only", "nosuch"]):
-        with pytest.raises(SystemExit) as exit:
-            main(argv)
-        assert exit.value.code == 2 and "invalid choice: 'nosuch'" in capsys.readouterr().err
-    assert _config_of(["--only", "icl", "configs/x.toml"]) == "configs/x.toml"
-    assert _config_of(["--set", "run.seed=2", "--config=y.toml"]) == "y.toml"
-    assert _config_of(["--from", "pretrain"]) is None
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "--only ['nosuch']: no such stage; valid: ['filter'" in err and len(err.strip().splitlines()) == 1
+
+
+def test_only_marks_the_steps_that_read_it_stale(study, capsys):
+    """The main job's rule, for studies too: `--only second` rebuilds what `third` read, so the next run
+    redoes `third` (and leaves `first` alone)."""
+    path, root = study
+    assert main(["run", "--config", str(path)]) == 0
+    assert main(["run", "--config", str(path), "--only", "second"]) == 0
+    assert json.loads((root / "steps" / "third.done").read_text())["stale"] is True
+    age(root)
+    old = mtimes(root)
+    capsys.readouterr()
+    assert main(["run", "--config", str(path)]) == 0
+    assert "third: marked stale by --only; redoing it" in capsys.readouterr().out
+    new = mtimes(root)
+    assert (new["a.jsonl"], new["b.jsonl"]) == (old["a.jsonl"], old["b.jsonl"]) and new["c.jsonl"] != old["c.jsonl"]
+
+
+def test_a_study_folder_of_the_runner_before_keys_is_resumed(study, capsys):
+    """A folder the study runner made before the one runner (argv markers, no folder marker) is taken as
+    `evalm run`'s and its done steps are skipped, not rerun."""
+    path, root = study
+    assert main(["run", "--config", str(path)]) == 0
+    (root / ".evalm-folder.json").unlink()
+    for marker in (root / "steps").glob("*.done"):
+        marker.write_text(json.dumps(json.loads(marker.read_text())["commands"][0]))
+    age(root)
+    before = mtimes(root)
+    capsys.readouterr()
+    assert main(["run", "--config", str(path)]) == 0
+    assert capsys.readouterr().out.count("complete, skipped") == 3 and mtimes(root) == before
+
+
+def test_the_main_job_lists_its_stages(tmp_path, capsys):
+    """`--list` and `--root` for the main job too: every stage, its state and its commands; nothing made."""
+    assert main(["run", "configs/tiny.toml", "--list", "--root", str(tmp_path / "runs")]) == 0
+    out = capsys.readouterr().out
+    assert all(f"  {stage:<28} to run" in out for stage in ("filter", "pretrain", "recall"))
+    assert f"--output {tmp_path / 'runs' / 'tiny' / 'filter'}" in out
+    assert not (tmp_path / "runs").exists()
