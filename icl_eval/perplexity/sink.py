@@ -94,9 +94,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from evalm.icl_eval.cli_args import csv
 
     p = Parser(prog="evalm eval sink", description=__doc__.split("\n\n")[0])
-    p.add_argument("--hf-model", required=True, metavar="DIR", help="a local transformers causal LM folder (softmax attention)")
-    p.add_argument("--book", required=True, metavar="FILE", help="the .txt book scored from its start")
-    p.add_argument("--out", required=True, metavar="DIR", help="output folder (results.json)")
+    p.add_argument("--hf-model", required=True, metavar="DIR", help="a local transformers causal LM folder (softmax attention) (required)")
+    p.add_argument("--book", required=True, metavar="FILE", help="the .txt book scored from its start (required)")
+    p.add_argument("--out", required=True, metavar="DIR", help="output folder (results.json) (required)")
     p.add_argument("--max-tokens", type=int, default=4096, help="tokens scored (default: 4096; the mask is length x length)")
     p.add_argument("--window", type=int, default=1024, help="EVA's window w of the mask (default: 1024)")
     p.add_argument("--sinks", type=csv(int), default=(0, 1, 4, 16), metavar="S1,S2",
