@@ -67,6 +67,7 @@ sys.path.insert(0, str(ROOT))
 
 from evalm.config_toolkit.environment import command_environment  # noqa: E402
 from evalm.config_toolkit.machine import device_name, peak_gpu_gib, peak_rss_gib  # noqa: E402
+from evalm.eva_settings import ABLATIONS  # noqa: E402
 
 command_environment()
 
@@ -303,7 +304,7 @@ def main(argv=None) -> int:
     p.add_argument("--root", type=Path, default=Path("runs/convert"), help="folder of the study (default runs/convert)")
     p.add_argument("--model", choices=tuple(MODELS), help="the model of `ppl` / `icl` / `recall`")
     p.add_argument("--max-tokens", type=int, default=131072, help=f"tokens of the book scored (default 131072; `sink` at most {SINK_TOKENS}: its mask is length x length)")
-    p.add_argument("--eva-ablation", choices=("none", "no-remote", "chunk-window"), default="none",
+    p.add_argument("--eva-ablation", choices=ABLATIONS, default="none",
                    help="`ppl` / `recall` of an EVA model with one branch switched off (default none)")
     p.add_argument("--lengths", default=RECALL_LENGTHS,
                    help=f"`recall`'s prompt lengths, comma-separated (default {RECALL_LENGTHS}; others: their own folder)")

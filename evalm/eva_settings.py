@@ -14,7 +14,7 @@ Three hosts hold them, each reading the same fields:
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic.dataclasses import dataclass
 
@@ -58,6 +58,16 @@ class EvaSettings:
 
 EVA_FIELDS = tuple(field.name for field in dataclasses.fields(EvaSettings))
 """The keys of `EvaSettings`, in order."""
+
+TrainingAblation = Literal["none", "no-remote"]
+"""The ablations a model may also be trained under (`[uptrain] eva_ablation`): `none`; `no-remote`, the
+chunk summaries off (window-only attention on EVA's own weights, the control of a conversion study)."""
+EvaAblation = Literal[TrainingAblation, "chunk-window"]
+"""EVA's component ablations, each the flag's spelling (evalm/tiling.py's `Ablation` applies them): the
+training ones and `chunk-window`, the local keys cut to the query's chunk (the summaries carry the rest),
+a reading at evaluation time only."""
+ABLATIONS: tuple[str, ...] = get_args(EvaAblation)
+"""The spellings of `EvaAblation`, in order."""
 
 
 @dataclass(config=FROZEN, frozen=True)
