@@ -249,7 +249,9 @@ def _with_recompile_limit(compiled: Callable) -> Callable:
     def call(*args, **kwargs):
         if torch.compiler.is_compiling():
             return compiled(*args, **kwargs)
-        with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+        config = torch._dynamo.config  # the limit's name before torch 2.7: cache_size_limit
+        name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+        with config.patch(**{name: RECOMPILE_LIMIT}):
             return compiled(*args, **kwargs)
 
     return call

@@ -1,4 +1,4 @@
-"""The training loop shared by pretraining and MSIT: build, resume, step, log, checkpoint.
+"""A training run of pretraining, MSIT or uptraining: build, resume, step (train/loop.py), log, checkpoint.
 
 One step (EVALM Table 6): `grad_accum` micro-batches of `batch_size` lines per rank, the loss a
 token-weighted mean over every rank's targets (train/loop.py, [token mean note]), AdamW with the LR of
