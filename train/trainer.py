@@ -81,7 +81,8 @@ def run(config: RunConfig, out: str | Path, make_source: Callable[[Runtime], Lin
     try:
         with folder.held():  # one owner per run folder: rank 0 holds it for the whole run, for every rank
             logger = MetricsLogger(folder.path, enabled=runtime.is_main, tensorboard=config.train.tensorboard)
-            return _train(config, folder, make_source, options, runtime, logger)
+            resume_path = _resume_path(folder, options.resume, logger)
+            return _train(config, _Place(folder, runtime, logger), make_source, options, resume_path)
     finally:  # no barrier here: after an error on one rank, the others must not wait for it
         logger.close()
         dist.destroy_process_group()
@@ -96,9 +97,18 @@ def _broadcast(box: list) -> None:
     dist.broadcast_object_list(box, src=0)  # our own process group's bytes, not a file's
 
 
-def _train(config: RunConfig, folder: RunFolder, make_source: Callable[[Runtime], LineSource],
-           options: RunOptions, runtime: Runtime, logger: MetricsLogger) -> list[dict[str, Any]]:
-    resume_path = _resume_path(folder, options.resume, logger)
+@dataclass(frozen=True)
+class _Place:
+    """Where a run runs: its folder (the lock held by rank 0), its process group, its logger."""
+
+    folder: RunFolder
+    runtime: Runtime
+    logger: MetricsLogger
+
+
+def _train(config: RunConfig, place: _Place, make_source: Callable[[Runtime], LineSource], options: RunOptions,
+           resume_path: Path | None) -> list[dict[str, Any]]:
+    folder, runtime, logger = place.folder, place.runtime, place.logger
     tcfg, build = config.train, options.build
     grouped = config.data.structure == "saicl"  # train.structure: one FSDP unit
     if grouped and tcfg.activation_checkpointing:
