@@ -207,25 +207,25 @@ def _train_row(attention_kind: str, n: int, runtime, steps: int, peaks: dict, co
     from evalm.train.config import OptimConfig
     from evalm.train.data import LineLoader
     from evalm.train.metrics import flops_per_token, matmul_params
-    from evalm.train.parallelize import build_model
-    from evalm.train.trainer import make_optimizer, train_step
+    from evalm.train.parallelize import BuildPlan, build_model
+    from evalm.train.loop import Loop, make_optimizer, run_steps, train_step
 
     config = model_config(attention=attention_kind)
-    model = build_model(config, runtime, seed=0, bf16=True, activation_checkpointing=True, compile_blocks=compiled)
+    model = build_model(config, runtime, BuildPlan(bf16=True, activation_checkpointing=True, compile_blocks=compiled))
     optimizer = make_optimizer(model, build(OptimConfig, read_toml(CONFIG)["optim"], where=str(CONFIG)))
     loader = LineLoader(RandomLines(n, config.vocab_size), rank=0, world_size=1, batch_size=TOKENS_PER_BATCH // n,
                         shuffle=False, seed=0)
     model.train()
     t0 = time.perf_counter()
-    losses = [train_step(model, optimizer, loader, runtime, 1, 1.0)[0] for _ in range(2)]  # compiles, warms up
+    losses = run_steps(model, optimizer, loader, runtime, Loop(0, 2, train_step))  # compiles, warms up
     warm_s = time.perf_counter() - t0
     torch.cuda.reset_peak_memory_stats()
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    losses += [train_step(model, optimizer, loader, runtime, 1, 1.0)[0] for _ in range(steps)]
+    losses += run_steps(model, optimizer, loader, runtime, Loop(0, steps, train_step))
     torch.cuda.synchronize()
     step_s = (time.perf_counter() - t0) / steps
-    step = lambda m=model, o=optimizer: train_step(m, o, loader, runtime, 1, 1.0)  # noqa: E731
+    step = lambda m=model, o=optimizer: train_step(m, o, loader, runtime)  # noqa: E731
     profile = top_kernels(step) if n == 8192 else None
     flops = flops_per_token(matmul_params(model), config, n)
     tok_s = TOKENS_PER_BATCH / step_s

@@ -31,10 +31,10 @@ def measure(kind: str, k: int, d_model: int, layers: int, heads: int, demo_token
     import torch
 
     from evalm.config_toolkit.machine import peak_rss_gib
-    from evalm.icl_eval.models.t5 import encode, tiny_t5
+    from evalm.icl_eval.models.t5 import T5Shape, encode, tiny_t5
 
     torch.manual_seed(0)
-    lm = tiny_t5(d_model=d_model, layers=layers, heads=heads, d_ff=2 * d_model)
+    lm = tiny_t5(shape=T5Shape(d_model=d_model, layers=layers, heads=heads, d_ff=2 * d_model))
     g = torch.Generator().manual_seed(1)
     demos = [[tuple(torch.randint(1, 256, (demo_tokens,), generator=g).tolist()) for _ in range(k)]]
     test = [tuple(torch.randint(1, 256, (demo_tokens,), generator=g).tolist())]

@@ -30,9 +30,9 @@ import torch.distributed as dist
 from evalm.config_toolkit import read_toml
 from evalm import ModelConfig
 from evalm.train.data import LineLoader
-from evalm.train.parallelize import build_model, init_distributed, weight_decay_groups
+from evalm.train.parallelize import BuildPlan, build_model, init_distributed, weight_decay_groups
 from evalm.train.shards import PretrainLines, ShardWriter, TokenShards
-from evalm.train.trainer import train_step
+from evalm.train.loop import Loop, run_steps, train_step
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -53,14 +53,13 @@ def make_shards(folder: Path, vocab: int, n_tokens: int) -> TokenShards:
 
 def trainer_tokens_per_s(model_config: ModelConfig, runtime, lines: PretrainLines, steps: int) -> float:
     """Tokens/s of full optimizer steps (forward, backward, clip, AdamW), after one warm-up step."""
-    model = build_model(model_config, runtime, seed=0, bf16=False, activation_checkpointing=False)
+    model = build_model(model_config, runtime, BuildPlan(seed=0))
     optimizer = torch.optim.AdamW(weight_decay_groups(model, 0.1), lr=1e-4)
     loader = LineLoader(lines, rank=0, world_size=1, batch_size=1, shuffle=True, seed=0)
     model.train()
-    train_step(model, optimizer, loader, runtime, 1, 1.0)  # warm-up: allocator, first-call costs
+    train_step(model, optimizer, loader, runtime)  # warm-up: allocator, first-call costs
     started = time.perf_counter()
-    for _ in range(steps):
-        train_step(model, optimizer, loader, runtime, 1, 1.0)
+    run_steps(model, optimizer, loader, runtime, Loop(0, steps, train_step))
     return steps * lines.seq_len / (time.perf_counter() - started)
 
 

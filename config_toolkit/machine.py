@@ -7,8 +7,10 @@ only when a CUDA device is asked about, so reading the resident set loads nothin
 
 from __future__ import annotations
 
+import contextlib
 import platform
 import resource
+from collections.abc import Iterator
 from pathlib import Path
 
 CPUINFO = Path("/proc/cpuinfo")
@@ -48,3 +50,17 @@ def device_name(device="cpu") -> str:
         if line.startswith("model name"):
             return line.split(":", 1)[1].strip()
     return platform.processor() or "cpu"
+
+
+@contextlib.contextmanager
+def torch_threads(count: int) -> Iterator[None]:
+    """torch's intra-op threads at `count` inside the block, as they were after it: a command's --threads
+    is its own, not a setting left on the process (or on the tests that call the command's function)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

@@ -248,7 +248,7 @@ class EvaAttention(HeadProjections):
 
     def _attend_flex(self, t: Tiling, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """Path flex: one flex_attention call over tokens, summaries and sink keys (evalm/flex.py)."""
-        return flex.eva(flex.Layer(t, self.maps, self.rel_pos_bias, self.sink_shift), q, k, v)
+        return flex.attend_layer(flex.LayerParts(t, self.maps, self.rel_pos_bias, self.sink_shift), q, k, v)
 
     def _entries(self, cache: Cache | None) -> tiles.Entries:
         """What a cached call reads besides its window: completed chunks are added in `_encode`."""

@@ -19,14 +19,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Literal, get_args
 
+from pydantic.dataclasses import dataclass
+
+from evalm.config_toolkit import FROZEN, ConfigError
+
 MapInit = Literal["identity", "mean-key", "reference"]
 """How a converted model's summary maps A_q/A_k start (docs/training.md, "Converting a pretrained model"): both
 the identity, A_q zero and A_k the identity, or the EVA reference's draw (evalm/llama_adapter.py)."""
 MAP_INITS = get_args(MapInit)
-
-from pydantic.dataclasses import dataclass
-
-from evalm.config_toolkit import FROZEN, ConfigError
 
 
 @dataclass(config=FROZEN, frozen=True)
@@ -66,6 +66,16 @@ class EvaSettings:
 
 EVA_FIELDS = tuple(field.name for field in dataclasses.fields(EvaSettings))
 """The keys of `EvaSettings`, in order."""
+
+TrainingAblation = Literal["none", "no-remote"]
+"""The ablations a model may also be trained under (`[uptrain] eva_ablation`): `none`; `no-remote`, the
+chunk summaries off (window-only attention on EVA's own weights, the control of a conversion study)."""
+EvaAblation = Literal[TrainingAblation, "chunk-window"]
+"""EVA's component ablations, each the flag's spelling (evalm/tiling.py's `Ablation` applies them): the
+training ones and `chunk-window`, the local keys cut to the query's chunk (the summaries carry the rest),
+a reading at evaluation time only."""
+ABLATIONS: tuple[str, ...] = get_args(EvaAblation)
+"""The spellings of `EvaAblation`, in order."""
 
 
 @dataclass(config=FROZEN, frozen=True)

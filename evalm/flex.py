@@ -75,7 +75,7 @@ def usable_on(x: Tensor) -> bool:
 
 
 @dataclass(frozen=True)
-class Slots:
+class SlotLayout:
     """The key axis of one call (module docstring)."""
 
     n: int  # tokens: query rows and token slots
@@ -110,7 +110,7 @@ def _interned(rule: Tiling) -> Tiling:
     return rule
 
 
-def visible(t: Tiling, s: Slots, q: Tensor, kv: Tensor) -> Tensor:
+def visible(t: Tiling, s: SlotLayout, q: Tensor, kv: Tensor) -> Tensor:
     """Whether the query at position q sees slot kv (broadcast integer tensors): `Tiling`'s rule."""
     token = kv < s.n
     seen = token & (kv <= q) & (kv >= t.window_start(q))
@@ -124,7 +124,7 @@ def visible(t: Tiling, s: Slots, q: Tensor, kv: Tensor) -> Tensor:
     return seen
 
 
-def _intervals(t: Tiling, s: Slots, q: Tensor) -> list[tuple[Tensor, Tensor]]:
+def _intervals(t: Tiling, s: SlotLayout, q: Tensor) -> list[tuple[Tensor, Tensor]]:
     """The slots row q sees, as disjoint [lo, hi) intervals: the same rule as `visible`."""
     start = t.window_start(q)
     out = [(start, q + 1), (torch.full_like(q, s.remote), s.remote + t.remote_count(q).clamp(max=s.chunks))]
@@ -136,7 +136,7 @@ def _intervals(t: Tiling, s: Slots, q: Tensor) -> list[tuple[Tensor, Tensor]]:
     return out
 
 
-def tile_counts(t: Tiling, s: Slots, device) -> tuple[Tensor, Tensor]:
+def tile_counts(t: Tiling, s: SlotLayout, device) -> tuple[Tensor, Tensor]:
     """(any, all), each (⌈n/BLOCK⌉, L/BLOCK) bool: whether some row of a row tile sees some slot of a
     slot tile, and whether every row sees every slot of it."""
     n_tiles, L = s.length // BLOCK, s.length
@@ -157,7 +157,7 @@ def tile_counts(t: Tiling, s: Slots, device) -> tuple[Tensor, Tensor]:
 
 
 @functools.lru_cache(maxsize=32)
-def block_mask(rule: Tiling, s: Slots, device: torch.device):
+def block_mask(rule: Tiling, s: SlotLayout, device: torch.device):
     """The `BlockMask` of a call: tiles that some row sees, those it sees whole ("full": the rule is
     not evaluated there), and the rule for the rest. Depends on the rule and the shape only, so
     every layer and step of a run shares one."""
@@ -177,7 +177,7 @@ def block_mask(rule: Tiling, s: Slots, device: torch.device):
 
 
 @dataclass(frozen=True)
-class Operands:
+class KernelInputs:
     """What one call's kernel reads: the queries, the slots' keys and values, and the score_mod's tensors."""
 
     q: Tensor  # (B, H, n, D)
@@ -188,7 +188,7 @@ class Operands:
     keys: Tensor | None  # (L,) int32: the dropout mask's key keys of every slot
 
 
-def slot_keys(t: Tiling, s: Slots, device) -> Tensor:
+def slot_mask_keys(t: Tiling, s: SlotLayout, device) -> Tensor:
     """(L,) int32: the dropout mask's key of every slot: token j by its position, the summary of chunk
     r as −1 − r, a moved copy of sink token j as j (evalm/dropout_mask.py); padding as 0 (never seen)."""
     ids = torch.zeros(s.length, dtype=torch.long, device=device)
@@ -199,16 +199,16 @@ def slot_keys(t: Tiling, s: Slots, device) -> Tensor:
     return dropout_mask.key_keys(ids)
 
 
-def dropout_operands(t: Tiling, s: Slots, q: Tensor) -> tuple[Tensor, Tensor]:
+def dropout_operands(t: Tiling, s: SlotLayout, q: Tensor) -> tuple[Tensor, Tensor]:
     """The row keys (B, H, n) and slot keys (L,) of the call's dropout mask (seed t.seed)."""
     B, H, n, _ = q.shape
     dev = q.device
     rows = dropout_mask.row_keys(t.seed, torch.arange(B, device=dev).view(B, 1, 1), torch.arange(H, device=dev).view(1, H, 1),
                                  torch.arange(n, device=dev))
-    return rows, slot_keys(t, s, dev)
+    return rows, slot_mask_keys(t, s, dev)
 
 
-def score_mod(rule: Tiling, x: Operands, dropout: float):
+def score_mod(rule: Tiling, x: KernelInputs, dropout: float):
     """The kernel's score_mod: the T5 bias on local keys; with dropout > 0, −inf on dropped keys.
     It closes over ints, bools and tensors only: a float would be traced as a symbol (an unbacked
     one in the backward's graph, which fails to trace)."""
@@ -227,16 +227,34 @@ def score_mod(rule: Tiling, x: Operands, dropout: float):
     return modify
 
 
+RECOMPILE_LIMIT = 64
+"""Compiled kernels per shape and score_mod a process may hold: a run holds a few (its lengths; with
+dropout, the masked and the undropped call), tests and benchmarks more. Past dynamo's own limit (8) a
+call would silently run the eager reference, which materialises every score."""
+
+
 @functools.cache
 def _compiled():
     """flex_attention compiled once per process (dynamic=False: one kernel per shape and rule); every
     EVA layer of a model calls it with the same rule object, so it compiles once per shape."""
     module, _ = _flex()
-    # One compiled kernel per shape and score_mod: a run holds a few (its lengths; with dropout, the
-    # masked and the undropped call), tests and benchmarks more. Past dynamo's recompile limit (8) a
-    # call would silently run the eager reference, which materialises every score: raise it.
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-    return torch.compile(module.flex_attention, dynamic=False)
+    return _with_recompile_limit(torch.compile(module.flex_attention, dynamic=False))
+
+
+def _with_recompile_limit(compiled: Callable) -> Callable:
+    """`compiled`, called with dynamo's recompile limit at `RECOMPILE_LIMIT` for the call alone: the
+    limit is read when a call would recompile, so the process's own setting stays as it was. Inside a
+    graph being traced (a compiled block, train.compile) the call is inlined and compiles nothing."""
+
+    def call(*args, **kwargs):
+        if torch.compiler.is_compiling():
+            return compiled(*args, **kwargs)
+        config = torch._dynamo.config  # the limit's name before torch 2.7: cache_size_limit
+        name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+        with config.patch(**{name: RECOMPILE_LIMIT}):
+            return compiled(*args, **kwargs)
+
+    return call
 
 
 def _kernel(device: torch.device):
@@ -245,7 +263,7 @@ def _kernel(device: torch.device):
     return _compiled() if device.type == "cuda" else _flex()[0].flex_attention
 
 
-def attend_slots(t: Tiling, s: Slots, x: Operands, dropout: float, kernel, lse: bool = True) -> tuple[Tensor, Tensor | None]:
+def attend_slots(t: Tiling, s: SlotLayout, x: KernelInputs, dropout: float, kernel, lse: bool = True) -> tuple[Tensor, Tensor | None]:
     """o (B, H, n, D) and, with `lse`, ℓ (B, H, n) of one `kernel` call over the slots (−inf where
     every key is dropped)."""
     _, aux = _flex()
@@ -260,21 +278,21 @@ def attend_slots(t: Tiling, s: Slots, x: Operands, dropout: float, kernel, lse: 
     return out, extra.lse if aux is not None else extra
 
 
-def attend(t: Tiling, s: Slots, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, kernel=None) -> Tensor:
-    """EVA of queries q (B, n, H, D) over the slots' keys and values k, v (B, H, L, D) ->
-    (B, n, H, D), with attention dropout at t.dropout (module docstring). `kernel`: flex_attention
-    as called (default: compiled on CUDA, the eager reference elsewhere)."""
-    qh = q.transpose(1, 2)
-    kernel = kernel or _kernel(q.device)
+def attend(t: Tiling, s: SlotLayout, x: KernelInputs, kernel=None) -> Tensor:
+    """EVA of the queries x.q (B, H, n, D) over the slots' keys and values x.k, x.v (B, H, L, D) ->
+    (B, n, H, D), with attention dropout at t.dropout (module docstring; `x` without the dropout
+    mask's keys, which are drawn here). `kernel`: flex_attention as called (default: compiled on
+    CUDA, the eager reference elsewhere)."""
+    kernel = kernel or _kernel(x.q.device)
     if t.dropout == 0:
-        out, _ = attend_slots(t, s, Operands(qh, k, v, bias, None, None), 0.0, kernel, lse=False)
+        out, _ = attend_slots(t, s, x, 0.0, kernel, lse=False)
         return out.transpose(1, 2)
-    rows, keys = dropout_operands(t, s, qh)
-    x = Operands(qh, k, v, bias, rows, keys)
+    rows, keys = dropout_operands(t, s, x.q)
+    x = dataclasses.replace(x, rows=rows, keys=keys)
     kept_out, kept_lse = attend_slots(t, s, x, t.dropout, kernel)
     _, lse = attend_slots(t, s, x, 0.0, kernel)
     factor = (kept_lse - lse).exp() * dropout_mask.scale(t.dropout)  # a row that kept nothing: 0
-    return (upcast(kept_out) * factor.unsqueeze(-1)).to(q.dtype).transpose(1, 2)
+    return (upcast(kept_out) * factor.unsqueeze(-1)).to(x.q.dtype).transpose(1, 2)
 
 
 def n_copies(t: Tiling, n: int, moved: bool) -> int:
@@ -282,7 +300,7 @@ def n_copies(t: Tiling, n: int, moved: bool) -> int:
     return math.ceil(n / t.window) * t.sink if moved and t.sink else 0
 
 
-class Layer(NamedTuple):
+class LayerParts(NamedTuple):
     """What the route reads of an EVA layer besides its call's `Tiling`."""
 
     t: Tiling
@@ -291,11 +309,11 @@ class Layer(NamedTuple):
     sink_shift: Callable[[Tensor, Tensor], Tensor] | None  # moves sink keys by a position shift (None: in place)
 
 
-def eva(layer: Layer, q: Tensor, k: Tensor, v: Tensor, kernel=None) -> Tensor:
+def attend_layer(layer: LayerParts, q: Tensor, k: Tensor, v: Tensor, kernel=None) -> Tensor:
     """EVA of one layer's heads q, k, v (B, n, H, D) -> (B, n, H, D): the slots' keys and values
-    (`slots`: the chunk summaries from first_chunk on, block b's sink copy moved by
+    (`slot_tensors`: the chunk summaries from first_chunk on, block b's sink copy moved by
     window_start(b·w) − S as evalm/tiles.py moves it), the T5 bias by distance i − j < w + ext, then
-    one `attend`. On CUDA `slots` is compiled (one graph for every layer: its maps come as tensors)."""
+    one `attend`. On CUDA `slot_tensors` is compiled (one graph for every layer: its maps come as tensors)."""
     t, (B, n, H, D) = layer.t, q.shape
     first, m = t.first_chunk, max(0, n // t.chunk - t.first_chunk)
     maps = (summaries.MapTensors.of(layer.maps.mu_q), summaries.MapTensors.of(layer.maps.mu_k))
@@ -314,19 +332,21 @@ def eva(layer: Layer, q: Tensor, k: Tensor, v: Tensor, kernel=None) -> Tensor:
         shift = (t.window_start(torch.arange(blocks, device=q.device) * t.window) - t.sink).view(1, 1, blocks, 1)
         moved = (layer.sink_shift(sink_k.unsqueeze(2), shift).flatten(2, 3),  # (B, H, nb·S, D)
                  sink_v.unsqueeze(2).expand(-1, -1, blocks, -1, -1).flatten(2, 3))
-    s = Slots(n, m, t.sink, copies)
-    build = _compiled_slots() if q.is_cuda else slots
-    k_slots, v_slots = build(maps, q, k, v, eps, moved, (first, m, t.chunk, s.remote, s.moved, s.length), t.scale)
-    return attend(t, s, q, k_slots, v_slots, bias, kernel)
+    s = SlotLayout(n, m, t.sink, copies)
+    build = _compiled_slot_tensors() if q.is_cuda else slot_tensors
+    k_slots, v_slots = build(maps, (q, k, v), eps, moved, (first, m, t.chunk, s.remote, s.moved, s.length), t.scale)
+    return attend(t, s, KernelInputs(q.transpose(1, 2), k_slots, v_slots, bias, None, None), kernel)
 
 
-def slots(maps, q: Tensor, k: Tensor, v: Tensor, eps: Tensor | None, moved: tuple[Tensor, Tensor] | None,
-          shape: tuple[int, ...], scale: float) -> tuple[Tensor, Tensor]:
-    """The slots' keys and values (B, H, L, D) (module docstring): token rows, the summaries of
-    chunks first … first + m − 1 (`summaries.batched`), the moved sink copies; zeros between.
-    `shape` = (first, m, c, R, Z, L): plain ints, so a compiled graph is reused for every layer."""
+def slot_tensors(maps, heads: tuple[Tensor, Tensor, Tensor], eps: Tensor | None,
+                 moved: tuple[Tensor, Tensor] | None, shape: tuple[int, ...], scale: float) -> tuple[Tensor, Tensor]:
+    """The slots' keys and values (B, H, L, D) of a layer's `heads` q, k, v (B, n, H, D) (module
+    docstring): token rows, the summaries of chunks first … first + m − 1 (`summaries.batched`), the
+    moved sink copies; zeros between. `shape` = (first, m, c, R, Z, L): plain ints, so a compiled
+    graph is reused for every layer."""
+    _, k, v = heads
     first, m, c, remote, moved_at, length = shape
-    k_tilde, beta = summaries.batched(maps, q, k, v, first, m, c, scale, eps)
+    k_tilde, beta = summaries.batched(maps, heads, (first, m, c), scale, eps)
     out = []
     for rows, summary, copy in ((k, k_tilde, moved[0] if moved else None), (v, beta, moved[1] if moved else None)):
         B, n, H, D = rows.shape
@@ -339,7 +359,7 @@ def slots(maps, q: Tensor, k: Tensor, v: Tensor, eps: Tensor | None, moved: tupl
 
 
 @functools.cache
-def _compiled_slots():
-    """`slots` compiled once per shape (dynamic=False): the chunk means, the maps, λ, β and the
+def _compiled_slot_tensors():
+    """`slot_tensors` compiled once per shape (dynamic=False): the chunk means, the maps, λ, β and the
     slot tensors as a few fused kernels forward and backward instead of dozens of small launches."""
-    return torch.compile(slots, dynamic=False)
+    return _with_recompile_limit(torch.compile(slot_tensors, dynamic=False))

@@ -10,6 +10,7 @@ rebuild it here from the settings the trainer recorded, so both read one definit
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -26,21 +27,37 @@ SEGMENT = 2048
 """Tokens a model reads per call on a long sequence (EVALM's cache; the twin's recurrent state)."""
 CHECKPOINT, MODEL, SETTINGS, LOG = "checkpoint.pt", "model.json", "settings.json", "log.json"
 """A model folder of `evalm train recall`: its resumable checkpoint (model, optimizer, step, log),
-`study_model`'s arguments, the training settings, and the log written when the steps are done."""
+`StudyShape`'s fields, the training settings, and the log written when the steps are done."""
 
 
-def study_model(arch: str, width: int, *, vocab_size: int, n_layer: int, window: int, chunk: int,
-                seq_len: int, seed: int, device: str = "cpu") -> torch.nn.Module:
-    """The model of one arch with its initial weights, made on the CPU under `seed` and then moved, so
+@dataclass(frozen=True)
+class StudyShape:
+    """A study model: its arch (one of ARCHS), width (d_model), vocabulary, attention blocks, EVA's and
+    window-only's block and chunk, the training length (the period of its positions) and its init seed.
+    OUT/model.json of `evalm train recall` holds these fields."""
+
+    arch: str
+    width: int
+    vocab_size: int
+    n_layer: int
+    window: int
+    chunk: int
+    seq_len: int
+    seed: int
+
+
+def study_model(shape: StudyShape, device: str = "cpu") -> torch.nn.Module:
+    """The model of `shape` with its initial weights, made on the CPU under its seed and then moved, so
     any device starts from the same weights."""
-    torch.manual_seed(seed)
-    if arch == "mamba":
+    torch.manual_seed(shape.seed)
+    if shape.arch == "mamba":
         from evalm.mamba_twin import MambaTwin
 
-        return MambaTwin(vocab_size, width, 2 * n_layer).to(device)
-    config = ModelConfig(vocab_size=vocab_size, d_model=width, n_layer=n_layer, n_head=max(1, width // 32),
-                         d_ff=4 * width, window_size=window, chunk_size=chunk, attention=arch,
-                         circular_period=seq_len, dropout=0.0, attn_dropout=0.0, init_std=0.02)
+        return MambaTwin(shape.vocab_size, shape.width, 2 * shape.n_layer).to(device)
+    width = shape.width
+    config = ModelConfig(vocab_size=shape.vocab_size, d_model=width, n_layer=shape.n_layer, n_head=max(1, width // 32),
+                         d_ff=4 * width, window_size=shape.window, chunk_size=shape.chunk, attention=shape.arch,
+                         circular_period=shape.seq_len, dropout=0.0, attn_dropout=0.0, init_std=0.02)
     model = EvalmModel(config)
     model.init_weights()
     return model.to(device)
@@ -52,7 +69,7 @@ def load_trained(folder: str | Path, device: str = "cpu") -> tuple[torch.nn.Modu
     if not (folder / LOG).is_file():
         raise InputError(f"{folder}: no finished `evalm train recall` model ({LOG} missing); train it first")
     shape, settings, log = (read_json(folder / name) for name in (MODEL, SETTINGS, LOG))
-    model = study_model(device=device, **shape)
+    model = study_model(StudyShape(**shape), device)
     model.load_state_dict(torch.load(folder / CHECKPOINT, weights_only=True, map_location="cpu")["model"])
     return model.eval(), settings, log
 

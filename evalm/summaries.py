@@ -88,12 +88,15 @@ class MapTensors(NamedTuple):
         return torch.nn.functional.layer_norm(y, y.shape[-1:], self.norm_weight, self.norm_bias, self.eps)
 
 
-def batched(maps: tuple[MapTensors, MapTensors], q: Tensor, k: Tensor, v: Tensor, first: int, m: int, c: int,
+def batched(maps: tuple[MapTensors, MapTensors], heads: tuple[Tensor, Tensor, Tensor], chunks: tuple[int, int, int],
             scale: float, eps: Tensor | None) -> tuple[Tensor, Tensor]:
-    """k̃ and β (B, H, m, D) of chunks first … first + m − 1 of q, k, v (B, N, H, D), every chunk and
-    head at once, differentiable by autograd (the GPU route, evalm/flex.py, which compiles this into
-    a few fused kernels). The maps come as tensors (`MapTensors`), so one compiled graph serves every
-    layer; ε (B, H, m, D) as drawn by `noise`, or None. Means and λ in at least fp32; k̃ in the maps' dtype."""
+    """k̃ and β (B, H, m, D) of chunks first … first + m − 1 (`chunks` = (first, m, c), c the chunk length) of
+    `heads` q, k, v (B, N, H, D), every chunk and head at once, differentiable by autograd (the GPU route,
+    evalm/flex.py, which compiles this into a few fused kernels). The maps come as tensors (`MapTensors`),
+    so one compiled graph serves every layer; ε (B, H, m, D) as drawn by `noise`, or None. Means and λ in at
+    least fp32; k̃ in the maps' dtype."""
+    (q, k, v), (first, m, c) = heads, chunks
+
     def by_chunk(x: Tensor) -> Tensor:  # (B, m, c, H, D), a view
         return upcast(x[:, first * c : (first + m) * c].unflatten(1, (m, c)))
 

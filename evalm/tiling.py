@@ -26,15 +26,15 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from evalm.eva_settings import ABLATIONS
+
 GROUP_LOGITS = 1 << 18  # logits per group (B·H·rows·keys, 1 MiB in fp32): bounds the working set and backward's temporaries
 
 
-class Ablation(enum.Enum):
-    """Which branch of EVA's one softmax an evaluation switches; the value is the flag's spelling."""
-
-    NONE = "none"
-    NO_REMOTE = "no-remote"  # the chunk summaries off: window-only attention
-    CHUNK_WINDOW = "chunk-window"  # the local keys cut to the query's chunk: the summaries carry the rest
+Ablation = enum.Enum("Ablation", {name.upper().replace("-", "_"): name for name in ABLATIONS},
+                     module=__name__, qualname="Ablation")
+"""Which branch of EVA's one softmax an evaluation switches (NONE, NO_REMOTE, CHUNK_WINDOW); the value is the
+flag's spelling, declared once as `eva_settings.EvaAblation`."""
 
 
 @dataclass(frozen=True)

@@ -31,10 +31,10 @@ from typing import Any
 
 import numpy as np
 
-from evalm.config_toolkit import ConfigError, Dispatcher, Parser, build, lazy, split_overrides, to_dict
+from evalm.config_toolkit import ConfigError, Dispatcher, Parser, build, lazy, to_dict
 from evalm.storage import RunFolder
-from evalm.icl_eval.cli_args import (ICL_SECTIONS, PPL_SECTIONS, common, config_source, copy_flags, csv, icl_parser,
-                                     invocation, is_tiny, load_flags, load_keys, ppl_parser)
+from evalm.icl_eval.cli_args import (ICL_SECTIONS, PPL_SECTIONS, CommandForm, common, csv, icl_parser, invocation,
+                                     is_tiny, load_flags, parse_command, ppl_parser)
 from evalm.icl_eval.models.source import LoadOptions, ModelSource
 from evalm.icl_eval.protocol.skeleton import Grid, Invocation, evaluate, open_store
 from evalm.icl_eval.protocol.units import icl_inputs, icl_key, ppl_inputs, ppl_key
@@ -65,18 +65,14 @@ class IclJob:
 def icl(argv: Sequence[str]) -> int:
     from evalm.icl_eval.config import EvalConfig
     from evalm.icl_eval.methods.decoder import MethodOptions
-    from evalm.icl_eval.settings import Layers, record
+    from evalm.icl_eval.settings import record
     from evalm.icl_eval.protocol.supply import icl_supply
     from evalm.icl_eval.tasks.data import resolve_task
 
-    overrides, rest = split_overrides(argv)
-    args = icl_parser().parse_args(rest)
+    args, layers, where, config = parse_command(argv, CommandForm(icl_parser, ICL_SECTIONS, "eval", EvalConfig,
+                                                                  ICL_FLAGS))
     if args.budgets and args.shots:
         raise ConfigError("--budgets and --shots: the grid is by token budget or by shot count; give one of them")
-    layers = Layers(args.config, overrides, ICL_SECTIONS)
-    copy_flags(layers, "eval", args, {**ICL_FLAGS, **load_keys(EvalConfig)})
-    where = config_source(args)
-    config = build(EvalConfig, layers.section("eval"), where=f"{where} [eval]")
     options = build(MethodOptions, layers.section("eval.method"), where=f"{where} [eval.method]")
     model_cfg, syn = built_in_sections(layers, is_tiny(args), where, need_synthetic=config.task == "synthetic")
     task, splits_for_seed, data_info = resolve_task(config, syn, tiny_model=model_cfg is not None)
@@ -163,17 +159,11 @@ PPL_FLAGS = {"books": "books", "lengths": "buckets", "max_tokens": "max_tokens",
 
 def ppl(argv: Sequence[str]) -> int:
     from evalm.icl_eval.config import PerplexityConfig
-    from evalm.icl_eval.settings import Layers, record
+    from evalm.icl_eval.settings import record
     from evalm.icl_eval.protocol.supply import ppl_lengths
 
-    overrides, rest = split_overrides(argv)
-    args = ppl_parser().parse_args(rest)
-    layers = Layers(args.config, overrides, PPL_SECTIONS)
-    if args.books:
-        args.books = tuple(args.books)
-    copy_flags(layers, "ppl", args, {**PPL_FLAGS, **load_keys(PerplexityConfig)})
-    where = config_source(args)
-    config = build(PerplexityConfig, layers.section("ppl"), where=f"{where} [ppl]")
+    args, layers, where, config = parse_command(argv, CommandForm(ppl_parser, PPL_SECTIONS, "ppl", PerplexityConfig,
+                                                                  PPL_FLAGS))
     flag = "--max-tokens" if layers.sources.get("ppl.max_tokens") == "--max-tokens" else "ppl.max_tokens"
     config = dataclasses.replace(config, max_tokens=ppl_lengths(config.buckets, config.max_tokens, flag))
     if not config.books:

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import argparse
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, NamedTuple
 
-from evalm.config_toolkit import Parser, settable_keys
+from evalm.config_toolkit import Parser, build, settable_keys, split_overrides
 
 SECTIONS_HELP = "see docs/evaluation.md for every key and its built-in default"
 ICL_SECTIONS = ("eval", "eval.method", "model", "synthetic")
@@ -283,6 +285,47 @@ def load_keys(cls) -> dict[str, str]:
     from evalm.icl_eval.models.source import LoadOptions
 
     return {name: name for name in LoadOptions.__dataclass_fields__ if name in cls.__dataclass_fields__}
+
+
+@dataclass(frozen=True)
+class CommandForm:
+    """What the command line of one `evalm eval` command becomes a section through: its parser, the
+    sections a file or flag may name, its own section and that section's class, and which flags copy
+    into it (the load flags, `load_keys`, are added)."""
+
+    parser: Callable[[], Parser]
+    sections: tuple[str, ...]
+    section: str
+    config: type
+    flags: dict[str, str]
+    """Flag attribute -> key of the command's own section."""
+
+
+class Parsed(NamedTuple):
+    """A command line read by `parse_command`: the flags, the settings' layers with their sources,
+    where the settings came from (for error messages) and the command's own section, built."""
+
+    args: argparse.Namespace
+    layers: Any
+    """`settings.Layers`: the built-in defaults, the --config file, then the flags and overrides."""
+    where: str
+    config: Any
+
+
+def parse_command(argv: Sequence[str], form: CommandForm) -> Parsed:
+    """The preamble of every `evalm eval` command: split the `--section.key=value` overrides off, parse the
+    rest, layer file, overrides and flags (flags win), and build the command's own section."""
+    from evalm.icl_eval.settings import Layers
+
+    overrides, rest = split_overrides(argv)
+    args = form.parser().parse_args(rest)
+    layers = Layers(args.config, overrides, form.sections)
+    if getattr(args, "books", None):  # nargs="+" gives a list; the section holds a tuple
+        args.books = tuple(args.books)
+    copy_flags(layers, form.section, args, {**form.flags, **load_keys(form.config)})
+    where = config_source(args)
+    return Parsed(args, layers, where, build(form.config, layers.section(form.section),
+                                             where=f"{where} [{form.section}]"))
 
 
 def is_tiny(args) -> bool:

@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic.dataclasses import dataclass
 
 from evalm.config_toolkit import ConfigError, FROZEN
+from evalm.eva_settings import EvaAblation
 
 PAPER_SHOTS = (0, 1, 3, 4, 8, 16, 32, 64, 80, 128, 192, 256, 372, 512, 640, 768, 896, 1024, 1280, 1536, 1792, 2000)
 """EVALM Appendix C.1."""
@@ -26,7 +27,7 @@ class RunOptions:
     """Torch device of the model (`cuda` becomes `cuda:LOCAL_RANK` under torchrun)."""
     dtype: Literal["float32", "float64", "bfloat16", "float16"] = "float32"
     """Model dtype (scores and NLLs are computed in float32 or wider)."""
-    eva_ablation: Literal["none", "no-remote", "chunk-window"] = "none"
+    eva_ablation: EvaAblation = "none"
     """EVA's component ablation at evaluation time (evalm/tiling.py, `Ablation`): `no-remote` switches the chunk
     summaries off (the window alone), `chunk-window` cuts the local window to the query's chunk (the summaries
     carry everything else). A model without EVA attention is refused with anything but none."""

@@ -33,6 +33,7 @@ from __future__ import annotations
 import functools
 import statistics
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -164,7 +165,7 @@ def rolling_requests(tokens: Sequence[int], prefix_id: int, window: int | None) 
 def greedy_generate(lm: CausalLM, context: Sequence[int], max_new_tokens: int, stop=lambda ids: False,
                     segment_tokens: int = 4096) -> list[int]:
     """Greedy decoding through the cache: the context is encoded once, then one token per step."""
-    return generate(lm, context, max_new_tokens, stop, segment_tokens)
+    return generate(lm, context, GenerationSettings(max_new_tokens), stop, segment_tokens)
 
 
 def default_add_bos(tokenizer) -> bool:
@@ -191,19 +192,32 @@ def _lm_eval():
     return lm_eval
 
 
+@dataclass(frozen=True)
+class HarnessOptions:
+    """How `HarnessLM` serves the harness: requests per batch, tokens per encoded segment, a request past
+    the window refused ('error') or cut from the left ('drop_left'), the default new-token budget of
+    generate_until, a leading bos (None: the tokenizer's habit) and the seed of sampled draws."""
+
+    batch_size: int = 16
+    segment_tokens: int = 4096
+    overflow: str = "error"
+    max_gen_toks: int = 256
+    add_bos: bool | None = None
+    seed: int = 0
+
+
 class _HarnessMethods:
     """`HarnessLM`'s methods: a `CausalLM` behind the harness (loglikelihood, prefix-shared; rolling;
     generate_until). A mixin, so this module defines them without importing lm_eval;
     `_harness_class` puts them in front of lm_eval's `TemplateLM` on first use."""
 
-    def __init__(self, lm: CausalLM, batch_size: int = 16, segment_tokens: int = 4096,
-                 overflow: str = "error", max_gen_toks: int = 256, add_bos: bool | None = None, seed: int = 0):
+    def __init__(self, lm: CausalLM, options: HarnessOptions = HarnessOptions()):
         super().__init__()
-        if overflow not in ("error", "drop_left"):
-            raise ConfigError(f"overflow={overflow!r}: use 'error' or 'drop_left'")
-        self.lm, self.batch_size, self.segment_tokens = lm, batch_size, segment_tokens
-        self.overflow, self.max_gen_toks, self.seed = overflow, max_gen_toks, seed
-        self.add_bos = default_add_bos(lm.tokenizer) if add_bos is None else bool(add_bos)
+        if options.overflow not in ("error", "drop_left"):
+            raise ConfigError(f"overflow={options.overflow!r}: use 'error' or 'drop_left'")
+        self.lm, self.batch_size, self.segment_tokens = lm, options.batch_size, options.segment_tokens
+        self.overflow, self.max_gen_toks, self.seed = options.overflow, options.max_gen_toks, options.seed
+        self.add_bos = default_add_bos(lm.tokenizer) if options.add_bos is None else bool(options.add_bos)
         self.truncations: list[dict[str, Any]] = []
         """One entry per request cut under overflow='drop_left': kind, tokens cut, tokens kept."""
 
@@ -272,8 +286,8 @@ class _HarnessMethods:
             generator = torch.Generator().manual_seed(self.seed * 1_000_003 + i) if settings.do_sample else None
             n_new = settings.max_new_tokens
             ctx = self._fit(self.tok_encode(context), [0] * (n_new + 1), "generate_until")
-            ids = generate(self.lm, ctx, n_new, lambda ids: any(s and s in self.tok_decode(ids) for s in until),
-                           self.segment_tokens, settings, generator)
+            ids = generate(self.lm, ctx, settings, lambda ids: any(s and s in self.tok_decode(ids) for s in until),
+                           self.segment_tokens, generator)
             text = self.tok_decode(ids)
             for s in until:
                 text = text.split(s)[0] if s else text
@@ -294,9 +308,9 @@ def _harness_class():
 
 
 def harness_lm(lm: CausalLM, **options):
-    """The `TemplateLM` over `lm` (options: batch_size, segment_tokens, overflow, max_gen_toks, add_bos, seed)."""
+    """The `TemplateLM` over `lm` (options: `HarnessOptions`' fields)."""
     _lm_eval()
-    return _harness_class()(lm, **options)
+    return _harness_class()(lm, HarnessOptions(**options))
 
 
 def evaluate(lm: CausalLM, tasks: Sequence[str], num_fewshot: int | None = None, seeds: Sequence[int] = (1,),

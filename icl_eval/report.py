@@ -155,14 +155,16 @@ def _figure(path: Path, title: str, panels: int = 1):
 
 
 MARKERS, LINESTYLES = "osD^v<>", ("-", "--", "-.", ":")
+POINTS_APART = 3.0
+"""How far apart (in points) neighbouring series are drawn along x."""
 
 
-def _series(ax, j: int, n: int, x: list, y: list, label: str, points: float = 3.0):
-    """Series j of n: its own marker and line style, x moved (j - (n-1)/2) * `points` points in
+def _series(ax, j: int, n: int, x: list, y: list, label: str):
+    """Series j of n: its own marker and line style, x moved (j - (n-1)/2) * `POINTS_APART` points in
     display space so a curve equal to another is drawn beside it, not under it. Returns the line."""
     from matplotlib.transforms import ScaledTranslation
 
-    shift = ScaledTranslation((j - (n - 1) / 2) * points / 72, 0, ax.figure.dpi_scale_trans)
+    shift = ScaledTranslation((j - (n - 1) / 2) * POINTS_APART / 72, 0, ax.figure.dpi_scale_trans)
     line, = ax.plot(x, y, label=label, marker=MARKERS[j % len(MARKERS)], linestyle=LINESTYLES[j % len(LINESTYLES)],
                     transform=ax.transData + shift)
     ax.update_datalim(list(zip(x, y)))  # a shifted transform hides the data from autoscaling

@@ -97,11 +97,11 @@ def hf_t5(folder: Path) -> Path:
     """A tiny random T5 (icl_eval.models.t5's shape) with `hf_tokenizer`, saved as a Hugging Face model folder."""
     import transformers
 
-    from evalm.icl_eval.models.t5 import tiny_t5_config
+    from evalm.icl_eval.models.t5 import T5Shape, tiny_t5_config
 
     tok = hf_tokenizer(folder)
     torch.manual_seed(0)
-    model = transformers.T5ForConditionalGeneration(tiny_t5_config(vocab_size=len(tok), eos_id=tok.eos_token_id))
+    model = transformers.T5ForConditionalGeneration(tiny_t5_config(T5Shape(vocab_size=len(tok), eos_id=tok.eos_token_id)))
     model.save_pretrained(folder)
     return folder
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -174,17 +175,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(list(argv if argv is not None else sys.argv[1:]))
         if args.seq_len < 1 or args.lines < 1:
             raise ConfigError("--seq-len and --lines must be >= 1")
-        result = run(args.hf_model, args.shards, args.out, args.seq_len, args.lines, args.seed, args.device)
+        result = run(ProbeRun(args.hf_model, args.shards, args.out, args.seq_len, args.lines, args.seed, args.device))
     except Exception as err:  # noqa: BLE001 - the one rule: a user error in one line, else a bug with its log
         return report("evalm train probe", err)
     print(result)
     return 0
 
 
-def run(hf_model: str, shards: str, out: str, seq_len: int, n_lines: int, seed: int, device: str) -> str:
+@dataclass(frozen=True)
+class ProbeRun:
+    """What `evalm train probe` reads and where it writes: the converted folder, the token shards and the
+    lines drawn from them (their length, count and the order's seed), the output folder, the device."""
+
+    hf_model: str
+    shards: str
+    out: str
+    seq_len: int
+    n_lines: int
+    seed: int
+    device: str
+
+
+def run(probe_run: ProbeRun) -> str:
     """Probe the model on the lines, write OUT/probe.json; returns the table."""
     from evalm.train.uptrain import check_shards
     from evalm.train.uptrain_model import load_converted
+
+    hf_model, shards, out, seq_len = probe_run.hf_model, probe_run.shards, probe_run.out, probe_run.seq_len
+    n_lines, seed, device = probe_run.n_lines, probe_run.seed, probe_run.device
 
     check_shards(shards, hf_model)
     with RunFolder(out, "evalm train probe", inputs=[hf_model, shards]).held() as folder:

@@ -24,6 +24,7 @@ from torch import Tensor
 from evalm.hf_attention import eva_attention, register_attention
 from evalm.hf_private import set_attention
 from evalm.train.data import LineLoader
+from evalm.train.loop import StepRecipe, finish_step
 from evalm.train.parallelize import Runtime
 
 NAME = "eva_transfer"
@@ -74,12 +75,11 @@ def eva_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
     return [p for name, p in model.named_parameters() if EVA_PARAMETER in name]
 
 
-def transfer_step(model, optimizer, loader: LineLoader, runtime: Runtime, grad_accum: int, clip_norm: float,
-                  structure=None) -> tuple[float, float, bool]:
-    """One optimizer step of attention transfer (the trainer's `train_step` contract): each micro-batch's
+def transfer_step(model, optimizer, loader: LineLoader, runtime: Runtime,
+                  recipe: StepRecipe = StepRecipe()) -> tuple[float, float, bool]:
+    """One optimizer step of attention transfer (train/loop.py's `Step` contract): each micro-batch's
     loss is its layers' summed errors, averaged over micro-batches and (by FSDP's reduction) ranks."""
-    from evalm.train.trainer import finish_step
-
+    grad_accum = recipe.grad_accum
     total = torch.zeros((), dtype=torch.float64, device=runtime.device)
     for _ in range(grad_accum):
         inputs, _targets = loader.next_batch()
@@ -92,4 +92,4 @@ def transfer_step(model, optimizer, loader: LineLoader, runtime: Runtime, grad_a
             if p.grad is not None:
                 dist.all_reduce(p.grad)
                 p.grad /= runtime.world_size
-    return finish_step(model, optimizer, runtime, total, grad_accum * runtime.world_size, clip_norm)
+    return finish_step(model, optimizer, runtime, total, grad_accum * runtime.world_size, recipe.clip_norm)

@@ -38,6 +38,7 @@ import random
 import re
 import shutil
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -182,9 +183,23 @@ def _tuples(value):
     return tuple(_tuples(v) for v in value) if isinstance(value, (list, tuple)) else value
 
 
-def save(out: str | Path, step: int, *, model, optimizer, train_state: dict[str, int],
-         rank_state: dict[str, Any], config_json: dict[str, Any], keep_latest_k: int) -> Path:
+@dataclass(frozen=True)
+class Snapshot:
+    """What one checkpoint holds: the sharded model and optimizer, the run's counters
+    (`TrainState.checkpoint_entry`), this rank's loader state and RNG states, and the resolved
+    config written beside it."""
+
+    model: Any
+    optimizer: Any
+    train_state: dict[str, int]
+    rank_state: dict[str, Any]
+    config_json: dict[str, Any]
+
+
+def save(out: str | Path, step: int, snapshot: Snapshot, keep_latest_k: int) -> Path:
     """Write step-XXXXXXXX under a temporary name, mark it, rename it; then prune. Collective."""
+    model, optimizer, train_state = snapshot.model, snapshot.optimizer, snapshot.train_state
+    rank_state, config_json = snapshot.rank_state, snapshot.config_json
     rank = dist.get_rank()
     final = step_dir(out, step)
     tmp = final.with_name(f".tmp-{final.name}")

@@ -53,19 +53,19 @@ def run_command(argv: Sequence[str] | None, *, command: str, doc: str, default_c
                 load: Callable = load_run_config, options: Callable | None = None) -> int:
     """The body of `evalm train pretrain|msit|uptrain`: parse, run the trainer, report errors without a
     traceback. `sections`, `load`: as `parse_run_args`; `options(config)`: more keyword arguments of
-    `trainer.run` (uptrain's model builder and step)."""
+    `trainer.RunOptions` (uptrain's model builder and step)."""
     config, out, resume = parse_run_args(argv, prog=f"evalm train {command}", description=doc.split("\n")[0],
                                          default_config=default_config, data_cls=data_cls, sections=sections,
                                          load=load)
     from evalm.train import interrupt
-    from evalm.train.trainer import run
+    from evalm.train.trainer import RunOptions, run
 
     again = " ".join(["evalm train", command, *_without_resume(argv), "--resume auto"])
     interrupt.set_hint(f"the last complete checkpoint under {out}/checkpoints is kept; resume with: {again}")
     try:
         config.check_memory()  # a shape or batch this machine cannot hold: one line, before anything is made
-        run(config, out, make_source(config.data, config.model.vocab_size), resume=resume, command=command,
-            **(options(config) if options else {}))
+        run(config, out, make_source(config.data, config.model.vocab_size),
+            RunOptions(command, resume, **(options(config) if options else {})))
     except Exception as err:  # noqa: BLE001 - also under torchrun, where no dispatcher is above: the one rule
         return report(f"evalm train {command}", err)  # a user error in one line, else a bug with its log
     except BaseException as err:  # Ctrl-C: the last complete checkpoint stays; say how to continue from it

@@ -12,10 +12,10 @@ Source and target tasks (`[metaicl]`): the synthetic family's rules (text/synthe
 from the seed stream `source_seed`; evaluation episodes are `episode(seed)` for the small seeds
 of `evalm eval icl`, fresh rules never seen in training (held-out target tasks).
 
-[loop note] This is a small loop of its own rather than a mode of `train/trainer.py`: that loop is
-built around `EvalmModel` lines (`LineLoader` of token lines, FSDP2 sharding, causal-LM logits vs
-shifted targets, sharded checkpoints); meta-training feeds structured episodes to an encoder-decoder
-whose forward depends on the encoder kind. What is shared is shared: the `[optim]` section
+[loop note] The steps run in the project's one loop (train/loop.py, through `train.local`) with a
+step of their own, `episode_step`: meta-training feeds structured episodes to an encoder-decoder
+whose forward depends on the encoder kind, where the trainer's step reads token lines. What is shared
+is shared: the loop, `finish_step` (the clip and the update), the `[optim]` section
 (`train.config.OptimConfig`) and its schedule (`train.schedule.lr_at`). The output is a Hugging
 Face folder that `evalm eval icl --hf-model OUT --tokenizer bytes` reads.
 """
@@ -35,9 +35,12 @@ from pydantic.dataclasses import dataclass
 
 from evalm.config_toolkit import (ConfigError, FROZEN, Parser, apply_overrides, build, check_overrides, check_sections,
                                   read_toml, report, shipped, split_overrides, to_dict)
+from evalm.config_toolkit.machine import torch_threads
 from evalm.storage import RunFolder, staged, write_atomic
 from evalm.train.config import OptimConfig
-from evalm.train.schedule import set_lr
+from evalm.train.local import train_in_process
+from evalm.train.loop import Loop, StepRecipe, Stepped, finish_step
+from evalm.train.schedule import lr_of
 
 DEFAULT_CONFIG = shipped("configs/metaicl-tiny.toml")
 
@@ -126,23 +129,41 @@ def loss_on(lm, kind: str, cross: str, demos, tests, targets) -> torch.Tensor:
     return out.loss
 
 
+class Episodes:
+    """The training episodes of one run, batch after batch from one seeded stream, and their loss."""
+
+    def __init__(self, lm, prompt, syn, rng: random.Random, cfg: MetaIclConfig):
+        self.lm, self.prompt, self.syn, self.rng, self.cfg = lm, prompt, syn, rng, cfg
+
+    def next_batch(self):
+        return make_batch(self.lm, self.prompt, self.syn, self.rng, self.cfg.train_k, self.cfg.batch_size)
+
+    def loss(self) -> torch.Tensor:
+        """The mean cross-entropy of the answers of the next batch (`loss_on`)."""
+        return loss_on(self.lm, self.cfg.encoder, self.cfg.cross, *self.next_batch())
+
+
+def episode_step(model, optimizer, episodes: Episodes, runtime, recipe: StepRecipe) -> tuple[float, float, bool]:
+    """One optimizer step of meta-training (train/loop.py's `Step` contract): one batch of episodes,
+    its mean answer cross-entropy, the clip and the update of `finish_step`."""
+    loss = episodes.loss()
+    loss.backward()
+    return finish_step(model, optimizer, runtime, loss.detach().double(), 1.0, recipe.clip_norm)
+
+
 def build_lm(model_cfg: T5ModelConfig, seed: int):
-    from evalm.icl_eval.models.t5 import load_t5, tiny_t5
+    from evalm.icl_eval.models.t5 import T5Shape, load_t5, tiny_t5
 
     if model_cfg.init_from:
         return load_t5(model_cfg.init_from)
-    return tiny_t5(seed=seed, d_model=model_cfg.d_model, layers=model_cfg.layers, heads=model_cfg.heads,
-                   d_ff=model_cfg.d_ff, dropout=model_cfg.dropout)
+    return tiny_t5(seed=seed, shape=T5Shape(d_model=model_cfg.d_model, layers=model_cfg.layers, heads=model_cfg.heads,
+                                            d_ff=model_cfg.d_ff, dropout=model_cfg.dropout))
 
 
 def train(model_cfg: T5ModelConfig, cfg: MetaIclConfig, optim: OptimConfig, syn, out: Path | None = None):
     """Meta-train; returns the model (a `T5LM`) and the logged records."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(cfg.threads)
-    try:
+    with torch_threads(cfg.threads):
         return _train(model_cfg, cfg, optim, syn, out)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _train(model_cfg: T5ModelConfig, cfg: MetaIclConfig, optim: OptimConfig, syn, out: Path | None):
@@ -150,27 +171,22 @@ def _train(model_cfg: T5ModelConfig, cfg: MetaIclConfig, optim: OptimConfig, syn
     from evalm.icl_eval.tasks.synthetic import synthetic_task
 
     lm = build_lm(model_cfg, cfg.seed)
-    prompt = PromptBuilder(synthetic_task(syn), lm.tokenizer)
-    rng = random.Random(cfg.source_seed)
+    episodes = Episodes(lm, PromptBuilder(synthetic_task(syn), lm.tokenizer), syn, random.Random(cfg.source_seed), cfg)
     torch.manual_seed(cfg.seed)
-    model = lm.model.train()
+    model = lm.model
     opt = torch.optim.AdamW(model.parameters(), lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps,
                             weight_decay=optim.weight_decay)
     records, t0 = [], time.perf_counter()
-    for step in range(cfg.steps):
-        lr = set_lr(opt, step, optim, cfg.steps)
-        loss = loss_on(lm, cfg.encoder, cfg.cross, *make_batch(lm, prompt, syn, rng, cfg.train_k, cfg.batch_size))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if optim.clip_norm > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), optim.clip_norm)
-        opt.step()
-        if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
-            rec = {"step": step + 1, "loss": loss.item(), "lr": lr, "seconds": time.perf_counter() - t0}
+
+    def log(stepped: Stepped) -> None:
+        if stepped.done % cfg.log_every == 0 or stepped.done == cfg.steps:
+            rec = {"step": stepped.done, "loss": stepped.loss, "lr": stepped.lr, "seconds": time.perf_counter() - t0}
             records.append(rec)
             print(f"metaicl {cfg.encoder} step {rec['step']}/{cfg.steps} loss {rec['loss']:.4f} "
                   f"{rec['seconds']:.0f}s", flush=True)
-    model.eval()
+
+    loop = Loop(0, cfg.steps, episode_step, StepRecipe(clip_norm=optim.clip_norm), lr_of(optim, cfg.steps), log)
+    train_in_process(model, episodes, opt, loop)
     if out is not None:
         with staged(out) as stage:  # moved into OUT complete, config.json last
             lm.save(stage)

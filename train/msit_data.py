@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from evalm.config_toolkit import ConfigError, InputError, MissingInput, Parser, report
@@ -74,23 +75,37 @@ def read_instructions(path: Path, limit: int) -> list[dict]:
     return rows
 
 
-def write_msit_data(out: Path, *, episodes: int, examples: int, inputs: Sequence[int], seed: int,
-                    instructions: Path | None = None, instructions_limit: int = 0) -> dict[str, int]:
+@dataclass(frozen=True)
+class MsitRows:
+    """What `evalm train msit-data` writes: synthetic episodes of `examples` examples each, their rules' input
+    counts, the seed, and an instruction jsonl with how many of its rows to take (0: all)."""
+
+    episodes: int
+    examples: int
+    inputs: Sequence[int]
+    seed: int
+    instructions: Path | None = None
+    instructions_limit: int = 0
+
+
+def write_msit_data(out: Path, what: MsitRows) -> dict[str, int]:
     """Write the rows; returns how many came from each source."""
     from evalm.text.synthetic import SyntheticConfig, instruction_examples
 
-    if episodes < 0 or examples < 1 or instructions_limit < 0:
+    if what.episodes < 0 or what.examples < 1 or what.instructions_limit < 0:
         raise ConfigError("--episodes and --instructions-limit must be >= 0 and --examples >= 1")
-    if not episodes and instructions is None:
+    if not what.episodes and what.instructions is None:
         raise ConfigError("--episodes 0 and no --instructions: nothing to write; give either")
+    instructions = what.instructions
     if instructions is not None and (overlap(out, instructions) or out.exists() and instructions.exists()
                                      and out.samefile(instructions)):  # a hard link is the same file too
         raise ConfigError(f"--out {out} is, or overlaps, the input --instructions {instructions}; writing it would "
                           "destroy what it reads: choose another --out")
-    rows = instruction_examples(SyntheticConfig(), episodes, examples, seed=seed, inputs_per_episode=inputs)
+    rows = instruction_examples(SyntheticConfig(), what.episodes, what.examples, seed=what.seed,
+                                inputs_per_episode=what.inputs)
     n_synthetic = len(rows)
-    if instructions is not None:
-        rows += read_instructions(instructions, instructions_limit)
+    if what.instructions is not None:
+        rows += read_instructions(what.instructions, what.instructions_limit)
     write_atomic(out, "".join(json.dumps(row) + "\n" for row in rows))  # whole, never through a link
     return {"synthetic": n_synthetic, "instructions": len(rows) - n_synthetic}
 
@@ -98,10 +113,9 @@ def write_msit_data(out: Path, *, episodes: int, examples: int, inputs: Sequence
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        counts = write_msit_data(Path(args.out), episodes=args.episodes, examples=args.examples,
-                                 inputs=_rule_sizes(args.inputs), seed=args.seed,
-                                 instructions=Path(args.instructions) if args.instructions else None,
-                                 instructions_limit=args.instructions_limit)
+        counts = write_msit_data(Path(args.out), MsitRows(args.episodes, args.examples, _rule_sizes(args.inputs),
+                                                          args.seed, Path(args.instructions) if args.instructions else None,
+                                                          args.instructions_limit))
     except Exception as err:  # noqa: BLE001 - the one rule: a user error in one line, else a bug with its log
         return report("evalm train msit-data", err)
     print(f"wrote {args.out}: {counts['synthetic']} synthetic rows ({args.episodes} episodes), "

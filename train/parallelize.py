@@ -94,9 +94,20 @@ def apply_fsdp(model: EvalmModel, mesh: DeviceMesh, *, bf16: bool, shard_blocks:
     fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
 
 
-def build_model(config: ModelConfig, runtime: Runtime, *, seed: int, bf16: bool,
-                activation_checkpointing: bool, shard_blocks: bool = True, compile_blocks: bool = False) -> EvalmModel:
-    """The sharded model, initialised from `seed` identically on every rank and for every world size.
+@dataclass(frozen=True)
+class BuildPlan:
+    """How `build_model` makes a model: the init seed, bf16 compute, activation checkpointing, an FSDP
+    unit per block (False: one for the whole model, train.structure's SAICL mask), compiled blocks."""
+
+    seed: int = 0
+    bf16: bool = False
+    activation_checkpointing: bool = False
+    shard_blocks: bool = True
+    compile_blocks: bool = False
+
+
+def build_model(config: ModelConfig, runtime: Runtime, plan: BuildPlan = BuildPlan()) -> EvalmModel:
+    """The sharded model, initialised from `plan.seed` identically on every rank and for every world size.
 
     On CUDA: meta construction, AC, FSDP, then allocate and initialise the local shards (DTensor's
     RNG tracker gives each shard its slice of one global random stream). On CPU that tracker is
@@ -108,16 +119,16 @@ def build_model(config: ModelConfig, runtime: Runtime, *, seed: int, bf16: bool,
     with torch.device("meta" if on_meta else runtime.device):
         model = EvalmModel(config)
     if not on_meta:
-        torch.manual_seed(seed)
+        torch.manual_seed(plan.seed)
         model.init_weights()
-    if activation_checkpointing:
+    if plan.activation_checkpointing:
         apply_activation_checkpointing(model)
-    if compile_blocks:
+    if plan.compile_blocks:
         apply_compile(model)
-    apply_fsdp(model, runtime.mesh, bf16=bf16, shard_blocks=shard_blocks)
+    apply_fsdp(model, runtime.mesh, bf16=plan.bf16, shard_blocks=plan.shard_blocks)
     if on_meta:
         model.to_empty(device=runtime.device)
-        torch.manual_seed(seed)
+        torch.manual_seed(plan.seed)
         model.init_weights()
     return model
 

@@ -9,7 +9,7 @@ its tests are `evalm eval recall-cells` (icl_eval/recall/study_cells.py).
 
 Every model of a width has the same data (one stream seeded by (seed, width): identical batches),
 steps, optimiser and schedule: `--mqar-share` of each batch is MQAR with `kv` drawn per sequence from
-`--train-kv`, the rest the passkey copy (text/recall_data.py). The step is `train.trainer.train_step`
+`--train-kv`, the rest the passkey copy (text/recall_data.py). The step is `train.loop.train_step`
 (token-mean cross-entropy, clip at 1.0, the update), as in pretraining. What is the study's own is
 its recipe, kept from the runs docs/results.md quotes: AdamW (betas 0.9, 0.98) decaying *every*
 parameter by 0.1 (the main job's `weight_decay_groups` spares biases and norms), and a linear
@@ -25,6 +25,7 @@ initial weights are the same on any device, and each model records the machine i
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Sequence
@@ -35,13 +36,13 @@ import numpy as np
 import torch
 
 from evalm.config_toolkit import ConfigError, Parser
-from evalm.config_toolkit.machine import device_name
-from evalm.recall_models import ARCHS, CHECKPOINT, LOG, MODEL, SETTINGS, logits_of, study_model
+from evalm.config_toolkit.machine import device_name, torch_threads
+from evalm.recall_models import ARCHS, CHECKPOINT, LOG, MODEL, SETTINGS, StudyShape, logits_of, study_model
 from evalm.storage import RunFolder
 from evalm.storage.files import read_json, write_json
 from evalm.text.recall_data import Vocab, training_batch
-from evalm.train.config import OptimConfig
 from evalm.train.local import train_in_process
+from evalm.train.loop import Loop, StepRecipe, Stepped, train_step
 
 COMMAND = "evalm train recall"
 UNRECORDED = ("device", "threads")
@@ -79,7 +80,7 @@ class RecallTraining:
             raise ConfigError("--width, --steps, --batch-size, --checkpoint-every and --threads must be >= 1")
 
     def shape(self) -> dict:
-        """`study_model`'s arguments (OUT/model.json: the test cells rebuild the model from it)."""
+        """`StudyShape`'s fields (OUT/model.json: the test cells rebuild the model from it)."""
         return {"arch": self.arch, "width": self.width, "vocab_size": Vocab(self.vocab).size, "n_layer": self.n_layer,
                 "window": self.window, "chunk": self.chunk, "seq_len": self.seq_len, "seed": self.seed}
 
@@ -131,13 +132,13 @@ def train_model(run: RecallTraining, out: str | Path) -> dict:
         if (folder.path / LOG).is_file():
             return read_json(folder.path / LOG)
         folder.write_json(MODEL, run.shape())
-        torch.set_num_threads(run.threads)
-        return _train(run, folder.path)
+        with torch_threads(run.threads):
+            return _train(run, folder.path)
 
 
 def _train(run: RecallTraining, out: Path) -> dict:
     path, name = out / CHECKPOINT, f"{run.arch}-{run.width}"
-    model = study_model(device=run.device, **run.shape())
+    model = study_model(StudyShape(**run.shape()), run.device)
     optimizer = optimizer_of(model, run.lr)
     state = (torch.load(path, weights_only=True, map_location="cpu") if path.is_file()
              else {"step": 0, "log": {"seconds": 0.0, "loss": []}})
@@ -152,18 +153,18 @@ def _train(run: RecallTraining, out: Path) -> dict:
         log["device"] = here if log.get("device", here) == here else f"{log['device']}, then {here}"
     t0 = time.perf_counter() - log["seconds"]
 
-    def after_step(done: int, loss: float) -> None:
-        log["loss"] = (log["loss"] + [round(loss, 4)])[-50:]
+    def after_step(stepped: Stepped) -> None:
+        done = stepped.done
+        log["loss"] = (log["loss"] + [round(stepped.loss, 4)])[-50:]
         if done % run.checkpoint_every == 0 or done == run.steps:
             log["seconds"] = time.perf_counter() - t0
             _save(path, {"step": done, "model": model.state_dict(), "opt": optimizer.state_dict(), "log": log})
             print(f"{name} step {done}/{run.steps} loss {np.mean(log['loss'][-10:]):.3f} "
                   f"({log['seconds'] / done:.2f} s/step)", flush=True)
 
-    optim = OptimConfig(lr=run.lr, betas=(0.9, 0.98), weight_decay=0.1, clip_norm=1.0)  # the clip; lr_at the LR
-    train_in_process(model, batches, optim, run.steps, start=state["step"], optimizer=optimizer,
-                     lr_at=lambda step: lr_at(step, run.lr, run.steps), structure=StudyLogits(),
-                     after_step=after_step)
+    loop = Loop(state["step"], run.steps, train_step, StepRecipe(clip_norm=1.0, structure=StudyLogits()),
+                lr_at=functools.partial(lr_at, lr=run.lr, steps=run.steps), after_step=after_step)
+    train_in_process(model, batches, optimizer, loop)
     log = {**log, "params": sum(p.numel() for p in model.parameters()), "steps": run.steps,
            "seconds_per_step": log["seconds"] / run.steps}
     write_json(out / LOG, log)

@@ -8,6 +8,9 @@ Because the LR depends on nothing but the step, resume needs no scheduler state 
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 
 def lr_at(step: int, *, lr: float, warmup_steps: int, total_steps: int, decay_power: float = 1.0,
           min_lr_ratio: float = 0.1) -> float:
@@ -25,10 +28,8 @@ def lr_at(step: int, *, lr: float, warmup_steps: int, total_steps: int, decay_po
     return end_lr + (lr - end_lr) * remaining**decay_power
 
 
-def set_lr(optimizer, step: int, ocfg, total_steps: int) -> float:
-    """Give every parameter group the LR of `step` (`schedule.lr_at` of the `[optim]` section)."""
-    lr = lr_at(step, lr=ocfg.lr, warmup_steps=ocfg.warmup_steps, total_steps=total_steps,
-               decay_power=ocfg.decay_power, min_lr_ratio=ocfg.min_lr_ratio)
-    for group in optimizer.param_groups:
-        group["lr"] = lr
-    return lr
+def lr_of(ocfg, total_steps: int) -> Callable[[int], float]:
+    """The LR of each step of a run of `total_steps` (`lr_at` of the `[optim]` section): a `Loop`'s `lr_at`
+    (train/loop.py)."""
+    return functools.partial(lr_at, lr=ocfg.lr, warmup_steps=ocfg.warmup_steps, total_steps=total_steps,
+                             decay_power=ocfg.decay_power, min_lr_ratio=ocfg.min_lr_ratio)

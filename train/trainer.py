@@ -1,21 +1,16 @@
-"""The training loop shared by pretraining and MSIT: build, resume, step, log, checkpoint.
+"""A training run of pretraining, MSIT or uptraining: build, resume, step (train/loop.py), log, checkpoint.
 
 One step (EVALM Table 6): `grad_accum` micro-batches of `batch_size` lines per rank, the loss a
-token-weighted mean over every rank's targets (see [token mean note]), AdamW with the LR of
-`schedule.lr_at(step)`, L2 gradient clipping at 1.0. Everything a resumed run needs to continue
+token-weighted mean over every rank's targets (train/loop.py, [token mean note]), AdamW with the LR of
+`schedule.lr_at(step)`, L2 gradient clipping at 1.0; the steps run in the project's one loop
+(`loop.run_steps`), this module adding what follows each. Everything a resumed run needs to continue
 bit for bit is in the checkpoint: sharded model and optimizer, step, tokens seen, and per rank the
 loader cursor and the RNG states (dropout and EVA's noise draw from torch's RNG).
-
-[token mean note] With loss masks (MSIT) ranks and micro-batches hold different numbers of
-targets, so a mean of per-batch means would weight tokens unequally. Each micro-batch therefore
-backpropagates its loss *sum* x world / (targets in the whole step, all ranks): FSDP's
-reduce-scatter averages over ranks, which turns that into the exact mean over the step.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import random
 import sys
 import time
@@ -27,7 +22,6 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from tqdm import tqdm
 
 from evalm.config_toolkit import ConfigError, UserError, to_dict
@@ -35,11 +29,12 @@ from evalm.storage import Ranks, RunFolder, read_json, write_atomic
 from evalm.train import checkpoint, interrupt
 from evalm.train.config import RunConfig
 from evalm.train.structure import Packed
-from evalm.train.data import IGNORE, LineLoader, LineSource
+from evalm.train.data import LineLoader, LineSource
+from evalm.train.loop import Loop, StepRecipe, Stepped, make_optimizer, run_steps, train_step
 from evalm.config_toolkit.machine import peak_memory_gib
 from evalm.train.metrics import MetricsLogger, flops_per_token, matmul_params, peak_flops
-from evalm.train.parallelize import Runtime, build_model, init_distributed, weight_decay_groups
-from evalm.train.schedule import set_lr
+from evalm.train.parallelize import BuildPlan, Runtime, build_model, init_distributed
+from evalm.train.schedule import lr_of
 from evalm.train.state import TrainState
 
 
@@ -59,25 +54,35 @@ class Session:
     optimizer: torch.optim.Optimizer
     loader: LineLoader
     step: Callable
-    """One optimizer step: `train_step`, or what `run(step=...)` gave."""
+    """One optimizer step (`loop.Step`): `train_step`, or `RunOptions.step`."""
 
 
-def run(config: RunConfig, out: str | Path, make_source: Callable[[Runtime], LineSource], *,
-        resume: str = "none", command: str = "pretrain", build: Callable | None = None,
-        step: Callable | None = None) -> list[dict[str, Any]]:
-    """Train to `config.train.steps`; returns rank 0's log records (empty on other ranks). `build(config,
-    runtime)` makes the sharded model in place of an `EvalmModel` of `[model]`, `step` replaces
-    `train_step` (same arguments and result): `evalm train uptrain` (train/uptrain.py) passes both."""
+@dataclass(frozen=True)
+class RunOptions:
+    """How a run starts besides its config: the command that runs it (`evalm train COMMAND`), `--resume`
+    (none, auto or a checkpoint), and for `evalm train uptrain` (train/uptrain.py) the model builder
+    `build(config, runtime)`, in place of an `EvalmModel` of `[model]`, and the step (`loop.Step`), in
+    place of `train_step`."""
+
+    command: str = "pretrain"
+    resume: str = "none"
+    build: Callable | None = None
+    step: Callable | None = None
+
+
+def run(config: RunConfig, out: str | Path, make_source: Callable[[Runtime], LineSource],
+        options: RunOptions = RunOptions()) -> list[dict[str, Any]]:
+    """Train to `config.train.steps`; returns rank 0's log records (empty on other ranks)."""
     runtime = init_distributed(config.train.device)
-    folder = RunFolder(out, f"evalm train {command}", Ranks(runtime.rank, runtime.world_size,
-                                                           _broadcast if runtime.world_size > 1 else None),
+    folder = RunFolder(out, f"evalm train {options.command}", Ranks(runtime.rank, runtime.world_size,
+                                                                   _broadcast if runtime.world_size > 1 else None),
                        inputs=config.inputs())
     logger = MetricsLogger(folder.path, enabled=False, tensorboard=False)
     try:
         with folder.held():  # one owner per run folder: rank 0 holds it for the whole run, for every rank
             logger = MetricsLogger(folder.path, enabled=runtime.is_main, tensorboard=config.train.tensorboard)
-            resume_path = _resume_path(folder, resume, logger)
-            return _train(config, folder, make_source, resume_path, command, runtime, logger, build, step)
+            resume_path = _resume_path(folder, options.resume, logger)
+            return _train(config, _Place(folder, runtime, logger), make_source, options, resume_path)
     finally:  # no barrier here: after an error on one rank, the others must not wait for it
         logger.close()
         dist.destroy_process_group()
@@ -92,24 +97,33 @@ def _broadcast(box: list) -> None:
     dist.broadcast_object_list(box, src=0)  # our own process group's bytes, not a file's
 
 
-def _train(config: RunConfig, folder: RunFolder, make_source: Callable[[Runtime], LineSource],
-           resume_path: Path | None, command: str, runtime: Runtime, logger: MetricsLogger,
-           build: Callable | None = None, step: Callable | None = None) -> list[dict[str, Any]]:
-    tcfg = config.train
+@dataclass(frozen=True)
+class _Place:
+    """Where a run runs: its folder (the lock held by rank 0), its process group, its logger."""
+
+    folder: RunFolder
+    runtime: Runtime
+    logger: MetricsLogger
+
+
+def _train(config: RunConfig, place: _Place, make_source: Callable[[Runtime], LineSource], options: RunOptions,
+           resume_path: Path | None) -> list[dict[str, Any]]:
+    folder, runtime, logger = place.folder, place.runtime, place.logger
+    tcfg, build = config.train, options.build
     grouped = config.data.structure == "saicl"  # train.structure: one FSDP unit
     if grouped and tcfg.activation_checkpointing:
         raise ConfigError("data.structure='saicl' encodes through caches that the test pass reads inside "
                           "each block; set train.activation_checkpointing=false")
-    model = build(config, runtime) if build else build_model(
-        config.model, runtime, seed=tcfg.seed, bf16=tcfg.mixed_precision == "bf16",
-        activation_checkpointing=tcfg.activation_checkpointing, shard_blocks=not grouped, compile_blocks=tcfg.compile)
+    model = build(config, runtime) if build else build_model(config.model, runtime, BuildPlan(
+        tcfg.seed, tcfg.mixed_precision == "bf16", tcfg.activation_checkpointing, not grouped, tcfg.compile))
     optimizer = make_optimizer(model, config.optim)
     source = make_source(runtime)
     loader = LineLoader(source, rank=runtime.rank, world_size=runtime.world_size,
                         batch_size=tcfg.batch_size, shuffle=config.data.shuffle, seed=config.data.seed)
     identity = folder.share(lambda: config.identity(folder.identity))  # rank 0 reads the files
-    config_json = {"command": command, "world_size": runtime.world_size, **config.to_json(), "identity": identity}
-    session = Session(config, folder, runtime, logger, config_json, model, optimizer, loader, step or train_step)
+    config_json = {"command": options.command, "world_size": runtime.world_size, **config.to_json(), "identity": identity}
+    session = Session(config, folder, runtime, logger, config_json, model, optimizer, loader,
+                      options.step or train_step)
     state = _start(session, resume_path)
     model.train()
     records = _loop(session, state)
@@ -202,42 +216,58 @@ class NonFiniteLoss(UserError, RuntimeError):
 
 
 def _loop(session: Session, state: TrainState) -> list[dict]:
-    """Steps to the end: set the LR, step, log every log_every, save every save_every. Ctrl-C ends
-    the run between steps (train.interrupt); a non-finite step stops it before anything is saved."""
-    config, runtime, loader, model = session.config, session.runtime, session.loader, session.model
-    tcfg, ocfg, ccfg = config.train, config.optim, config.checkpoint
-    seq_len = loader.source.seq_len
+    """Steps to the end in the one loop (`loop.run_steps`), each followed by `_check_step` and
+    `_log_and_save`: log every log_every, save every save_every. Ctrl-C ends the run between steps
+    (train.interrupt); a non-finite step stops it before anything is saved."""
+    config, runtime, loader = session.config, session.runtime, session.loader
+    tcfg, ocfg = config.train, config.optim
     structure = getattr(loader.source, "structure", None) or Packed()  # train.structure: how lines are fed
-    tokens_per_step = tcfg.batch_size * tcfg.grad_accum * seq_len * runtime.world_size
+    tokens_per_step = tcfg.batch_size * tcfg.grad_accum * loader.source.seq_len * runtime.world_size
     meter = _Meter(session, state.step, tokens_per_step)
     bar = tqdm(total=tcfg.steps, initial=state.step, desc=session.config_json["command"], unit="step",
                file=sys.stderr, disable=not runtime.is_main, dynamic_ncols=True)
+
+    def after_step(stepped: Stepped) -> None:
+        state.step, state.tokens_seen = stepped.done, state.tokens_seen + tokens_per_step
+        _check_step(session, state, stepped)
+        bar.update(1)
+        bar.set_postfix(loss=f"{stepped.loss:.3f}", refresh=False)
+        _log_and_save(session, state, stepped, meter)
+
+    loop = Loop(state.step, tcfg.steps, session.step, StepRecipe(tcfg.grad_accum, ocfg.clip_norm, structure),
+                lr_at=lr_of(ocfg, tcfg.steps), after_step=after_step)
     with interrupt.deferred(), bar:  # the bar ends its line before any error is printed
-        while state.step < tcfg.steps:
-            lr = set_lr(session.optimizer, state.step, ocfg, tcfg.steps)
-            loss, grad_norm, applied = session.step(model, session.optimizer, loader, runtime, tcfg.grad_accum,
-                                                    ocfg.clip_norm, structure)
-            state.step += 1
-            state.tokens_seen += tokens_per_step
-            if not applied:
-                _nonfinite(state, loss, grad_norm, tcfg, session.logger)
-            elif not _weights_finite(model, runtime):
-                raise NonFiniteLoss(f"step {state.step}: the update made the weights non-finite (loss before it "
-                                    f"{loss:.4g}, gradient norm {grad_norm:.4g}; optim.lr={ocfg.lr:g} too high?); "
-                                    f"nothing of this step was saved: the last checkpoint under "
-                                    f"{session.folder.path}/checkpoints is finite")
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
-            if state.step % tcfg.log_every == 0 or state.step == tcfg.steps:
-                meter.log(state, loss=loss, lr=lr, grad_norm=grad_norm)
-            if (ccfg.save_every and state.step % ccfg.save_every == 0) or state.step == tcfg.steps:
-                checkpoint.save(session.folder.path, state.step, model=model, optimizer=session.optimizer,
-                                train_state=state.checkpoint_entry(loader.position),
-                                rank_state={"data": loader.state_dict(), "rng": checkpoint.rng_state()},
-                                config_json=session.config_json, keep_latest_k=ccfg.keep_latest_k)
-            if interrupt.stop_requested(runtime.device):
-                raise KeyboardInterrupt
+        run_steps(session.model, session.optimizer, loader, runtime, loop)
     return meter.records
+
+
+def _check_step(session: Session, state: TrainState, stepped: Stepped) -> None:
+    """A step not applied (non-finite loss or gradient) is skipped or stops the run (train.nonfinite); an
+    applied one that made the weights non-finite stops it."""
+    loss, grad_norm = stepped.loss, stepped.grad_norm
+    if not stepped.applied:
+        _nonfinite(state, loss, grad_norm, session.config.train, session.logger)
+    elif not _weights_finite(session.model, session.runtime):
+        raise NonFiniteLoss(f"step {state.step}: the update made the weights non-finite (loss before it "
+                            f"{loss:.4g}, gradient norm {grad_norm:.4g}; optim.lr={session.config.optim.lr:g} too "
+                            f"high?); nothing of this step was saved: the last checkpoint under "
+                            f"{session.folder.path}/checkpoints is finite")
+
+
+def _log_and_save(session: Session, state: TrainState, stepped: Stepped, meter: _Meter) -> None:
+    """Log every log_every, save every save_every (and both at the end); stop here on Ctrl-C."""
+    config, runtime, model = session.config, session.runtime, session.model
+    tcfg, ccfg, loss, grad_norm = config.train, config.checkpoint, stepped.loss, stepped.grad_norm
+    if state.step % tcfg.log_every == 0 or state.step == tcfg.steps:
+        meter.log(state, loss=loss, lr=stepped.lr, grad_norm=grad_norm)
+    if (ccfg.save_every and state.step % ccfg.save_every == 0) or state.step == tcfg.steps:
+        loader = session.loader
+        snapshot = checkpoint.Snapshot(model, session.optimizer, state.checkpoint_entry(loader.position),
+                                       {"data": loader.state_dict(), "rng": checkpoint.rng_state()},
+                                       session.config_json)
+        checkpoint.save(session.folder.path, state.step, snapshot, ccfg.keep_latest_k)
+    if interrupt.stop_requested(runtime.device):
+        raise KeyboardInterrupt
 
 
 class _Meter:
@@ -292,56 +322,6 @@ def _weights_finite(model: torch.nn.Module, runtime: Runtime) -> bool:
     return bool(flag.item())
 
 
-def make_optimizer(model: torch.nn.Module, ocfg) -> torch.optim.AdamW:
-    """AdamW of the `[optim]` section over `weight_decay_groups` (biases and norm weights undecayed)."""
-    return torch.optim.AdamW(weight_decay_groups(model, ocfg.weight_decay), lr=ocfg.lr, betas=tuple(ocfg.betas),
-                             eps=ocfg.eps)
-
-
-def _sum_over_ranks(t: torch.Tensor) -> None:
-    """all_reduce in a process group; one process without a group (train.local) holds the sum already."""
-    if dist.is_initialized():
-        dist.all_reduce(t)
-
-
 def _min_over_ranks(t: torch.Tensor) -> None:
     if dist.is_initialized():
         dist.all_reduce(t, op=dist.ReduceOp.MIN)
-
-
-def train_step(model, optimizer, loader: LineLoader, runtime: Runtime, grad_accum: int,
-               clip_norm: float, structure=None) -> tuple[float, float, bool]:
-    """One optimizer step; returns the step's mean loss over all ranks, the pre-clip grad norm, and
-    whether the update was applied: not when the loss or the gradient is non-finite (the same global
-    values on every rank, so every rank decides alike)."""
-    structure = structure or Packed()
-    batches = [structure.prepare(*loader.next_batch()) for _ in range(grad_accum)]
-    # collectives need tensors on the backend's device (NCCL: CUDA)
-    count = torch.tensor(float(sum(int((t != IGNORE).sum()) for _, t in batches)), device=runtime.device)
-    _sum_over_ranks(count)
-    n_targets = max(count.item(), 1.0)  # a step with no target contributes zero gradient
-    loss_sum = torch.zeros((), dtype=torch.float64, device=runtime.device)
-    for inputs, targets in batches:
-        logits = structure.logits(model, inputs, runtime.device)
-        micro = F.cross_entropy(logits.float().flatten(0, 1), targets.to(runtime.device).flatten(),
-                                ignore_index=IGNORE, reduction="sum")
-        (micro * (runtime.world_size / n_targets)).backward()  # [token mean note]
-        loss_sum += micro.detach().double()
-    return finish_step(model, optimizer, runtime, loss_sum, n_targets, clip_norm)
-
-
-def finish_step(model, optimizer, runtime: Runtime, loss_sum: torch.Tensor, count: float,
-                clip_norm: float) -> tuple[float, float, bool]:
-    """After a step's backward: clip, and apply the update unless the loss (this rank's `loss_sum`,
-    summed over ranks, over `count`) or the gradient norm is non-finite; the step's loss, the
-    pre-clip norm, whether it was applied (the same global values on every rank)."""
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm if clip_norm > 0 else float("inf"))
-    if hasattr(grad_norm, "full_tensor"):
-        grad_norm = grad_norm.full_tensor()
-    _sum_over_ranks(loss_sum)
-    loss, norm = loss_sum.item() / count, float(grad_norm)
-    applied = math.isfinite(loss) and math.isfinite(norm)
-    if applied:
-        optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return loss, norm, applied

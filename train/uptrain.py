@@ -35,6 +35,7 @@ from pydantic.dataclasses import dataclass
 
 from evalm.config_toolkit import FROZEN, ConfigError, InputError, MissingInput, apply_overrides, build
 from evalm.config_toolkit import check_overrides, check_sections, read_toml, report, to_dict
+from evalm.eva_settings import TrainingAblation
 from evalm.storage import read_json
 from evalm.config_toolkit.environment import command_environment
 from evalm.train.config import CheckpointConfig, DataConfig, OptimConfig, RunConfig, TrainConfig
@@ -98,7 +99,7 @@ class UptrainSection:
     """Next-token cross-entropy, or LoLCATs' attention transfer (EVA's parameters only)."""
     summary_noise: bool = False
     """EVA's training noise ε on the summaries (as EVA trains from scratch); off: the summaries as evaluated."""
-    eva_ablation: Literal["none", "no-remote"] = "none"
+    eva_ablation: TrainingAblation = "none"
     """Train with EVA's summaries (`none`) or without them (`no-remote`: the window and sink alone, the control of
     a conversion study: what LoRA makes of a window-only model). Evaluate such a run with `--eva-ablation
     no-remote` too; its convert.json records the setting."""

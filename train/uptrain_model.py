@@ -98,7 +98,7 @@ def enable_checkpointing(hf: nn.Module) -> None:
 
 
 def build_sharded(config, runtime) -> nn.Module:
-    """The trainer's model of an uptraining run (`trainer.run(build=...)`): loaded, trainable set, sharded."""
+    """The trainer's model of an uptraining run (`trainer.RunOptions.build`): loaded, trainable set, sharded."""
     tcfg = config.train
     hf = with_trainable(load_converted(config.model.hf_model), config.model, tcfg.seed)
     if config.uptrain.eva_ablation != "none":  # the control: LoRA on the window (and sink) alone

@@ -222,8 +222,18 @@ def _rescale_bias(options: MethodOptions, n_groups: int) -> float:
     return 0.0 if options.rescale == "off" else float(options.rescale)
 
 
-def _grouped(lm, prompt, groups: list[Group], items, options, bias: float, progress) -> MethodResult:
+@dataclass(frozen=True)
+class Merge:
+    """What `_grouped` merges: the groups, each encoded in its own cache, and the logit bias the merged
+    cache gives the test's own tokens (log M rescaling, or 0)."""
+
+    groups: list[Group]
+    own_logit_bias: float
+
+
+def _grouped(lm, prompt, merge: Merge, items, options, progress) -> MethodResult:
     """Encode each group in its own cache (right-aligned), merge, score every item after the merge."""
+    groups, bias = merge.groups, merge.own_logit_bias
     t0 = time.perf_counter()
     L = max(len(g.tokens) for g in groups)
     if options.align in ("pad_space", "truncate") and options.group_tokens:
@@ -259,7 +269,7 @@ def structured(lm, prompt, demos, items, options: MethodOptions, progress: Progr
     if not demos:
         return incremental(lm, prompt, demos, items, options, progress)
     groups = make_groups(prompt, demos, options)
-    return _grouped(lm, prompt, groups, items, options, _rescale_bias(options, len(groups)), progress)
+    return _grouped(lm, prompt, Merge(groups, _rescale_bias(options, len(groups))), items, options, progress)
 
 
 def saicl(lm, prompt, demos, items, options: MethodOptions, progress: Progress = None) -> MethodResult:
@@ -268,7 +278,7 @@ def saicl(lm, prompt, demos, items, options: MethodOptions, progress: Progress =
         return incremental(lm, prompt, demos, items, options, progress)
     groups = make_groups(prompt, demos, options, one_per_demo=True)
     bias = math.log(len(groups)) if options.saicl_rescale else 0.0
-    return _grouped(lm, prompt, groups, items, options, bias, progress)
+    return _grouped(lm, prompt, Merge(groups, bias), items, options, progress)
 
 
 def ensemble(lm, prompt, demos, items, options: MethodOptions, progress: Progress = None) -> MethodResult:

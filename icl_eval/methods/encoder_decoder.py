@@ -77,34 +77,39 @@ def _encoded(lm, kind: str, demos: list[Segment], options: MethodOptions, item_p
     return [scores[j] for j in range(len(item_parts))]
 
 
-def _run(kind: str, lm, prompt, demos, items, options: MethodOptions, progress: Progress) -> MethodResult:
-    t0 = time.perf_counter()
-    segs = demo_segments(prompt, demos)
-    scores = []
-    for item in items:
-        scores.append(_encoded(lm, kind, segs, options, split_item(lm, prompt, item)))
-        if progress:
-            progress(1)
-    info = {"demos_used": [len(segs)] * len(items), "encoder": kind, "cache_reuse": False,
-            "context_tokens": sum(map(len, segs)), "segment_tokens_max": max(map(len, segs), default=0)}
-    if kind == "saicl":
-        info["cross_positions"] = options.t5_cross
-    return MethodResult(scores, _timed(info, t0, len(items)))
+def _encoding(kind: str):
+    """The method that encodes every item's episode with the encoder `kind` (full, saicl, fid) and scores it."""
+
+    def run(lm, prompt, demos, items, options: MethodOptions, progress: Progress) -> MethodResult:
+        t0 = time.perf_counter()
+        segs = demo_segments(prompt, demos)
+        scores = []
+        for item in items:
+            scores.append(_encoded(lm, kind, segs, options, split_item(lm, prompt, item)))
+            if progress:
+                progress(1)
+        info = {"demos_used": [len(segs)] * len(items), "encoder": kind, "cache_reuse": False,
+                "context_tokens": sum(map(len, segs)), "segment_tokens_max": max(map(len, segs), default=0)}
+        if kind == "saicl":
+            info["cross_positions"] = options.t5_cross
+        return MethodResult(scores, _timed(info, t0, len(items)))
+
+    return run
 
 
 def concat(lm, prompt, demos, items, options: MethodOptions, progress: Progress = None) -> MethodResult:
     """The T5 baseline: full encoder attention over the demonstrations and the test input."""
-    return _run("full", lm, prompt, demos, items, options, progress)
+    return _encoding("full")(lm, prompt, demos, items, options, progress)
 
 
 def saicl(lm, prompt, demos, items, options: MethodOptions, progress: Progress = None) -> MethodResult:
     """SAICL: the structured encoder of §3.2 / Appendix B."""
-    return _run("saicl", lm, prompt, demos, items, options, progress)
+    return _encoding("saicl")(lm, prompt, demos, items, options, progress)
 
 
 def fid(lm, prompt, demos, items, options: MethodOptions, progress: Progress = None) -> MethodResult:
     """Fusion-in-Decoder (Izacard & Grave 2021, SAICL §4.2): pairs encoded alone, fused by cross-attention."""
-    return _run("fid", lm, prompt, demos, items, options, progress)
+    return _encoding("fid")(lm, prompt, demos, items, options, progress)
 
 
 @torch.no_grad()

@@ -19,7 +19,7 @@ so that a handful of demonstrations still gets enough updates to move the model.
 trains every weight in float32 (bfloat16 matmuls under autocast when the model is scored in
 bfloat16), LoRA (`--eval.method.finetune=lora`, the `peft` extra) rank-8 adapters on every linear
 layer but the output head, merged into the copy afterwards. The steps go through the project's one
-training step (`train.local.train_in_process`: `train.trainer.train_step`, `train.schedule.set_lr`).
+training step (`train.local.train_in_process`: `train.loop.train_step`, `train.schedule.lr_of`).
 Deterministic for a draw seed on one thread count: the permutations are seeded by the draw's
 demonstrations, torch's generator by the same seed (LoRA's init).
 """
@@ -191,6 +191,8 @@ def tune(lm, prompt: PromptBuilder, demos: Sequence[Demo], mode: str) -> tuple[t
     """A fine-tuned copy of `lm`'s model (in `lm`'s dtype) and what training cost."""
     from evalm.train.config import OptimConfig  # [floor note] of icl_eval.tasks.synthetic: one training step
     from evalm.train.local import train_in_process
+    from evalm.train.loop import Loop, StepRecipe, make_optimizer, train_step
+    from evalm.train.schedule import lr_of
 
     base = trainable(lm)
     sched, n = SCHEDULE[mode], len(demos)
@@ -206,7 +208,9 @@ def tune(lm, prompt: PromptBuilder, demos: Sequence[Demo], mode: str) -> tuple[t
                         warmup_steps=max(1, round(sched.warmup_fraction * steps)), min_lr_ratio=0.0)
     autocast = dtype if dtype in (torch.bfloat16, torch.float16) else None
     t0 = time.perf_counter()
-    losses = train_in_process(Logits(model, autocast), batches, optim, steps, name="finetune")
+    wrapped = Logits(model, autocast)
+    loop = Loop(0, steps, train_step, StepRecipe(clip_norm=optim.clip_norm), lr_of(optim, steps))
+    losses = train_in_process(wrapped, batches, make_optimizer(wrapped, optim), loop)
     seconds = time.perf_counter() - t0
     n_params = sum(p.numel() for p in base.parameters())
     n_trained = sum(p.numel() for p in model.parameters() if p.requires_grad)

@@ -77,26 +77,26 @@ def next_token(logits: torch.Tensor, settings: GenerationSettings, generator: to
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
-def generate(lm, context: Sequence[int], max_new_tokens: int, stop: Callable[[list[int]], bool] = lambda ids: False,
-             segment_tokens: int = 4096, settings: GenerationSettings | None = None,
-             generator: torch.Generator | None = None) -> list[int]:
-    """Decoding through the cache: the context is encoded once, then one token per step, up to eos."""
+def generate(lm, context: Sequence[int], settings: GenerationSettings, stop: Callable[[list[int]], bool] = lambda ids: False,
+             segment_tokens: int = 4096, generator: torch.Generator | None = None) -> list[int]:
+    """Decoding through the cache: the context is encoded once, then one token per step, up to eos or
+    `settings.max_new_tokens`."""
     if not context:
         raise ValueError("generate needs at least one context token (e.g. the bos token)")
     state = lm.new_state(0)
     logits = None
     for i in range(0, len(context), segment_tokens):
         logits = lm.extend(state, torch.tensor([list(context[i : i + segment_tokens])], dtype=torch.long))
-    return decode_from(lm, state, logits, max_new_tokens, stop, settings, generator)
+    return decode_from(lm, state, logits, settings, stop, generator)
 
 
-def decode_from(lm, state, logits: torch.Tensor, max_new_tokens: int, stop: Callable[[list[int]], bool] = lambda ids: False,
-                settings: GenerationSettings | None = None, generator: torch.Generator | None = None) -> list[int]:
+def decode_from(lm, state, logits: torch.Tensor, settings: GenerationSettings,
+                stop: Callable[[list[int]], bool] = lambda ids: False,
+                generator: torch.Generator | None = None) -> list[int]:
     """Decoding after a context already in `state` (advanced as it goes), `logits` (1, T, V) its last
-    forward's: one token per step, up to eos, `stop` or `max_new_tokens`."""
-    settings = settings or GenerationSettings(max_new_tokens)
+    forward's: one token per step, up to eos, `stop` or `settings.max_new_tokens`."""
     out: list[int] = []
-    for _ in range(max_new_tokens):
+    for _ in range(settings.max_new_tokens):
         nxt = next_token(logits[0, -1], settings, generator)
         if nxt == lm.tokenizer.eos_id:
             break

@@ -40,25 +40,38 @@ from evalm.config_toolkit import ConfigError, MissingInput, transformers_module
 Cross = Literal["none", "aligned"]
 
 
-def tiny_t5_config(vocab_size: int = 257, eos_id: int = 256, d_model: int = 64, layers: int = 2, heads: int = 4,
-                   d_ff: int = 128, dropout: float = 0.0):
+@dataclass(frozen=True)
+class T5Shape:
+    """The shape of a tiny T5 (`tiny_t5_config`): vocabulary (bytes + end by default), end id, width, layers
+    of the encoder and of the decoder each, heads, feed-forward width, dropout."""
+
+    vocab_size: int = 257
+    eos_id: int = 256
+    d_model: int = 64
+    layers: int = 2
+    heads: int = 4
+    d_ff: int = 128
+    dropout: float = 0.0
+
+
+def tiny_t5_config(shape: T5Shape = T5Shape()):
     """A T5.1.1 / LM-adapt shaped config (gated-GELU, untied head) small enough for a CPU; id 0 is pad/start."""
     tf = transformers_module()
-    return tf.T5Config(vocab_size=vocab_size, d_model=d_model, d_kv=d_model // heads, d_ff=d_ff, num_layers=layers,
-                       num_decoder_layers=layers, num_heads=heads, relative_attention_num_buckets=32,
-                       relative_attention_max_distance=128, dropout_rate=dropout, feed_forward_proj="gated-gelu",
-                       tie_word_embeddings=False, pad_token_id=0, eos_token_id=eos_id, decoder_start_token_id=0,
-                       attn_implementation="eager")
+    return tf.T5Config(vocab_size=shape.vocab_size, d_model=shape.d_model, d_kv=shape.d_model // shape.heads,
+                       d_ff=shape.d_ff, num_layers=shape.layers, num_decoder_layers=shape.layers, num_heads=shape.heads,
+                       relative_attention_num_buckets=32, relative_attention_max_distance=128,
+                       dropout_rate=shape.dropout, feed_forward_proj="gated-gelu", tie_word_embeddings=False,
+                       pad_token_id=0, eos_token_id=shape.eos_id, decoder_start_token_id=0, attn_implementation="eager")
 
 
-def tiny_t5(seed: int = 0, dtype=torch.float32, init_std: float | None = None, **kwargs) -> T5LM:
+def tiny_t5(seed: int = 0, dtype=torch.float32, init_std: float | None = None, shape: T5Shape = T5Shape()) -> T5LM:
     """A randomly initialised tiny T5 with byte tokens (no download). `init_std` widens the weights so
     that attention patterns, and so any masking bug, show in the scores of an untrained model."""
     from evalm.text.tokenizer import ByteTokenizer
 
     tf = transformers_module()
     torch.manual_seed(seed)
-    model = tf.T5ForConditionalGeneration(tiny_t5_config(**kwargs))
+    model = tf.T5ForConditionalGeneration(tiny_t5_config(shape))
     if init_std:
         with torch.no_grad():
             for p in model.parameters():

@@ -205,14 +205,6 @@ def fixed_report(books: list[tuple[str, dict[int, list[float]], np.ndarray]], co
             "rows": rows, "references": references}
 
 
-def fixed_position(lm: CausalLM, books: list[tuple[str, list[int]]], contexts, target_tokens: int,
-                   targets_per_book: int, segment_tokens: int, unigram_logp: np.ndarray | None = None) -> dict:
-    """The same target tokens scored after contexts of each length, over `books` (name, tokens)."""
-    parts = [(name, *fixed_spans(lm, tokens, contexts, target_tokens, targets_per_book, segment_tokens))
-             for name, tokens in books]
-    return fixed_report(parts, contexts, target_tokens, targets_per_book, lm.tokenizer.vocab_size, unigram_logp)
-
-
 def target_starts(n_tokens: int, longest: int, target_tokens: int, count: int) -> list[int]:
     """Up to `count` span starts, evenly spaced over [longest, n_tokens - target_tokens], distinct."""
     last = n_tokens - target_tokens

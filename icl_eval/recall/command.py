@@ -20,9 +20,8 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from evalm.config_toolkit import ConfigError, build, split_overrides, to_dict
-from evalm.icl_eval.cli_args import (RECALL_SECTIONS, config_source, copy_flags, invocation, is_tiny, load_keys,
-                                     recall_parser)
+from evalm.config_toolkit import ConfigError, to_dict
+from evalm.icl_eval.cli_args import RECALL_SECTIONS, CommandForm, invocation, is_tiny, parse_command, recall_parser
 from evalm.icl_eval.models.source import LoadOptions, ModelSource, refuse_unless_decoder
 from evalm.icl_eval.protocol.skeleton import Grid, Invocation, evaluate, open_store
 from evalm.icl_eval.protocol.units import books_key
@@ -35,16 +34,10 @@ FLAGS = {"tasks": "tasks", "lengths": "lengths", "depths": "depths", "seeds": "s
 
 
 def recall(argv: Sequence[str]) -> int:
-    from evalm.icl_eval.settings import Layers, record
+    from evalm.icl_eval.settings import record
 
-    overrides, rest = split_overrides(argv)
-    args = recall_parser().parse_args(rest)
-    layers = Layers(args.config, overrides, RECALL_SECTIONS)
-    if args.books:
-        args.books = tuple(args.books)
-    copy_flags(layers, "recall", args, {**FLAGS, **load_keys(RecallConfig)})
-    where = config_source(args)
-    config = build(RecallConfig, layers.section("recall"), where=f"{where} [recall]")
+    args, layers, where, config = parse_command(argv, CommandForm(recall_parser, RECALL_SECTIONS, "recall",
+                                                                  RecallConfig, FLAGS))
     model_cfg, syn = built_in_sections(layers, is_tiny(args), where, need_synthetic=False)
     settings = record(layers, {"recall": config, "model": model_cfg, "synthetic": syn})
     run = invocation(args, "evalm eval recall", config, settings, model_cfg, syn)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from evalm.icl_eval.models.decoding import decode_from
+from evalm.icl_eval.models.decoding import GenerationSettings, decode_from
 
 Tokens = tuple[int, ...]
 
@@ -68,7 +68,7 @@ class _Walk:
             for i in members:
                 if len(self.prompts[i]) == pos:  # ends here: decode in a fork unless nothing else needs the cache
                     own = state if len(members) == 1 else self.lm.fork(state)
-                    self.outputs[i] = decode_from(self.lm, own, logits, self.budgets[i], self.stop)
+                    self.outputs[i] = decode_from(self.lm, own, logits, GenerationSettings(self.budgets[i]), self.stop)
                     self.cost.generated += len(self.outputs[i])
             branches: dict[int, list[int]] = {}
             for i in rest:  # by the next token, in the prompts' order

@@ -38,7 +38,8 @@ from evalm.config_toolkit import ConfigError, Parser
 from evalm.eva import ablate
 from evalm.icl_eval.cli_args import csv, load_flags
 from evalm.icl_eval.stats.bootstrap import hierarchical_interval
-from evalm.config_toolkit.machine import device_name
+from evalm.config_toolkit.machine import device_name, torch_threads
+from evalm import eva_settings
 from evalm.recall_models import load_trained, predict
 from evalm.storage import RunFolder
 from evalm.storage.files import write_json
@@ -46,7 +47,8 @@ from evalm.text.recall_data import PASSKEY_TOKENS, UNLABELLED, Vocab, mqar, mqar
 
 COMMAND = "evalm eval recall-cells"
 TESTS = ("kv", "passkey", "mqar_far")
-ABLATIONS = ("no-remote", "chunk-window")
+ABLATIONS = tuple(name for name in eva_settings.ABLATIONS if name != "none")
+"""The ablations a cell may read: every one of EVA's but `none`."""
 CELL_SETTINGS = ("items", "long_items", "long_from")
 """How a cell is computed (beside the model's settings): a rerun may not change them."""
 
@@ -107,7 +109,11 @@ def cell_name(reading: str, width: int, test: str, x_value: int) -> str:
 
 def run_cells(run: CellsRun) -> int:
     """Every cell of the model `run.model` missing from `run.out`; how many were written."""
-    torch.set_num_threads(run.threads)
+    with torch_threads(run.threads):
+        return _run_cells(run)
+
+
+def _run_cells(run: CellsRun) -> int:
     model, settings, _ = load_trained(run.model, run.device)  # refused before the output folder is made
     if max(run.test_kv) * 4 > settings["seq_len"]:
         raise ConfigError(f"--test-kv {max(run.test_kv)}: pairs at most the training length / 4 = "

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import time
 
 import torch
 
@@ -86,9 +87,18 @@ def train_tiny_model(model: torch.nn.Module, config: SyntheticConfig = Synthetic
     """
     from evalm.train.config import OptimConfig
     from evalm.train.local import train_in_process
+    from evalm.train.loop import Loop, StepRecipe, make_optimizer, train_step
+    from evalm.train.schedule import lr_of
 
     torch.manual_seed(config.seed)
+    steps = config.train_steps
     optim = OptimConfig(lr=config.lr, betas=(0.9, 0.999), weight_decay=0.0, clip_norm=1.0,
-                        warmup_steps=max(1, config.train_steps // 10), min_lr_ratio=1.0)
-    return train_in_process(model, SyntheticBatches(config), optim, config.train_steps, log_every=log_every,
-                            name="synthetic")
+                        warmup_steps=max(1, steps // 10), min_lr_ratio=1.0)
+    t0 = time.perf_counter()
+
+    def progress(stepped) -> None:
+        if log_every and stepped.done % log_every == 0:
+            print(f"synthetic step {stepped.done}/{steps} loss {stepped.loss:.4f} {time.perf_counter() - t0:.1f}s")
+
+    loop = Loop(0, steps, train_step, StepRecipe(clip_norm=optim.clip_norm), lr_of(optim, steps), progress)
+    return train_in_process(model, SyntheticBatches(config), make_optimizer(model, optim), loop)

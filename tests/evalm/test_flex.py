@@ -45,7 +45,7 @@ SHAPES = [  # (w, c, overlap, exclude_window_chunks, S, moved): the paper's 128/
 ]
 
 
-def dense_rule(t: Tiling, s: flex.Slots) -> torch.Tensor:
+def dense_rule(t: Tiling, s: flex.SlotLayout) -> torch.Tensor:
     """(n, L) visibility of every slot, written out from docs/eva.md's closed form and slot layout."""
     i, j = torch.arange(s.n)[:, None], torch.arange(s.length)[None]
     start = i // t.chunk * t.chunk if t.ablation is Ablation.CHUNK_WINDOW else (i // t.window * t.window - t.ext).clamp(min=0)
@@ -84,7 +84,7 @@ def test_the_rule_on_slots_and_the_block_mask_are_the_equation(shape, ablation):
     t = tiling(w, c, overlap, exclude, sink, ablation)
     for n in (700, 1024, 300):  # several row tiles; a last one cut short; fewer tokens than one tile
         chunks = max(0, n // c - t.first_chunk)
-        s = flex.Slots(n, chunks, sink, flex.n_copies(t, n, moved))
+        s = flex.SlotLayout(n, chunks, sink, flex.n_copies(t, n, moved))
         want = dense_rule(t, s)
         got = flex.visible(t, s, torch.arange(n)[:, None], torch.arange(s.length)[None])
         assert torch.equal(got, want)
@@ -164,9 +164,22 @@ def test_the_compiled_cpu_kernel_reads_the_block_mask_as_the_equation_does():
         q, k, v = heads(attn, x)
         expected = oracle(attn, q, k, v, 8, move=move)
         attn.float()  # the CPU kernel's dtype
-        layer = flex.Layer(attn.layout, attn.maps, attn.rel_pos_bias, move)
+        layer = flex.LayerParts(attn.layout, attn.maps, attn.rel_pos_bias, move)
         compiled = torch.compile(flex._flex()[0].flex_attention, dynamic=False)
-        got = flex.eva(layer, q.float(), k.float(), v.float(), kernel=compiled)
-        eager = flex.eva(layer, q.float(), k.float(), v.float())
+        got = flex.attend_layer(layer, q.float(), k.float(), v.float(), kernel=compiled)
+        eager = flex.attend_layer(layer, q.float(), k.float(), v.float())
     rel = lambda a: ((a.double() - expected).norm() / expected.norm()).item()  # noqa: E731
     assert rel(got) < 1e-5 and rel(eager) < 1e-5, (rel(got), rel(eager))
+
+
+def test_the_kernels_recompile_limit_holds_for_their_calls_alone():
+    """The compiled kernel may hold more shapes than dynamo's default recompile limit (past it a call would
+    silently run the eager reference): the limit is raised for the kernel's own calls, and the process's
+    setting is left as it was, for every other compiled function of the caller."""
+    before = torch._dynamo.config.recompile_limit
+    seen = []
+    call = flex._with_recompile_limit(lambda x: seen.append(torch._dynamo.config.recompile_limit) or x)
+    assert call(3) == 3
+    assert seen == [flex.RECOMPILE_LIMIT] and torch._dynamo.config.recompile_limit == before
+    flex._compiled()  # building the compiled kernel changes nothing either
+    assert torch._dynamo.config.recompile_limit == before

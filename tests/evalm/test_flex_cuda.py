@@ -142,7 +142,7 @@ def test_dropout_drops_what_the_fused_cpu_route_drops():
     t = dataclasses.replace(cpu.layout, dropout=0.3, seed=123456789)
     with torch.no_grad():
         q, k, v = heads(cpu, torch.randn(2, 300, LAYER.d_model, dtype=torch.float32))
-        got = flex.eva(flex.Layer(t, dev.maps, dev.rel_pos_bias, None), *(x.to(DEVICE) for x in (q, k, v)))
+        got = flex.attend_layer(flex.LayerParts(t, dev.maps, dev.rel_pos_bias, None), *(x.to(DEVICE) for x in (q, k, v)))
         w = cpu.window_size
         distance = torch.arange(w)[:, None] + cpu.ext - torch.arange(cpu.ext + w)
         bias = t.scale * cpu.rel_pos_bias(distance.clamp(min=0))

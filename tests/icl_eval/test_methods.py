@@ -75,12 +75,12 @@ def test_log_m_boost_equals_repeating_the_group(lm, synth):
     one = scores("concat", lm, prompt, demos, items)
     opts = MethodOptions(n_groups=1)
     group = make_groups(prompt, demos, opts)[0]
-    from evalm.icl_eval.methods.decoder import _grouped
+    from evalm.icl_eval.methods.decoder import Merge, _grouped
 
     for m in (2, 3):
         copies = [type(group)(list(group.demo_ids), list(group.tokens)) for _ in range(m)]
-        boosted = np.array(_grouped(lm, prompt, copies, items, opts, math.log(m), None).scores)
-        plain = np.array(_grouped(lm, prompt, copies, items, opts, 0.0, None).scores)
+        boosted = np.array(_grouped(lm, prompt, Merge(copies, math.log(m)), items, opts, None).scores)
+        plain = np.array(_grouped(lm, prompt, Merge(copies, 0.0), items, opts, None).scores)
         assert np.abs(boosted - one).max() <= TOL
         assert np.abs(plain - one).max() > 1e-3  # without the rescale the test over-attends to the context
 

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from evalm import ModelConfig
-from evalm.icl_eval.models.decoding import generate
+from evalm.icl_eval.models.decoding import GenerationSettings, generate
 from evalm.icl_eval.models.lm import EvalmLM
 from evalm.icl_eval.protocol.units import without_execution
 from evalm.icl_eval.recall import scoring
@@ -150,7 +150,7 @@ def test_the_trie_answers_what_each_prompt_encoded_alone_answers(family):
     budgets = [6] * len(prompts)
     stop = lambda ids: scoring.ends_answer(lm.tokenizer.decode(ids))  # noqa: E731
     shared, cost = answer_all(lm, prompts, budgets, segment_tokens=64, stop=stop)
-    alone = [generate(lm, p, 6, stop, segment_tokens=64) for p in prompts]
+    alone = [generate(lm, p, GenerationSettings(6), stop, segment_tokens=64) for p in prompts]
     assert shared == alone and any(alone)
     assert cost.encoded == len({p[:k] for p in prompts for k in range(1, len(p) + 1)}) < cost.prompted
 
@@ -162,7 +162,7 @@ def test_the_trie_on_a_hugging_face_model(tmp_path):
     _, _, placed, _ = prompts_of("passkey", 600, [0, 50, 100], tokenizer=lm.tokenizer)
     prompts = [d.prompts[0] for d in placed]
     shared, cost = answer_all(lm, prompts, [5] * 3, 128, lambda ids: False)
-    assert shared == [generate(lm, p, 5, segment_tokens=128) for p in prompts] and cost.encoded < cost.prompted
+    assert shared == [generate(lm, p, GenerationSettings(5), segment_tokens=128) for p in prompts] and cost.encoded < cost.prompted
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -38,8 +38,8 @@ def _worker(rank: int, world: int, port: int, argv: list[str], kill_after_save: 
     torch.set_num_threads(1)
     save = checkpoint.save
 
-    def save_then_maybe_die(out, step, **kwargs):
-        path = save(out, step, **kwargs)
+    def save_then_maybe_die(out, step, *args):
+        path = save(out, step, *args)
         if step == kill_after_save:
             os.kill(os.getpid(), signal.SIGKILL)  # the checkpoint is complete on every rank
         return path

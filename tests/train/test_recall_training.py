@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from evalm.config_toolkit.files import read_toml
 from evalm.icl_eval.recall import study_cells
 from evalm.launcher.cli import main as evalm
-from evalm.recall_models import logits_of, study_model
+from evalm.recall_models import StudyShape, logits_of, study_model
 from evalm.text.recall_data import Vocab, training_batch
 from evalm.train import recall
 
@@ -33,7 +33,8 @@ SMALL = ["--width", "16", "--steps", "6", "--checkpoint-every", "2", "--train-kv
 def _reference_loop(arch: str, steps: int) -> dict:
     """The study's loop before the package: its own optimiser, schedule, loss and clip (width 16)."""
     lr = 3e-3
-    model = study_model(arch, 16, vocab_size=Vocab(128).size, n_layer=2, window=16, chunk=4, seq_len=64, seed=0)
+    model = study_model(StudyShape(arch, 16, vocab_size=Vocab(128).size, n_layer=2, window=16, chunk=4, seq_len=64,
+                                   seed=0))
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1, betas=(0.9, 0.98))
     rng, warm = np.random.default_rng([0, 16]), max(1, steps // 20)
     model.train()
@@ -65,7 +66,7 @@ def test_the_trainer_step_trains_the_model_the_studys_own_loop_trained(tmp_path,
     for name, tensor in reference.items():
         torch.testing.assert_close(ours[name], tensor, atol=1e-6, rtol=0, msg=name)
     log = json.loads((tmp_path / arch / "log.json").read_text())
-    built = study_model(arch, 16, vocab_size=130, n_layer=2, window=16, chunk=4, seq_len=64, seed=0)
+    built = study_model(StudyShape(arch, 16, vocab_size=130, n_layer=2, window=16, chunk=4, seq_len=64, seed=0))
     assert log["steps"] == 6 and len(log["loss"]) == 6 and log["params"] == sum(p.numel() for p in built.parameters())
 
 
