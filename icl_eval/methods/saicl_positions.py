@@ -49,6 +49,7 @@ def accuracy(scores, items) -> float:
 
 def main(argv=None) -> int:
     from evalm.config_toolkit import Parser
+    from evalm.config_toolkit.machine import torch_threads
 
     p = Parser(prog="evalm eval saicl-positions", description=__doc__.split("\n")[0])
     p.add_argument("--checkpoint", default="runs/tiny/export/msit", help="exported EVALM (default: the tiny run's tuned model)")
@@ -56,33 +57,33 @@ def main(argv=None) -> int:
     p.add_argument("--seeds", default="1,2,3", help="comma-separated episode seeds (default 1,2,3)")
     p.add_argument("--template", default="{x} {label}", help="synthetic instance template (default '{x} {label}')")
     args = p.parse_args(argv)
-    torch.set_num_threads(1)
-    ckpt = Path(args.checkpoint)
-    lm = EvalmLM(load_model(ckpt), load_tokenizer(ckpt / "tokenizer.json"), name=str(ckpt))
-    syn = SyntheticConfig(template=args.template)
-    prompt = PromptBuilder(synthetic_task(syn), lm.tokenizer, "eos")
-    plain = MethodOptions()
-    variants = {
-        "incremental": lambda d, it: METHODS["incremental"](lm, prompt, d, it, plain).scores,
-        "saicl": lambda d, it: METHODS["saicl"](lm, prompt, d, it, plain).scores,
-        "saicl + log k": lambda d, it: METHODS["saicl"](lm, prompt, d, it, MethodOptions(saicl_rescale=True)).scores,
-        "isolated, sequential": lambda d, it: isolated_sequential(lm, prompt, d, it, plain),
-    }
-    shots = [int(k) for k in args.shots.split(",")]
-    table = {name: {k: [] for k in shots} for name in variants}
-    for seed in (int(s) for s in args.seeds.split(",")):
-        splits = episode(seed, syn)
-        demo_of = [prompt.demo(i, row) for i, row in enumerate(splits["train"])]
-        for k in shots:
-            demos = [demo_of[j] for j in dataset_level(len(splits["train"]), k, seed)]
-            items = [prompt.test_item(i, row, k) for i, row in enumerate(splits["test"])]
-            for name, fn in variants.items():
-                table[name][k].append(accuracy(fn(demos, items), items))
-    print(f"model {ckpt}; synthetic family ({syn.n_inputs} inputs, {syn.n_labels} labels, chance "
-          f"{1 / syn.n_labels:.2f}); accuracy, mean over seeds {args.seeds} x {syn.n_test} items")
-    print(f"{'variant':>22} " + " ".join(f"{k:>7}" for k in shots))
-    for name, row in table.items():
-        print(f"{name:>22} " + " ".join(f"{statistics.fmean(row[k]):7.2f}" for k in shots))
+    with torch_threads(1):  # one thread for this command, not left on the process
+        ckpt = Path(args.checkpoint)
+        lm = EvalmLM(load_model(ckpt), load_tokenizer(ckpt / "tokenizer.json"), name=str(ckpt))
+        syn = SyntheticConfig(template=args.template)
+        prompt = PromptBuilder(synthetic_task(syn), lm.tokenizer, "eos")
+        plain = MethodOptions()
+        variants = {
+            "incremental": lambda d, it: METHODS["incremental"](lm, prompt, d, it, plain).scores,
+            "saicl": lambda d, it: METHODS["saicl"](lm, prompt, d, it, plain).scores,
+            "saicl + log k": lambda d, it: METHODS["saicl"](lm, prompt, d, it, MethodOptions(saicl_rescale=True)).scores,
+            "isolated, sequential": lambda d, it: isolated_sequential(lm, prompt, d, it, plain),
+        }
+        shots = [int(k) for k in args.shots.split(",")]
+        table = {name: {k: [] for k in shots} for name in variants}
+        for seed in (int(s) for s in args.seeds.split(",")):
+            splits = episode(seed, syn)
+            demo_of = [prompt.demo(i, row) for i, row in enumerate(splits["train"])]
+            for k in shots:
+                demos = [demo_of[j] for j in dataset_level(len(splits["train"]), k, seed)]
+                items = [prompt.test_item(i, row, k) for i, row in enumerate(splits["test"])]
+                for name, fn in variants.items():
+                    table[name][k].append(accuracy(fn(demos, items), items))
+        print(f"model {ckpt}; synthetic family ({syn.n_inputs} inputs, {syn.n_labels} labels, chance "
+              f"{1 / syn.n_labels:.2f}); accuracy, mean over seeds {args.seeds} x {syn.n_test} items")
+        print(f"{'variant':>22} " + " ".join(f"{k:>7}" for k in shots))
+        for name, row in table.items():
+            print(f"{name:>22} " + " ".join(f"{statistics.fmean(row[k]):7.2f}" for k in shots))
     return 0
 
 
