@@ -19,21 +19,15 @@ Every ratio is against a baseline measured in the same process on the same GPU.
              once, then per test item a fork, its 10-token shared test prefix, two 2-token candidates;
              the full-attention twin's K/V cache over the same context beside it
 
-On a GPU machine without network whose image has PyTorch, Triton, transformers and pytest but not
-the rest (this project's lent H100/H200: Python 3.12), carry the wheels it lacks and install nothing else:
-    pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-        --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
-        pydantic==2.14.4 pydantic_core==2.50.5 annotated_types typing_inspection typing_extensions orjson zstandard dill
-    # there:
-    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
-    python3 -m pip install -q --no-index --no-deps --no-build-isolation -e .
-    python3 benchmarks/gpu.py --out OUT --budget 400 --compile --commit "$(git rev-parse --short HEAD)"  # ~5 min, H200
+On the device machine this runs under scripts/device_run.sh (launcher/device_run.py), one section a
+process, after the CUDA tests, with the wheels it needs installed offline (docs/results.md, "EVA on a GPU").
 
 FLOPs per token of training (train/metrics.py): 6N for the Linear weights plus attention's own, 12·L·E·K
 for K keys a query reads on average (exact: (T + 1)/2; EVA: its block, its visible summaries). Attention
 FLOPs of one call: 4·B·H·D·Σ_i K(i) forward, 3.5× that forward + backward (FlashAttention's count: the
 backward's five products, one recomputing the scores). MFU uses the vendor's dense bf16 peak
-(train/metrics.py) and, beside it, the matrix-product rate measured here (8192³ bf16, `matmul_tflops`).
+(train/metrics.py) and, beside it, the matrix-product rate measured here (8192³ bf16, `matmul_tflops`);
+`mfu_torchtitan` counts every query against all T keys (torchtitan's 6N + 12·L·H·Q·T), at the datasheet peak.
 """
 
 from __future__ import annotations
@@ -231,6 +225,7 @@ def _train_row(attention_kind: str, n: int, runtime, steps: int, peaks: dict, co
     tok_s = TOKENS_PER_BATCH / step_s
     row = {"attention": attention_kind, "n": n, "compiled": compiled, "steps": steps, "step_s": step_s, "tokens_per_s": tok_s,
            "flops_per_token": flops, "mfu_datasheet": tok_s * flops["total"] / peaks["datasheet"],
+           "mfu_torchtitan": tok_s * flops["torchtitan"] / peaks["datasheet"],
            "mfu_measured_peak": tok_s * flops["total"] / peaks["measured"], "peak_gib": peak_gpu_gib("cuda"),
            "warmup_s": warm_s, "loss_first": losses[0], "loss_last": losses[-1], "profile": profile}
     del model, optimizer

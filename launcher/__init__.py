@@ -10,4 +10,7 @@
     report.py     the report folder (results.json, plots); summary.py its summary.md
     schedule.py   the steps one at a time in this process, or `jobs` child processes at once
     run.py        `evalm run`: every stage, skip by key, --from, --only
+
+Beside them, the GPU run's two ends: device_run.py (the run on a bare GPU machine, standard library
+only) and gpu_tables.py (docs/results.md's GPU tables from its committed evidence).
 """
