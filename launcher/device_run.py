@@ -135,7 +135,8 @@ def run_sections(sections: list[Section], folder: Path, deadline: float, commit:
             record.update(status="skipped", reason=f"budget: {max(left, 0):.0f} s left", rc=None, seconds=0.0)
         else:
             status, rc, seconds = run_child(s.argv, min(s.timeout_s, left), folder / f"{s.name}.log", s.env)
-            record.update(status=status, rc=rc, seconds=round(seconds, 2))
+            tail = (folder / f"{s.name}.log").read_bytes()[-4000:].decode("utf-8", "replace").splitlines()[-15:]
+            record.update(status=status, rc=rc, seconds=round(seconds, 2), tail=tail)
             if collect is not None:
                 collect(s.name, folder, record)
         write_json(folder / f"{s.name}.json", record)

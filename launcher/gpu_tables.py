@@ -15,6 +15,7 @@ Replaces the block between the two gpu-tables markers of the results file. Refus
 from __future__ import annotations
 
 import argparse
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -46,7 +47,8 @@ def check_tests(folder: Path, tests: dict) -> None:
         named = f": {', '.join(bad[:3])}{' ...' if len(bad) > 3 else ''}" if bad else ""
         raise InputError(f"{folder}: its CUDA tests did not all pass (status {tests.get('status')}, "
                          f"{counts.get('passed', 0)} passed, {counts.get('failed', 0)} failed, "
-                         f"{counts.get('error', 0)} errors{named}); figures come only from a run whose tests passed")
+                         f"{counts.get('error', 0)} errors, {counts.get('skipped', 0)} skipped{named}); figures come only from a "
+                         "run whose tests passed")
 
 
 def committed_sources(repo: Path, commit: str) -> dict[str, str]:
@@ -86,6 +88,8 @@ def check_commit(folder: Path, run: dict, repo: Path) -> str:
 
 
 def _table(header: list[str], rows: list[dict], cells) -> list[str]:
+    if not rows:
+        return []
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
         if "skipped" in row:
@@ -102,7 +106,7 @@ def _section(name: str, record: dict | None) -> tuple[list[dict], list[str]]:
     result = record.get("result") or {}
     note = [] if record.get("status") == "ok" and "error" not in result else [
         f"{name}: {record.get('status')} after {record.get('seconds', 0):.0f} s of {record.get('timeout_s')} s"
-        + (f" ({result['error'][:200]})" if "error" in result else "") + "."]
+        + (f" ({result['error'][:200]})" if "error" in result else "") + f"; its output in {name}.log.", ""]
     return result.get("rows", []), note
 
 
@@ -152,11 +156,12 @@ def tables(folder: Path, run: dict, commit: str) -> str:
     out = [f"Run `{folder.name}` (docs/runs/{folder.name}/): commit {commit[:12]}, {env.get('device', '?')} "
            f"({env.get('nvidia_smi', '?')}), torch {env.get('torch', '?')}, CUDA {env.get('cuda', '?')}, Triton "
            f"{env.get('triton', '?')}, Python {env.get('python', '?')}, started {env.get('started_utc', '?')}{peak}.", "",
-           f"CUDA tests: {tests['counts'].get('passed', 0)} passed, {tests['counts'].get('skipped', 0)} skipped in "
-           f"{tests.get('seconds', 0):.0f} s: " + "; ".join(f"`{t['name'].rsplit('::', 1)[-1]}` {t['outcome']} "
-                                                           f"{t['seconds']:.1f} s" for t in tests["tests"]) + ".", ""]
+           f"CUDA tests (tests.log): {tests['counts'].get('passed', 0)} passed, {tests['counts'].get('skipped', 0)} "
+           f"skipped in {tests.get('seconds', 0):.0f} s.", ""]
+    out += _table(["CUDA test", "outcome", "s"], sorted(tests["tests"], key=lambda t: t["name"]),
+                  lambda t: [f"`{t['name'].rsplit('::', 1)[-1]}`", t["outcome"], f"{t['seconds']:.1f}"]) + [""]
     out += attention_lines(run["attention"]) + [""] + train_lines(run["train"]) + [""] + cache_lines(run["cache"])
-    return "\n".join(out)
+    return re.sub(r"\n{3,}", "\n\n", "\n".join(out)).strip()
 
 
 def replace_block(results: Path, block: str) -> str:

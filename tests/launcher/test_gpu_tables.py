@@ -83,10 +83,10 @@ def test_a_run_whose_tests_passed_at_its_commit_makes_the_tables_between_the_mar
     block, tail = block.split(gpu_tables.END)
     assert head == "# Results\n\nbefore\n\n" and tail == "\n\nafter\n" and "old figures" not in block
     assert f"commit {commit[:12]}, NVIDIA H200" in block and "torch 2.11.0+cu130" in block and "Triton 3.6.0" in block
-    assert "CUDA tests: 3 passed, 0 skipped in 62 s: `test_a` passed 9.5 s" in block
+    assert "CUDA tests (tests.log): 3 passed, 0 skipped in 62 s." in block and "| `test_a` | passed | 9.5 |" in block
     assert "| 8,192 | 4 | 0.0 | 3.00 | 9.00 | **3.00×** | 7.1× | 90 / 210 | 0.50 / 0.40 |" in block
     assert "| 131072 | skipped: budget |" in block
-    assert "train: timeout after 160 s of 160 s." in block and "cache: not run." in block
+    assert "train: timeout after 160 s of 160 s; its output in train.log." in block and "cache: not run." in block
 
 
 @pytest.mark.parametrize("case", ["failed test", "no test", "section at another commit", "sources differ"])
