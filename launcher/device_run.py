@@ -52,6 +52,7 @@ SECTION_S = {"tests": 190, "attention": 90, "train": 140, "cache": 35}
 pass), then the attention rows, the training rows, the cache rows. A section gets at most what is
 left of the budget, and is skipped with less than MIN_SECTION_S."""
 MIN_SECTION_S = 20
+TRAIN_STEPS = 10  # timed steps a training row (after 2 warm-up): six rows, the compiled ones among them, in the section
 ENV_S, SETUP_S, KILL_GRACE_S = 60, 120, 5
 
 
@@ -164,7 +165,7 @@ def gpu_argv(name: str, folder: Path, commit: str, timeout_s: float) -> tuple[st
     """benchmarks/gpu.py for one section, its own budget inside the timeout (rows past it skipped)."""
     argv = [sys.executable, "benchmarks/gpu.py", "--out", str(folder / name), "--sections", name,
             "--budget", str(max(10, timeout_s - 25)), "--commit", commit]
-    return tuple(argv + (["--compile"] if name == "train" else []))
+    return tuple(argv + (["--compile", "--train-steps", str(TRAIN_STEPS)] if name == "train" else []))
 
 
 def plan(folder: Path, commit: str) -> list[Section]:

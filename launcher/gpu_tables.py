@@ -121,11 +121,12 @@ def _mfu(row: dict, key: str) -> str:
 def attention_lines(record: dict | None) -> list[str]:
     rows, note = _section("attention", record)
     return note + _table(
-        ["tokens", "batch", "attn dropout", "EVA ms", "Flash SDPA ms", "speed-up", "FLOP limit", "TFLOP/s EVA / SDPA",
-         "GiB EVA / SDPA"], rows,
+        ["tokens", "batch", "attn dropout", "EVA ms", "Flash-2 SDPA ms", "cuDNN SDPA ms", "speed-up: Flash-2 / fastest",
+         "FLOP limit", "TFLOP/s EVA / Flash-2", "GiB EVA / Flash-2"], rows,
         lambda x: [f"{x['n']:,}", str(x["batch"]), str(x["dropout"]), f"{x['eva_ms']:.2f}", f"{x['sdpa_ms']:.2f}",
-                   f"**{x['speedup']:.2f}×**", f"{x['flop_limit']:.1f}×", f"{x['eva_tflops']:.0f} / {x['sdpa_tflops']:.0f}",
-                   f"{x['eva_peak_gib']:.2f} / {x['sdpa_peak_gib']:.2f}"])
+                   "n/a" if x.get("cudnn_ms") is None else f"{x['cudnn_ms']:.2f}",
+                   f"{x['speedup']:.2f}× / **{x.get('speedup_fastest', x['speedup']):.2f}×**", f"{x['flop_limit']:.1f}×",
+                   f"{x['eva_tflops']:.0f} / {x['sdpa_tflops']:.0f}", f"{x['eva_peak_gib']:.2f} / {x['sdpa_peak_gib']:.2f}"])
 
 
 def train_lines(record: dict | None) -> list[str]:

@@ -58,7 +58,7 @@ def evidence(root: Path, commit: str, **changes) -> Path:
         "attention": {"section": "attention", "commit": commit, "status": "ok", "seconds": 80, "timeout_s": 100,
                       "gpu": {"peaks_tflops": {"measured": 750.0, "datasheet": 989.0}},
                       "result": {"rows": [{"n": 8192, "batch": 4, "dropout": 0.0, "eva_ms": 3.0, "sdpa_ms": 9.0,
-                                           "speedup": 3.0, "flop_limit": 7.1, "eva_tflops": 90, "sdpa_tflops": 210,
+                                           "speedup": 3.0, "cudnn_ms": 7.5, "speedup_fastest": 2.5, "flop_limit": 7.1, "eva_tflops": 90, "sdpa_tflops": 210,
                                            "eva_peak_gib": 0.5, "sdpa_peak_gib": 0.4},
                                           {"n": 131072, "dropout": 0.0, "skipped": "budget"}]}},
         "train": {"section": "train", "commit": commit, "status": "timeout", "seconds": 160, "timeout_s": 160,
@@ -84,7 +84,7 @@ def test_a_run_whose_tests_passed_at_its_commit_makes_the_tables_between_the_mar
     assert head == "# Results\n\nbefore\n\n" and tail == "\n\nafter\n" and "old figures" not in block
     assert f"commit {commit[:12]}, NVIDIA H200" in block and "torch 2.11.0+cu130" in block and "Triton 3.6.0" in block
     assert "CUDA tests (tests.log): 3 passed, 0 skipped in 62 s." in block and "| `test_a` | passed | 9.5 |" in block
-    assert "| 8,192 | 4 | 0.0 | 3.00 | 9.00 | **3.00×** | 7.1× | 90 / 210 | 0.50 / 0.40 |" in block
+    assert "| 8,192 | 4 | 0.0 | 3.00 | 9.00 | 7.50 | 3.00× / **2.50×** | 7.1× | 90 / 210 | 0.50 / 0.40 |" in block
     assert "| 131072 | skipped: budget |" in block
     assert "train: timeout after 160 s of 160 s; its output in train.log." in block and "cache: not run." in block
 
