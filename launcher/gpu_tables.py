@@ -64,7 +64,8 @@ def committed_sources(repo: Path, commit: str) -> dict[str, str]:
     for line in done.stdout.splitlines():
         meta, path = line.split("\t", 1)
         parts = path.split("/")
-        if path.endswith(SOURCE_SUFFIXES) and not any(p.startswith(".") or p == "__pycache__" for p in parts):
+        if path.endswith(SOURCE_SUFFIXES) and parts[0] != "shared" and not any(
+                p.startswith(".") or p == "__pycache__" for p in parts):
             found[path] = meta.split()[2]
     return found
 
