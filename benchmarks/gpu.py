@@ -2,9 +2,10 @@
 
     python benchmarks/gpu.py --out OUT [--budget 450] [--sections attention train cache]
 
-Writes OUT/gpu.json (every figure) and OUT/gpu.md (the tables docs/results.md takes), printing the
-tables last. Each section is timed; one that would start past the budget is skipped and says so.
-Every ratio is against a baseline measured in the same process on the same GPU.
+Writes OUT/gpu.json (every figure; rewritten after each row) and OUT/gpu.md, printing the tables last. A
+section or row that would start past the budget is skipped and says so. Every ratio is against a
+baseline measured in the same process on the same GPU. On the device it runs under
+scripts/device_run.sh (launcher/device_run.py), a section a process, after the CUDA tests.
 
   attention  one EVA layer's attention (summaries, slots, one flex_attention call) forward + backward
              against PyTorch's Flash-2 SDPA (causal) and, where it takes the call, cuDNN's (`speedup_fastest`:
@@ -18,9 +19,6 @@ Every ratio is against a baseline measured in the same process on the same GPU.
              once, then per test item a fork, its 10-token shared test prefix, two 2-token candidates;
              the full-attention twin's K/V cache over the same context beside it
 
-On the device machine this runs under scripts/device_run.sh (launcher/device_run.py), one section a
-process, after the CUDA tests, with the wheels it needs installed offline (docs/results.md, "EVA on a GPU").
-
 FLOPs per token of training (train/metrics.py): 6N for the Linear weights plus attention's own, 12·L·E·K
 for K keys a query reads on average (exact: (T + 1)/2; EVA: its block, its visible summaries). Attention
 FLOPs of one call: 4·B·H·D·Σ_i K(i) forward, 3.5× that forward + backward (FlashAttention's count: the
@@ -33,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -148,6 +147,7 @@ def attention(ctx: dict) -> dict:
             rows.append({"n": n, "dropout": dropout, "skipped": f"{type(err).__name__}: {err}"[:500]})
             print(f"attention n={n} dropout={dropout}: {rows[-1]['skipped']}", flush=True)
         torch.cuda.empty_cache()
+        ctx["save"]("attention", rows)
     return {"rows": rows}
 
 
@@ -243,6 +243,7 @@ def train(ctx: dict) -> dict:
             rows.append({"attention": kind, "n": n, "compiled": compiled, "skipped": f"{type(err).__name__}: {err}"[:500]})
             print(f"train {kind} n={n}: {rows[-1]['skipped']}", flush=True)
             torch.cuda.empty_cache()
+        ctx["save"]("train", rows)
     torch.distributed.destroy_process_group()
     return {"rows": rows, "batch_tokens": TOKENS_PER_BATCH}
 
@@ -294,6 +295,7 @@ def cache(ctx: dict) -> dict:
                          "item_ms": item_s * 1e3, "cache_mib": nbytes / 2**20, "kv_cache_mib": kv / 2**20})
             print(f"cache {kind} {shots} shots ({tokens} tokens): {item_s * 1e3:.2f} ms/item, "
                   f"{nbytes / 2**20:.1f} MiB (K/V {kv / 2**20:.1f} MiB)", flush=True)
+            ctx["save"]("cache", rows)
         del model
         torch.cuda.empty_cache()
     return {"rows": rows}
@@ -316,8 +318,6 @@ def table(r: dict) -> str:
     """The markdown tables of a report (docs/results.md, "EVA on a GPU")."""
     out = [f"{r['device']}, torch {r['torch']} (CUDA {r['cuda']}), commit {r['commit'] or 'n/a'}; bf16 matrix products "
            f"{r['peaks_tflops']['measured']:.0f} TFLOP/s measured here, {r['peaks_tflops']['datasheet']:.0f} datasheet", ""]
-    t = r.get("tests")  # reports of runs before the tests moved to launcher/device_run.py
-    out += [f"CUDA tests: rc {t.get('rc')} in {t.get('seconds', 0):.0f} s: {(t.get('tail') or ['not run'])[-1]}", ""] if t else []
     out += _rows(r.get("attention", {}), ["tokens", "batch", "attn dropout", "EVA ms", "Flash SDPA ms", "speed-up",
                                           "FLOP limit", "EVA TFLOP/s", "SDPA TFLOP/s", "EVA GiB", "SDPA GiB"],
                  lambda x: [f"{x['n']:,}", str(x["batch"]), str(x["dropout"]), f"{x['eva_ms']:.2f}", f"{x['sdpa_ms']:.2f}",
@@ -335,6 +335,18 @@ def table(r: dict) -> str:
                  lambda x: [x["attention"], str(x["shots"]), f"{x['tokens']:,}", f"{x['encode_s']:.2f}",
                             f"{x['item_ms']:.2f}", f"{x['cache_mib']:.1f}", f"{x['kv_cache_mib']:.1f}"])
     return "\n".join(out) + f"\n\ntotal {r.get('total_s', 0):.0f} s\n"
+
+
+def _saver(path: Path, report: dict):
+    """save(): gpu.json, whole or not at all; save(section, rows) first records the rows so far (the device
+    run kills a section at its timeout: it keeps every row finished)."""
+
+    def save(name: str | None = None, rows: list[dict] | None = None) -> None:
+        if name is not None:
+            report[name] = {"rows": rows, "partial": True}
+        path.with_name(f".{path.name}.partial").write_text(json.dumps(report, indent=2, default=str))
+        os.replace(path.with_name(f".{path.name}.partial"), path)
+    return save
 
 
 def main(argv=None) -> int:
@@ -361,6 +373,7 @@ def main(argv=None) -> int:
            "peaks": {"datasheet": peak_flops(device) or float("nan"), "measured": matmul_tflops() * 1e12}}
     report = {"device": device_name("cuda"), "torch": torch.__version__, "cuda": torch.version.cuda,
               "commit": args.commit, "peaks_tflops": {k: v / 1e12 for k, v in ctx["peaks"].items()}}
+    ctx["save"] = _saver(args.out / "gpu.json", report)
     for name in args.sections:
         t0 = time.perf_counter()
         if t0 > ctx["deadline"]:
@@ -372,9 +385,9 @@ def main(argv=None) -> int:
             report[name] = {"error": f"{type(err).__name__}: {err}"[:2000]}
             print(f"section {name}: {type(err).__name__}: {err}", flush=True)
         report[name]["section_s"] = time.perf_counter() - t0
-        (args.out / "gpu.json").write_text(json.dumps(report, indent=2, default=str))
+        ctx["save"]()
     report["total_s"] = time.perf_counter() - start
-    (args.out / "gpu.json").write_text(json.dumps(report, indent=2, default=str))
+    ctx["save"]()
     text = table(report)
     (args.out / "gpu.md").write_text(text)
     print(text)

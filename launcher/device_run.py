@@ -196,12 +196,17 @@ def collect(name: str, folder: Path, record: dict) -> None:
     """A section's result beside its status: the tests from the junit XML, the benchmark sections
     from their part of gpu.json (written by benchmarks/gpu.py after each of its sections)."""
     if name == "tests":
-        xml = folder / "tests.xml"
-        record.update(junit_tests(xml) if xml.is_file() else {"tests": [], "counts": {}, "note": "no junit XML"})
+        try:
+            record.update(junit_tests(folder / "tests.xml"))
+        except (OSError, ET.ParseError) as err:  # pytest killed before it wrote the XML: tests.log has the names
+            record.update(tests=[], counts={}, note=f"no junit XML: {type(err).__name__}")
         return
     report = folder / name / "gpu.json"
-    if report.is_file():
+    try:
         whole = json.loads(report.read_text())
+    except (OSError, ValueError) as err:  # the section died before its first row
+        record["result"] = {"error": f"no gpu.json: {type(err).__name__}"}
+    else:
         record["result"] = whole.get(name)
         record["gpu"] = {k: whole.get(k) for k in ("device", "torch", "cuda", "peaks_tflops")}
 

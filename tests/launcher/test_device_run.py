@@ -90,3 +90,17 @@ def test_a_files_blob_id_is_gits(tmp_path):
     path.write_bytes(b"print('\xc3\xa9')\n")
     want = subprocess.run(["git", "hash-object", str(path)], capture_output=True, text=True, check=True).stdout.strip()
     assert device_run.blob_id(path.read_bytes()) == want
+
+
+def test_a_section_that_died_mid_write_is_recorded_not_fatal(tmp_path):
+    """A benchmark section killed before its first row (no gpu.json, or half of one) and a test run
+    killed before pytest wrote its junit XML: each recorded as such; the driver goes on."""
+    (tmp_path / "train").mkdir()
+    (tmp_path / "train" / "gpu.json").write_text('{"train": {"rows": [')
+    (tmp_path / "tests.xml").write_text("<testsuites><testsuite><testcase name=")
+    records = {name: {} for name in ("attention", "train", "tests")}
+    for name, record in records.items():
+        device_run.collect(name, tmp_path, record)
+    assert records["attention"]["result"]["error"].startswith("no gpu.json")
+    assert records["train"]["result"]["error"].startswith("no gpu.json")
+    assert records["tests"]["tests"] == [] and records["tests"]["note"].startswith("no junit XML")
