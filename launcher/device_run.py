@@ -301,7 +301,8 @@ def setup(folder: Path) -> dict:
 # ------------------------------------------------------------------ the command
 
 def parse(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="launcher/device_run.py", description=__doc__.split("\n")[0],
+    parser = argparse.ArgumentParser(prog="launcher/device_run.py", allow_abbrev=False,
+                                     description=__doc__.split("\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     parser.add_argument("--out", type=Path, required=True, help="the folder the run's evidence folder is made in")
     parser.add_argument("--commit", default="", help="the commit the tree is (default: git's HEAD, where there is a .git)")

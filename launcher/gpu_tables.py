@@ -175,7 +175,8 @@ def replace_block(results: Path, block: str) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m evalm.launcher.gpu_tables", description=__doc__.split("\n")[0],
+    parser = argparse.ArgumentParser(prog="python -m evalm.launcher.gpu_tables", allow_abbrev=False,
+                                     description=__doc__.split("\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     parser.add_argument("run", type=Path, help="a device run's evidence folder (docs/runs/DATE-COMMIT)")
     parser.add_argument("--results", type=Path, default=Path("docs/results.md"), help="the page whose block is replaced")
