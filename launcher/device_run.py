@@ -37,7 +37,7 @@ import sys
 import time
 import tomllib
 import xml.etree.ElementTree as ET
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -317,7 +317,7 @@ def main(argv=None) -> int:
     args = parse(argv)
     deadline = time.monotonic() + args.budget
     commit = args.commit or git_commit() or "unknown"
-    folder = args.out / f"{datetime.date.today().isoformat()}-{commit[:7]}"
+    folder = args.out / f"{datetime.datetime.now(datetime.timezone.utc).date().isoformat()}-{commit[:7]}"  # the UTC date
     sections = [s for s in plan(folder, commit) if s.name in args.sections]
     if args.dry_run:
         print(f"device run at {commit}: evidence in {folder}; budget {args.budget:.0f} s (set-up {SETUP_S} s, "
