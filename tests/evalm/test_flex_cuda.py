@@ -1,9 +1,10 @@
 """The GPU route of EVA (`flex`, evalm/flex.py) on a GPU: the compiled kernel's forward and backward.
 
-    python -m pytest -m cuda tests/evalm/test_flex_cuda.py -q     # on a machine with CUDA
+    python -m pytest -rA -m cuda tests/evalm/test_flex_cuda.py     # on a machine with CUDA
 
-Skipped without CUDA (CI has none; `benchmarks/gpu.py` runs them on the device machine and puts
-their result in its report). Against the float64 equation of tests/evalm/test_eva_sink.py on the
+Skipped without CUDA (CI has none). The device run (scripts/device_run.sh, launcher/device_run.py)
+runs them first, each under a timeout, and records every test's outcome and time: the GPU figures
+count only where all of them passed at the same commit. Against the float64 equation of tests/evalm/test_eva_sink.py on the
 CPU, from the same weights and inputs:
 - fp32, forward and every gradient (q, k, v, A_q/A_k, the T5 table): ‖got − want‖/‖want‖ ≤ FP32
   (IEEE fp32 arithmetic, no TF32), for overlap + T5 + excluded window chunks, moved sink tokens,
