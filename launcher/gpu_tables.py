@@ -5,7 +5,7 @@
 
 Replaces the block between the two gpu-tables markers of the results file. Refuses, in one line
 (exit 2), a run whose figures would not stand:
-- its CUDA tests did not all pass (a failed, erroring or missing test, no test at all, a test run
+- its CUDA tests did not all pass (a failed, erroring or skipped test, no test at all, a test run
   cut short by its timeout);
 - a section ran at another commit than the tests, or the run's sources (env.json's blob ids of
   every .py and .toml file it ran) differ from that commit's files in this repository, or the
@@ -42,8 +42,8 @@ def load(folder: Path) -> dict:
 
 def check_tests(folder: Path, tests: dict) -> None:
     counts = tests.get("counts") or {}
-    bad = [t["name"] for t in tests.get("tests", []) if t.get("outcome") in ("failed", "error")]
-    if tests.get("status") != "ok" or bad or counts.get("failed") or counts.get("error") or not counts.get("passed"):
+    bad = [t["name"] for t in tests.get("tests", []) if t.get("outcome") != "passed"]  # on a GPU none skips
+    if tests.get("status") != "ok" or bad or not counts.get("passed"):
         named = f": {', '.join(bad[:3])}{' ...' if len(bad) > 3 else ''}" if bad else ""
         raise InputError(f"{folder}: its CUDA tests did not all pass (status {tests.get('status')}, "
                          f"{counts.get('passed', 0)} passed, {counts.get('failed', 0)} failed, "

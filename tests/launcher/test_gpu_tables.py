@@ -89,7 +89,7 @@ def test_a_run_whose_tests_passed_at_its_commit_makes_the_tables_between_the_mar
     assert "train: timeout after 160 s of 160 s; its output in train.log." in block and "cache: not run." in block
 
 
-@pytest.mark.parametrize("case", ["failed test", "no test", "section at another commit", "sources differ"])
+@pytest.mark.parametrize("case", ["failed test", "skipped test", "no test", "section at another commit", "sources differ"])
 def test_a_run_whose_figures_would_not_stand_is_refused_in_one_line(repo, case):
     root, commit = repo
     tests = {"section": "tests", "commit": commit, "status": "failed", "rc": 1, "seconds": 50,
@@ -97,6 +97,8 @@ def test_a_run_whose_figures_would_not_stand_is_refused_in_one_line(repo, case):
              "tests": [{"name": "t::test_bias_gradient", "outcome": "failed", "seconds": 3, "message": "assert"}]}
     changes = {
         "failed test": {"tests": tests},
+        "skipped test": {"tests": {**tests, "status": "ok", "rc": 0, "counts": {"passed": 2, "skipped": 1},
+                                   "tests": [{**tests["tests"][0], "outcome": "skipped"}]}},
         "no test": {"tests": {**tests, "status": "ok", "rc": 0, "tests": [], "counts": {"passed": 0}}},
         "section at another commit": {"train": {"section": "train", "commit": "f" * 40, "status": "ok", "result": {}}},
         "sources differ": {},
@@ -108,7 +110,7 @@ def test_a_run_whose_figures_would_not_stand_is_refused_in_one_line(repo, case):
         (folder / "env.json").write_text(json.dumps({**env, "sources": sources(root)}))
     done = tables(root, folder)
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
-    want = {"failed test": "test_bias_gradient", "no test": "did not all pass",
+    want = {"failed test": "test_bias_gradient", "skipped test": "1 skipped: t::test_bias_gradient", "no test": "did not all pass",
             "section at another commit": "train at", "sources differ": "evalm/flex.py"}[case]
     assert want in done.stderr and str(folder) in done.stderr
     assert (root / "docs" / "results.md").read_text() == PAGE
