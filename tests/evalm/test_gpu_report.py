@@ -63,3 +63,18 @@ def test_each_saved_row_lands_whole_in_gpu_json(tmp_path):
     save()
     assert json.loads((tmp_path / "gpu.json").read_text())["attention"] == {"rows": [], "section_s": 1.0}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gpu.json"]
+
+
+def test_every_name_the_gpu_sections_import_exists():
+    """The sections import the project's modules inside functions, which only a GPU runs: a renamed
+    function would fail there, after minutes of device time. Every `from evalm... import name` of the
+    script resolves here."""
+    import ast
+    import importlib
+
+    tree = ast.parse((ROOT / "benchmarks" / "gpu.py").read_text(encoding="utf-8"))
+    imports = [(node.module, alias.name) for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+               and (node.module or "").startswith("evalm") for alias in node.names]
+    assert len(imports) >= 8
+    missing = [f"{module}.{name}" for module, name in imports if not hasattr(importlib.import_module(module), name)]
+    assert missing == []
