@@ -1,48 +1,38 @@
 """EVA where pretraining runs: its GPU route checked and measured on one GPU, in one command.
 
-    python benchmarks/gpu.py --out OUT [--budget 450] [--sections tests attention train cache]
+    python benchmarks/gpu.py --out OUT [--budget 450] [--sections attention train cache]
 
-Writes OUT/gpu.json (every figure) and OUT/gpu.md (the tables docs/results.md takes), printing the
-tables last. Each section is timed; one that would start past the budget is skipped and says so.
-Every ratio is against a baseline measured in the same process on the same GPU.
+Writes OUT/gpu.json (every figure; rewritten after each row) and OUT/gpu.md, printing the tables last. A
+section or row that would start past the budget is skipped and says so. Every ratio is against a
+baseline measured in the same process on the same GPU. On the device it runs under
+scripts/device_run.sh (launcher/device_run.py), a section a process, after the CUDA tests.
 
-  tests      `pytest -m cuda tests/evalm/test_flex_cuda.py`: the compiled route's forward and backward
-             against the float64 equation (fp32 and bf16), dropout as the CPU route draws it,
-             incremental encoding on CUDA equal to the one-shot forward
   attention  one EVA layer's attention (summaries, slots, one flex_attention call) forward + backward
-             against PyTorch's Flash SDPA (causal), 16 heads of 64, bf16, w 128, c 8, at 8k / 32k / 128k
+             against PyTorch's Flash-2 SDPA (causal) and, where it takes the call, cuDNN's (`speedup_fastest`:
+             against the faster of the two), 16 heads of 64, bf16, w 128, c 8, at 8k / 32k / 128k
              tokens (32,768 tokens a batch below 32k), without and with attention dropout 0.1
   train      configs/evalm-350m.toml on one GPU (FSDP2 world of one, bf16, activation checkpointing, dropout
              and attention dropout 0.1 as Table 6) on random tokens at 8,192 and 32,768 tokens a line, 32,768
-             a micro-batch, EVA and its full-attention twin (Flash SDPA); with --compile also at 8k compiled
+             a micro-batch, EVA and its full-attention twin (SDPA, its backend PyTorch's pick); with --compile
+             also at 8k compiled
   cache      the 350M shape's cache (bf16, random weights): 16 / 256 / 2,000 demonstrations encoded
              once, then per test item a fork, its 10-token shared test prefix, two 2-token candidates;
              the full-attention twin's K/V cache over the same context beside it
-
-On a GPU machine without network whose image has PyTorch, Triton, transformers and pytest but not
-the rest (this project's lent H100/H200: Python 3.12), carry the wheels it lacks and install nothing else:
-    pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-        --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
-        pydantic==2.14.4 pydantic_core==2.50.5 annotated_types typing_inspection typing_extensions orjson zstandard dill
-    # there:
-    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
-    python3 -m pip install -q --no-index --no-deps --no-build-isolation -e .
-    python3 benchmarks/gpu.py --out OUT --budget 400 --compile --commit "$(git rev-parse --short HEAD)"  # ~5 min, H200
 
 FLOPs per token of training (train/metrics.py): 6N for the Linear weights plus attention's own, 12·L·E·K
 for K keys a query reads on average (exact: (T + 1)/2; EVA: its block, its visible summaries). Attention
 FLOPs of one call: 4·B·H·D·Σ_i K(i) forward, 3.5× that forward + backward (FlashAttention's count: the
 backward's five products, one recomputing the scores). MFU uses the vendor's dense bf16 peak
-(train/metrics.py) and, beside it, the matrix-product rate measured here (8192³ bf16, `matmul_tflops`).
+(train/metrics.py) and, beside it, the matrix-product rate measured here (8192³ bf16, `matmul_tflops`);
+`mfu_torchtitan` counts every query against all T keys (torchtitan's 6N + 12·L·H·Q·T), at the datasheet peak.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
+import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -83,26 +73,6 @@ def model_config(**changes):
     return build(ModelConfig, {**read_toml(CONFIG)["model"], **changes}, where=f"{CONFIG} [model]")
 
 
-def tests(ctx: dict) -> dict:
-    """The CUDA tests in a subprocess; their whole output in OUT/tests.log, the summary lines (a failure's
-    name and message, the counts) in the report."""
-    cmd = [sys.executable, "-m", "pytest", "-q", "-rfE", "-m", "cuda", "tests/evalm/test_flex_cuda.py",
-           "-p", "no:cacheprovider", "-W", "ignore::UserWarning"]
-    if importlib.util.find_spec("pytest_benchmark"):  # its warnings under xdist would fill the summary
-        cmd += ["-p", "no:benchmark"]
-    if importlib.util.find_spec("xdist"):  # each test compiles its own kernels: in parallel processes
-        cmd += ["-n", "6"]
-    t0 = time.perf_counter()
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    text = done.stdout + done.stderr
-    (ctx["out"] / "tests.log").write_text(text)
-    counts = (" passed", " failed", " skipped", " error")
-    summary = [line for line in text.splitlines()
-               if line.startswith(("FAILED", "ERROR", "E ")) or any(word in line for word in counts)][-20:]
-    print("\n".join(summary), flush=True)
-    return {"command": " ".join(cmd[1:]), "rc": done.returncode, "seconds": time.perf_counter() - t0, "tail": summary}
-
-
 def _attention_pair(n: int, dropout: float):
     """(EVA fwd+bwd, SDPA fwd+bwd) closures over fresh bf16 q, k, v of 16 heads of 64, and the layer's Tiling."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -117,13 +87,24 @@ def _attention_pair(n: int, dropout: float):
     def eva():
         layer.attend(q, k, v).backward(d_out)
 
-    def sdpa():
-        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+    def sdpa(backend=SDPBackend.FLASH_ATTENTION):
+        with sdpa_kernel(backend):
             out = torch.nn.functional.scaled_dot_product_attention(
                 q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, dropout_p=dropout)
         out.transpose(1, 2).backward(d_out)
 
     return eva, sdpa, layer.layout, B
+
+
+def _cudnn_ms(sdpa, repeats: int) -> float | None:
+    """cuDNN's SDPA (the fastest backend on Hopper; the twin trains on it) in ms, or None where it
+    does not take the call (no cuDNN attention in this build, or dropout it does not support)."""
+    from torch.nn.attention import SDPBackend
+
+    try:
+        return sync_time(lambda: sdpa(SDPBackend.CUDNN_ATTENTION), repeats) * 1e3
+    except RuntimeError:
+        return None
 
 
 def top_kernels(fn, k: int = 12) -> list[dict]:
@@ -156,7 +137,7 @@ def _peak_gib(fn) -> float:
 
 def attention(ctx: dict) -> dict:
     rows = []
-    for n, dropout in ((8192, 0.0), (32768, 0.0), (131072, 0.0), (8192, 0.1), (32768, 0.1)):
+    for n, dropout in ((8192, 0.0), (32768, 0.0), (8192, 0.1), (32768, 0.1), (131072, 0.0)):  # the goals' rows first
         if time.perf_counter() > ctx["deadline"] - 30:
             rows.append({"n": n, "dropout": dropout, "skipped": "budget"})
             continue
@@ -166,6 +147,7 @@ def attention(ctx: dict) -> dict:
             rows.append({"n": n, "dropout": dropout, "skipped": f"{type(err).__name__}: {err}"[:500]})
             print(f"attention n={n} dropout={dropout}: {rows[-1]['skipped']}", flush=True)
         torch.cuda.empty_cache()
+        ctx["save"]("attention", rows)
     return {"rows": rows}
 
 
@@ -175,11 +157,13 @@ def _attention_row(n: int, dropout: float) -> dict:
     eva()  # compiles
     compile_s = time.perf_counter() - t0
     repeats = 10 if n <= 32768 else 4
-    eva_s, sdpa_s = sync_time(eva, repeats), sync_time(sdpa, repeats)
+    eva_s, sdpa_s, cudnn_ms = sync_time(eva, repeats), sync_time(sdpa, repeats), _cudnn_ms(sdpa, repeats)
+    fastest_s = min(sdpa_s, cudnn_ms / 1e3) if cudnn_ms else sdpa_s
     fwd_eva = 4 * B * 16 * 64 * n * t.mean_keys(n)
     fwd_full = 4 * B * 16 * 64 * n * (n + 1) / 2
     row = {"n": n, "batch": B, "dropout": dropout, "eva_ms": eva_s * 1e3, "sdpa_ms": sdpa_s * 1e3,
-           "speedup": sdpa_s / eva_s, "flop_limit": fwd_full / fwd_eva, "eva_keys_per_query": t.mean_keys(n),
+           "speedup": sdpa_s / eva_s, "cudnn_ms": cudnn_ms, "speedup_fastest": fastest_s / eva_s,
+           "flop_limit": fwd_full / fwd_eva, "eva_keys_per_query": t.mean_keys(n),
            "eva_tflops": 3.5 * fwd_eva / eva_s / 1e12, "sdpa_tflops": 3.5 * fwd_full / sdpa_s / 1e12,
            "eva_peak_gib": _peak_gib(eva), "sdpa_peak_gib": _peak_gib(sdpa), "eva_compile_s": compile_s}
     if n == 8192 and dropout == 0:
@@ -231,6 +215,7 @@ def _train_row(attention_kind: str, n: int, runtime, steps: int, peaks: dict, co
     tok_s = TOKENS_PER_BATCH / step_s
     row = {"attention": attention_kind, "n": n, "compiled": compiled, "steps": steps, "step_s": step_s, "tokens_per_s": tok_s,
            "flops_per_token": flops, "mfu_datasheet": tok_s * flops["total"] / peaks["datasheet"],
+           "mfu_torchtitan": tok_s * flops["torchtitan"] / peaks["datasheet"],
            "mfu_measured_peak": tok_s * flops["total"] / peaks["measured"], "peak_gib": peak_gpu_gib("cuda"),
            "warmup_s": warm_s, "loss_first": losses[0], "loss_last": losses[-1], "profile": profile}
     del model, optimizer
@@ -245,8 +230,9 @@ def train(ctx: dict) -> dict:
 
     runtime = init_distributed("cuda")
     rows = []
-    plan = [(n, kind, False) for n in (8192, 32768) for kind in ("eva", "full")]
+    plan = [(8192, kind, False) for kind in ("eva", "full")]
     plan += [(8192, kind, True) for kind in ("eva", "full")] if ctx["compile"] else []  # train.compile, same run
+    plan += [(32768, kind, False) for kind in ("eva", "full")]
     for n, kind, compiled in plan:
         if time.perf_counter() > ctx["deadline"] - 40:
             rows.append({"attention": kind, "n": n, "compiled": compiled, "skipped": "budget"})
@@ -257,6 +243,7 @@ def train(ctx: dict) -> dict:
             rows.append({"attention": kind, "n": n, "compiled": compiled, "skipped": f"{type(err).__name__}: {err}"[:500]})
             print(f"train {kind} n={n}: {rows[-1]['skipped']}", flush=True)
             torch.cuda.empty_cache()
+        ctx["save"]("train", rows)
     torch.distributed.destroy_process_group()
     return {"rows": rows, "batch_tokens": TOKENS_PER_BATCH}
 
@@ -308,12 +295,13 @@ def cache(ctx: dict) -> dict:
                          "item_ms": item_s * 1e3, "cache_mib": nbytes / 2**20, "kv_cache_mib": kv / 2**20})
             print(f"cache {kind} {shots} shots ({tokens} tokens): {item_s * 1e3:.2f} ms/item, "
                   f"{nbytes / 2**20:.1f} MiB (K/V {kv / 2**20:.1f} MiB)", flush=True)
+            ctx["save"]("cache", rows)
         del model
         torch.cuda.empty_cache()
     return {"rows": rows}
 
 
-SECTIONS = {"tests": tests, "attention": attention, "train": train, "cache": cache}
+SECTIONS = {"attention": attention, "train": train, "cache": cache}  # the CUDA tests: launcher/device_run.py
 
 
 # ---------------------------------------------------------------------------------------- report
@@ -330,8 +318,6 @@ def table(r: dict) -> str:
     """The markdown tables of a report (docs/results.md, "EVA on a GPU")."""
     out = [f"{r['device']}, torch {r['torch']} (CUDA {r['cuda']}), commit {r['commit'] or 'n/a'}; bf16 matrix products "
            f"{r['peaks_tflops']['measured']:.0f} TFLOP/s measured here, {r['peaks_tflops']['datasheet']:.0f} datasheet", ""]
-    t = r.get("tests", {})
-    out += [f"CUDA tests: rc {t.get('rc')} in {t.get('seconds', 0):.0f} s: {(t.get('tail') or ['not run'])[-1]}", ""]
     out += _rows(r.get("attention", {}), ["tokens", "batch", "attn dropout", "EVA ms", "Flash SDPA ms", "speed-up",
                                           "FLOP limit", "EVA TFLOP/s", "SDPA TFLOP/s", "EVA GiB", "SDPA GiB"],
                  lambda x: [f"{x['n']:,}", str(x["batch"]), str(x["dropout"]), f"{x['eva_ms']:.2f}", f"{x['sdpa_ms']:.2f}",
@@ -349,6 +335,18 @@ def table(r: dict) -> str:
                  lambda x: [x["attention"], str(x["shots"]), f"{x['tokens']:,}", f"{x['encode_s']:.2f}",
                             f"{x['item_ms']:.2f}", f"{x['cache_mib']:.1f}", f"{x['kv_cache_mib']:.1f}"])
     return "\n".join(out) + f"\n\ntotal {r.get('total_s', 0):.0f} s\n"
+
+
+def _saver(path: Path, report: dict):
+    """save(): gpu.json, whole or not at all; save(section, rows) first records the rows so far (the device
+    run kills a section at its timeout: it keeps every row finished)."""
+
+    def save(name: str | None = None, rows: list[dict] | None = None) -> None:
+        if name is not None:
+            report[name] = {"rows": rows, "partial": True}
+        path.with_name(f".{path.name}.partial").write_text(json.dumps(report, indent=2, default=str))
+        os.replace(path.with_name(f".{path.name}.partial"), path)
+    return save
 
 
 def main(argv=None) -> int:
@@ -375,6 +373,7 @@ def main(argv=None) -> int:
            "peaks": {"datasheet": peak_flops(device) or float("nan"), "measured": matmul_tflops() * 1e12}}
     report = {"device": device_name("cuda"), "torch": torch.__version__, "cuda": torch.version.cuda,
               "commit": args.commit, "peaks_tflops": {k: v / 1e12 for k, v in ctx["peaks"].items()}}
+    ctx["save"] = _saver(args.out / "gpu.json", report)
     for name in args.sections:
         t0 = time.perf_counter()
         if t0 > ctx["deadline"]:
@@ -386,9 +385,9 @@ def main(argv=None) -> int:
             report[name] = {"error": f"{type(err).__name__}: {err}"[:2000]}
             print(f"section {name}: {type(err).__name__}: {err}", flush=True)
         report[name]["section_s"] = time.perf_counter() - t0
-        (args.out / "gpu.json").write_text(json.dumps(report, indent=2, default=str))
+        ctx["save"]()
     report["total_s"] = time.perf_counter() - start
-    (args.out / "gpu.json").write_text(json.dumps(report, indent=2, default=str))
+    ctx["save"]()
     text = table(report)
     (args.out / "gpu.md").write_text(text)
     print(text)

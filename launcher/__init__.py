@@ -13,4 +13,7 @@
     study_file.py a study's run file: [study], its vars, its [[step]]s, validated
     study.py      a study's steps as the runner's units, in its own run folder
     run.py        `evalm run`: the run file read once; the main job's stages (a [study] file: study.py)
+
+Beside them, the GPU run's two ends: device_run.py (the run on a bare GPU machine, standard library
+only) and gpu_tables.py (docs/results.md's GPU tables from its committed evidence).
 """

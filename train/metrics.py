@@ -2,7 +2,9 @@
 
 The line (nanochat `print0`, torchtitan `MetricsProcessor`):
     step    10/100 | loss 5.4321 | lr 8.00e-05 | gnorm 0.912 | tok/s 12,345 | mfu n/a | mem 1.23GiB | eta 0:01:23
-MFU is shown where the accelerator's peak is known (`PEAK_FLOPS`); a CPU has none. TensorBoard is
+MFU is shown where the accelerator's peak is known (`PEAK_FLOPS`); a CPU has none. The line's MFU
+counts attention causally (`flops_per_token`); the record also holds `mfu_torchtitan`, torchtitan's
+count, which credits every query with all T keys. TensorBoard is
 optional and sits behind the same `log` call as a null logger when off.
 """
 
@@ -49,10 +51,16 @@ def flops_per_token(n_params: int, model, seq_len: int) -> dict[str, float]:
     """Training FLOPs per token (forward + backward, PaLM appendix B): 6N for the parameters' matrix
     products (N: `n_params`, `matmul_params` of the model) plus attention's own, 12·L·E·K for the
     QKᵀ and PV products over the K keys a query reads on average (`attention_keys`); activation
-    checkpointing's recomputed forward is not counted (MFU, not HFU). Returns the parts and "total"."""
+    checkpointing's recomputed forward is not counted (MFU, not HFU). Returns the parts and "total"
+    (this causal-aware count), and "torchtitan": the same 6N with every query counted against all T
+    keys of its line, 6N + 12·L·H·Q·T (torchtitan's `get_num_flop_per_token`, the scale llm-foundry's
+    and torchtitan's MFU figures are on). That count does not look at the attention kind: for EVA and
+    window-only attention it is the work of exact attention at the same shape, so tokens/s of EVA and
+    its twin convert to MFU by one factor."""
     keys = attention_keys(model, seq_len)
     parts = {"params": 6.0 * n_params, "attention": 12.0 * model.n_layer * model.d_model * keys, "keys_per_query": keys}
-    return {**parts, "total": parts["params"] + parts["attention"]}
+    dense = 12.0 * model.n_layer * model.d_model * seq_len  # H·Q = E
+    return {**parts, "total": parts["params"] + parts["attention"], "torchtitan": parts["params"] + dense}
 
 
 def matmul_params(model: torch.nn.Module) -> int:

@@ -276,7 +276,8 @@ class _Meter:
     def __init__(self, session: Session, step: int, tokens_per_step: int):
         config, seq_len = session.config, session.loader.source.seq_len
         self.session, self.tokens_per_step = session, tokens_per_step
-        self.flops = flops_per_token(matmul_params(session.model), config.model, seq_len)["total"]
+        counts = flops_per_token(matmul_params(session.model), config.model, seq_len)
+        self.flops, self.flops_torchtitan = counts["total"], counts["torchtitan"]
         self.peak = peak_flops(session.runtime.device)
         self.last_time, self.last_step = time.perf_counter(), step
         self.records: list[dict] = []
@@ -288,6 +289,7 @@ class _Meter:
         tok_s = self.tokens_per_step * steps / max(now - self.last_time, 1e-9)
         record = {"step": state.step, "total_steps": total, **values, "tokens_per_s": tok_s,
                   "mfu": None if self.peak is None else tok_s * self.flops / (self.peak * runtime.world_size),
+                  "mfu_torchtitan": None if self.peak is None else tok_s * self.flops_torchtitan / (self.peak * runtime.world_size),
                   "peak_mem_gib": peak_memory_gib(runtime.device), "tokens_seen": state.tokens_seen,
                   "epoch": self.session.loader.epoch, "eta_s": (now - self.last_time) / steps * (total - state.step),
                   "nonfinite_skips": state.nonfinite_skips}

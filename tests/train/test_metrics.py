@@ -49,3 +49,15 @@ def test_parameters_in_products_are_the_linear_weights_with_a_tied_output_matrix
     per_block = 4 * E * E + 2 * E * F + 2 * D * D
     assert matmul_params(tied) == SMALL.n_layer * per_block + V * E  # q, k, v, out, fc1, fc2, A_q, A_k; LM head
     assert matmul_params(untied) == matmul_params(tied)  # untied: the token table is a lookup, the head the same size
+
+
+def test_torchtitans_count_credits_every_query_with_all_t_keys():
+    """torchtitan's `get_num_flop_per_token`: 6N + 12·L·H·Q·T, written out by hand for L 2, H 4, Q 8,
+    T 100 (E = H·Q = 32), beside the causal-aware count of the same shape; the same for EVA (the
+    count does not read the attention kind)."""
+    T, N = 100, 1000
+    want = 6 * N + 12 * 2 * 4 * 8 * 100  # 6,000 + 76,800
+    full = flops_per_token(N, dataclasses.replace(SMALL, attention="full"), T)
+    assert full["torchtitan"] == want == 82800
+    assert full["total"] == 6 * N + 12 * 2 * 32 * 50.5  # (T + 1)/2 keys: 44,784
+    assert flops_per_token(N, SMALL, T)["torchtitan"] == want
