@@ -233,7 +233,7 @@ def test_rows_whose_every_key_is_dropped_are_zero_with_finite_gradients():
         q, k, v = heads(cpu, torch.randn(2, 300, LAYER.d_model, dtype=torch.float32))
     weight = torch.randn(q.shape)
     qd, kd, vd = (x.to(DEVICE).requires_grad_() for x in (q, k, v))
-    got = flex.eva(flex.Layer(t, dev.maps, dev.rel_pos_bias, None), qd, kd, vd)
+    got = flex.attend_layer(flex.LayerParts(t, dev.maps, dev.rel_pos_bias, None), qd, kd, vd)
     got_grads = torch.autograd.grad((got * weight.to(DEVICE)).sum(), [qd, kd, vd])
     w = cpu.window_size
     distance = torch.arange(w)[:, None] + cpu.ext - torch.arange(cpu.ext + w)
@@ -292,5 +292,5 @@ def test_nine_lengths_in_one_process_each_run_the_kernel():
         peak = torch.cuda.max_memory_allocated() - base
         assert {p.name for p in taken} == {"flex"}, n
         assert rel_on_device(got, want) < FP32, n
-    dense = 1 * LAYER.n_head * 4100 * flex.Slots(4100, 4100 // 4, 0, 0).length * 4  # 5,376 slots (first chunk 0)
+    dense = 1 * LAYER.n_head * 4100 * flex.SlotLayout(4100, 4100 // 4, 0, 0).length * 4  # 5,376 slots (first chunk 0)
     assert peak < dense / 5, (peak, dense)
