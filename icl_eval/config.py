@@ -31,6 +31,11 @@ class RunOptions:
     summaries off (the window alone), `chunk-window` cuts the local window to the query's chunk (the summaries
     carry everything else). A model without EVA attention is refused with anything but none."""
 
+    def __post_init__(self) -> None:
+        from evalm.config_toolkit.device import check_device
+
+        check_device(self.device, "device")  # cuda on a CPU build of torch: one line, before any loading
+
 
 @dataclass(config=FROZEN, frozen=True)
 class WindowedRunOptions(RunOptions):
@@ -41,6 +46,7 @@ class WindowedRunOptions(RunOptions):
     """Override the model's window (EVALM: no limit; HF: max_position_embeddings)."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.context_window is not None and self.context_window < 1:
             raise ConfigError(f"context_window must be >= 1 when set, got {self.context_window}")
 
@@ -176,6 +182,7 @@ class PerplexityConfig(RunOptions):
     """Target spans per book in the fixed-position protocol."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.max_books is not None and self.max_books < 1:
             raise ConfigError(f"max_books must be >= 1 (or unset for every book), got {self.max_books}")
         for name in ("max_tokens", "window_tokens", "stride_tokens"):

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from evalm.config_toolkit import ConfigError, Parser
+from evalm.config_toolkit.device import device_flag
 from evalm.config_toolkit.machine import device_name
 from evalm.recall_models import ARCHS, CHECKPOINT, LOG, MODEL, SETTINGS, logits_of, study_model
 from evalm.storage import RunFolder
@@ -196,7 +197,7 @@ def parser() -> Parser:
     p.add_argument("--checkpoint-every", type=int, default=100, help="steps between checkpoints (default: 100)")
     p.add_argument("--seed", type=int, default=0, help="model init and data seed (default: 0)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
-    p.add_argument("--device", default="cpu", help="torch device, e.g. cuda; recorded in the log, not a setting "
+    p.add_argument("--device", default="cpu", type=device_flag, help="torch device, e.g. cuda; recorded in the log, not a setting "
                    "(default: cpu)")
     return p
 
