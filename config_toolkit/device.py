@@ -1,4 +1,5 @@
-"""A torch device the user named (`--device`, `[eval] device`, `train.device`), checked before anything is built.
+"""A torch device the user named (`--device`, `[eval] device`, `train.device`), checked before anything is built;
+and the CPU threads a command may take (`--threads`).
 
 `--device cuda` on a CPU build of torch, or `--device bogus`, ended deep in loading as torch's own
 assertion, reported as a bug. Here the name is read once: a name torch does not know, or a kind
@@ -10,6 +11,7 @@ are. torch is imported only when a device is checked, so this floor still loads 
 from __future__ import annotations
 
 import argparse
+import os
 
 from evalm.config_toolkit.errors import ConfigError
 
@@ -70,3 +72,10 @@ def check_device(name: str, where: str) -> None:
     problem = device_problem(name)
     if problem:
         raise ConfigError(f"{where} {name!r}: {problem}")
+
+
+def check_threads(threads: int, flag: str = "--threads") -> None:
+    """Torch threads from 1 to this machine's CPUs (a million ended as a MemoryError, 0 as torch's RuntimeError)."""
+    cpus = os.cpu_count() or 1
+    if not 1 <= threads <= cpus:
+        raise ConfigError(f"{flag} {threads}: from 1 to this machine's {cpus} CPUs")
