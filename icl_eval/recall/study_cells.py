@@ -20,8 +20,9 @@ model itself, no retraining: `eva-no-remote` (the chunk summaries off: its windo
 `eva-chunk-window` (the window cut to the query's chunk: the summaries carry the rest), each on every
 cell EVA reads.
 
-A rerun skips the cells already written. OUT/settings.json holds the model's training settings and
-what makes a cell (--items, --long-items, --long-from); a rerun with other ones is refused. Which
+A rerun skips the cells already written. OUT/settings.json holds the model's training settings, its
+files by content (model.json and checkpoint.pt: an edited model is another model) and what makes a
+cell (--items, --long-items, --long-from); a rerun with other ones is refused. Which
 cells (--test-kv, --lengths, the max lengths, --ablations) and where (--device, --threads) are free.
 """
 
