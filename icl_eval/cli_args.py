@@ -67,8 +67,10 @@ def load_flags(parser: Parser, cls, names: Sequence[str] | None = None) -> None:
     import dataclasses
     import typing
 
+    from evalm.config_toolkit.device import device_flag
     from evalm.icl_eval.models.source import LoadOptions
 
+    types = {"context_window": int, "device": device_flag}
     hints = typing.get_type_hints(LoadOptions)
     for field in dataclasses.fields(LoadOptions):
         if field.name not in (names if names is not None else cls.__dataclass_fields__):
@@ -76,7 +78,7 @@ def load_flags(parser: Parser, cls, names: Sequence[str] | None = None) -> None:
         kind = hints[field.name]
         choices = typing.get_args(kind) if typing.get_origin(kind) is typing.Literal else None
         parser.add_argument("--" + field.name.replace("_", "-"), choices=choices,
-                            type=int if field.name == "context_window" else str,
+                            type=types.get(field.name, str),
                             metavar=None if choices else {"device": "DEVICE", "context_window": "N"}[field.name],
                             help=f"{LOAD_HELP[field.name]} (default: {_default(cls, field.name)})")
 

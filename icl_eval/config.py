@@ -32,6 +32,11 @@ class RunOptions:
     summaries off (the window alone), `chunk-window` cuts the local window to the query's chunk (the summaries
     carry everything else). A model without EVA attention is refused with anything but none."""
 
+    def __post_init__(self) -> None:
+        from evalm.config_toolkit.device import check_device
+
+        check_device(self.device, "device")  # cuda on a CPU build of torch: one line, before any loading
+
 
 @dataclass(config=FROZEN, frozen=True)
 class WindowedRunOptions(RunOptions):
@@ -42,6 +47,7 @@ class WindowedRunOptions(RunOptions):
     """Override the model's window (EVALM: no limit; HF: max_position_embeddings)."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.context_window is not None and self.context_window < 1:
             raise ConfigError(f"context_window must be >= 1 when set, got {self.context_window}")
 
@@ -183,6 +189,7 @@ class PerplexityConfig(RunOptions):
     where it was never trained) instead of refusing; what the original of a conversion does past its window."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.max_books is not None and self.max_books < 1:
             raise ConfigError(f"max_books must be >= 1 (or unset for every book), got {self.max_books}")
         for name in ("max_tokens", "window_tokens", "stride_tokens", "offset_block"):

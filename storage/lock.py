@@ -35,6 +35,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from evalm.config_toolkit import UserError, note_folder
+from evalm.storage.files import NoSpace
 from evalm.storage.secrets import redact, redact_argv
 
 LOCK_FILE = ".evalm.lock"
@@ -98,11 +99,15 @@ def folder_lock(folder: str | Path, command: str) -> Iterator[Path]:
         handle.close()
         raise FolderBusy(f"{folder} is in use by {holder}; wait for that run to end, or write to another "
                          "folder (two runs in one folder would overwrite each other's files)") from None
-    handle.seek(0)
-    handle.truncate()
-    handle.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "command": redact(command),
-                             "argv": redact_argv(sys.argv), "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}) + "\n")
-    handle.flush()
+    try:
+        handle.seek(0)
+        handle.truncate()
+        handle.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "command": redact(command),
+                                 "argv": redact_argv(sys.argv), "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}) + "\n")
+        handle.flush()
+    except OSError as err:  # the OS names no file for a failed write: name it, and say what a full disk is
+        _release(handle)
+        raise _unwritable(err, folder / LOCK_FILE) from None
     _HELD[key] = 1
     try:
         yield folder
@@ -113,6 +118,24 @@ def folder_lock(folder: str | Path, command: str) -> Iterator[Path]:
         del _HELD[key]
         fcntl.flock(handle, fcntl.LOCK_UN)
         handle.close()
+
+
+def _release(handle) -> None:
+    """Unlock and close a lock whose record could not be written; closing retries the buffered write, which
+    fails the same way and is not news."""
+    fcntl.flock(handle, fcntl.LOCK_UN)
+    try:
+        handle.close()
+    except OSError:
+        pass
+
+
+def _unwritable(err: OSError, path: Path) -> OSError:
+    """The error of a lock record that could not be written, naming the lock file."""
+    if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return NoSpace(err.errno, f"{path}: the disk is full ({err.strerror}), so the folder's lock cannot be "
+                       "written; free space on that disk or write to a folder on another one")
+    return OSError(err.errno, err.strerror, str(path))
 
 
 def _describe(text: str) -> str:

@@ -25,6 +25,10 @@ PASSKEY_TOKENS = 4
 """Tokens of one passkey (scored as one exact match)."""
 UNLABELLED = -100
 """A label nothing is asked at (the trainer's ignore index)."""
+PASSKEY_LENGTH = 2 * PASSKEY_TOKENS + 3
+"""The shortest passkey copy: PASS and the passkey at a random position, ASK and the passkey at the end."""
+FAR_PAIRS = 8
+"""The pairs of far MQAR: at the start and again at the end, so a far-MQAR sequence is at least 4x as long."""
 
 
 @dataclass(frozen=True)
@@ -88,7 +92,7 @@ def passkey(rng: np.random.Generator, n: int, seq_len: int, vocab: Vocab):
     return inputs[:, :-1], labels[:, 1:]
 
 
-def mqar_far(rng: np.random.Generator, n: int, seq_len: int, vocab: Vocab, kv: int = 8):
+def mqar_far(rng: np.random.Generator, n: int, seq_len: int, vocab: Vocab, kv: int = FAR_PAIRS):
     """kv pairs at the start, random tokens, every key queried at the end (teacher-forced, Zoology's labels)."""
     inputs = rng.integers(1, vocab.values[1], (n, seq_len + 1))
     labels = np.full((n, seq_len + 1), UNLABELLED, np.int64)

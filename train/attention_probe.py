@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from evalm.config_toolkit import ConfigError, Parser, report
+from evalm.config_toolkit.device import device_flag
 from evalm.storage import RunFolder
 
 NAME = "eva_probe"
@@ -169,7 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--lines", type=int, default=4, metavar="N", help="lines probed (default: 4)")
     parser.add_argument("--seed", type=int, default=1234, help="the order the lines are drawn in, as [data] seed "
                         "(default: 1234, the trainer's: the lines a run starts with)")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", type=device_flag,
                         help="torch device (default: cuda when there is one, else cpu)")
     try:
         args = parser.parse_args(list(argv if argv is not None else sys.argv[1:]))

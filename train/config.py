@@ -227,9 +227,12 @@ class RunConfig:
         memory (evalm.footprint): `--set model.n_layer=1e9` or `train.batch_size=1e9` once grew without a line of
         output. Checked when a run starts (`train.command`), not when a config is read: a 1.3B run file is
         valid on a machine too small to train it."""
+        from evalm.config_toolkit.device import check_device
         from evalm.footprint import check_fits, parameters, training_bytes
 
         m, t = self.model, self.train
+        if t.device == "cuda":  # a CPU build of torch ended in NCCL's error, reported as a bug
+            check_device("cuda", "[train] device")
         n = parameters(m.vocab_size, m.d_model, m.n_layer, m.d_ff)
         need = training_bytes(n, m.vocab_size, t.batch_size * self.data.seq_len, int(os.environ.get("WORLD_SIZE", "1")))
         device = "cuda" if t.device == "cuda" or (t.device == "auto" and _cuda()) else "cpu"

@@ -36,11 +36,12 @@ import numpy as np
 import torch
 
 from evalm.config_toolkit import ConfigError, Parser
+from evalm.config_toolkit.device import check_threads, device_flag
 from evalm.config_toolkit.machine import device_name, torch_threads
 from evalm.recall_models import ARCHS, CHECKPOINT, LOG, MODEL, SETTINGS, StudyShape, logits_of, study_model
 from evalm.storage import RunFolder
 from evalm.storage.files import read_json, write_json
-from evalm.text.recall_data import Vocab, training_batch
+from evalm.text.recall_data import FAR_PAIRS, PASSKEY_LENGTH, Vocab, training_batch
 from evalm.train.local import train_in_process
 from evalm.train.loop import Loop, StepRecipe, Stepped, train_step
 
@@ -73,16 +74,60 @@ class RecallTraining:
     def __post_init__(self) -> None:
         if self.arch not in ARCHS:
             raise ConfigError(f"--arch {self.arch!r}: one of {', '.join(ARCHS)}")
-        if max(self.train_kv) * 4 > self.seq_len:
-            raise ConfigError(f"--train-kv {max(self.train_kv)}: pairs at most --seq-len / 4 = {self.seq_len // 4} "
-                              "(Zoology's constraint)")
-        if min(self.width, self.steps, self.batch_size, self.checkpoint_every, self.threads) < 1:
-            raise ConfigError("--width, --steps, --batch-size, --checkpoint-every and --threads must be >= 1")
+        for flag in ("width", "n_layer", "window", "chunk", "steps", "batch_size", "checkpoint_every"):
+            _at_least(flag, getattr(self, flag), 1)
+        check_threads(self.threads)
+        if min(self.train_kv) < 1:
+            raise ConfigError(f"--train-kv {','.join(map(str, self.train_kv))}: every number of pairs must be >= 1")
+        shortest = max(4 * max(self.train_kv), PASSKEY_LENGTH)
+        if self.seq_len < shortest:
+            raise ConfigError(f"--seq-len {self.seq_len}: at least {shortest} (MQAR's --train-kv {max(self.train_kv)} "
+                              f"pairs need --seq-len / 4 of them, Zoology's constraint, and a passkey copy "
+                              f"{PASSKEY_LENGTH} tokens)")
+        keys = max(*self.train_kv, FAR_PAIRS)
+        if self.vocab < 2 * (keys + 1):
+            raise ConfigError(f"--vocab {self.vocab}: at least {2 * (keys + 1)}: each half (keys, values) holds "
+                              f"{keys} distinct tokens (the largest --train-kv, and the {FAR_PAIRS} pairs of the "
+                              "far-MQAR test) besides token 0")
+        if self.arch != "mamba" and self.window % self.chunk:
+            raise ConfigError(f"--window {self.window}: a multiple of --chunk {self.chunk} (EVA's chunks never cross "
+                              "a block)")
+        heads = max(1, self.width // 32)
+        if self.arch != "mamba" and self.width % heads:
+            raise ConfigError(f"--width {self.width}: the model has width // 32 = {heads} heads, which must divide "
+                              f"it; e.g. --width {self.width - self.width % heads}")
+        if not 0 <= self.mqar_share <= 1:
+            raise ConfigError(f"--mqar-share {self.mqar_share}: a share of the batch, from 0 to 1")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ConfigError(f"--lr {self.lr}: a learning rate is a finite number > 0, e.g. 3e-3")
+        if not 0 <= self.seed < 2**63:
+            raise ConfigError(f"--seed {self.seed}: from 0 to 2**63 - 1")
+
+    def check_memory(self) -> None:
+        """Refuse, before the model is built or its folder made, a shape or batch this machine cannot train
+        (evalm.footprint's lower bound: the parameters four times, the logits and their gradient, one
+        activation per block, the batch's arrays): `--n-layer 1e9` or `--batch-size 1e9` grew without a line,
+        `--width`, `--seq-len`, `--vocab` or `--window 1e9` ended in the allocator's error."""
+        from evalm.footprint import check_fits, parameters, training_bytes
+
+        vocab, tokens = Vocab(self.vocab).size, self.batch_size * self.seq_len
+        n = parameters(vocab, self.width, self.n_layer, 4 * self.width) + self.seq_len * self.width  # + positions
+        read = self.batch_size * max(self.seq_len, self.window if self.arch in ("eva", "window") else 0)
+        need = training_bytes(n, vocab, tokens) + 4 * self.n_layer * read * self.width + 4 * 8 * tokens
+        window = f" --window {self.window}" if self.arch in ("eva", "window") else ""
+        check_fits(need, f"--arch {self.arch} --width {self.width} --n-layer {self.n_layer} --vocab {self.vocab}{window} "
+                   f"(about {n:.3g} parameters) on batches of --batch-size {self.batch_size} x --seq-len "
+                   f"{self.seq_len}", self.device)
 
     def shape(self) -> dict:
         """`StudyShape`'s fields (OUT/model.json: the test cells rebuild the model from it)."""
         return {"arch": self.arch, "width": self.width, "vocab_size": Vocab(self.vocab).size, "n_layer": self.n_layer,
                 "window": self.window, "chunk": self.chunk, "seq_len": self.seq_len, "seed": self.seed}
+
+
+def _at_least(flag: str, value: int, low: int) -> None:
+    if value < low:
+        raise ConfigError(f"--{flag.replace('_', '-')} {value}: must be >= {low}")
 
 
 def lr_at(step: int, lr: float, steps: int) -> float:
@@ -125,6 +170,7 @@ def optimizer_of(model: torch.nn.Module, lr: float) -> torch.optim.AdamW:
 
 def train_model(run: RecallTraining, out: str | Path) -> dict:
     """Train (or resume, or find done) the model of `run` in `out`; its log."""
+    run.check_memory()  # before the folder is made
     folder = RunFolder(out, COMMAND)
     with folder.held():
         folder.record(SETTINGS, asdict(run), ignore=UNRECORDED, what="holds a model trained with other settings",
@@ -197,7 +243,7 @@ def parser() -> Parser:
     p.add_argument("--checkpoint-every", type=int, default=100, help="steps between checkpoints (default: 100)")
     p.add_argument("--seed", type=int, default=0, help="model init and data seed (default: 0)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
-    p.add_argument("--device", default="cpu", help="torch device, e.g. cuda; recorded in the log, not a setting "
+    p.add_argument("--device", default="cpu", type=device_flag, help="torch device, e.g. cuda; recorded in the log, not a setting "
                    "(default: cpu)")
     return p
 

@@ -20,30 +20,34 @@ model itself, no retraining: `eva-no-remote` (the chunk summaries off: its windo
 `eva-chunk-window` (the window cut to the query's chunk: the summaries carry the rest), each on every
 cell EVA reads.
 
-A rerun skips the cells already written. OUT/settings.json holds the model's training settings and
-what makes a cell (--items, --long-items, --long-from); a rerun with other ones is refused. Which
+A rerun skips the cells already written. OUT/settings.json holds the model's training settings, its
+files by content (model.json and checkpoint.pt: an edited model is another model) and what makes a
+cell (--items, --long-items, --long-from); a rerun with other ones is refused. Which
 cells (--test-kv, --lengths, the max lengths, --ablations) and where (--device, --threads) are free.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, fields
 from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
 
 import numpy as np
 import torch
 
-from evalm.config_toolkit import ConfigError, Parser
+from evalm.config_toolkit import ConfigError, InputError, Parser
+from evalm.config_toolkit.device import check_threads
 from evalm.eva import ablate
 from evalm.icl_eval.cli_args import csv, load_flags
+from evalm.icl_eval.recall.config import MAX_ITEMS
 from evalm.icl_eval.stats.bootstrap import hierarchical_interval
 from evalm.config_toolkit.machine import device_name, torch_threads
 from evalm import eva_settings
-from evalm.recall_models import load_trained, predict
+from evalm.recall_models import ARCHS, CHECKPOINT, MODEL, load_trained, predict
 from evalm.storage import RunFolder
-from evalm.storage.files import write_json
-from evalm.text.recall_data import PASSKEY_TOKENS, UNLABELLED, Vocab, mqar, mqar_far, passkey
+from evalm.storage.files import read_json, write_json
+from evalm.text.recall_data import FAR_PAIRS, PASSKEY_TOKENS, UNLABELLED, Vocab, mqar, mqar_far, passkey
 
 COMMAND = "evalm eval recall-cells"
 TESTS = ("kv", "passkey", "mqar_far")
@@ -51,6 +55,8 @@ ABLATIONS = tuple(name for name in eva_settings.ABLATIONS if name != "none")
 """The ablations a cell may read: every one of EVA's but `none`."""
 CELL_SETTINGS = ("items", "long_items", "long_from")
 """How a cell is computed (beside the model's settings): a rerun may not change them."""
+MODEL_FILES = (MODEL, CHECKPOINT)
+"""The files that are the model (its shape and weights), recorded by content with the cells' settings."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +75,25 @@ class CellsRun:
     ablations: tuple[str, ...] = ABLATIONS
     threads: int = 1
     device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        for flag, values in (("items", (self.items,)), ("long_items", (self.long_items,))):
+            if not 1 <= values[0] <= MAX_ITEMS:  # a billion items drew 484 GiB of arrays before the first score
+                raise ConfigError(f"--{flag.replace('_', '-')} {values[0]}: from 1 to {MAX_ITEMS:,} test sequences")
+        for flag in ("long_from", "full_max_length", "eva_max_length"):
+            if getattr(self, flag) < 1:
+                raise ConfigError(f"--{flag.replace('_', '-')} {getattr(self, flag)}: must be >= 1")
+        if min(self.test_kv) < 1:
+            raise ConfigError(f"--test-kv {','.join(map(str, self.test_kv))}: every number of pairs must be >= 1")
+        bad = [n for n in self.lengths if not MIN_LENGTH <= n <= MAX_LENGTH]
+        if bad:
+            raise ConfigError(f"--lengths {bad[0]}: from {MIN_LENGTH} (far MQAR's {FAR_PAIRS} pairs at the start and "
+                              f"again at the end, 4 tokens each pair) to {MAX_LENGTH:,} tokens")
+        check_threads(self.threads)
+
+
+MIN_LENGTH, MAX_LENGTH = 4 * FAR_PAIRS, 1 << 20
+"""A test length's bounds: room for far MQAR's pairs twice (and a passkey copy); 4x the longest default length."""
 
 
 def evaluate(model, test: str, x_value: int, settings: dict, run: CellsRun) -> dict:
@@ -102,6 +127,42 @@ def cells(arch: str, run: CellsRun) -> list[tuple[str, int]]:
     return out
 
 
+def _advice(keys: list[str]) -> str:
+    if any(k.startswith("model_files") for k in keys):
+        return "the model changed since these cells were read: restore it, or give the changed model another --out"
+    return "use another --out, or the same model and flags"
+
+
+def check_memory(run: CellsRun) -> None:
+    """Refuse, before the model is built, cells this machine cannot hold (evalm.footprint's lower bound):
+    the model twice (its weights and the checkpoint read into them), and at the largest cell its test
+    sequences with their labels and what reading one leaves in the model's cache (full attention every
+    key and value, EVA its window and one summary per chunk, the window its window, Mamba a fixed state).
+    `--items 1e9` ended as a bug after drawing 484 GiB of arrays; a model.json claiming a huge width too."""
+    from evalm.footprint import check_fits, parameters
+
+    shape = read_json(Path(run.model) / MODEL) if (Path(run.model) / MODEL).is_file() else None
+    if shape is None:
+        return  # not a finished model: load_trained says so
+    sizes = ("width", "vocab_size", "n_layer", "window", "chunk", "seq_len")
+    bad = [k for k in sizes if not isinstance(shape.get(k), int) or isinstance(shape.get(k), bool) or shape[k] < 1]
+    if bad or shape.get("arch") not in ARCHS:
+        raise InputError(f"{Path(run.model) / MODEL}: {bad[0] if bad else 'arch'} {shape.get(bad[0] if bad else 'arch')!r} "
+                         "is not a model of `evalm train recall`; train it again (or restore the file)")
+    arch, width, layers = shape["arch"], shape["width"], shape["n_layer"]
+    n = parameters(shape["vocab_size"], width, layers, 4 * width) + shape["seq_len"] * width
+    kept = {"full": lambda L: L, "eva": lambda L: L // shape["chunk"] + shape["window"],
+            "window": lambda L: min(L, shape["window"]), "mamba": lambda L: 0}[arch]
+    largest = 0
+    for test, x_value in cells(arch, run):
+        length = shape["seq_len"] if test == "kv" else x_value
+        items = run.items if test == "kv" or x_value <= run.long_from else run.long_items
+        largest = max(largest, 2 * 8 * items * (length + 1) + 2 * 4 * layers * kept(length) * width)
+    check_fits(2 * 4 * n + largest, f"{run.model}: {arch}-{width} (about {n:.3g} parameters) read on --items "
+               f"{run.items} / --long-items {run.long_items} test sequences up to {max(run.lengths):,} tokens",
+               run.device)
+
+
 def cell_name(reading: str, width: int, test: str, x_value: int) -> str:
     """A cell's file: `{reading}-{width}-{test}-{x}.json` (the reading: the arch, or eva-ABLATION)."""
     return f"{reading}-{width}-{test}-{x_value}.json"
@@ -109,6 +170,7 @@ def cell_name(reading: str, width: int, test: str, x_value: int) -> str:
 
 def run_cells(run: CellsRun) -> int:
     """Every cell of the model `run.model` missing from `run.out`; how many were written."""
+    check_memory(run)
     with torch_threads(run.threads):
         return _run_cells(run)
 
@@ -118,12 +180,18 @@ def _run_cells(run: CellsRun) -> int:
     if max(run.test_kv) * 4 > settings["seq_len"]:
         raise ConfigError(f"--test-kv {max(run.test_kv)}: pairs at most the training length / 4 = "
                           f"{settings['seq_len'] // 4} (Zoology's constraint)")
+    if max(run.test_kv) >= settings["vocab"] // 2:
+        raise ConfigError(f"--test-kv {max(run.test_kv)}: pairs at most the model's keys, --vocab / 2 - 1 = "
+                          f"{settings['vocab'] // 2 - 1}")
     folder = RunFolder(run.out, COMMAND, inputs=[run.model])
     with folder.held():
         made = {k: v for k, v in settings.items() if k not in ("device", "threads")}
-        folder.record("settings.json", {**made, **{k: getattr(run, k) for k in CELL_SETTINGS}},
-                      what="holds cells of another model or made with other settings",
-                      advice=lambda keys: "use another --out, or the same model and flags")
+        # the model by content: an edited model.json (another window, say) loads the same weights into
+        # another model, whose cells must not join the first one's
+        files = dict(zip(MODEL_FILES, folder.identities([Path(run.model) / name for name in MODEL_FILES])))
+        folder.record("settings.json", {**made, **{k: getattr(run, k) for k in CELL_SETTINGS}, "model_files": files},
+                      added=("model_files",), what="holds cells of another model or made with other settings",
+                      advice=_advice)
         arch, width = settings["arch"], settings["width"]
         readings = {arch: "none", **({f"eva-{a}": a for a in run.ablations} if arch == "eva" else {})}
         written = 0
