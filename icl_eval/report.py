@@ -17,7 +17,6 @@ space; the data are untouched). Log axes are labelled with plain numbers (5.7, 2
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Sequence
 from contextlib import contextmanager
 from pathlib import Path

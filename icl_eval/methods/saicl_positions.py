@@ -21,7 +21,6 @@ import statistics
 import sys
 from pathlib import Path
 
-import torch
 
 from evalm.io import load_model
 from evalm.text.tokenizer import load_tokenizer

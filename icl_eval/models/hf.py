@@ -18,7 +18,6 @@ to float32). The prompts' BOS is the model's own (`HFTokenizerAdapter.default_bo
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from typing import Any
 
 import torch
