@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from evalm.config_toolkit import ConfigError
 from evalm.config_toolkit.environment import command_environment
 from evalm.text.tokenizer import load_tokenizer
-from evalm.train.command import run_command
+from evalm.train.command import TrainCommand, run_command
 from evalm.train.config import MsitDataConfig
 from evalm.train.packing import MixedLines, PackedLines, build_lines
 from evalm.train.shards import PretrainLines, TokenShards
@@ -54,8 +54,7 @@ def make_source(config: MsitDataConfig, model_vocab: int):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return run_command(argv, command="msit", doc=__doc__, default_config=DEFAULT_CONFIG,
-                       make_source=make_source, data_cls=MsitDataConfig)
+    return run_command(argv, TrainCommand("msit", __doc__, DEFAULT_CONFIG, make_source, data_cls=MsitDataConfig))
 
 
 if __name__ == "__main__":

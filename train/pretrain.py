@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from evalm.config_toolkit import ConfigError
 from evalm.config_toolkit.environment import command_environment
-from evalm.train.command import run_command
+from evalm.train.command import TrainCommand, run_command
 from evalm.train.parallelize import Runtime
 from evalm.train.shards import PretrainLines, TokenShards
 
@@ -35,8 +35,7 @@ def make_source(config, model_vocab: int):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return run_command(argv, command="pretrain", doc=__doc__, default_config=DEFAULT_CONFIG,
-                       make_source=make_source)
+    return run_command(argv, TrainCommand("pretrain", __doc__, DEFAULT_CONFIG, make_source))
 
 
 if __name__ == "__main__":

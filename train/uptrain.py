@@ -248,7 +248,7 @@ def bring_home(argv: Sequence[str]) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     from evalm.config_toolkit import Parser
-    from evalm.train.command import parse_run_args, run_command
+    from evalm.train.command import TrainCommand, parse_run_args, run_command
 
     argv = list(argv if argv is not None else sys.argv[1:])
     modes = Parser(add_help=False)
@@ -257,12 +257,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return bring_home(argv)
     from evalm.train.pretrain import make_source
 
-    status = run_command(argv, command="uptrain", doc=__doc__, default_config=DEFAULT_CONFIG, make_source=make_source,
-                         sections=SECTIONS, load=load_config, options=run_options)
+    command = TrainCommand("uptrain", __doc__, DEFAULT_CONFIG, make_source, sections=SECTIONS, load=load_config,
+                           options=run_options)
+    status = run_command(argv, command)
     if status or int(os.environ.get("RANK", "0")):
         return status
-    config, out, _ = parse_run_args(argv, prog="evalm train uptrain", description="", default_config=DEFAULT_CONFIG,
-                                    sections=SECTIONS, load=load_config)
+    config, out, _ = parse_run_args(argv, command)
     try:
         from evalm.train.uptrain_model import export_run
 

@@ -34,12 +34,12 @@ def test_evaluation_takes_set_like_training(tmp_path, capsys):
 
 
 def test_training_takes_the_dotted_alias(tmp_path):
-    from evalm.train.command import parse_run_args
+    from evalm.train.command import TrainCommand, parse_run_args
     from tests.train.helpers import tiny_run_file, write_shards
 
     write_shards(tmp_path / "tokens")
     run_file = tiny_run_file(tmp_path / "run.toml", tmp_path / "tokens")
-    both = [parse_run_args(["--config", str(run_file), *form], prog="t", description="", default_config="")[0]
+    both = [parse_run_args(["--config", str(run_file), *form], TrainCommand("t"))[0]
             for form in (["--set", "train.steps=3"], ["--train.steps=3"])]
     assert both[0] == both[1] and both[0].train.steps == 3
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from evalm.launcher.keys import stage_key
 from evalm.launcher.run_file import load_run
 from evalm.launcher.stages import stage_commands
-from evalm.train.command import parse_run_args
+from evalm.train.command import TrainCommand, parse_run_args
 from evalm.train.config import DataConfig, MsitDataConfig
 
 
@@ -30,7 +30,7 @@ def _training_commands(r) -> list[list[str]]:
 def _seeds(argv: list[str]) -> tuple[int, int]:
     """The seeds `evalm train` itself parses from the stage's command (the trainer's own parser is the oracle)."""
     data_cls = MsitDataConfig if argv[1] == "msit" else DataConfig
-    config, _, _ = parse_run_args(argv[2:], prog="evalm train x", description="", default_config="", data_cls=data_cls)
+    config, _, _ = parse_run_args(argv[2:], TrainCommand("x", data_cls=data_cls))
     return config.train.seed, config.data.seed
 
 
