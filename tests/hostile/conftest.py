@@ -79,7 +79,10 @@ def refused_in_process(argv: list) -> str:
 
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
-        code = main([str(a) for a in argv])
+        try:
+            code = main([str(a) for a in argv])
+        except SystemExit as stop:  # a flag argparse refused (its type: --device, sizes) exits 2 from parse_args
+            code = stop.code
     assert code == 2 and "bug:" not in err.getvalue(), err.getvalue()[-2000:]
     return one_line(err.getvalue())
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.hostile.conftest import one_line
+from tests.hostile.conftest import refused_in_process
 
 COMMANDS = {
     "eval icl": ["eval", "icl", "--checkpoint", "model", "--task", "synthetic"],
@@ -30,47 +30,34 @@ device is refused)."""
 CPU_BUILD = "this torch ({}) is a CPU build, without CUDA; install PyTorch's CUDA build for your CUDA version"
 
 
-def _refused(argv: list, capsys) -> str:
-    from evalm.launcher.cli import main
-
-    capsys.readouterr()
-    try:
-        code = main([str(a) for a in argv])
-    except SystemExit as stop:
-        code = stop.code
-    err = capsys.readouterr().err
-    assert code == 2 and "bug:" not in err, err[-2000:]
-    return one_line(err)
-
-
 @pytest.mark.skipif(torch.cuda.is_available(), reason="cuda runs here")
 @pytest.mark.parametrize("command", COMMANDS)
-def test_cuda_on_a_cpu_build_names_the_build_and_what_to_install(command, tmp_path, capsys):
-    line = _refused([*COMMANDS[command], "--out", tmp_path / "o", "--device", "cuda"], capsys)
+def test_cuda_on_a_cpu_build_names_the_build_and_what_to_install(command, tmp_path):
+    line = refused_in_process([*COMMANDS[command], "--out", tmp_path / "o", "--device", "cuda"])
     assert f"argument --device: 'cuda': {CPU_BUILD.format(torch.__version__)}" in line, line
     assert "pip install torch --index-url https://download.pytorch.org/whl/cu" in line, line
     assert not (tmp_path / "o").exists()
 
 
 @pytest.mark.parametrize("command", COMMANDS)
-def test_an_unknown_device_lists_the_valid_ones(command, tmp_path, capsys):
-    line = _refused([*COMMANDS[command], "--out", tmp_path / "o", "--device", "bogus"], capsys)
+def test_an_unknown_device_lists_the_valid_ones(command, tmp_path):
+    line = refused_in_process([*COMMANDS[command], "--out", tmp_path / "o", "--device", "bogus"])
     assert "argument --device: 'bogus': not a device evalm runs on; valid on this machine: cpu" in line, line
     assert not (tmp_path / "o").exists()
 
 
-def test_a_device_in_a_config_file_is_checked_too(tmp_path, capsys):
+def test_a_device_in_a_config_file_is_checked_too(tmp_path):
     config = tmp_path / "eval.toml"
     config.write_text('[eval]\ndevice = "bogus"\n')
-    line = _refused(["eval", "icl", "--config", config, "--checkpoint", tmp_path / "model", "--task", "synthetic",
-                     "--out", tmp_path / "o"], capsys)
+    line = refused_in_process(["eval", "icl", "--config", config, "--checkpoint", tmp_path / "model",
+                               "--task", "synthetic", "--out", tmp_path / "o"])
     assert f"--config {config} and flags [eval]: device 'bogus': not a device evalm runs on" in line, line
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="cuda runs here")
-def test_a_training_run_on_cuda_without_it_is_refused_before_it_starts(tiny, tmp_path, capsys):
+def test_a_training_run_on_cuda_without_it_is_refused_before_it_starts(tiny, tmp_path):
     run_file, _ = tiny  # was: bug: RuntimeError: Distributed package doesn't have NCCL built in
-    line = _refused(["train", "pretrain", "--config", run_file, "--out", tmp_path / "o", "--set", "train.device=cuda"],
-                    capsys)
+    line = refused_in_process(["train", "pretrain", "--config", run_file, "--out", tmp_path / "o",
+                               "--set", "train.device=cuda"])
     assert f"[train] device 'cuda': {CPU_BUILD.format(torch.__version__)}" in line, line
     assert not (tmp_path / "o").exists()

@@ -12,22 +12,10 @@ from __future__ import annotations
 
 import pytest
 
-from tests.hostile.conftest import one_line
+from tests.hostile.conftest import refused_in_process
 
 
-def _refused(argv: list, capsys) -> str:
-    from evalm.launcher.cli import main
-
-    capsys.readouterr()
-    try:
-        code = main([str(a) for a in argv])
-    except SystemExit as stop:
-        code = stop.code
-    assert code == 2
-    return one_line(capsys.readouterr().err)
-
-
-def test_a_misspelled_override_names_the_flag_in_every_command(tmp_path, capsys, tiny, byte_model):
+def test_a_misspelled_override_names_the_flag_in_every_command(tmp_path, tiny, byte_model):
     from tests.models import two_label_task
 
     run_file, _ = tiny
@@ -45,19 +33,19 @@ def test_a_misspelled_override_names_the_flag_in_every_command(tmp_path, capsys,
           "--eval.method.scorng=answer-mean", "--out", tmp_path / "o"],
          "--set eval.method.scorng=answer-mean: [eval.method]: unknown key(s) ['scorng']"),
     ]:
-        line = _refused(argv, capsys)
+        line = refused_in_process(argv)
         assert said in line, (argv, line)
         assert str(run_file) not in line and str(config) not in line, line  # was: blamed on the --config file
     assert not any((tmp_path / name).exists() for name in "to")
 
 
-def test_a_misspelled_uptrain_override_names_the_flag(tmp_path, capsys):
+def test_a_misspelled_uptrain_override_names_the_flag(tmp_path):
     pytest.importorskip("transformers")
     from tests.train.helpers import write_shards
     from tests.train.llama_helpers import uptrain_file
 
     write_shards(tmp_path / "tokens")
     run = uptrain_file(tmp_path / "run.toml", tmp_path / "no-model", tmp_path / "tokens")
-    line = _refused(["train", "uptrain", "--config", run, "--out", tmp_path / "o", "--set", "uptrain.objectiv=lm"],
-                    capsys)
+    line = refused_in_process(["train", "uptrain", "--config", run, "--out", tmp_path / "o",
+                               "--set", "uptrain.objectiv=lm"])
     assert "--set uptrain.objectiv=lm: [uptrain]: unknown key(s) ['objectiv']" in line and str(run) not in line

@@ -21,37 +21,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.hostile.conftest import one_line
 from tests.hostile.hf_folders import copy, edit_json, llama
+from tests.hostile.test_hf_folders import ICL, refused_by_both
 from tests.hostile.limits import evalm, user_error
 from tests.models import two_label_task
 
 pytest.importorskip("transformers")
 
-ICL = ["--shots", "0", "--seeds", "1", "--methods", "concat"]
-
-
 @pytest.fixture(scope="module")
 def source(tmp_path_factory) -> Path:
     return llama(tmp_path_factory.mktemp("gate") / "llama")
-
-
-def refused_by_both(folder: Path, tmp_path: Path, capsys, *extra: str) -> str:
-    """The one line of `convert` and of `eval icl --hf-model` on `folder` (the same), nothing converted."""
-    from evalm.icl_eval.cli import main as icl
-    from evalm.train.convert import main as convert
-
-    lines = []
-    task = str(two_label_task(tmp_path / "task"))
-    for command in (lambda: convert(["--hf-model", str(folder), "--out", str(tmp_path / "eva"), *extra]),
-                    lambda: icl(["icl", "--hf-model", str(folder), "--task", task, *ICL, "--out", str(tmp_path / "icl"),
-                                 *extra])):
-        capsys.readouterr()
-        assert command() == 2
-        lines.append(one_line(capsys.readouterr().err).split(": error: ", 1)[1])
-    assert lines[0] == lines[1], lines
-    assert not (tmp_path / "eva").exists()
-    return lines[0]
 
 
 def sharded(source: Path, folder: Path, name: str) -> Path:
