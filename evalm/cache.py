@@ -15,6 +15,8 @@ batch of forks broadcasts the parent's batch-1 parts instead of copying them.
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -49,6 +51,61 @@ def parts_append(parts: Parts, new: Tensor, n_owned: int) -> tuple[Parts, int]:
 
 def parts_bytes(parts: Parts) -> int:
     return sum(p.numel() * p.element_size() for p in parts)
+
+
+@dataclass(frozen=True)
+class Rows:
+    """Rows (B, H, n, D) growing along dim −2 in amortised O(1) per row: parts shared with a parent, then a
+    buffer with room to spare (a cache that reads thousands of demonstrations one at a time would copy all of
+    its rows at every call if each append concatenated).
+
+    Writing into a buffer's spare rows changes no row any state can see (each sees rows < its own n), so the
+    states stay immutable to their readers. `mark` is the buffer's high-water mark, shared by the states
+    over it: only the state at the mark writes in place; an older state that grows again (a branch taken
+    without `Cache.fork`) copies. Under autograd an append concatenates."""
+
+    parts: Parts = ()
+    buffer: Tensor | None = None  # (B, H, capacity, D): rows < n are this state's
+    n: int = 0
+    mark: list[int] = dataclasses.field(default_factory=lambda: [0], compare=False)
+
+    def __len__(self) -> int:
+        return parts_len(self.parts) + self.n
+
+    def append(self, new: Tensor) -> Rows:
+        m, buffer, n = new.shape[-2], self.buffer, self.n
+        if m == 0:
+            return self
+        if buffer is not None and buffer.shape[0] != new.shape[0]:  # a batch of forks grows rows of its own
+            return Rows(self.parts + (buffer[..., :n, :],)).append(new)
+        if torch.is_grad_enabled() and (new.requires_grad or buffer is not None and buffer.requires_grad):
+            grown = new if buffer is None else torch.cat([buffer[..., :n, :], new], -2)
+            return Rows(self.parts, grown, grown.shape[-2], [grown.shape[-2]])
+        mark = self.mark
+        if buffer is None or n + m > buffer.shape[-2] or mark[0] != n:
+            room = new.new_empty(*new.shape[:-2], max(2 * (n + m), 64), new.shape[-1])
+            if n:
+                room[..., :n, :] = buffer[..., :n, :]
+            buffer, mark = room, [n]
+        buffer[..., n : n + m, :] = new
+        mark[0] = n + m
+        return Rows(self.parts, buffer, n + m, mark)
+
+    def disowned(self) -> Rows:
+        """The rows as a fork holds them: all shared; its own appends start a buffer of their own."""
+        return Rows(self.parts + (self.buffer[..., : self.n, :],)) if self.buffer is not None else self
+
+    def joined(self) -> Tensor | None:
+        """Every row as one tensor (B or 1, H, n, D); a copy only where several parts meet."""
+        parts = self.parts + ((self.buffer[..., : self.n, :],) if self.buffer is not None else ())
+        if len(parts) <= 1:
+            return parts[0] if parts else None
+        batch = max(p.shape[0] for p in parts)
+        return torch.cat([p.expand(batch, -1, -1, -1) for p in parts], -2)
+
+    def nbytes(self) -> int:
+        """Bytes held, the buffer's spare room included."""
+        return parts_bytes(self.parts + ((self.buffer,) if self.buffer is not None else ()))
 
 
 @runtime_checkable

@@ -32,7 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from evalm import eva_paths, flash, flex, summaries, tiles, tiling, whole_sequence
-from evalm.cache import Cache, Parts, parts_append, parts_bytes, parts_len
+from evalm.cache import Cache, Parts, Rows, parts_append, parts_bytes, parts_len
 from evalm.eva_paths import EvaCall, EvaPath, Route
 from evalm.eva_settings import EvaSettings
 from evalm.heads import HeadProjections, HeadShape
@@ -93,6 +93,8 @@ class EvaState:
     sink_k: Tensor | None = None  # (B or 1, H, min(S, n), D) keys of the sink tokens (None: S = 0)
     sink_v: Tensor | None = None
     sink_out: int = 0  # sink tokens before the window start, min(S, first window row): not local keys
+    tokens_k: Rows = Rows()  # with selection: the summarised chunks' own keys (B or 1, H, c per summary, D)
+    tokens_v: Rows = Rows()  # and values, read only at the rows a query selects (evalm/selection.py)
 
     def entries(self) -> tuple[Tensor, Tensor]:
         """Everything a later token may attend to: (B, H, sink_out + n_chunks + ℓ, D) keys and values."""
@@ -103,10 +105,11 @@ class EvaState:
 
     def nbytes(self) -> int:
         sink = tuple(x for x in (self.sink_k, self.sink_v) if x is not None)
-        return parts_bytes((self.local_k, self.local_v, self.pending_q, *self.remote_k, *self.remote_v, *sink))
+        tokens = self.tokens_k.nbytes() + self.tokens_v.nbytes()
+        return parts_bytes((self.local_k, self.local_v, self.pending_q, *self.remote_k, *self.remote_v, *sink)) + tokens
 
     def disowned(self) -> EvaState:
-        return dataclasses.replace(self, n_owned=0)
+        return dataclasses.replace(self, n_owned=0, tokens_k=self.tokens_k.disowned(), tokens_v=self.tokens_v.disowned())
 
 
 class EvaAttention(HeadProjections):
@@ -129,7 +132,10 @@ class EvaAttention(HeadProjections):
         # function moving keys (…, D) by a position shift (broadcast over their rows) that a rotary host
         # sets (evalm/hf_llama.py), so a block's sink sits right before its window as in StreamingLLM's cache
         self.sink_shift = None
-        self.layout = Tiling.of(settings, self.head_dim)
+        # The same for the tokens of the chunks a query selects (evalm/selection.py): None, at their own
+        # positions; or the host's move, placing them right before the query's window (`selected_positions`)
+        self.select_shift = None
+        self.layout = dataclasses.replace(Tiling.of(settings, self.head_dim), select_group=(heads.group if heads else 1))
         # Rows per query tile: a tile copies the remote entries once, so larger tiles copy them
         # less often but waste more masked local logits; 2w or 256 rows measured fastest
         # (benchmarks/attention.py at w=128, benchmarks/incremental.py at w=16).
@@ -192,7 +198,8 @@ class EvaAttention(HeadProjections):
         t = self._tiling()
         if path.route.whole:
             return self._attend_whole(t, path, q, k, v)
-        out = self._encode(tiles.TiledCall(t, plan, path, self._entries(cache), self.rel_pos_bias, self.sink_shift),
+        out = self._encode(tiles.TiledCall(t, plan, path, self._entries(cache), self.rel_pos_bias, self.sink_shift,
+                                           self.select_shift),
                            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), cache)
         return out.transpose(1, 2)
 
@@ -228,6 +235,7 @@ class EvaAttention(HeadProjections):
             forks=B > 1 and plan.n_tiles == 1 and no_new_chunk and n_seen >= sink and all(p.shape[0] == 1 for p in cached),
             sink=sink > 0,
             flex=cache is None and flex.usable_on(q),
+            select=self.layout.select > 0,
         )
         return plan, call
 
@@ -269,9 +277,11 @@ class EvaAttention(HeadProjections):
             chunk_q = torch.cat([state.pending_q.expand(B, -1, -1, -1), q], -2)
             remote_k, remote_v, n_owned = state.remote_k, state.remote_v, state.n_owned
             sink_k, sink_v = state.sink_k, state.sink_v
+            tokens_k, tokens_v = state.tokens_k, state.tokens_v
         else:
             seq_k, seq_v, chunk_q, remote_k, remote_v, n_owned = k, v, q, (), (), 0
             sink_k = sink_v = None
+            tokens_k = tokens_v = Rows()
         S = call.t.sink
         if n_seen < S:  # this segment holds sink tokens: keep their rows (copies: a view would keep all of k)
             head_k, head_v = k[..., : S - n_seen, :], v[..., : S - n_seen, :]
@@ -294,24 +304,22 @@ class EvaAttention(HeadProjections):
             )
             remote_k, _ = parts_append(remote_k, new_k, n_owned)
             remote_v, n_owned = parts_append(remote_v, new_v, n_owned)
+            if call.t.select:  # selection reads these chunks' own rows later (evalm/selection.py)
+                tokens_k, tokens_v = (rows.append(x[..., at : at + n_new * c, :]) for rows, x in
+                                      ((tokens_k, seq_k), (tokens_v, seq_v)))
 
         sink = (sink_k, sink_v) if sink_k is not None else None
-        entries = call.entries._replace(remote_k=remote_k, remote_v=remote_v, sink=sink)
+        tokens = (tokens_k.joined(), tokens_v.joined()) if call.t.select and len(tokens_k) else None
+        entries = call.entries._replace(remote_k=remote_k, remote_v=remote_v, sink=sink, tokens=tokens)
         out = tiles.attend(dataclasses.replace(call, entries=entries), q, seq_k, seq_v)
         if cache is not None:
             n_after = n_seen + T
             keep = max(0, n_after // w * w - ext) - first_row  # evict rows before the new window start
             cache.layers[self.layer_idx] = EvaState(
-                local_k=seq_k[..., keep:, :].clone(),
-                local_v=seq_v[..., keep:, :].clone(),
+                seq_k[..., keep:, :].clone(), seq_v[..., keep:, :].clone(),
                 pending_q=chunk_q[..., n_after // c * c - n_seen // c * c :, :].clone(),
-                remote_k=remote_k,
-                remote_v=remote_v,
-                n_owned=n_owned,
-                sink_k=sink_k,
-                sink_v=sink_v,
-                sink_out=min(S, max(0, n_after // w * w - ext)),
-            )
+                remote_k=remote_k, remote_v=remote_v, n_owned=n_owned, sink_k=sink_k, sink_v=sink_v,
+                sink_out=min(S, max(0, n_after // w * w - ext)), tokens_k=tokens_k, tokens_v=tokens_v)
         return out
 
 

@@ -66,6 +66,7 @@ class EvaCall:
     forks: bool  # several sequences over one shared parent's entries, in one tile
     sink: bool = False  # the layer keeps sink tokens (`Tiling.sink`): the flex route and the tiles read them
     flex: bool = False  # flex_attention compiles for these tensors (a GPU; evalm/flex.py `usable_on`)
+    select: bool = False  # the layer selects chunks (`Tiling.select`): each query reads its own chosen tokens
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,10 @@ def choose(call: EvaCall) -> EvaPath:
     """The path of a call: a whole sequence on the GPU's flex_attention, else on the fused CPU kernel
     where it applies (with or without attention dropout), else the plain recompute; with a cache,
     tiles, folded forks, and the split softmax where no graph or dropout needs the mask."""
+    if call.select:  # a per-query set of keys: only the tiles gather it (evalm/selection.py)
+        return EvaPath(Route.FORKS if call.forks and not call.whole else Route.TILES,
+                       "selection: each query's chosen chunks' tokens, gathered per query, which only the tiles "
+                       "read (autograd's backward; no fused, flex or split form yet)")
     if call.whole and call.flex:
         why = "; attention dropout as −inf in its score_mod, renormalised by the undropped log-sum-exp" if call.dropout else ""
         return EvaPath(Route.FLEX, "a whole sequence on a GPU: one compiled flex_attention call over tokens, "

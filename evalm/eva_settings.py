@@ -48,6 +48,12 @@ class EvaSettings:
     (attention sinks, Xiao et al. 2024, §3.2; docs/eva.md, "Sink tokens"); a multiple of chunk_size, 0: none."""
     adaptive_proj: Literal["qk", "no-ln"] = "qk"
     """A_q/A_k: Linear+LayerNorm ('qk') or Linear only ('no-ln'); the reference's 'default' crashes."""
+    select_chunks: int = 0
+    """k: each query also reads exactly the tokens of the k remote chunks whose summaries score highest in its
+    softmax, in place of those summaries (docs/eva.md, "Selection"; NSA's selection branch); 0: EVA as published."""
+    select_only: bool = False
+    """With select_chunks: the summaries only choose; the softmax reads the window, the sink and the selected tokens,
+    no summary (window + selection)."""
 
     def __post_init__(self) -> None:
         if self.window_size < 1:
@@ -62,6 +68,11 @@ class EvaSettings:
                 f"sink_tokens={self.sink_tokens} must be a multiple of chunk_size={self.chunk_size} (0: no sink): the "
                 "sink tokens replace whole chunks' summaries (docs/eva.md, \"Sink tokens\")"
             )
+        if self.select_chunks < 0:
+            raise ConfigError(f"select_chunks={self.select_chunks} must be >= 0 (0: no selection)")
+        if self.select_only and not self.select_chunks:
+            raise ConfigError("select_only without select_chunks: nothing is selected, so the softmax would read the "
+                              "window alone; set select_chunks >= 1, or select_only = false")
 
 
 EVA_FIELDS = tuple(field.name for field in dataclasses.fields(EvaSettings))
@@ -92,6 +103,11 @@ class RotaryPlacement:
     """With sink tokens: 'own', sink keys at their own positions; 'window', moved to sit right before the
     query's window (StreamingLLM's positions inside its cache), so their distance from a query stays inside
     the trained range at any length."""
+    selected_positions: Literal["own", "window"] = "own"
+    """With select_chunks: 'own', the selected tokens' keys at their own positions; 'window', moved to the k·c
+    positions right before the query's window, in chunk order (InfLLM's placement of retrieved blocks), so a
+    chunk read from 30k tokens back sits at distances the model was trained on. Moved sink keys then sit
+    before them."""
 
     def __post_init__(self) -> None:
         if self.circular_period < 0:
@@ -104,7 +120,7 @@ class RotaryPlacement:
         if self.positions == "rope":
             return self
         period = window_size if self.positions == "block" else self.circular_period or max_positions
-        return RotaryPlacement("circular", period, self.sink_positions)
+        return RotaryPlacement("circular", period, self.sink_positions, self.selected_positions)
 
     def period(self) -> int | None:
         """M when positions are circular, else None (a resolved placement's: `resolved`)."""
@@ -115,16 +131,19 @@ PLACEMENT_FIELDS = tuple(field.name for field in dataclasses.fields(RotaryPlacem
 
 
 def check_sink_rule(eva: EvaSettings, placement: RotaryPlacement) -> None:
-    """The one check of `sink_positions = "window"`: it moves sink keys, so there must be sink tokens, and a
-    move is a rotation that composes only with RoPE at absolute positions (a circular rotation wraps)."""
-    if placement.sink_positions == "own":
-        return
-    if not eva.sink_tokens:
-        raise ConfigError("sink_positions='window' without sink_tokens: there is no sink to place; set sink_tokens "
-                          "to a multiple of chunk_size, or sink_positions='own'")
-    if placement.positions != "rope":
-        raise ConfigError("sink_positions='window' needs positions='rope': a circular rotation (positions 'circular' "
-                          "or 'block') wraps and does not compose")
+    """The one check of the moves (`sink_positions` or `selected_positions` = "window"): a move needs keys to
+    move (sink tokens, selected chunks), and it is a rotation that composes only with RoPE at absolute
+    positions (a circular rotation wraps)."""
+    for name, field, needs in (("sink_positions", "sink_tokens", "sink_tokens to a multiple of chunk_size"),
+                               ("selected_positions", "select_chunks", "select_chunks >= 1")):
+        if getattr(placement, name) == "own":
+            continue
+        if not getattr(eva, field):
+            raise ConfigError(f"{name}='window' without {field}: there is nothing to place; set {needs}, or "
+                              f"{name}='own'")
+        if placement.positions != "rope":
+            raise ConfigError(f"{name}='window' needs positions='rope': a circular rotation (positions 'circular' or "
+                              "'block') wraps and does not compose")
 
 
 def evalm_section(eva: EvaSettings, placement: RotaryPlacement) -> dict[str, Any]:
@@ -132,8 +151,9 @@ def evalm_section(eva: EvaSettings, placement: RotaryPlacement) -> dict[str, Any
     (resolved: `RotaryPlacement.resolved`) that differ from the plain RoPE at absolute positions (so a RoPE
     model's section names no period)."""
     section = dataclasses.asdict(eva)
-    if placement.sink_positions != "own":
-        section["sink_positions"] = placement.sink_positions
+    for name in ("sink_positions", "selected_positions"):
+        if getattr(placement, name) != "own":
+            section[name] = getattr(placement, name)
     if placement.positions == "circular":
         section |= {"positions": "circular", "circular_period": placement.circular_period}
     return section

@@ -25,6 +25,7 @@ class HeadShape:
     n_head: int
     head_dim: int
     attn_dropout: float = 0.0
+    group: int = 1  # query heads per key/value head (a grouped-query host's; EVA's selection shares a choice over them)
 
     @classmethod
     def of(cls, config) -> HeadShape:

@@ -8,8 +8,8 @@ settings are the config's `evalm` section:
 
 | keys | what | schema |
 |---|---|---|
-| `window_size`, `chunk_size`, `overlap_window`, `use_t5_bias`, `exclude_window_chunks`, `sink_tokens`, `adaptive_proj` | EVA's rule and maps, as in `ModelConfig` (docs/model.md) | `EvaSettings` |
-| `positions`, `circular_period`, `sink_positions` | where RoPE puts EVA's keys: at each position or i mod M; sink keys at their own positions or moved before the window | `RotaryPlacement` |
+| `window_size`, `chunk_size`, `overlap_window`, `use_t5_bias`, `exclude_window_chunks`, `sink_tokens`, `adaptive_proj`, `select_chunks`, `select_only` | EVA's rule and maps, as in `ModelConfig` (docs/model.md) | `EvaSettings` |
+| `positions`, `circular_period`, `sink_positions`, `selected_positions` | where RoPE puts EVA's keys: at each position or i mod M; sink keys and selected tokens at their own positions or moved before the window | `RotaryPlacement` |
 
 Both classes and their defaults are evalm/eva_settings.py's, validated once when the config is made from
 a section (an unknown key, a bad value or a sink move that cannot compose is one line naming
@@ -97,14 +97,15 @@ class EvaLlamaForCausalLM(tf.LlamaForCausalLM):
         set_attention(config, NAME)  # EVA whatever was asked: a plain Llama of these weights is LlamaForCausalLM
         H = config.num_attention_heads
         heads = HeadShape(H, getattr(config, "head_dim", None) or config.hidden_size // H,
-                          float(config.attention_dropout or 0.0))
+                          float(config.attention_dropout or 0.0), H // (config.num_key_value_heads or H))
         settings, placement = config.eva_settings(), config.placement()
         move = llama_adapter.sink_move(placement, self.model.rotary_emb, WHERE)
         self.model.rotary_emb = llama_adapter.rotary_for(self.model.rotary_emb, placement)
         for layer in self.model.layers:
             attn = layer.self_attn
             attn.eva = EvaAttention(settings, attn.layer_idx, heads)  # EVA's own parts; the projections are Llama's
-            attn.eva.sink_shift = move
+            attn.eva.sink_shift = move if placement.sink_positions == "window" else None
+            attn.eva.select_shift = move if placement.selected_positions == "window" else None
 
     @classmethod
     def from_llama(cls, llama, init: str = "reference", settings: tuple[EvaSettings, RotaryPlacement] | None = None,

@@ -98,14 +98,15 @@ def check_settings(eva: EvaSettings, placement: RotaryPlacement, where: str) -> 
 
 
 def sink_move(placement: RotaryPlacement, rotary: nn.Module, where: str) -> RotaryMove | None:
-    """The move of sink keys `sink_positions = "window"` asks for (None: keys at their own positions), for
-    settings that met the sink rule when their config was made (`check_settings`); refused in one line where
-    the model's RoPE cannot compose with it: it must be a fixed rotation per position."""
-    if placement.sink_positions == "own":
+    """The move of keys that `sink_positions` or `selected_positions` = "window" asks for (None: keys at their
+    own positions), for settings that met the sink rule when their config was made (`check_settings`); refused
+    in one line where the model's RoPE cannot compose with it: it must be a fixed rotation per position."""
+    moved = [name for name in ("sink_positions", "selected_positions") if getattr(placement, name) != "own"]
+    if not moved:
         return None
     rope = getattr(rotary, "rope_type", "default")
     if rope not in STATIC_ROPE or getattr(rotary, "attention_scaling", 1.0) != 1.0:
-        raise ConfigError(f"{where}: sink_positions='window' needs a RoPE that is a fixed rotation per position "
+        raise ConfigError(f"{where}: {moved[0]}='window' needs a RoPE that is a fixed rotation per position "
                           f"({', '.join(STATIC_ROPE)}), not rope_type {rope!r}")
     return RotaryMove(rotary)
 

@@ -44,6 +44,21 @@ class StudyShape:
     chunk: int
     seq_len: int
     seed: int
+    select_chunks: int = 0  # EVA with selection (docs/eva.md, "Selection"); absent from a model.json before it
+    select_only: bool = False
+
+
+CHUNK = 4
+"""The study's chunk c (`evalm train recall --chunk`'s default): a model with another names it."""
+
+
+def reading_name(shape: StudyShape) -> str:
+    """The model's name in the study's cells and tables: its arch; for EVA or window-only with another chunk
+    `-cN`; for EVA with selection `-selectK` (`-selectK-only` with select_only). E.g. eva-c2-select2."""
+    name = shape.arch + (f"-c{shape.chunk}" if shape.chunk != CHUNK and shape.arch in ("eva", "window") else "")
+    if shape.select_chunks:
+        name += f"-select{shape.select_chunks}" + ("-only" if shape.select_only else "")
+    return name
 
 
 def study_model(shape: StudyShape, device: str = "cpu") -> torch.nn.Module:
@@ -57,7 +72,8 @@ def study_model(shape: StudyShape, device: str = "cpu") -> torch.nn.Module:
     width = shape.width
     config = ModelConfig(vocab_size=shape.vocab_size, d_model=width, n_layer=shape.n_layer, n_head=max(1, width // 32),
                          d_ff=4 * width, window_size=shape.window, chunk_size=shape.chunk, attention=shape.arch,
-                         circular_period=shape.seq_len, dropout=0.0, attn_dropout=0.0, init_std=0.02)
+                         circular_period=shape.seq_len, dropout=0.0, attn_dropout=0.0, init_std=0.02,
+                         select_chunks=shape.select_chunks, select_only=shape.select_only)
     model = EvalmModel(config)
     model.init_weights()
     return model.to(device)

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from evalm import dropout_mask
+from evalm import dropout_mask, selection
 from evalm.cache import Parts, parts_head, parts_len
 from evalm.eva_paths import EvaPath, Route
 from evalm.heads import upcast
@@ -45,6 +45,8 @@ class Entries(NamedTuple):
     prefix: tuple[Tensor, Tensor] | None  # entries merged from other caches: all visible, no bias
     own_bias: float  # added to this cache's own logits (merged prompts weigh their parts)
     sink: tuple[Tensor, Tensor] | None = None  # (B or 1, H, ≤ S, D) keys, values of the sink tokens
+    tokens: tuple[Tensor, Tensor] | None = None  # (B or 1, H, N, D) the summarised chunks' own keys and values,
+    # in chunk order (selection reads them, evalm/selection.py; None without selection)
 
 
 class TilePlan(NamedTuple):
@@ -83,6 +85,7 @@ class TiledCall:
     entries: Entries
     bias: nn.Module | None  # the layer's T5 bias of key distances (unscaled), or None
     sink_shift: Callable[[Tensor, Tensor], Tensor] | None = None  # moves sink keys by a position shift (EvaAttention)
+    select_shift: Callable[[Tensor, Tensor], Tensor] | None = None  # moves selected tokens' keys the same way
 
 
 class TileGroup(NamedTuple):
@@ -105,6 +108,8 @@ class KeySets(NamedTuple):
     values: list[Tensor]
     n_vis: int  # chunks visible to some query of the group (chunks first_chunk … first_chunk + n_vis − 1)
     sink_ids: Tensor | None = None  # each sink column's token position (moved copies repeat them)
+    remote: slice = slice(0, 0)  # the sets that hold the summaries
+    candidates: Tensor | None = None  # (G, rows, 1) summaries each query may select (`Tiling.candidate_count`)
 
 
 def attend(call: TiledCall, q: Tensor, seq_k: Tensor, seq_v: Tensor) -> Tensor:
@@ -165,6 +170,8 @@ def _attend_group(call: TiledCall, g: TileGroup) -> Tensor:
     """G tiles -> (B, H, G, rows, D)."""
     B, H, G, rows, D = g.q.shape
     sets = _key_sets(call, g)
+    if call.t.select:
+        return _attend_selecting(call, g, sets).transpose(1, 2)
     if call.path.split:  # one tile, no graph: each key set softmaxed apart (evalm/joint_softmax.py)
         return joint_softmax(g.q[:, :, 0] * call.t.scale, sets.keys, sets.values, sets.masks).unsqueeze(2)
     mask = torch.cat(sets.masks, -1).unsqueeze(1)  # (G, 1, rows, K): broadcast over heads
@@ -233,24 +240,116 @@ def _key_sets(call: TiledCall, g: TileGroup) -> KeySets:
 
     limit = t.remote_count(g.q_pos)  # (G, rows, 1): the first `limit` summaries are visible
     n_vis = min(int(limit.max()), parts_len(entries.remote_k))
+    first_remote = len(keys)
     if n_vis > 0:
         keys.extend(p.unsqueeze(1).expand(B, G, -1, -1, -1) for p in parts_head(entries.remote_k, n_vis))
         values.extend(p.unsqueeze(1).expand(B, G, -1, -1, -1) for p in parts_head(entries.remote_v, n_vis))
         hidden = torch.arange(n_vis, device=g.q_pos.device) >= limit  # (G, rows, n_vis)
         masks.append(torch.full(hidden.shape, entries.own_bias, dtype=dtype, device=g.q_pos.device).masked_fill(hidden, float("-inf")))
+    remote = slice(first_remote, len(keys))
     if entries.prefix is not None:
         prefix_k, prefix_v = entries.prefix
         keys.append(prefix_k.unsqueeze(1).expand(B, G, -1, -1, -1))
         values.append(prefix_v.unsqueeze(1).expand(B, G, -1, -1, -1))
         masks.append(torch.zeros(G, g.q_pos.shape[1], prefix_k.shape[-2], dtype=dtype, device=g.q_pos.device))
-    return KeySets(masks, keys, values, n_vis, sink_ids)
+    candidates = t.candidate_count(g.q_pos).clamp(max=n_vis) if t.select else None
+    return KeySets(masks, keys, values, n_vis, sink_ids, remote, candidates)
+
+
+def _set_logits(q: Tensor, k: Tensor) -> Tensor:
+    """q (B, G, H, rows, D) times a key set (B, G, H, K, D) -> (B, G, H, rows, K); a set shared by every
+    sequence and tile (stride 0 there: the summaries) is read once, the rows folded over it."""
+    B, G, H, rows, D = q.shape
+    if _shared(k) and B * G > 1:
+        folded = q.permute(2, 0, 1, 3, 4).reshape(H, B * G * rows, D)
+        return torch.matmul(folded, k[0, 0].transpose(-1, -2)).view(H, B, G, rows, -1).permute(1, 2, 0, 3, 4)
+    return torch.matmul(q, k.transpose(-1, -2))
+
+
+def _set_values(p: Tensor, v: Tensor) -> Tensor:
+    """Probabilities (B, G, H, rows, K) times a value set (B, G, H, K, D) -> (B, G, H, rows, D)."""
+    B, G, H, rows, K = p.shape
+    if _shared(v) and B * G > 1:
+        folded = p.permute(2, 0, 1, 3, 4).reshape(H, B * G * rows, K)
+        return torch.matmul(folded, v[0, 0]).view(H, B, G, rows, -1).permute(1, 2, 0, 3, 4)
+    return torch.matmul(p, v)
+
+
+def _shared(x: Tensor) -> bool:
+    return (x.shape[0] == 1 or x.stride(0) == 0) and (x.shape[1] == 1 or x.stride(1) == 0)
+
+
+def _attend_selecting(call: TiledCall, g: TileGroup, sets: KeySets) -> Tensor:
+    """The group's attention with selection (evalm/selection.py) -> (B, G, H, rows, D): the summaries'
+    logits choose each query's chunks, whose tokens join its keys and whose summaries leave the softmax (with
+    `select_only` every summary leaves); one softmax in at least fp32, attention dropout as in
+    `_attend_dropped` (a selected token's key id is its position)."""
+    t, entries = call.t, call.entries
+    B, H, G, rows, D = g.q.shape
+    q = g.q.transpose(1, 2) * t.scale  # (B, G, H, rows, D)
+    masks = torch.cat(sets.masks, -1).split([k.shape[-2] for k in sets.keys], -1)  # one mask may span several parts
+    logits = [upcast(_set_logits(q, k)).add_(m.unsqueeze(1)) for k, m in zip(sets.keys, masks)]
+    values = list(sets.values)
+    remote = torch.cat(logits[sets.remote], -1) if sets.n_vis else logits[0].new_zeros(B, G, H, rows, 0)
+    candidate = torch.arange(sets.n_vis, device=q.device) < sets.candidates  # (G, rows, n_vis)
+    chosen, index, valid = selection.choose(remote.masked_fill(~candidate.unsqueeze(1), float("-inf")), t.select,
+                                            t.select_group)
+    kept = slice(sets.remote.start, sets.remote.start) if t.select_only else sets.remote
+    if not t.select_only and sets.n_vis:  # the chosen summaries leave: their tokens carry the mass now
+        parts = remote.masked_fill(chosen, float("-inf")).split([k.shape[-2] for k in sets.keys[sets.remote]], -1)
+        logits[sets.remote] = parts
+    logits = logits[: sets.remote.start] + logits[kept] + logits[sets.remote.stop :]
+    values = values[: sets.remote.start] + values[kept] + values[sets.remote.stop :]
+    if index.shape[-1]:
+        tokens_k, tokens_v = entries.tokens
+        picked_k, picked_v = (selection.gather(x, index, t.chunk) for x in (tokens_k, tokens_v))
+        if call.select_shift is not None:  # to the k·c positions right before the query's window, in chunk order
+            slots = t.window_start(g.q_pos).view(1, G, 1, rows, 1) - t.select * t.chunk + torch.arange(
+                index.shape[-1] * t.chunk, device=q.device)
+            picked_k = call.select_shift(picked_k, slots - selection.token_ids(index, t.first_chunk, t.chunk))
+        hidden = ~valid.repeat_interleave(t.chunk, -1)
+        picked = upcast((q.unsqueeze(-2) * picked_k).sum(-1)).add_(entries.own_bias).masked_fill_(hidden, float("-inf"))
+        logits.append(picked)
+    probs = torch.softmax(torch.cat(logits, -1), -1)
+    if t.dropout > 0:
+        probs = probs * _selection_keep(call, g, sets, index).to(probs.dtype) * dropout_mask.scale(t.dropout)
+    widths = [x.shape[-1] for x in logits]
+    out = None
+    for p, width, v in zip(probs.split(widths, -1), widths, values + [None]):
+        if v is None:  # the selected tokens: one set per query row
+            part = (p.unsqueeze(-2).to(picked_v.dtype) @ picked_v).squeeze(-2)
+        else:
+            part = _set_values(p.to(v.dtype), v)
+        out = part if out is None else out + part
+    return out
+
+
+def _selection_keep(call: TiledCall, g: TileGroup, sets: KeySets, index: Tensor) -> Tensor:
+    """Attention dropout's keep decisions over the keys `_attend_selecting` reads, in its
+    order: local (by position), sink (by position), the summaries kept (−1 − r), the prefix, the selected
+    tokens (by position) -> (B, G, H, rows, K)."""
+    t, device = call.t, g.q.device
+    B, H, G, rows, _ = g.q.shape
+    ids = [g.k_pos.squeeze(1)]
+    if sets.sink_ids is not None:
+        ids.append(sets.sink_ids.expand(G, -1))
+    if sets.n_vis and not t.select_only:
+        ids.append(dropout_mask.chunk_key(t.first_chunk + torch.arange(sets.n_vis, device=device)).expand(G, -1))
+    if call.entries.prefix is not None:
+        ids.append(dropout_mask.prefix_key(torch.arange(call.entries.prefix[0].shape[-2], device=device)).expand(G, -1))
+    shared = dropout_mask.key_keys(torch.cat(ids, -1)).view(1, G, 1, 1, -1).expand(B, G, H, rows, -1)
+    picked = dropout_mask.key_keys(selection.token_ids(index, t.first_chunk, t.chunk))
+    heads = torch.arange(H, device=device).view(1, 1, -1, 1)
+    row_keys = dropout_mask.row_keys(t.seed, g.seq, heads, g.q_pos.view(1, G, 1, rows))  # (B, G, H, rows)
+    return dropout_mask.keep_of(row_keys.unsqueeze(-1), torch.cat([shared, picked], -1), t.dropout)
 
 
 def _moved_sink(call: TiledCall, g: TileGroup, sink_k: Tensor, sink_v: Tensor, hidden: Tensor) -> tuple[Tensor, ...]:
     """The sink keys each block of the group's tiles reads, moved to sit right before that block's
     window (StreamingLLM's positions inside its cache, Xiao et al. 2024, §3.2): sink token j at
     window_start(block start) − S + j, so its distance from a query is that query's offset in its
-    window plus S − j, at any absolute position. One moved copy per block of a tile; a row sees its
+    window plus S − j, at any absolute position (k·c further back when the selected tokens are moved there,
+    `selected_positions`). One moved copy per block of a tile; a row sees its
     block's copy only. sink_k, sink_v (B or 1, 1, H, n, D), hidden (G, rows, n) -> keys and values
     (B or 1, G, H, nb·n, D), their token ids (nb·n,) and hidden (G, rows, nb·n)."""
     t, n = call.t, sink_k.shape[-2]
@@ -258,7 +357,8 @@ def _moved_sink(call: TiledCall, g: TileGroup, sink_k: Tensor, sink_v: Tensor, h
     copy = block - block[:, :1]  # the row's block within its tile
     nb = int(copy.max()) + 1
     starts = (block[:, 0] + torch.arange(nb, device=block.device)) * t.window  # (G, nb) block starts
-    shift = (t.window_start(starts) - t.sink).view(1, -1, 1, nb, 1)  # (1, G, 1, nb, 1): over heads and rows
+    behind = t.select * t.chunk if call.select_shift is not None else 0  # moved selected tokens sit between
+    shift = (t.window_start(starts) - t.sink - behind).view(1, -1, 1, nb, 1)  # (1, G, 1, nb, 1): over heads and rows
     keys = call.sink_shift(sink_k.unsqueeze(3), shift).flatten(3, 4)  # (B or 1, G, H, nb·n, D)
     values = sink_v.unsqueeze(3).expand(-1, -1, -1, nb, -1, -1).flatten(3, 4)
     column_copy = torch.arange(nb, device=block.device).repeat_interleave(n)  # (nb·n,)

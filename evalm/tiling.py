@@ -52,13 +52,17 @@ class Tiling:
     noise_seed: int | None = None  # training noise ε of the chunk summaries, replayed in backward (None: no ε)
     ablation: Ablation = Ablation.NONE  # an evaluation-time component ablation (module docstring)
     sink: int = 0  # S: sink tokens, a multiple of c (module docstring; 0: none)
+    select: int = 0  # k: chunks each query reads exactly by its summaries' scores (evalm/selection.py; 0: none)
+    select_only: bool = False  # with select: no summary enters the softmax; they only score
+    select_group: int = 1  # query heads sharing one K/V head, and so one choice (a grouped-query host's)
 
     @classmethod
     def of(cls, settings, head_dim: int, ablation: Ablation = Ablation.NONE) -> Tiling:
         """The rule of EVA layers with `settings` (an `EvaSettings`, evalm/eva_settings.py: window, chunk,
         overlap, excluded window chunks, sink tokens) on heads of size `head_dim` (s = head_dim^-1/2)."""
         return cls(settings.window_size, settings.chunk_size, settings.window_size if settings.overlap_window else 0,
-                   settings.exclude_window_chunks, head_dim**-0.5, sink=settings.sink_tokens, ablation=ablation)
+                   settings.exclude_window_chunks, head_dim**-0.5, sink=settings.sink_tokens, ablation=ablation,
+                   select=settings.select_chunks, select_only=settings.select_only)
 
     def window_start(self, pos: Tensor | int) -> Tensor | int:
         """First local key of the query at `pos`: its block's start, less ext, at least 0 (chunk-window:
@@ -97,11 +101,23 @@ class Tiling:
         n = self.limit(pos) - self.first_chunk
         return n.clamp(min=0) if isinstance(n, Tensor) else max(0, n)
 
+    def candidate_count(self, pos: Tensor | int) -> Tensor | int:
+        """Summaries the query at `pos` may select (evalm/selection.py): the visible ones whose tokens lie wholly
+        before its window, the first candidate_count(pos) of a cache's summaries. A chunk inside the window is
+        read exactly already; selecting it would count its tokens twice."""
+        n = self.window_start(pos) // self.chunk
+        n = torch.minimum(n, self.limit(pos)) if isinstance(n, Tensor) else min(n, self.limit(pos))
+        n = n - self.first_chunk
+        return n.clamp(min=0) if isinstance(n, Tensor) else max(0, n)
+
     def mean_keys(self, n: int) -> float:
         """Keys a query reads on average over a whole sequence of n tokens: its local block, sink keys
         and visible summaries (the work of attention per query, for FLOP counts)."""
         pos = torch.arange(n)
         keys = pos - self.window_start(pos) + 1 + self.sink_count(pos) + self.remote_count(pos)
+        if self.select:  # the selected chunks' tokens replace their summaries (select_only: every summary goes)
+            picked = self.candidate_count(pos).clamp(max=self.select)
+            keys = keys + picked * self.chunk - (self.remote_count(pos) if self.select_only else picked)
         return float(keys.double().mean()) if n else 0.0
 
     def local_mask(self, bias: Tensor | None, device, dtype) -> Tensor:

@@ -38,7 +38,7 @@ import torch
 from evalm.config_toolkit import ConfigError, Parser
 from evalm.config_toolkit.device import check_threads, device_flag
 from evalm.config_toolkit.machine import device_name, torch_threads
-from evalm.recall_models import ARCHS, CHECKPOINT, LOG, MODEL, SETTINGS, StudyShape, logits_of, study_model
+from evalm.recall_models import ARCHS, CHECKPOINT, CHUNK, LOG, MODEL, SETTINGS, StudyShape, logits_of, reading_name, study_model
 from evalm.storage import RunFolder
 from evalm.storage.files import read_json, write_json
 from evalm.text.recall_data import FAR_PAIRS, PASSKEY_LENGTH, Vocab, training_batch
@@ -59,7 +59,9 @@ class RecallTraining:
     n_layer: int = 2
     seq_len: int = 64
     window: int = 16
-    chunk: int = 4
+    chunk: int = CHUNK
+    select_chunks: int = 0
+    select_only: bool = False
     vocab: int = 128
     mqar_share: float = 0.75
     train_kv: tuple[int, ...] = (4, 8, 16)
@@ -96,6 +98,13 @@ class RecallTraining:
         if self.arch != "mamba" and self.width % heads:
             raise ConfigError(f"--width {self.width}: the model has width // 32 = {heads} heads, which must divide "
                               f"it; e.g. --width {self.width - self.width % heads}")
+        if self.select_chunks and self.arch != "eva":
+            raise ConfigError(f"--select-chunks {self.select_chunks}: selection reads EVA's summaries; --arch eva only")
+        if self.select_chunks < 0 or self.select_chunks > self.seq_len // self.chunk:
+            raise ConfigError(f"--select-chunks {self.select_chunks}: from 0 (none) to the chunks of a training "
+                              f"sequence, --seq-len / --chunk = {self.seq_len // self.chunk}")
+        if self.select_only and not self.select_chunks:
+            raise ConfigError("--select-only without --select-chunks: nothing is selected; give --select-chunks K")
         if not 0 <= self.mqar_share <= 1:
             raise ConfigError(f"--mqar-share {self.mqar_share}: a share of the batch, from 0 to 1")
         if not (math.isfinite(self.lr) and self.lr > 0):
@@ -121,8 +130,9 @@ class RecallTraining:
 
     def shape(self) -> dict:
         """`StudyShape`'s fields (OUT/model.json: the test cells rebuild the model from it)."""
+        selection = {"select_chunks": self.select_chunks, "select_only": self.select_only} if self.select_chunks else {}
         return {"arch": self.arch, "width": self.width, "vocab_size": Vocab(self.vocab).size, "n_layer": self.n_layer,
-                "window": self.window, "chunk": self.chunk, "seq_len": self.seq_len, "seed": self.seed}
+                "window": self.window, "chunk": self.chunk, "seq_len": self.seq_len, "seed": self.seed, **selection}
 
 
 def _at_least(flag: str, value: int, low: int) -> None:
@@ -173,7 +183,8 @@ def train_model(run: RecallTraining, out: str | Path) -> dict:
     run.check_memory()  # before the folder is made
     folder = RunFolder(out, COMMAND)
     with folder.held():
-        folder.record(SETTINGS, asdict(run), ignore=UNRECORDED, what="holds a model trained with other settings",
+        folder.record(SETTINGS, asdict(run), ignore=UNRECORDED, added=("select_chunks", "select_only"),
+                      what="holds a model trained with other settings",
                       advice=lambda keys: "use another --out, or the same flags")
         if (folder.path / LOG).is_file():
             return read_json(folder.path / LOG)
@@ -183,7 +194,7 @@ def train_model(run: RecallTraining, out: str | Path) -> dict:
 
 
 def _train(run: RecallTraining, out: Path) -> dict:
-    path, name = out / CHECKPOINT, f"{run.arch}-{run.width}"
+    path, name = out / CHECKPOINT, f"{reading_name(StudyShape(**run.shape()))}-{run.width}"
     model = study_model(StudyShape(**run.shape()), run.device)
     optimizer = optimizer_of(model, run.lr)
     state = (torch.load(path, weights_only=True, map_location="cpu") if path.is_file()
@@ -233,6 +244,11 @@ def parser() -> Parser:
     p.add_argument("--seq-len", type=int, default=64, help="training length (default: 64)")
     p.add_argument("--window", type=int, default=16, help="EVA's and window-only's block w (default: 16)")
     p.add_argument("--chunk", type=int, default=4, help="EVA's chunk c (default: 4)")
+    p.add_argument("--select-chunks", type=int, default=0, metavar="K",
+                   help="EVA with selection: each query also reads the tokens of the K chunks its summaries score "
+                        "highest (docs/eva.md, \"Selection\"; default: 0, EVA as published)")
+    p.add_argument("--select-only", action="store_true",
+                   help="with --select-chunks: the summaries only choose; none enters the softmax (default: off)")
     p.add_argument("--vocab", type=int, default=128,
                    help="keys and values, half each (Zoology's vocab_size; default: 128)")
     p.add_argument("--mqar-share", type=float, default=0.75, help="share of each batch that is MQAR (default: 0.75)")

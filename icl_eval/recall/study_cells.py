@@ -44,7 +44,7 @@ from evalm.icl_eval.recall.config import MAX_ITEMS
 from evalm.icl_eval.stats.bootstrap import hierarchical_interval
 from evalm.config_toolkit.machine import device_name, torch_threads
 from evalm import eva_settings
-from evalm.recall_models import ARCHS, CHECKPOINT, MODEL, load_trained, predict
+from evalm.recall_models import ARCHS, CHECKPOINT, MODEL, StudyShape, load_trained, predict, reading_name
 from evalm.storage import RunFolder
 from evalm.storage.files import read_json, write_json
 from evalm.text.recall_data import FAR_PAIRS, PASSKEY_TOKENS, UNLABELLED, Vocab, mqar, mqar_far, passkey
@@ -151,7 +151,7 @@ def check_memory(run: CellsRun) -> None:
                          "is not a model of `evalm train recall`; train it again (or restore the file)")
     arch, width, layers = shape["arch"], shape["width"], shape["n_layer"]
     n = parameters(shape["vocab_size"], width, layers, 4 * width) + shape["seq_len"] * width
-    kept = {"full": lambda L: L, "eva": lambda L: L // shape["chunk"] + shape["window"],
+    kept = {"full": lambda L: L, "eva": lambda L: L // shape["chunk"] + shape["window"] + (L if shape.get("select_chunks") else 0),
             "window": lambda L: min(L, shape["window"]), "mamba": lambda L: 0}[arch]
     largest = 0
     for test, x_value in cells(arch, run):
@@ -193,7 +193,8 @@ def _run_cells(run: CellsRun) -> int:
                       added=("model_files",), what="holds cells of another model or made with other settings",
                       advice=_advice)
         arch, width = settings["arch"], settings["width"]
-        readings = {arch: "none", **({f"eva-{a}": a for a in run.ablations} if arch == "eva" else {})}
+        base = reading_name(StudyShape(**read_json(Path(run.model) / MODEL)))
+        readings = {base: "none", **({f"{base}-{a}": a for a in run.ablations} if arch == "eva" else {})}
         written = 0
         for reading, ablation in readings.items():
             wanted = [c for c in cells(arch, run) if not (folder.path / cell_name(reading, width, *c)).is_file()]

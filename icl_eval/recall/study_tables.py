@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from evalm.config_toolkit import MissingInput
-from evalm.recall_models import ARCHS, LOG, MODEL, load_trained, predict
+from evalm.recall_models import ARCHS, LOG, MODEL, StudyShape, load_trained, predict, reading_name
 from evalm.text.recall_data import Vocab, mqar
 
 
@@ -109,14 +109,15 @@ def chunk_mates(out: Path, kv: int = 16, n: int = 64, device: str = "cpu") -> st
     lines = [f"| model | MQAR, {kv} pairs | wrong answers = a chunk-mate's value | if wrong answers were uniform |",
              "|---|---|---|---|"]
     found = []
-    for folder in (out / "models").glob("eva-*"):
+    for folder in (out / "models").glob("eva*"):
         if (folder / LOG).is_file():
             model, settings, _ = load_trained(folder, device)
-            found.append((settings["width"], model, settings))
-    for width, model, settings in sorted(found, key=lambda f: f[0]):
+            found.append((settings["width"], reading_name(StudyShape(**json.loads((folder / MODEL).read_text()))),
+                          model, settings))
+    for width, name, model, settings in sorted(found, key=lambda f: f[:2]):
         right, wrong, mate = _mates_of(model, settings, kv, n, device)
         others = (max(1, settings["chunk"] // 2) - 1) / (kv - 1)
-        lines.append(f"| eva-{width} | {right / (right + wrong):.2f} | {mate}/{wrong} | {others:.2f} of them |")
+        lines.append(f"| {name}-{width} | {right / (right + wrong):.2f} | {mate}/{wrong} | {others:.2f} of them |")
     return "\n".join(lines)
 
 

@@ -113,21 +113,41 @@ PARSERS = {("train", "recall"): recall.parser, ("eval", "recall-cells"): study_c
 
 def test_the_study_file_lists_the_grid_as_steps_of_real_commands(tmp_path):
     study = read_toml(STUDY)
-    root, steps = study["study"]["root"], study["step"]
+    root, steps, best = study["study"]["root"], study["step"], study["study"]["vars"]["select_best"]
     assert study["study"]["name"] == "recall" and set(study) == {"study", "step"}
     names = [s["name"] for s in steps]
-    assert len(set(names)) == len(names) == 24 and all(re.fullmatch(r"[a-z0-9-]+", n) for n in names)
+    assert len(set(names)) == len(names) == 44 and all(re.fullmatch(r"[a-z0-9-]+", n) for n in names)
     grid = set()
     for i, step in enumerate(steps):
         assert set(step) <= {"name", "run", "about", "needs"} and set(step.get("needs", [])) <= set(names[:i])
-        argv = [a.replace("{root}", root) for a in step["run"]]
+        argv = [a.replace("{root}", root).replace("{select_best}", str(best)) for a in step["run"]]
         args = PARSERS[tuple(argv[:2])]().parse_args(argv[2:])  # a bad flag exits: SystemExit fails the test
         if argv[1] == "recall":
-            grid.add((args.arch, args.width))
-            assert args.out == f"{root}/models/{args.arch}-{args.width}"
+            grid.add((args.arch, args.width, args.chunk, args.select_chunks, args.select_only))
+            chunk = f"-c{args.chunk}" if args.chunk != 4 else ""
+            select = f"-select{args.select_chunks}" + ("-only" if args.select_only else "") if args.select_chunks else ""
+            assert args.out == f"{root}/models/{args.arch}{chunk}{select}-{args.width}"
         else:
             assert step["needs"] == [names[names.index(step["name"].replace("cells-", "train-"))]]
-    assert grid == {(a, w) for a in ("eva", "full", "window", "mamba") for w in (64, 128, 256)}
+    published = {(a, w, 4, 0, False) for a in ("eva", "full", "window", "mamba") for w in (64, 128, 256)}
+    selection = {("eva", 128, 4, k, False) for k in (1, 2, 4)} | {("eva", w, 4, best, False) for w in (64, 256)}
+    sweep = {("eva", 128, c, k, False) for c in (2, 8) for k in (0, best)} | {("eva", 128, 4, best, True)}
+    assert grid == published | selection | sweep
+
+
+def test_the_selection_steps_run_end_to_end_and_name_their_readings(tmp_path):
+    """train-eva-selectbest-64 and its cells as the study names them, through the file's var, shortened by flags
+    appended to their own lines (a tiny width: --width 32): the cells carry the selection model's name, so its
+    rows never join EVA's, and EVA's ablations are read on it too."""
+    steps = {s["name"]: s["run"] for s in read_toml(STUDY)["step"]}
+    shorter = {"train": ["--steps", "2", "--width", "32"], "eval": ["--items", "2", "--long-items", "1", "--lengths", "64"]}
+    for name in ("train-eva-selectbest-64", "cells-eva-selectbest-64"):
+        argv = [a.replace("{root}", str(tmp_path)).replace("{select_best}", "3") for a in steps[name]]
+        assert evalm([*argv, *shorter[argv[0]]]) == 0
+    cells = sorted(p.name for p in (tmp_path / "cells" / "eva-select3-64").glob("eva-*.json"))
+    readings = {name.split("-32-")[0] for name in cells}
+    assert readings == {"eva-select3", "eva-select3-no-remote", "eva-select3-chunk-window"}
+    assert json.loads((tmp_path / "models" / "eva-select3-64" / "model.json").read_text())["select_chunks"] == 3
 
 
 def test_the_study_files_cheapest_steps_run_end_to_end_and_resume(tmp_path):

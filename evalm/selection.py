@@ -1,0 +1,64 @@
+"""Selection inside EVA's memory: each query reads exactly the tokens of the k chunks its summaries score
+highest (docs/eva.md, "Selection"; NSA's selection branch, Yuan et al. 2025, §3.3.2; MoBA's gate, Lu et al. 2025).
+
+EVA already scores every remote chunk r for the query at i: its summary's logit s·q_i·k̃_r in the joint
+softmax. Selection ranks the candidates by it (the chunks before the query's window that it may see,
+`Tiling.candidate_count`), takes the top k (ties to the earlier chunk), and lets their c tokens join the
+query's exact keys while their summaries leave the softmax, so no chunk's mass is counted twice. With
+`select_only` no summary stays: the window, the sink and the selected tokens are the keys, and the
+summaries only choose. Heads that share one K/V head (a grouped-query host) share one choice, made from
+their scores summed (NSA's group-consistent selection). The choice carries no gradient; what it selects does.
+
+The tiles route (evalm/tiles.py) calls `choose` and `gather` for every query of a call, whole sequence or
+cached; `chunk_tokens` is the slice of a sequence a whole-sequence call reads the tokens from.
+
+Legend: B sequences, G tiles, H heads, R query rows, n candidate summaries, k the chunks chosen, c tokens per
+chunk, D the head dimension.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def choose(scores: Tensor, k: int, group: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The chunks each query reads exactly: scores (B, G, H, R, n), the candidates' logits (−inf for a chunk
+    that is not a candidate) -> chosen (B, G, H, R, n) booleans, and the chosen chunks' indices (B, G, H, R, k)
+    in chunk order with `valid` (B, G, H, R, k), False where a query had fewer than k candidates.
+
+    The top k by score; among equal scores at the cut the earlier chunks (torch.topk does not order ties).
+    Heads in consecutive groups of `group` rank their summed scores, so a group reads one set of chunks."""
+    B, G, H, R, n = scores.shape
+    k = min(k, n)
+    if k == 0:
+        empty = scores.new_zeros(B, G, H, R, 0, dtype=torch.long)
+        return torch.zeros_like(scores, dtype=torch.bool), empty, empty.bool()
+    summed = scores.detach().unflatten(2, (H // group, group)).sum(3)  # −inf stays −inf: a group shares its candidates
+    cut = summed.topk(k, -1).values[..., -1:]  # the k-th score
+    finite = summed > float("-inf")
+    above = (summed > cut) & finite
+    at_cut = (summed == cut) & finite
+    room = k - above.sum(-1, keepdim=True)  # places left for the ties at the cut, taken earliest first
+    chosen = above | at_cut & (at_cut.cumsum(-1) <= room)
+    order = torch.arange(n, 0, -1, device=scores.device)  # the chosen in chunk order, then the rest (0)
+    picked, index = torch.topk(chosen * order, k, -1)
+    valid = picked > 0
+    index = torch.where(valid, index, 0)
+    return tuple(x.repeat_interleave(group, 2) for x in (chosen, index, valid))
+
+
+def gather(tokens: Tensor, index: Tensor, c: int) -> Tensor:
+    """The rows of the chosen chunks: tokens (B or 1, H, N, D), the summarised chunks' rows in order (chunk m
+    at rows m·c … m·c + c − 1), index (B, G, H, R, k) -> (B, G, H, R, k·c, D)."""
+    B, G, H, R, k = index.shape
+    rows = (index.unsqueeze(-1) * c + torch.arange(c, device=index.device)).flatten(-2)  # (B, G, H, R, k·c)
+    batch = torch.arange(B, device=index.device).view(B, 1, 1, 1, 1) if tokens.shape[0] > 1 else 0
+    heads = torch.arange(H, device=index.device).view(1, 1, H, 1, 1)
+    return tokens[batch, heads, rows]
+
+
+def token_ids(index: Tensor, first_chunk: int, c: int) -> Tensor:
+    """The chosen tokens' positions (B, G, H, R, k·c): their keys in the dropout mask (evalm/dropout_mask.py),
+    which names a token key by its position wherever it is read."""
+    return ((first_chunk + index).unsqueeze(-1) * c + torch.arange(c, device=index.device)).flatten(-2)

@@ -1,0 +1,310 @@
+"""Selection inside EVA's memory (`select_chunks`, evalm/selection.py): each query reads exactly the tokens of
+the k chunks its summaries score highest, in place of those summaries.
+
+    python -m pytest tests/evalm/test_eva_selection.py -q
+
+The oracle is the rule written out here in float64: every local, sink, remote and token logit scored
+densely, each query's choice made by a Python sort over its own candidates (ties to the earlier chunk, a
+group's heads summed), one softmax over what it may see. Every route must equal it (a whole sequence with
+and without a graph; the cache in segments; forks over a shared parent; training with dropout and noise;
+gradients), and it must differ from EVA without selection on the same weights, so a selection that is
+read nowhere fails.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from evalm import EvalmModel, dropout_mask, selection, summaries
+from evalm.config_toolkit import ConfigError, build
+from evalm.eva import ablate
+from evalm.eva_settings import EvaSettings
+from evalm.tiling import Ablation
+from tests import models
+from tests.evalm.oracle import t5_bucket_ref
+from tests.evalm.paths import PLAIN, TILES, forced, recorded
+from tests.evalm.test_eva_sink import BASE, heads, move
+
+EXACT = 1e-10  # float64: sums reassociated, nothing else
+APART = 1e-3  # an output selection did not change would be this close to EVA's own
+SHAPES = {  # window 8, chunk 4: from token 16 on a query has candidates before its window
+    "k1": {"select_chunks": 1},
+    "k2": {"select_chunks": 2},
+    "k3-only": {"select_chunks": 3, "select_only": True},
+    "k2-overlap-t5-exclude": {"select_chunks": 2, "overlap_window": True, "use_t5_bias": True,
+                              "exclude_window_chunks": True},
+    "k2-sink": {"select_chunks": 2, "sink_tokens": 4},
+    "k2-only-sink-overlap": {"select_chunks": 2, "select_only": True, "sink_tokens": 8, "overlap_window": True},
+}
+
+
+def model(**changes) -> EvalmModel:
+    """BASE with `changes`, every matrix drawn from N(0, 0.3²) (tests/models.py's reason), float64."""
+    return models.visible_model(dataclasses.replace(BASE, **changes)).double().eval()
+
+
+def oracle(attn, q, k, v, group: int = 1, ablation: Ablation = Ablation.NONE, training=None, move=None) -> torch.Tensor:
+    """EVA with selection, q, k, v (B, T, H, D) -> (B, T, H, D), from the module's settings (window, chunk,
+    overlap, T5 bias, excluded window chunks, sink, k, select_only). `training` (dropout seed, rate, noise
+    seed): ε drawn as evalm/summaries.py draws it, each probability times the keep decision of
+    evalm/dropout_mask.py (a token by its position, chunk r as −1 − r), scaled by 1/(1 − p). `move(keys,
+    shift)`: the selected tokens moved to the k·c positions before the query's window, in chunk order, and
+    the sink keys (moved too) before them."""
+    B, T, H, D = q.shape
+    w, c, ext, s, C = attn.window_size, attn.chunk_size, attn.ext, D**-0.5, T // attn.chunk_size
+    select, only, sink = attn.layout.select, attn.layout.select_only, attn.layout.sink
+    qc, kc, vc = (x[:, : C * c].reshape(B, C, c, H, D) for x in (q, k, v))
+    k_tilde = attn.adaptive_mu_k(kc.mean(2))  # (B, C, H, D)
+    omega = attn.adaptive_mu_q(qc.mean(2)) + k_tilde
+    first = sink // c
+    if training is not None:
+        eps = summaries.noise(training[2], torch.empty(B, H, C - first, D, dtype=q.dtype)).transpose(1, 2)
+        omega = torch.cat([omega[:, :first], omega[:, first:] + eps], 1)
+    lam = s * (kc * omega[:, :, None]).sum(-1) - s * kc.pow(2).sum(-1) / 2
+    beta = (torch.softmax(lam, 2)[..., None] * vc).sum(2)  # (B, C, H, D)
+    token_logits = s * torch.einsum("bihd,bjhd->bhij", q, k)
+    local_logits = token_logits
+    if attn.rel_pos_bias is not None:
+        table = attn.rel_pos_bias.relative_attention_bias.weight[:, 0]
+        bucket = [[t5_bucket_ref(max(0, i - j - ext), len(table), w + ext) for j in range(T)] for i in range(T)]
+        local_logits = local_logits + s * table[torch.tensor(bucket)]
+    remote_logits = s * torch.einsum("bihd,brhd->bhir", q, k_tilde)  # (B, H, T, C)
+    sink_logits, picked_logits = token_logits.clone(), token_logits.clone()
+    local = torch.zeros(B, H, T, T, dtype=torch.bool)
+    sunk, picked = torch.zeros_like(local), torch.zeros_like(local)
+    remote = torch.zeros(B, H, T, C, dtype=torch.bool)
+    for i in range(T):
+        start = i // c * c if ablation is Ablation.CHUNK_WINDOW else max(0, i // w * w - ext)
+        limit = 0 if ablation is Ablation.NO_REMOTE else start // c if attn.exclude_window_chunks else i // c
+        local[..., i, start : i + 1] = True
+        sunk[..., i, : min(sink, start)] = True
+        remote[..., i, first:limit] = True
+        candidates = range(first, min(limit, start // c))
+        if move is not None and sink:
+            block_start = i // w * w if ablation is Ablation.CHUNK_WINDOW else max(0, i // w * w - ext)
+            shift = torch.tensor(block_start - sink - select * c)
+            sink_logits[..., i, :sink] = s * torch.einsum("bhd,bjhd->bhj", q[:, i], move(k[:, :sink], shift))
+        for b in range(B):
+            for h0 in range(0, H, group):
+                score = {r: float(remote_logits[b, h0 : h0 + group, i, r].detach().sum()) for r in candidates}
+                chosen = sorted(sorted(candidates, key=lambda r: (-score[r], r))[:select])
+                for slot, r in enumerate(chosen):
+                    picked[b, h0 : h0 + group, i, r * c : r * c + c] = True
+                    remote[b, h0 : h0 + group, i, r] = False
+                    if move is not None:  # to start − k·c + slot·c + j
+                        keys = move(k[b, r * c : r * c + c, h0 : h0 + group], torch.tensor(start - select * c + slot * c - r * c))
+                        picked_logits[b, h0 : h0 + group, i, r * c : r * c + c] = s * (keys * q[b, i, h0 : h0 + group]).sum(-1).T
+    if only:
+        remote[:] = False
+    logits = torch.cat([local_logits.masked_fill(~local, float("-inf")), sink_logits.masked_fill(~sunk, float("-inf")),
+                        remote_logits.masked_fill(~remote, float("-inf")), picked_logits.masked_fill(~picked, float("-inf"))], -1)
+    values = torch.cat([v.transpose(1, 2), v.transpose(1, 2), beta.transpose(1, 2), v.transpose(1, 2)], -2)
+    p = torch.softmax(logits, -1)
+    if training is not None:
+        seed, rate = training[:2]
+        ids = torch.cat([torch.arange(T), torch.arange(T), dropout_mask.chunk_key(torch.arange(C)), torch.arange(T)])
+        kept = dropout_mask.keep(seed, rate, torch.arange(B).view(B, 1, 1, 1), torch.arange(H).view(1, H, 1, 1),
+                                 torch.arange(T).view(1, 1, T, 1), ids.view(1, 1, 1, -1))
+        p = p * kept / (1 - rate)
+    return (p @ values).transpose(1, 2)
+
+
+def test_the_choice_by_hand():
+    """The right chunk wins, ties go to the earlier chunk, a group of heads shares one choice from its summed
+    scores, a query with fewer candidates than k picks fewer."""
+    inf = float("-inf")
+    scores = torch.tensor([[1.0, 3.0, 3.0, 3.0, inf], [2.0, inf, inf, inf, inf]]).view(1, 1, 1, 2, 5)
+    chosen, index, valid = selection.choose(scores, 2, 1)
+    assert index[0, 0, 0].tolist() == [[1, 2], [0, 0]] and valid[0, 0, 0].tolist() == [[True, True], [True, False]]
+    assert chosen[0, 0, 0].tolist() == [[False, True, True, False, False], [True, False, False, False, False]]
+    # head 0 prefers chunk 1, head 1 chunk 2; their sum prefers chunk 2, which both heads then read
+    scores = torch.tensor([[1.0, 3.0, 0.0, 2.0], [1.0, -1.0, 5.0, 2.0]]).view(1, 1, 2, 1, 4)
+    assert selection.choose(scores, 1, 2)[1].flatten().tolist() == [2, 2]
+    assert selection.choose(scores, 1, 1)[1].flatten().tolist() == [1, 2]
+
+
+def test_the_chunk_holding_the_key_is_read_exactly():
+    """A query built to match one key of a far chunk: EVA's summary averages it with its chunk-mates, selection
+    reads the key itself, so the output is that key's value (the recall study's failure, by hand). A_k is the
+    identity, so a chunk's summary key is its mean key and the chunk holding the key scores highest."""
+    m = model(select_chunks=1, adaptive_proj="no-ln")
+    attn = m.blocks[0].attn
+    with torch.no_grad():
+        attn.adaptive_mu_k[0].weight.copy_(torch.eye(attn.head_dim))
+        attn.adaptive_mu_k[0].bias.zero_()
+    T, H, D = 40, attn.n_head, attn.head_dim
+    gen = torch.Generator().manual_seed(3)
+    k = 0.2 * torch.randn(1, T, H, D, generator=gen, dtype=torch.float64)  # small keys, one large: token 5's
+    k[0, 5] = torch.randn(H, D, generator=gen, dtype=torch.float64)
+    v = torch.randn(1, T, H, D, generator=gen, dtype=torch.float64)
+    q = torch.zeros(1, T, H, D, dtype=torch.float64)
+    q[0, 37] = 6.0 * k[0, 5]  # the last query looks for token 5 (chunk 1, far before its window)
+    with torch.no_grad():
+        out = attn.attend(q.clone(), k.clone(), v.clone())
+        attn.layout = dataclasses.replace(attn.layout, select=0)
+        plain = attn.attend(q.clone(), k.clone(), v.clone())
+    error, plain_error = ((x[0, 37] - v[0, 5]).norm() / v[0, 5].norm() for x in (out, plain))
+    assert error < 0.3 < plain_error
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_every_whole_sequence_route_equals_the_equation(shape):
+    m = model(**SHAPES[shape])
+    attn = m.blocks[0].attn
+    x = torch.randn(2, 45, BASE.d_model, dtype=torch.float64)  # 45: a padded last block
+    with torch.no_grad():
+        q, k, v = heads(attn, x)
+        expected = oracle(attn, q, k, v)
+        attn.layout = dataclasses.replace(attn.layout, select=0, select_only=False)
+        assert (expected - attn.attend(q.clone(), k.clone(), v.clone())).abs().max() > APART  # selection acts
+        attn.layout = dataclasses.replace(attn.layout, select=SHAPES[shape]["select_chunks"],
+                                          select_only=SHAPES[shape].get("select_only", False))
+    for facts in ({}, PLAIN, TILES):
+        for grad in (False, True):
+            with forced(**facts), recorded() as taken, torch.set_grad_enabled(grad):
+                out = attn.attend(q.clone(), k.clone(), v.clone())
+            assert (out - expected).abs().max() < EXACT, taken[0].name
+            assert {p.name for p in taken} == {"tiles"}
+
+
+@pytest.mark.parametrize("ablation", [Ablation.CHUNK_WINDOW, Ablation.NO_REMOTE])
+def test_ablations_change_the_candidates_as_the_rule_says(ablation):
+    m = model(select_chunks=2)
+    attn = m.blocks[0].attn
+    x = torch.randn(1, 41, BASE.d_model, dtype=torch.float64)
+    with torch.no_grad():
+        q, k, v = heads(attn, x)
+        ablate(m, ablation)
+        assert (attn.attend(q.clone(), k.clone(), v.clone()) - oracle(attn, q, k, v, ablation=ablation)).abs().max() < EXACT
+
+
+def test_a_group_of_heads_shares_one_choice():
+    """A grouped-query host (two query heads per K/V head): the oracle's choice from summed scores."""
+    m = model(select_chunks=1)
+    attn = m.blocks[0].attn
+    attn.layout = dataclasses.replace(attn.layout, select_group=2)
+    x = torch.randn(1, 45, BASE.d_model, dtype=torch.float64)
+    with torch.no_grad():
+        q, k, v = heads(attn, x)
+        k, v = k[:, :, 0::2].repeat_interleave(2, 2), v[:, :, 0::2].repeat_interleave(2, 2)  # K/V heads repeated
+        grouped = oracle(attn, q, k, v, group=2)
+        assert (attn.attend(q.clone(), k.clone(), v.clone()) - grouped).abs().max() < EXACT
+        assert (grouped - oracle(attn, q, k, v, group=1)).abs().max() > APART  # the group's choice differs
+
+
+@pytest.mark.parametrize("shape", ["k2", "k2-sink", "k2-only-sink-overlap"])
+def test_selected_tokens_moved_before_the_window_equal_the_equation(shape):
+    """With `select_shift` (what a RoPE host sets for selected_positions = 'window') each query reads its chosen
+    tokens moved to the k·c positions before its window; moved sink keys sit before them. Whole sequences (one
+    and many tiles), the cache in segments, forks."""
+    m = model(**SHAPES[shape])
+    for block in m.blocks:
+        block.attn.select_shift = move
+        block.attn.sink_shift = move if "sink" in shape else None
+    attn = m.blocks[0].attn
+    x = torch.randn(2, 45, BASE.d_model, dtype=torch.float64)
+    with torch.no_grad():
+        q, k, v = heads(attn, x)
+        expected = oracle(attn, q, k, v, move=move)
+        assert (expected - oracle(attn, q, k, v)).abs().max() > APART  # the move changes the equation
+        assert (attn.attend(q.clone(), k.clone(), v.clone()) - expected).abs().max() < EXACT
+        attn.query_tile = 8  # one block per tile, many tiles per group
+        assert (attn.attend(q.clone(), k.clone(), v.clone()) - expected).abs().max() < EXACT
+        tokens = torch.randint(0, BASE.vocab_size, (2, 61), generator=torch.Generator().manual_seed(1))
+        whole = m(tokens)
+        cache, parts = m.new_cache(batch_size=2), []
+        for lo, hi in ((0, 3), (3, 11), (11, 30), (30, 61)):
+            parts.append(m(tokens[:, lo:hi], cache=cache))
+        assert (torch.cat(parts, 1) - whole).abs().max() < EXACT
+        trunk = m.new_cache()
+        m(tokens[:1, :29], cache=trunk)
+        tails = torch.randint(0, BASE.vocab_size, (3, 2), generator=torch.Generator().manual_seed(5))
+        batched = m(tails, cache=trunk.fork(batch_size=3))
+        for b in range(3):
+            assert (batched[b : b + 1] - m(torch.cat([tokens[:1, :29], tails[b : b + 1]], 1))[:, 29:]).abs().max() < EXACT
+
+
+@pytest.mark.parametrize("shape", ["k2", "k3-only", "k2-sink"])
+def test_the_cache_in_segments_and_forks_equal_one_shot(shape):
+    m = model(**SHAPES[shape])
+    tokens = torch.randint(0, BASE.vocab_size, (2, 61), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        whole = m(tokens)
+        cache, parts = m.new_cache(batch_size=2), []
+        for lo, hi in ((0, 3), (3, 11), (11, 30), (30, 61)):
+            parts.append(m(tokens[:, lo:hi], cache=cache))
+        assert (torch.cat(parts, 1) - whole).abs().max() < EXACT
+        # one token at a time: the rows grow in place in one buffer
+        cache, parts = m.new_cache(batch_size=2), []
+        for i in range(61):
+            parts.append(m(tokens[:, i : i + 1], cache=cache))
+        assert (torch.cat(parts, 1) - whole).abs().max() < EXACT
+        trunk = m.new_cache()
+        m(tokens[:1, :29], cache=trunk)
+        tails = torch.randint(0, BASE.vocab_size, (3, 9), generator=torch.Generator().manual_seed(5))
+        for width in (2, 9):  # short inputs folded over the parent; longer ones completing chunks of their own
+            with recorded() as taken:
+                batched = m(tails[:, :width], cache=trunk.fork(batch_size=3))
+            for b in range(3):
+                alone = m(torch.cat([tokens[:1, :29], tails[b : b + 1, :width]], 1))[:, 29:]
+                assert (batched[b : b + 1] - alone).abs().max() < EXACT
+            assert ("forks" in {p.name for p in taken}) == (width == 2)
+        m(tokens[:1, 29:40], cache=trunk)  # the parent grows on after its forks: theirs stay as they were
+        again = m(tails[:, :2], cache=trunk.fork(batch_size=3))
+        assert (again[0:1] - m(torch.cat([tokens[:1, :40], tails[:1, :2]], 1))[:, 40:]).abs().max() < EXACT
+
+
+def test_in_training_selection_takes_the_dropout_and_noise_every_path_draws():
+    m = model(select_chunks=2, sink_tokens=4, attn_dropout=0.3)
+    attn = m.blocks[0].attn
+    attn.train()
+    x = torch.randn(2, 45, BASE.d_model, dtype=torch.float64)
+    with torch.no_grad():
+        q, k, v = heads(attn, x)
+        torch.manual_seed(7)
+        out = attn.attend(q.clone(), k.clone(), v.clone())
+        torch.manual_seed(7)
+        seeds = [int(torch.randint(0, 2**62, (1,))) for _ in range(2)]  # EvaAttention._tiling's order
+        expected = oracle(attn, q, k, v, training=(seeds[0], 0.3, seeds[1]))
+        assert (out - expected).abs().max() < EXACT
+        assert (out - oracle(attn, q, k, v, training=(seeds[0] + 1, 0.3, seeds[1]))).abs().max() > APART
+
+
+@pytest.mark.parametrize("shape", ["k2", "k2-only-sink-overlap"])
+def test_gradients_equal_the_equations(shape):
+    """The choice carries no gradient; everything it selects does: d q, d k, d v and A_q/A_k's gradients are
+    the oracle's. With select_only the maps reach the output through the choice alone, so neither gets one (a
+    router trained this way stays at its initial maps: docs/eva.md, "Selection")."""
+    m = model(**SHAPES[shape])
+    attn = m.blocks[0].attn
+    x = torch.randn(1, 37, BASE.d_model, dtype=torch.float64)
+    q, k, v = (t.detach().requires_grad_() for t in heads(attn, x))
+    weight = torch.randn(1, 37, attn.n_head, attn.head_dim, dtype=torch.float64)
+    params = list(attn.adaptive_mu_q.parameters()) + list(attn.adaptive_mu_k.parameters())
+    got = torch.autograd.grad((attn.attend(q, k, v) * weight).sum(), [q, k, v, *params], allow_unused=True)
+    want = torch.autograd.grad((oracle(attn, q, k, v) * weight).sum(), [q, k, v, *params], allow_unused=True)
+    got, want = ([torch.zeros_like(x) if g is None else g for g, x in zip(grads, [q, k, v, *params])] for grads in (got, want))
+    assert all(bool(g.abs().max() == 0) == SHAPES[shape].get("select_only", False) for g in want[3:])
+    for a, b in zip(got, want):
+        assert (a - b).abs().max() < EXACT
+
+
+def test_select_chunks_zero_is_eva_bit_for_bit():
+    """The default takes EVA's own paths and gives its outputs exactly (the same weights, a model built with
+    the setting spelled out)."""
+    plain, zero = model(), model(select_chunks=0)
+    zero.load_state_dict(plain.state_dict())
+    tokens = torch.randint(0, BASE.vocab_size, (2, 45), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad(), recorded() as taken:
+        assert torch.equal(plain(tokens), zero(tokens))
+    assert "tiles" not in {p.name for p in taken}
+
+
+def test_settings_refuse_what_selects_nothing():
+    with pytest.raises(ConfigError, match="select_chunks=-1"):
+        build(EvaSettings, {"select_chunks": -1}, where="test")
+    with pytest.raises(ConfigError, match="select_only without select_chunks"):
+        build(EvaSettings, {"select_only": True}, where="test")
