@@ -120,6 +120,9 @@ class Conversion:
             if getattr(self.eva, name) > MAX_WINDOW:
                 raise ConfigError(f"eva.{name}={getattr(self.eva, name)}: at most {MAX_WINDOW} tokens (a window past "
                                   "any input is the input itself: give at most the longest context you evaluate)")
+        if self.eva.select_chunks * self.eva.chunk_size > MAX_WINDOW:
+            raise ConfigError(f"eva.select_chunks={self.eva.select_chunks}: the selected tokens, select_chunks x "
+                              f"chunk_size, at most {MAX_WINDOW} (selection reads a few chunks, e.g. 1 to 8)")
         if self.placement.circular_period > MAX_WINDOW:
             raise ConfigError(f"eva.circular_period={self.placement.circular_period} must lie in 1 … {MAX_WINDOW} (0: "
                               "the model's max_position_embeddings)")

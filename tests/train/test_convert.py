@@ -138,6 +138,9 @@ def test_what_convert_cannot_take_is_one_line(tmp_path, capsys):
     for setting, said in [("eva.window_size=10", "--set eva: window_size=10 must be a positive multiple of chunk_size=16"),
                           ("eva.sink_tokens=6", "--set eva: sink_tokens=6 must be a multiple of chunk_size=16"),
                           ("eva.sink_positions=\"window\"", "sink_positions='window' without sink_tokens"),
+                          ("eva.select_chunks=1000000000", "eva.select_chunks=1000000000: the selected tokens"),
+                          ("eva.select_only=true", "select_only without select_chunks"),
+                          ("eva.selected_positions=\"window\"", "selected_positions='window' without select_chunks"),
                           ("eva.bogus=1", "bogus"),
                           ("eva.positions=\"sideways\"", "positions"),
                           ("eva.adaptive_proj=\"qk\"", "needs eva.adaptive_proj='no-ln'")]:
