@@ -383,8 +383,9 @@ def test_the_file_map_lists_every_module():
     assert set(FOLDERS) <= {line.split("/")[0] for line in layout.splitlines() if "/" in line.split(" ")[0]}
 
 
-ICL_EVAL_TOP = {"__init__", "__main__", "cli", "cli_args", "settings", "config", "report", "harness"}
-"""The evaluator's top level: its command line and what every group shares; the rest lives in the
+ICL_EVAL_TOP = {"__init__", "__main__", "cli", "cli_args", "settings", "config", "report", "tables", "harness"}
+"""The evaluator's top level: its command line and what every group shares (`tables`: every study table, for
+the runs, the recall group and a study's report alike); the rest lives in the
 group of what it holds (models, tasks, methods, protocol, stats, perplexity), as lm-evaluation-
 harness groups `api/`, `models/`, `tasks/`."""
 
