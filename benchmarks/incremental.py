@@ -15,15 +15,14 @@ Run: python benchmarks/incremental.py [--config configs/pretrain-tiny.toml] [--m
 
 from __future__ import annotations
 
-import argparse
 import random
 import statistics
 import time
 
 import torch
 
+import timing
 from evalm.config_toolkit import build, read_toml
-from evalm.config_toolkit.machine import peak_rss_gib
 from evalm import EvalmModel, ModelConfig
 
 
@@ -34,10 +33,6 @@ def tiny_model(path: str) -> EvalmModel:
     model = EvalmModel(config)
     model.init_weights()
     return model.eval()
-
-
-def peak_rss_mib() -> float:
-    return peak_rss_gib() * 1024
 
 
 @torch.no_grad()
@@ -57,7 +52,7 @@ def memory_vs_length(model: EvalmModel, max_tokens: int, segment: int) -> None:
             window = 2 * cfg.n_layer * (cfg.window_size * (2 if cfg.overlap_window else 1) + cfg.chunk_size) * cfg.d_model * 4
             bound = full / cfg.chunk_size + window
             print(f"{n:>8} {cache.nbytes() / 2**20:>10.2f} {full / 2**20:>13.1f} {full / cache.nbytes():>10.2f}x "
-                  f"{bound / 2**20:>10.2f} {peak_rss_mib():>13.0f} {time.perf_counter() - t0:>7.1f}", flush=True)
+                  f"{bound / 2**20:>10.2f} {timing.status_mib('VmHWM'):>13.0f} {time.perf_counter() - t0:>7.1f}", flush=True)
 
 
 @torch.no_grad()
@@ -105,32 +100,20 @@ def scoring_time(model: EvalmModel, shots: list[int], n_items: int, demo_tokens:
     print(f"time per test input, {hi} vs {lo} shots, with cache reuse: {rows[hi] / rows[lo]:.2f}x (goal <= 1.5x)")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", default="configs/pretrain-tiny.toml",
-                        help="TOML file whose [model] encodes the long stream (default configs/pretrain-tiny.toml)")
-    parser.add_argument("--score-configs", nargs="*", default=["configs/pretrain-tiny.toml", "configs/evalm-350m.toml"],
-                        help="TOML files whose [model] is timed scoring (default the tiny and the 350M config)")
-    parser.add_argument("--max-tokens", type=int, default=262144, help="length of the encoded stream (default 262144; 0 skips)")
-    parser.add_argument("--segment", type=int, default=8192, help="tokens per forward (default 8192, the training length)")
-    parser.add_argument("--shots", type=int, nargs="+", default=[16, 2000], help="demonstration counts (default 16 2000)")
-    parser.add_argument("--items", type=int, default=30, help="test inputs timed per shot count (default 30)")
-    parser.add_argument("--demo-tokens", type=int, nargs=2, default=[8, 14], metavar=("MIN", "MAX"),
-                        help="tokens per demonstration, drawn uniformly (default 8-14, a short sentence)")
-    parser.add_argument("--reencode-items", type=int, default=3,
-                        help="test inputs scored by re-encoding the whole prompt, the no-reuse baseline, for the first "
-                             "--score-configs model only (default 3; 0 skips it: at the 350M shape one 2,000-shot "
-                             "re-encoding takes minutes)")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch threads (1 by default: on a shared machine thread wake-ups dominate tiny ops)")
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    for i, path in enumerate(args.score_configs):
-        # re-encoding 2,000 shots per item at the 350M shape costs minutes: only for the first model
-        scoring_time(tiny_model(path), args.shots, args.items, tuple(args.demo_tokens), args.reencode_items if i == 0 else 0)
-    if args.max_tokens:
-        memory_vs_length(tiny_model(args.config), args.max_tokens, args.segment)
+def main(config: str = "configs/pretrain-tiny.toml", max_tokens: int = 262144, segment: int = 8192,
+         score_configs: list[str] = ("configs/pretrain-tiny.toml", "configs/evalm-350m.toml"),
+         shots: list[int] = (16, 2000), items: int = 30, demo_tokens: list[int] = (8, 14), reencode_items: int = 3,
+         threads: int = 1) -> None:
+    """`config`'s [model] encodes the stream (`max_tokens` 0 skips it), `segment` tokens a forward; each of
+    `score_configs` is timed scoring, re-encoding (the no-reuse baseline) for the first only: at the 350M shape
+    one 2,000-shot re-encoding takes minutes. One torch thread: on a shared machine wake-ups dominate tiny ops."""
+    print(timing.machine())
+    torch.set_num_threads(threads)
+    for i, path in enumerate(score_configs):
+        scoring_time(tiny_model(path), shots, items, tuple(demo_tokens), reencode_items if i == 0 else 0)
+    if max_tokens:
+        memory_vs_length(tiny_model(config), max_tokens, segment)
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(timing.cli(main, __doc__))
