@@ -47,13 +47,12 @@ No GPU figures: this benchmark runs on the CPU only.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import subprocess
-import sys
 import tempfile
 import time
+
+import timing
 
 LAYER = dict(d_model=256, n_head=4, window_size=128, chunk_size=8, n_layer=1, vocab_size=8, d_ff=1024)
 MODELS = {"tiny": "configs/pretrain-tiny.toml", "350m": "configs/evalm-350m.toml"}
@@ -181,12 +180,6 @@ def measure(variant: str, method: str, length: int, mode: str) -> dict:
     return {"cpu_s": time.process_time() - c0, "wall_s": time.perf_counter() - w0, "dtype": dtype}
 
 
-def run_child(variant: str, method: str, length: int, mode: str) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--child", variant, method, str(length), mode],
-                         capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 def compare(variant: str, length: int, repeats: int) -> dict:
     """Best CPU time and peak live MiB of each method, the methods alternating process by process;
     an attn row also times the projections alone (its `proj_s`), so the attention's own share is known."""
@@ -196,23 +189,16 @@ def compare(variant: str, length: int, repeats: int) -> dict:
     shared = []
     for _ in range(repeats):
         for method in runs:
-            runs[method].append(run_child(variant, method, length, "time"))
+            runs[method].append(timing.child(__file__, "measure", variant, method, length, "time"))
         if variant == "attn":
-            shared.append(run_child(variant, "proj", length, "time")["cpu_s"])
+            shared.append(timing.child(__file__, "measure", variant, "proj", length, "time")["cpu_s"])
     row = {"proj_s": min(shared)} if shared else {}
     for method, rs in runs.items():
-        live = run_child(variant, method, length, "memory")["live_mib"]
+        live = timing.child(__file__, "measure", variant, method, length, "memory")["live_mib"]
         row[method] = {"cpu_s": min(r["cpu_s"] for r in rs), "wall_s": min(r["wall_s"] for r in rs),
                        "live_mib": live, "dtype": rs[0]["dtype"]}
     row["flop_limit"] = flop_limit(variant, length)
     return row
-
-
-def print_dropeva(length: int, row: dict) -> None:
-    e, plain = row["eva"], row["eva-plain"]
-    print(f"{'dropeva':>7} {e['dtype']:>5} {length:>6}: EVA fused {e['cpu_s']:.2f} s, plain path {plain['cpu_s']:.2f} s "
-          f"({plain['cpu_s'] / e['cpu_s']:.2f}x); wall {e['wall_s']:.2f} / {plain['wall_s']:.2f} s; "
-          f"peak live MiB {e['live_mib']:.1f} / {plain['live_mib']:.1f}", flush=True)
 
 
 def forward_flops(variant: str, method: str, n: int) -> float:
@@ -244,7 +230,14 @@ def attention_flop_limit(n: int) -> float:
 
 
 def print_row(variant: str, length: int, row: dict) -> None:
-    f, e = row["full"], row["eva"]
+    e = row["eva"]
+    if "full" not in row:  # a dropeva row: EVA's two paths alone
+        plain = row["eva-plain"]
+        print(f"{'dropeva':>7} {e['dtype']:>5} {length:>6}: EVA fused {e['cpu_s']:.2f} s, plain path {plain['cpu_s']:.2f} s "
+              f"({timing.ratio(plain['cpu_s'], e['cpu_s'])}); wall {e['wall_s']:.2f} / {plain['wall_s']:.2f} s; "
+              f"peak live MiB {e['live_mib']:.1f} / {plain['live_mib']:.1f}", flush=True)
+        return
+    f = row["full"]
     print(f"{variant:>5} {e['dtype']:>5} {length:>6} {f['cpu_s']:>8.2f} {e['cpu_s']:>8.2f} {f['cpu_s'] / e['cpu_s']:>8.2f}x "
           f"{row['flop_limit']:>8.2f}x {f['wall_s']:>7.2f} {e['wall_s']:>7.2f} "
           f"{f['live_mib']:>9.1f} {e['live_mib']:>9.1f} {e['live_mib'] / f['live_mib']:>8.2f}x", flush=True)
@@ -300,44 +293,28 @@ def verdicts(rows: dict[tuple[str, int], dict]) -> list[str]:
     return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", nargs="*", default=["attn", "block"], choices=["attn", "block"],
-                        help="layer rows at --lengths (default attn block)")
-    parser.add_argument("--lengths", type=int, nargs="*", default=[8192, 32768], help="tokens of the layer rows (default 8192 32768)")
-    parser.add_argument("--dropout-lengths", type=int, nargs="*", default=[8192],
-                        help="attn rows at the paper's attention dropout 0.1: exact, EVA fused, EVA plain path (default 8192); no target")
-    parser.add_argument("--dropout-eva-lengths", type=int, nargs="*", default=[],
-                        help="EVA fused vs EVA plain path at attention dropout 0.1, no exact attention (default none)")
-    parser.add_argument("--bf16-lengths", type=int, nargs="*", default=[8192],
-                        help="block rows under bf16 autocast (default 8192; skipped without AVX512-BF16)")
-    parser.add_argument("--models", nargs="*", default=["tiny", "350m"], choices=sorted(MODELS),
-                        help="whole-model rows, one layer each (default tiny 350m)")
-    parser.add_argument("--model-length", type=int, default=8192, help="tokens per whole-model row (default 8192)")
-    parser.add_argument("--repeats", type=int, default=2, help="timed processes per method and row, alternating (default 2)")
-    parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.child:
-        print(json.dumps(measure(args.child[0], args.child[1], int(args.child[2]), args.child[3])))
-        return
+def main(rows: list[str] = ("attn", "block"), lengths: list[int] = (8192, 32768), dropout_lengths: list[int] = (8192,),
+         dropout_eva_lengths: list[int] = (), bf16_lengths: list[int] = (8192,), models: list[str] = ("tiny", "350m"),
+         model_length: int = 8192, repeats: int = 2) -> None:
+    """Layer `rows` (attn, block) at `lengths`; `drop` rows at `dropout_lengths`, `dropeva` at `dropout_eva_lengths`,
+    `bf16` rows at `bf16_lengths` (skipped without AVX512-BF16); whole-model rows (`models`: tiny, 350m) at
+    `model_length`; `repeats` timed processes per method and row, alternating."""
+    print(timing.machine())
     print("CPU seconds per forward+backward at one thread (speed-up full/EVA beside the FLOP limit); wall seconds;")
     print("peak live MiB allocated by the pass (EVA/full)")
     print(f"{'row':>5} {'dtype':>5} {'tokens':>6} {'full s':>8} {'eva s':>8} {'speed-up':>9} {'FLOP lim':>9} {'full wl':>7} "
           f"{'eva wl':>7} {'full MiB':>9} {'eva MiB':>9} {'eva/full':>9}")
-    plan = [(row, n) for row in args.rows for n in args.lengths]
-    plan += [("drop", n) for n in args.dropout_lengths]
-    plan += [("dropeva", n) for n in args.dropout_eva_lengths]
-    plan += [("bf16", n) for n in (args.bf16_lengths if bf16_supported() else [])]
-    plan += [(name, args.model_length) for name in args.models]
-    rows = {}
+    plan = [(row, n) for row in rows for n in lengths]
+    plan += [("drop", n) for n in dropout_lengths]
+    plan += [("dropeva", n) for n in dropout_eva_lengths]
+    plan += [("bf16", n) for n in (bf16_lengths if bf16_supported() else [])]
+    plan += [(name, model_length) for name in models]
+    found = {}
     for variant, n in plan:
-        rows[(variant, n)] = compare(variant, n, args.repeats)
-        if variant == "dropeva":
-            print_dropeva(n, rows[(variant, n)])
-        else:
-            print_row(variant, n, rows[(variant, n)])
-    print("\n".join(verdicts(rows) + dropout_lines(rows)))
+        found[(variant, n)] = compare(variant, n, repeats)
+        print_row(variant, n, found[(variant, n)])
+    print("\n".join(verdicts(found) + dropout_lines(found)))
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(timing.cli(main, __doc__, {"measure": measure}))

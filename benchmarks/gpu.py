@@ -2,7 +2,8 @@
 
     python benchmarks/gpu.py --out OUT [--budget 450] [--sections attention train cache]
 
-Writes OUT/gpu.json (every figure; rewritten after each row) and OUT/gpu.md, printing the tables last. A
+Writes OUT/gpu.json (every figure; rewritten after each row) and OUT/gpu.md (the tables of docs/results.md,
+launcher/gpu_tables.py's), printing the tables last. A
 section or row that would start past the budget is skipped and says so. Every ratio is against a
 baseline measured in the same process on the same GPU. On the device it runs under
 scripts/device_run.sh (launcher/device_run.py), a section a process, after the CUDA tests.
@@ -29,7 +30,6 @@ backward's five products, one recomputing the scores). MFU uses the vendor's den
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -40,6 +40,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+import timing
 from evalm.config_toolkit.machine import device_name, peak_gpu_gib
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,15 +50,7 @@ TOKENS_PER_BATCH = 32768
 
 def sync_time(fn, repeats: int, warmup: int = 2) -> float:
     """Median seconds of fn() over `repeats` runs after `warmup`, with the GPU synchronised around each."""
-    [fn() for _ in range(warmup)]
-    times = []
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return timing.best_of(fn, repeats, warmup, pick=statistics.median, sync=torch.cuda.synchronize)
 
 
 def matmul_tflops() -> float:
@@ -304,37 +297,18 @@ def cache(ctx: dict) -> dict:
 SECTIONS = {"attention": attention, "train": train, "cache": cache}  # the CUDA tests: launcher/device_run.py
 
 
-# ---------------------------------------------------------------------------------------- report
+def table(report: dict) -> str:
+    """The markdown tables of a report, written by launcher/gpu_tables.py as in docs/results.md."""
+    from evalm.launcher.gpu_tables import attention_lines, cache_lines, train_lines
 
-def _rows(section: dict, header: list[str], cells) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for row in section.get("rows", []):
-        lines.append("| " + " | ".join(cells(row) if "skipped" not in row else [str(row.get("n", row.get("shots")))]
-                                        + [f"skipped ({row['skipped']})"]) + " |")
-    return lines if "error" not in section else [f"error: {section['error']}"]
-
-
-def table(r: dict) -> str:
-    """The markdown tables of a report (docs/results.md, "EVA on a GPU")."""
-    out = [f"{r['device']}, torch {r['torch']} (CUDA {r['cuda']}), commit {r['commit'] or 'n/a'}; bf16 matrix products "
-           f"{r['peaks_tflops']['measured']:.0f} TFLOP/s measured here, {r['peaks_tflops']['datasheet']:.0f} datasheet", ""]
-    out += _rows(r.get("attention", {}), ["tokens", "batch", "attn dropout", "EVA ms", "Flash SDPA ms", "speed-up",
-                                          "FLOP limit", "EVA TFLOP/s", "SDPA TFLOP/s", "EVA GiB", "SDPA GiB"],
-                 lambda x: [f"{x['n']:,}", str(x["batch"]), str(x["dropout"]), f"{x['eva_ms']:.2f}", f"{x['sdpa_ms']:.2f}",
-                            f"{x['speedup']:.2f}x", f"{x['flop_limit']:.1f}x", f"{x['eva_tflops']:.0f}",
-                            f"{x['sdpa_tflops']:.0f}", f"{x['eva_peak_gib']:.2f}", f"{x['sdpa_peak_gib']:.2f}"]) + [""]
-    out += _rows(r.get("train", {}), ["tokens a line", "attention", "tokens/s", "step s", "MFU (datasheet)",
-                                      "MFU (measured peak)", "FLOPs/token: 6N + attention", "peak GiB", "loss first → last"],
-                 lambda x: [f"{x['n']:,}", x["attention"] + " compiled" * x.get("compiled", False),
-                            f"{x['tokens_per_s']:,.0f}", f"{x['step_s']:.3f}",
-                            f"{100 * x['mfu_datasheet']:.1f}%", f"{100 * x['mfu_measured_peak']:.1f}%",
-                            f"{x['flops_per_token']['params'] / 1e9:.2f}G + {x['flops_per_token']['attention'] / 1e9:.2f}G",
-                            f"{x['peak_gib']:.1f}", f"{x['loss_first']:.2f} → {x['loss_last']:.2f}"]) + [""]
-    out += _rows(r.get("cache", {}), ["attention", "shots", "tokens", "encode s", "ms per test item", "cache MiB",
-                                      "K/V cache MiB"],
-                 lambda x: [x["attention"], str(x["shots"]), f"{x['tokens']:,}", f"{x['encode_s']:.2f}",
-                            f"{x['item_ms']:.2f}", f"{x['cache_mib']:.1f}", f"{x['kv_cache_mib']:.1f}"])
-    return "\n".join(out) + f"\n\ntotal {r.get('total_s', 0):.0f} s\n"
+    peaks = report["peaks_tflops"]
+    out = [f"{report['device']}, torch {report['torch']} (CUDA {report['cuda']}), commit {report['commit'] or 'n/a'}; bf16 "
+           f"matrix products {peaks['measured']:.0f} TFLOP/s measured here, {peaks['datasheet']:.0f} datasheet"]
+    for name, lines in (("attention", attention_lines), ("train", train_lines), ("cache", cache_lines)):
+        section = report.get(name)
+        out += ["", *([f"{name}: error: {section['error']}"] if section and "error" in section
+                      else lines(section and {"status": "ok", "result": section}))]
+    return "\n".join(out) + f"\n\ntotal {report.get('total_s', 0):.0f} s\n"
 
 
 def _saver(path: Path, report: dict):
@@ -349,32 +323,28 @@ def _saver(path: Path, report: dict):
     return save
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    parser.add_argument("--out", type=Path, required=True, help="folder for gpu.json and gpu.md (made if missing)")
-    parser.add_argument("--budget", type=float, default=450.0,
-                        help="seconds for all sections; a section (or a row) that would start too late is skipped (default 450)")
-    parser.add_argument("--sections", nargs="+", choices=list(SECTIONS), default=list(SECTIONS),
-                        help="which sections, in this order (default: all)")
-    parser.add_argument("--train-steps", type=int, default=30, help="timed optimizer steps per training row, after 2 warm-up steps (default 30)")
-    parser.add_argument("--compile", action="store_true", help="also train at 8k with each block compiled (train.compile)")
-    parser.add_argument("--commit", default="", help="the commit the run was made at (recorded in the report)")
-    args = parser.parse_args(argv)
+def main(out: Path, budget: float = 450.0, sections: list[str] = tuple(SECTIONS), train_steps: int = 30,
+         compile: bool = False, commit: str = "") -> int:
+    """`budget` seconds for all sections (a section or row that would start too late is skipped);
+    `train_steps` timed optimizer steps per training row after 2 warm-up steps; `compile` also trains at 8k
+    with each block compiled; `commit` the commit the run was made at (recorded)."""
+    if set(sections) - set(SECTIONS):
+        print(f"benchmarks/gpu.py: --sections takes {', '.join(SECTIONS)}", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("benchmarks/gpu.py: no CUDA GPU here; run it on a GPU machine", file=sys.stderr)
         return 2
     from evalm.train.metrics import peak_flops
 
     start = time.perf_counter()
-    args.out.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
     device = torch.device("cuda")
-    ctx = {"deadline": start + args.budget, "train_steps": args.train_steps, "out": args.out, "compile": args.compile,
+    ctx = {"deadline": start + budget, "train_steps": train_steps, "out": out, "compile": compile,
            "peaks": {"datasheet": peak_flops(device) or float("nan"), "measured": matmul_tflops() * 1e12}}
     report = {"device": device_name("cuda"), "torch": torch.__version__, "cuda": torch.version.cuda,
-              "commit": args.commit, "peaks_tflops": {k: v / 1e12 for k, v in ctx["peaks"].items()}}
-    ctx["save"] = _saver(args.out / "gpu.json", report)
-    for name in args.sections:
+              "commit": commit, "peaks_tflops": {k: v / 1e12 for k, v in ctx["peaks"].items()}}
+    ctx["save"] = _saver(out / "gpu.json", report)
+    for name in sections:
         t0 = time.perf_counter()
         if t0 > ctx["deadline"]:
             report[name] = {"skipped": "budget"}
@@ -389,10 +359,10 @@ def main(argv=None) -> int:
     report["total_s"] = time.perf_counter() - start
     ctx["save"]()
     text = table(report)
-    (args.out / "gpu.md").write_text(text)
+    (out / "gpu.md").write_text(text)
     print(text)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(timing.cli(main, __doc__))
