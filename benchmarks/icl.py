@@ -1,8 +1,10 @@
 """Time per test item vs shots, with and without cache reuse, and memory of the demonstration cache.
 
     python benchmarks/icl.py [--shots 16,64,256,1000,2000] [--items 20] [--repeats 3]
+    python benchmarks/icl.py --config configs/evalm-350m.toml --shots 16,2000 --concat-max-shots 16
 
-On a tiny EVA model (untrained; timing does not depend on the weights) and the synthetic task:
+On a tiny EVA model, or the [model] shape of --config (the EVALM-350M one: all 24 layers), untrained (timing
+does not depend on the weights), and the synthetic task:
 - `incremental` (cache reuse): the context is encoded once, each item forks the cache; the time per
   item is reported with and without the one-off context encoding amortised over the items.
 - `concat` (no reuse): the context is re-encoded with every item (EVALM Figure 5's baseline).
@@ -26,6 +28,7 @@ import torch
 import timing
 
 from evalm import EvalmModel, ModelConfig
+from evalm.config_toolkit import build, read_toml
 from evalm.text.tokenizer import ByteTokenizer
 from evalm.icl_eval.models.lm import EvalmLM
 from evalm.icl_eval.methods.decoder import METHODS, MethodOptions, encode
@@ -37,25 +40,28 @@ WORDS = ("terrible", "bad", "okay", "good", "great", "outstanding")
 """Multi-token (byte) labels: SST-5's verbalizer plus one, for the 6-label (Trec-sized) row."""
 
 
-def tiny(attention: str) -> EvalmLM:
+def tiny(attention: str, config: str = "") -> EvalmLM:
+    """The tiny byte-level shape, or `config`'s [model] shape; random weights, dropout off."""
     torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=257, d_model=64, n_layer=2, n_head=4, d_ff=256, window_size=16, chunk_size=4,
-                      circular_period=8192, attention=attention, dropout=0.0, attn_dropout=0.0)
+    fields = read_toml(config)["model"] if config else dict(vocab_size=257, d_model=64, n_layer=2, n_head=4, d_ff=256,
+                                                            window_size=16, chunk_size=4, circular_period=8192)
+    cfg = build(ModelConfig, {**fields, "attention": attention, "dropout": 0.0, "attn_dropout": 0.0}, where=config or "tiny")
     model = EvalmModel(cfg)
     model.init_weights()
     return EvalmLM(model.eval(), ByteTokenizer())
 
 
 def main(shots: str = "16,64,256,1000,2000", items: int = 20, concat_max_shots: int = 1000, repeats: int = 3,
-         threads: int = 1, labels: str = "2,5,6", label_shots: int = 64) -> None:
-    """Best of `repeats` runs per point; concat (quadratic) only up to `concat_max_shots`."""
+         threads: int = 1, labels: str = "2,5,6", label_shots: int = 64, config: str = "") -> None:
+    """Best of `repeats` runs per point; concat (quadratic) only up to `concat_max_shots`; `labels` "" skips the
+    label rows."""
     print(timing.machine())
     torch.set_num_threads(threads)
     counts = [int(k) for k in shots.split(",")]
     syn = SyntheticConfig(n_train=max(counts) + 10, n_test=items)
     splits = episode(0, syn)
     prompt = PromptBuilder(synthetic_task(syn), ByteTokenizer())
-    eva, full = tiny("eva"), tiny("full")
+    eva, full = tiny("eva", config), tiny("full", config)
     tests = [prompt.test_item(i, r, 1) for i, r in enumerate(splits["test"])]
     METHODS["incremental"](eva, prompt, [prompt.demo(0, splits["train"][0])], tests, MethodOptions())  # warm-up
     rows = []
@@ -75,7 +81,7 @@ def main(shots: str = "16,64,256,1000,2000", items: int = 20, concat_max_shots: 
                                            for _ in range(repeats))
         rows.append(row)
         print(json.dumps(row))
-    label_rows = [label_row(eva, n, words, label_shots, items, repeats) for n in map(int, labels.split(",")) for words in (False, True)]
+    label_rows = [label_row(eva, n, words, label_shots, items, repeats) for n in map(int, filter(None, labels.split(","))) for words in (False, True)]
     first, last = rows[0], rows[-1]
     summary = {
         "test_prefix_speedup": {f"{r['labels']} {r['kind']}": r["speedup"] for r in label_rows},
