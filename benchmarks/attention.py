@@ -89,8 +89,6 @@ def _build(variant: str, method: str):
 
     torch.manual_seed(0)
     config = _config(variant, method)
-    if method == "eva-plain":  # as if the fused kernel were unavailable: the plain recompute path
-        _route_plain()
     low = variant in ("bf16", *MODELS) and bf16_supported()
     if variant in MODELS:
         module = EvalmModel(config)
@@ -133,20 +131,6 @@ def _build(variant: str, method: str):
     return module, make, "bf16" if low else "fp32"
 
 
-def _route_plain() -> None:
-    """Route every EVA call of this (child) process as if the fused CPU kernel were unavailable."""
-    import dataclasses
-
-    from evalm import eva_paths
-
-    real = eva_paths.choose
-
-    def plain(call):
-        return real(dataclasses.replace(call, kernel=False))
-
-    eva_paths.choose = plain
-
-
 def _peak_live_bytes(step) -> int:
     """Peak of the allocator's running total during step() (module docstring, "Memory")."""
     from torch.profiler import ProfilerActivity, profile
@@ -163,20 +147,26 @@ def _peak_live_bytes(step) -> int:
 
 
 def measure(variant: str, method: str, length: int, mode: str) -> dict:
-    """One child process: 'time' (a full-size warm-up, then one timed pass) or 'memory'."""
+    """One child process: 'time' (a full-size warm-up, then one timed pass) or 'memory'; `eva-plain` routes
+    every EVA call as if the fused kernel were unavailable (the plain recompute path, tests/evalm/paths.py)."""
+    from contextlib import nullcontext
+
     import torch
 
+    from tests.evalm.paths import PLAIN, forced
+
     torch.set_num_threads(1)
-    module, make, dtype = _build(variant, method)
-    if mode == "memory":
-        make(512)()
+    with forced(**PLAIN) if method == "eva-plain" else nullcontext():
+        module, make, dtype = _build(variant, method)
+        if mode == "memory":
+            make(512)()
+            module.zero_grad(set_to_none=True)
+            return {"live_mib": _peak_live_bytes(make(length)) / 2**20, "dtype": dtype}
+        step = make(length)
+        step()
         module.zero_grad(set_to_none=True)
-        return {"live_mib": _peak_live_bytes(make(length)) / 2**20, "dtype": dtype}
-    step = make(length)
-    step()
-    module.zero_grad(set_to_none=True)
-    c0, w0 = time.process_time(), time.perf_counter()
-    step()
+        c0, w0 = time.process_time(), time.perf_counter()
+        step()
     return {"cpu_s": time.process_time() - c0, "wall_s": time.perf_counter() - w0, "dtype": dtype}
 
 

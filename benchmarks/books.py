@@ -14,14 +14,10 @@ costs). Goal: the lazy reader's peak does not grow with the number of books.
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
 from pathlib import Path
 
 import timing
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 
 def read(split: str, mode: str) -> dict:

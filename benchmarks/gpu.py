@@ -30,6 +30,7 @@ backward's five products, one recomputing the scores). MFU uses the vendor's den
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import statistics
@@ -128,20 +129,26 @@ def _peak_gib(fn) -> float:
     return (torch.cuda.max_memory_allocated() - base) / 2**30
 
 
-def attention(ctx: dict) -> dict:
-    rows = []
-    for n, dropout in ((8192, 0.0), (32768, 0.0), (8192, 0.1), (32768, 0.1), (131072, 0.0)):  # the goals' rows first
-        if time.perf_counter() > ctx["deadline"] - 30:
-            rows.append({"n": n, "dropout": dropout, "skipped": "budget"})
+def each_row(ctx: dict, section: str, plan: list[dict], margin_s: float, measure, rows: list[dict]) -> list[dict]:
+    """measure(**key) for each key of `plan` into `rows`, each saved as it ends: a row that would start within
+    `margin_s` of the deadline is skipped, a failed one recorded (one failed row is a finding; the others run)."""
+    for key in plan:
+        if time.perf_counter() > ctx["deadline"] - margin_s:
+            rows.append({**key, "skipped": "budget"})
             continue
         try:
-            rows.append(_attention_row(n, dropout))
-        except Exception as err:  # noqa: BLE001 (one failed length is a finding; the others still run)
-            rows.append({"n": n, "dropout": dropout, "skipped": f"{type(err).__name__}: {err}"[:500]})
-            print(f"attention n={n} dropout={dropout}: {rows[-1]['skipped']}", flush=True)
+            rows.append(measure(**key))
+        except Exception as err:  # noqa: BLE001 (the finding is the error; the section goes on)
+            rows.append({**key, "skipped": f"{type(err).__name__}: {err}"[:500]})
+            print(f"{section} {key}: {rows[-1]['skipped']}", flush=True)
         torch.cuda.empty_cache()
-        ctx["save"]("attention", rows)
-    return {"rows": rows}
+        ctx["save"](section, rows)
+    return rows
+
+
+def attention(ctx: dict) -> dict:
+    plan = [{"n": n, "dropout": d} for n, d in ((8192, 0.0), (32768, 0.0), (8192, 0.1), (32768, 0.1), (131072, 0.0))]
+    return {"rows": each_row(ctx, "attention", plan, 30, _attention_row, [])}  # the goals' rows first
 
 
 def _attention_row(n: int, dropout: float) -> dict:
@@ -179,7 +186,7 @@ class RandomLines:
         return np.random.default_rng(i).integers(0, self.vocab, self.seq_len + 1, dtype=np.int64), None
 
 
-def _train_row(attention_kind: str, n: int, runtime, steps: int, peaks: dict, compiled: bool = False) -> dict:
+def _train_row(attention: str, n: int, compiled: bool, runtime, steps: int, peaks: dict) -> dict:
     from evalm.config_toolkit import build, read_toml
     from evalm.train.config import OptimConfig
     from evalm.train.data import LineLoader
@@ -187,7 +194,7 @@ def _train_row(attention_kind: str, n: int, runtime, steps: int, peaks: dict, co
     from evalm.train.parallelize import BuildPlan, build_model
     from evalm.train.loop import Loop, make_optimizer, run_steps, train_step
 
-    config = model_config(attention=attention_kind)
+    config = model_config(attention=attention)
     model = build_model(config, runtime, BuildPlan(bf16=True, activation_checkpointing=True, compile_blocks=compiled))
     optimizer = make_optimizer(model, build(OptimConfig, read_toml(CONFIG)["optim"], where=str(CONFIG)))
     loader = LineLoader(RandomLines(n, config.vocab_size), rank=0, world_size=1, batch_size=TOKENS_PER_BATCH // n,
@@ -206,14 +213,14 @@ def _train_row(attention_kind: str, n: int, runtime, steps: int, peaks: dict, co
     profile = top_kernels(step) if n == 8192 else None
     flops = flops_per_token(matmul_params(model), config, n)
     tok_s = TOKENS_PER_BATCH / step_s
-    row = {"attention": attention_kind, "n": n, "compiled": compiled, "steps": steps, "step_s": step_s, "tokens_per_s": tok_s,
+    row = {"attention": attention, "n": n, "compiled": compiled, "steps": steps, "step_s": step_s, "tokens_per_s": tok_s,
            "flops_per_token": flops, "mfu_datasheet": tok_s * flops["total"] / peaks["datasheet"],
            "mfu_torchtitan": tok_s * flops["torchtitan"] / peaks["datasheet"],
            "mfu_measured_peak": tok_s * flops["total"] / peaks["measured"], "peak_gib": peak_gpu_gib("cuda"),
            "warmup_s": warm_s, "loss_first": losses[0], "loss_last": losses[-1], "profile": profile}
     del model, optimizer
     torch.cuda.empty_cache()
-    print(f"train {attention_kind} n={n}{' compiled' if compiled else ''}: {tok_s:,.0f} tok/s, MFU {100 * row['mfu_datasheet']:.1f}% "
+    print(f"train {attention} n={n}{' compiled' if compiled else ''}: {tok_s:,.0f} tok/s, MFU {100 * row['mfu_datasheet']:.1f}% "
           f"(measured peak: {100 * row['mfu_measured_peak']:.1f}%), {row['peak_gib']:.1f} GiB", flush=True)
     return row
 
@@ -222,21 +229,14 @@ def train(ctx: dict) -> dict:
     from evalm.train.parallelize import init_distributed
 
     runtime = init_distributed("cuda")
-    rows = []
     plan = [(8192, kind, False) for kind in ("eva", "full")]
     plan += [(8192, kind, True) for kind in ("eva", "full")] if ctx["compile"] else []  # train.compile, same run
     plan += [(32768, kind, False) for kind in ("eva", "full")]
-    for n, kind, compiled in plan:
-        if time.perf_counter() > ctx["deadline"] - 40:
-            rows.append({"attention": kind, "n": n, "compiled": compiled, "skipped": "budget"})
-            continue
-        try:
-            rows.append(_train_row(kind, n, runtime, ctx["train_steps"], ctx["peaks"], compiled))
-        except Exception as err:  # noqa: BLE001 (one failed row is a finding; the others still run)
-            rows.append({"attention": kind, "n": n, "compiled": compiled, "skipped": f"{type(err).__name__}: {err}"[:500]})
-            print(f"train {kind} n={n}: {rows[-1]['skipped']}", flush=True)
-            torch.cuda.empty_cache()
-        ctx["save"]("train", rows)
+
+    def row(attention: str, n: int, compiled: bool) -> dict:
+        return _train_row(attention, n, compiled, runtime, ctx["train_steps"], ctx["peaks"])
+
+    rows = each_row(ctx, "train", [{"attention": k, "n": n, "compiled": c} for n, k, c in plan], 40, row, [])
     torch.distributed.destroy_process_group()
     return {"rows": rows, "batch_tokens": TOKENS_PER_BATCH}
 
@@ -271,26 +271,23 @@ def _item_seconds(model, context: torch.Tensor, items: int) -> tuple[float, floa
     return encode_s, sync_time(item, items, 3), cache.nbytes()
 
 
+def _cache_row(model, rng: np.random.Generator, attention: str, shots: int) -> dict:
+    tokens = sum(int(rng.integers(8, 15)) for _ in range(shots))
+    context = torch.from_numpy(rng.integers(0, model.config.vocab_size, (1, tokens))).cuda()
+    encode_s, item_s, nbytes = _item_seconds(model, context, 20)
+    kv = 2 * model.config.n_layer * tokens * model.config.d_model * 2  # bf16 K and V of every token
+    print(f"cache {attention} {shots} shots ({tokens} tokens): {item_s * 1e3:.2f} ms/item, "
+          f"{nbytes / 2**20:.1f} MiB (K/V {kv / 2**20:.1f} MiB)", flush=True)
+    return {"attention": attention, "shots": shots, "tokens": tokens, "encode_s": encode_s,
+            "item_ms": item_s * 1e3, "cache_mib": nbytes / 2**20, "kv_cache_mib": kv / 2**20}
+
+
 def cache(ctx: dict) -> dict:
-    rng = np.random.default_rng(0)
-    rows = []
+    rng, rows = np.random.default_rng(0), []
     for kind in ("eva", "full"):
-        model = _scoring_model(kind)
-        for shots in (16, 256, 2000):
-            if time.perf_counter() > ctx["deadline"] - 15:
-                rows.append({"attention": kind, "shots": shots, "skipped": "budget"})
-                continue
-            tokens = sum(int(rng.integers(8, 15)) for _ in range(shots))
-            context = torch.from_numpy(rng.integers(0, model.config.vocab_size, (1, tokens))).cuda()
-            encode_s, item_s, nbytes = _item_seconds(model, context, 20)
-            kv = 2 * model.config.n_layer * tokens * model.config.d_model * 2  # bf16 K and V of every token
-            rows.append({"attention": kind, "shots": shots, "tokens": tokens, "encode_s": encode_s,
-                         "item_ms": item_s * 1e3, "cache_mib": nbytes / 2**20, "kv_cache_mib": kv / 2**20})
-            print(f"cache {kind} {shots} shots ({tokens} tokens): {item_s * 1e3:.2f} ms/item, "
-                  f"{nbytes / 2**20:.1f} MiB (K/V {kv / 2**20:.1f} MiB)", flush=True)
-            ctx["save"]("cache", rows)
-        del model
-        torch.cuda.empty_cache()
+        plan = [{"attention": kind, "shots": s} for s in (16, 256, 2000)]
+        each_row(ctx, "cache", plan, 15, functools.partial(_cache_row, _scoring_model(kind), rng), rows)
+        torch.cuda.empty_cache()  # the model went with the partial
     return {"rows": rows}
 
 

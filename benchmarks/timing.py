@@ -7,7 +7,9 @@ shared machine the seconds move with the load, the ratios much less. A script is
 the annotation; a list takes several values, a bool is a switch, no default makes it required), never a
 namespace handed on. A measurement that needs a fresh process (its own peak memory, its own allocator, one
 backend patched) is a function the script names in `children`, run by `child` and answered as one JSON line.
-Scripts run as `python benchmarks/X.py`, this folder first on sys.path, so `import timing` is this file.
+Scripts run as `python benchmarks/X.py`, this folder first on sys.path, so `import timing` is this file; it
+puts the repository's root after it, for the tests' stand-ins a benchmark shares (tests/hub_cache.py,
+tests/evalm/paths.py).
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ import sys
 import time
 import typing
 from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 
 
 def cli(main: Callable, doc: str, children: dict[str, Callable] | None = None, argv: list[str] | None = None):
