@@ -1,48 +1,37 @@
 """EVA vs exact attention through the model API, forward + backward on the CPU: time, peak live
-memory and the FLOP limit, as same-run ratios with a verdict per target.
+memory and the FLOP limit, as same-run ratios with a verdict per target. No GPU figures (benchmarks/gpu.py).
 
 Run: python benchmarks/attention.py [--rows attn block] [--lengths 8192 32768] [--dropout-lengths 8192]
-         [--dropout-eva-lengths 32768]
-         [--bf16-lengths 8192] [--models tiny 350m] [--model-length 8192] [--repeats 2]
+         [--dropout-eva-lengths 32768] [--bf16-lengths 8192] [--models tiny 350m] [--model-length 8192] [--repeats 2]
 
 Rows (each one module as a user builds it, `ModelConfig` then the module, fwd + bwd of its sum or loss):
   attn    one attention layer (q/k/v/out projections included) at d_model 256, 4 heads, window
           128, chunk 8 (the EVA LM recipe), fp32, attention dropout 0;
-  block   one pre-LN `Block` at that shape with its MLP (d_ff = 4·d_model): the layer a model is
-          made of, projections and MLP included; the speed targets are read here;
-  drop    `attn` at the paper's attention dropout 0.1, training mode: exact attention, EVA on its
-          fused path (dropout as −inf in the kernel's mask, the mask regenerated in backward) and
-          EVA on the plain-PyTorch path ("eva-plain", the path dropout took before: the same
-          hashed mask), so the three print side by side with their ratios;
-  dropeva `drop` without exact attention, for lengths where its (n, n) probabilities and their
-          dropout mask do not fit in memory (17 GB each at 32k): EVA fused vs EVA plain path;
+  block   one pre-LN `Block` at that shape with its MLP (d_ff = 4·d_model): the speed targets are read here;
+  drop    `attn` at the paper's attention dropout 0.1, training mode: exact attention, EVA on its fused path
+          (dropout as −inf in the kernel's mask, regenerated in backward) and EVA on the plain-PyTorch path
+          ("eva-plain", the same hashed mask), side by side with their ratios;
+  dropeva `drop` without exact attention, for lengths where its (n, n) probabilities and their dropout mask
+          do not fit in memory (17 GB each at 32k): EVA fused vs EVA plain path;
   bf16    `block` under bf16 autocast (EVA's fused path takes bf16 inputs);
-  tiny, 350m  the whole model (embeddings, one block, LM head, loss) at the shape of
-          configs/pretrain-tiny.toml or configs/evalm-350m.toml with n_layer = 1, bf16 autocast
-          where the CPU has AVX512-BF16 (fp32 otherwise).
+  tiny, 350m  the whole model (embeddings, one block, LM head, loss) at the shape of configs/pretrain-tiny.toml
+          or configs/evalm-350m.toml with n_layer = 1, bf16 autocast where the CPU has AVX512-BF16.
 
-Time: every (row, method) runs in its own process; full and EVA alternate process by process over
-the repeats and the best of each is kept. A timed process makes one full-size warm-up pass and
-then times one pass in CPU seconds at one torch thread (another engineer's load on this shared
-2-core machine stretches wall time much more than CPU time; both are printed).
+Time: every (row, method) runs in its own process, full and EVA alternating over the repeats, the best of
+each kept; a process makes one full-size warm-up pass, then times one pass in CPU seconds at one torch
+thread (others' load stretches wall time much more than CPU time; both are printed).
 
-Memory: live bytes at the peak, measured in a separate process with torch's profiler
-(`profile_memory=True`): every CPU tensor allocation and free inside the measured pass is an
-event carrying the allocator's running total of bytes allocated since profiling started, and the
-peak is the largest such total. It counts exactly the tensors the pass allocates and holds at
-once (activations, saved tensors, gradients, parameter gradients), not tensors that existed
-before the pass (parameters, inputs) and not the allocator's fragmentation; tracemalloc cannot
-see torch's allocations and RSS mixes in glibc's caching. A 512-token warm-up pass runs before
-profiling so lazily initialised state is not counted.
+Memory: live bytes at the peak, from torch's profiler (`profile_memory=True`) in a separate process: the
+largest running total of bytes allocated inside the pass, i.e. the tensors it allocates and holds at once
+(activations, saved tensors, gradients), not the parameters and inputs made before it nor the allocator's
+fragmentation (tracemalloc cannot see torch's allocations; RSS mixes in glibc's caching). A 512-token
+warm-up pass runs first so lazily initialised state is not counted.
 
-FLOP limit: the ratio of the two methods' forward multiply-adds, the speed-up the EVA row could
-reach if both ran at the same FLOP rate. Exact attention: 2·E·n(n+1)/2 for QKᵀ and PV (causal);
-EVA: 2·E·Σ_i (|L(i)| + |R(i)|), its local block and visible chunks; both plus 4·n·E² projections,
-2·n·E·d_ff MLP and n·E·V LM head where present (all times 2 FLOPs per multiply-add). Backward
-costs about twice the forward in both, so the ratio stands for forward + backward. A target above
-the FLOP limit cannot be met by any kernel; the verdict says so.
-
-No GPU figures: this benchmark runs on the CPU only.
+FLOP limit: the ratio of the two methods' forward multiply-adds, the speed-up EVA could reach at the same
+FLOP rate. Exact attention: 2·E·n(n+1)/2 for QKᵀ and PV (causal); EVA: 2·E·Σ_i (|L(i)| + |R(i)|), its local
+block and visible chunks; both plus 4·n·E² projections, 2·n·E·d_ff MLP and n·E·V LM head where present (2
+FLOPs a multiply-add; backward costs about twice the forward in both). A target above it cannot be met by
+any kernel; the verdict says so.
 """
 
 from __future__ import annotations

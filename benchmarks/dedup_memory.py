@@ -10,22 +10,19 @@ persistence), one encoding at a time on an emptied server:
 Figures per document: `INFO memory` used_memory after minus before (what the server really
 spends, its key dictionary included), and the sum of `MEMORY USAGE key SAMPLES 0` over the keys;
 with them, one client's documents/s inserted (all) and queried (the first 5,000), same run.
-Then the same compact index on a 3-node Redis Cluster (data_pipeline/dedup_cluster.py): each
-node's used_memory growth, to show the band split (a band is one slot, so one node holds
-ceil(bands / nodes) bands at most).
+The index's split over a Redis Cluster's nodes (a band is one slot) is in every dedup run's manifest
+(`redis.nodes`: each node's keys and bytes), printed by benchmarks/dedup_datatrove.py's cluster contender.
 
 The compact index keeps its fill (fields per hash) within [32, 64) at any size, so bytes per
 document measured at 10^5 documents hold at 2 x 10^8 (its fields there are one byte shorter: fewer
 digest bits left after the hash's k bits).
-Run: python benchmarks/dedup_memory.py [--docs 25000,100000] [--no-cluster]
+Run: python benchmarks/dedup_memory.py [--docs 25000,100000]
 """
 
 from __future__ import annotations
 
 import json
-import tempfile
 import time
-from pathlib import Path
 
 import numpy as np
 import redis
@@ -34,7 +31,6 @@ from datasketch import MinHashLSH
 import timing
 from dedup import redis_server, zipf_docs  # benchmarks/dedup.py (this folder is sys.path[0] as a script)
 from evalm.data_pipeline import dedup_index
-from evalm.data_pipeline.dedup_cluster import LocalCluster, binaries
 from evalm.data_pipeline.minhash import Fingerprinter, lean, token_set
 
 BANDS, ROWS = 8, 16
@@ -98,18 +94,7 @@ def measure_one(url: str, sigs: np.ndarray, build, namespace: bytes) -> dict:
             "insert_docs_per_s": n / (t1 - t0), "query_docs_per_s": min(QUERIED, n) / (t2 - t1)}
 
 
-def on_cluster(sigs: np.ndarray) -> dict:
-    with tempfile.TemporaryDirectory(prefix="evalm-cluster-") as root, LocalCluster(Path(root), nodes=3) as cluster:
-        clients = [cluster.client(i) for i in range(3)]
-        start = [used(c) for c in clients]
-        build_after(cluster.url, sigs)
-        grown = [used(c) - s for c, s in zip(clients, start)]
-        tags = [sorted({k[k.index(b"{") + 1:k.index(b"}")].decode() for k in c.keys(b"evalm:*")}) for c in clients]
-    return {"documents": len(sigs), "per_node_used_memory_bytes": grown, "per_node_bands": tags,
-            "per_node_bytes_per_document": [g / len(sigs) for g in grown]}
-
-
-def main(docs: str = "25000,100000", no_cluster: bool = False) -> None:
+def main(docs: str = "25000,100000") -> None:
     print(timing.machine())
     report: dict = {"standalone": []}
     with redis_server() as url:
@@ -120,8 +105,6 @@ def main(docs: str = "25000,100000", no_cluster: bool = False) -> None:
             speed = {k: after[k] / before[k] for k in ("insert_docs_per_s", "query_docs_per_s")}
             report["standalone"].append({"before": before, "after": after, "before_over_after": ratio,
                                          "after_speed_over_before": speed})
-    if not no_cluster and binaries():
-        report["cluster_3_nodes"] = on_cluster(sigs)
     print(json.dumps(report, indent=2))
 
 

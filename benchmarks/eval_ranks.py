@@ -31,16 +31,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 def _inputs(root: Path, items: int, n_books: int) -> tuple[Path, Path, Path]:
     """(exported model, task file, books folder) under `root`."""
-    import torch
-
-    from evalm import EvalmModel, ModelConfig
     from evalm.io import save_model
 
-    torch.manual_seed(0)
-    model = EvalmModel(ModelConfig(vocab_size=257, d_model=64, n_layer=2, n_head=4, d_ff=256, window_size=16,
-                                   chunk_size=4, circular_period=4096, dropout=0.0, attn_dropout=0.0))
-    model.init_weights()
-    folder = save_model(model, root / "model")
+    folder = save_model(timing.random_model(circular_period=4096), root / "model")
     rng = random.Random(0)
     rows = [{"text": " ".join(rng.choice(("good", "bad", "fine", "dull", "fun")) for _ in range(8)), "label": i % 2}
             for i in range(64 + items)]

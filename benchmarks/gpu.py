@@ -241,15 +241,6 @@ def train(ctx: dict) -> dict:
     return {"rows": rows, "batch_tokens": TOKENS_PER_BATCH}
 
 
-def _scoring_model(kind: str):
-    from evalm import EvalmModel
-
-    torch.manual_seed(0)
-    model = EvalmModel(model_config(attention=kind, dropout=0.0, attn_dropout=0.0))
-    model.init_weights()
-    return model.to("cuda", torch.bfloat16).eval()
-
-
 @torch.no_grad()
 def _item_seconds(model, context: torch.Tensor, items: int) -> tuple[float, float, int]:
     """(encode seconds of the context, median seconds per test item, cache bytes)."""
@@ -286,7 +277,7 @@ def cache(ctx: dict) -> dict:
     rng, rows = np.random.default_rng(0), []
     for kind in ("eva", "full"):
         plan = [{"attention": kind, "shots": s} for s in (16, 256, 2000)]
-        each_row(ctx, "cache", plan, 15, functools.partial(_cache_row, _scoring_model(kind), rng), rows)
+        each_row(ctx, "cache", plan, 15, functools.partial(_cache_row, timing.random_model(str(CONFIG), attention=kind).to("cuda", torch.bfloat16), rng), rows)
         torch.cuda.empty_cache()  # the model went with the partial
     return {"rows": rows}
 

@@ -27,8 +27,6 @@ import torch
 
 import timing
 
-from evalm import EvalmModel, ModelConfig
-from evalm.config_toolkit import build, read_toml
 from evalm.text.tokenizer import ByteTokenizer
 from evalm.icl_eval.models.lm import EvalmLM
 from evalm.icl_eval.methods.decoder import METHODS, MethodOptions, encode
@@ -41,14 +39,8 @@ WORDS = ("terrible", "bad", "okay", "good", "great", "outstanding")
 
 
 def tiny(attention: str, config: str = "") -> EvalmLM:
-    """The tiny byte-level shape, or `config`'s [model] shape; random weights, dropout off."""
-    torch.manual_seed(0)
-    fields = read_toml(config)["model"] if config else dict(vocab_size=257, d_model=64, n_layer=2, n_head=4, d_ff=256,
-                                                            window_size=16, chunk_size=4, circular_period=8192)
-    cfg = build(ModelConfig, {**fields, "attention": attention, "dropout": 0.0, "attn_dropout": 0.0}, where=config or "tiny")
-    model = EvalmModel(cfg)
-    model.init_weights()
-    return EvalmLM(model.eval(), ByteTokenizer())
+    """The tiny byte-level shape, or `config`'s [model] shape."""
+    return EvalmLM(timing.random_model(config or timing.TINY, attention=attention), ByteTokenizer())
 
 
 def main(shots: str = "16,64,256,1000,2000", items: int = 20, concat_max_shots: int = 1000, repeats: int = 3,

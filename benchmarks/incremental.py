@@ -15,21 +15,10 @@ import time
 import torch
 
 import timing
-from evalm.config_toolkit import build, read_toml
-from evalm import EvalmModel, ModelConfig
-
-
-def tiny_model(path: str) -> EvalmModel:
-    """The [model] of a config file with random weights, dropout off, in eval mode."""
-    config = build(ModelConfig, {**read_toml(path)["model"], "dropout": 0.0, "attn_dropout": 0.0}, where=f"{path} [model]")
-    torch.manual_seed(0)
-    model = EvalmModel(config)
-    model.init_weights()
-    return model.eval()
 
 
 @torch.no_grad()
-def memory_vs_length(model: EvalmModel, max_tokens: int, segment: int) -> None:
+def memory_vs_length(model, max_tokens: int, segment: int) -> None:
     cfg = model.config
     marks = [n for n in (16384, 32768, 65536, 131072, 262144) if n <= max_tokens]
     print(f"== cache memory vs context length ({cfg.attention}, d_model={cfg.d_model}, n_layer={cfg.n_layer}, "
@@ -53,7 +42,7 @@ def main(config: str = "configs/pretrain-tiny.toml", max_tokens: int = 262144, s
     """One torch thread by default: on a shared machine thread wake-ups dominate tiny ops."""
     print(timing.machine())
     torch.set_num_threads(threads)
-    memory_vs_length(tiny_model(config), max_tokens, segment)
+    memory_vs_length(timing.random_model(config), max_tokens, segment)
 
 
 if __name__ == "__main__":

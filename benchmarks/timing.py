@@ -81,6 +81,26 @@ def best_of(fn: Callable[[], object], repeats: int, warmup: int = 1, clock: Call
     return pick(times)
 
 
+TINY = {"vocab_size": 257, "d_model": 64, "n_layer": 2, "n_head": 4, "d_ff": 256, "window_size": 16, "chunk_size": 4,
+        "circular_period": 8192}
+"""The byte-level two-layer shape the small timings share."""
+
+
+def random_model(shape: str | dict = TINY, **changes):
+    """An EvalmModel of `shape` (a TOML file's [model], or fields) with `changes`, seeded random weights,
+    dropout off, in eval mode: time does not depend on the weights."""
+    import torch
+
+    from evalm import EvalmModel, ModelConfig
+    from evalm.config_toolkit import build, read_toml
+
+    fields = read_toml(shape)["model"] if isinstance(shape, str) else shape
+    torch.manual_seed(0)
+    model = EvalmModel(build(ModelConfig, {**fields, "dropout": 0.0, "attn_dropout": 0.0, **changes}, where=str(shape)))
+    model.init_weights()
+    return model.eval()
+
+
 def status_mib(field: str = "VmHWM") -> float:
     """A figure of /proc/self/status in MiB: VmHWM (peak resident), VmRSS, RssAnon (anonymous resident: not
     the page cache of mapped files)."""
