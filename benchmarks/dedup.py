@@ -129,16 +129,21 @@ def redis_server(url: str | None = None) -> Iterator[str]:
         proc.wait(timeout=10)
 
 
+def write_shards(folder: Path, records: list[dict], shards: int) -> int:
+    """`records` dealt round-robin into `shards` Pile-format files (jsonl.zst) in a new `folder`; their bytes."""
+    lines = [orjson.dumps(r) + b"\n" for r in records]
+    folder.mkdir(parents=True)
+    for k in range(shards):
+        (folder / f"{k:03d}.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(b"".join(lines[k::shards])))
+    return sum(map(len, lines))
+
+
 def end_to_end(docs: list[str], redis_url: str | None) -> dict:
     work = Path(tempfile.mkdtemp(prefix="evalm-bench-"))
     try:
-        (work / "in").mkdir()
         subsets = ["Pile-CC", "Wikipedia (en)", "Books3", "OpenWebText2"]
-        lines = [orjson.dumps({"text": d, "meta": {"pile_set_name": subsets[i % 4]}}) for i, d in enumerate(docs)]
-        for k in range(4):
-            raw = b"".join(x + b"\n" for x in lines[k::4])
-            (work / "in" / f"{k}.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(raw))
-        megabytes = sum(len(x) + 1 for x in lines) / 1e6
+        megabytes = write_shards(work / "in", [{"text": d, "meta": {"pile_set_name": subsets[i % 4]}}
+                                               for i, d in enumerate(docs)], 4) / 1e6
         cfg = work / "data.toml"
         cfg.write_text("[filter.default]\nmax_word_repetition = 1.0\nmax_char_repetition = 1.0\nmin_stopword_ratio = 0.0\n")
         result = {"input_MB": megabytes}

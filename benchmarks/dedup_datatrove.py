@@ -34,7 +34,7 @@ import orjson
 import zstandard
 
 import timing
-from dedup import redis_server, zipf_docs  # benchmarks/dedup.py (this folder is sys.path[0] as a script)
+from dedup import redis_server, write_shards, zipf_docs  # benchmarks/dedup.py (this folder is sys.path[0] as a script)
 
 CLOSE = (0.97, 0.96)
 FAR = (0.90, 0.85, 0.80)
@@ -54,11 +54,11 @@ def corpus(folder: Path, docs: int, tasks: int) -> dict[str, str]:
     rng = random.Random(0)
     groups = docs // (4 * GROUP)  # a fifth of the documents in groups
     texts = zipf_docs(groups + docs - groups * GROUP, seed=11)
-    truth, lines = {}, []
+    truth, records = {}, []
 
     def add(doc_id: str, words: list[str], kind: str) -> None:
         truth[doc_id] = kind
-        lines.append(orjson.dumps({"id": doc_id, "text": " ".join(words), "meta": {"pile_set_name": "Pile-CC"}}))
+        records.append({"id": doc_id, "text": " ".join(words), "meta": {"pile_set_name": "Pile-CC"}})
 
     for g in range(groups):
         base = texts[g].split()
@@ -69,11 +69,8 @@ def corpus(folder: Path, docs: int, tasks: int) -> dict[str, str]:
             add(f"g{g}-f{j}", variant(base, j, f"g{g}f{j}", rng), f"far-{j}")
     for u, text in enumerate(texts[groups:]):
         add(f"u{u}", text.split(), "unique")
-    rng.shuffle(lines)
-    folder.mkdir(parents=True)
-    for t in range(tasks):
-        raw = b"".join(x + b"\n" for x in lines[t::tasks])
-        (folder / f"{t:03d}.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(raw))
+    rng.shuffle(records)
+    write_shards(folder, records, tasks)
     return truth
 
 

@@ -31,24 +31,22 @@ REPO = Path(__file__).resolve().parents[1]
 
 def _inputs(root: Path, items: int, n_books: int) -> tuple[Path, Path, Path]:
     """(exported model, task file, books folder) under `root`."""
+    from evalm.icl_eval.tasks.folder import write_task_folder
+    from evalm.icl_eval.tasks.task import Task
     from evalm.io import save_model
 
     folder = save_model(timing.random_model(circular_period=4096), root / "model")
     rng = random.Random(0)
     rows = [{"text": " ".join(rng.choice(("good", "bad", "fine", "dull", "fun")) for _ in range(8)), "label": i % 2}
             for i in range(64 + items)]
-    task = root / "task"
-    task.mkdir(parents=True, exist_ok=True)
-    for split, part in (("train", rows[:64]), ("test", rows[64:])):
-        (task / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))
-    (task / "task.toml").write_text('[task]\ntemplate = "{text} {label}"\nlabels = ["no", "yes"]\n'
-                                    'train = "train.jsonl"\ntest = "test.jsonl"\n')
+    task, _ = write_task_folder(root / "task", Task("bench", "{text} {label}", ("no", "yes")),
+                                {"train": rows[:64], "test": rows[64:]})
     books = root / "books"
     books.mkdir(exist_ok=True)
     for b in range(n_books):
         words = ("".join(rng.choice("abcdefgh") for _ in range(rng.randint(1, 7))) for _ in range(2000))
         (books / f"book{b}.txt").write_text(" ".join(words))
-    return folder, task / "task.toml", books
+    return folder, task, books
 
 
 def timed(argv: list[str], world: int) -> float:

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import statistics
 import sys
 import time
@@ -43,6 +42,7 @@ import torch
 
 import timing
 from evalm.config_toolkit.machine import device_name, peak_gpu_gib
+from evalm.storage import write_atomic
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "evalm-350m.toml"
@@ -294,8 +294,8 @@ def table(report: dict) -> str:
            f"matrix products {peaks['measured']:.0f} TFLOP/s measured here, {peaks['datasheet']:.0f} datasheet"]
     for name, lines in (("attention", attention_lines), ("train", train_lines), ("cache", cache_lines)):
         section = report.get(name)
-        out += ["", *([f"{name}: error: {section['error']}"] if section and "error" in section
-                      else lines(section and {"status": "ok", "result": section}))]
+        notes = [f"{name}: {k}: {section[k]}" for k in ("error", "skipped") if section and k in section]
+        out += ["", *(notes or lines(section and {"status": "ok", "result": section}))]
     return "\n".join(out) + f"\n\ntotal {report.get('total_s', 0):.0f} s\n"
 
 
@@ -306,8 +306,7 @@ def _saver(path: Path, report: dict):
     def save(name: str | None = None, rows: list[dict] | None = None) -> None:
         if name is not None:
             report[name] = {"rows": rows, "partial": True}
-        path.with_name(f".{path.name}.partial").write_text(json.dumps(report, indent=2, default=str))
-        os.replace(path.with_name(f".{path.name}.partial"), path)
+        write_atomic(path, json.dumps(report, indent=2, default=str))
     return save
 
 

@@ -466,10 +466,11 @@ def test_eva_settings_are_declared_once():
 
 # ---------------------------------------------------------------- benchmarks/ only times
 
-MAX_BENCHMARK_LINES = 2500
-"""benchmarks/ in all (3,569 lines when it was a client application; the goal is under 2,000): scripts that
-time things and print ratios against a baseline measured in the same run, every measurement of a study a
-package command or a study step."""
+MAX_BENCHMARK_LINES = 1900
+"""benchmarks/ in all (3,569 lines when it was a client application, 2,486 with its own flags, clocks and
+children in every script): scripts that time things and print ratios against a baseline measured in the
+same run, what they share written once (benchmarks/timing.py), every measurement of a study a package
+command or a study step, every table a study prints icl_eval/tables.py's."""
 
 
 def test_benchmarks_are_few_lines_in_all():
