@@ -4,8 +4,8 @@
     evalm run --config STUDY --summary             # a study's [summary] tables (READERS, by its `reader`)
     evalm eval recall-tables --root runs/recall    # the recall study's tables (`recall_study`)
 
-One writer, `markdown` (a header and rows of cells), and per kind of result a row function that reads its
-command's file and gives the cells: nothing is loaded or computed but the table. A study report reads its
+Per kind of result a row function that reads its command's file and gives the cells, spelled by the one
+markdown writer (config_toolkit/markdown.py): nothing is loaded or computed but the table. A study report reads its
 rows' files, so each `READERS` entry also returns the cells by row and column (the figures its goals name,
 launcher/study_report.py).
 """
@@ -16,16 +16,10 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from evalm.config_toolkit.markdown import markdown
+
 Cells = dict[str, dict[str, float]]
 """A table's figures: row name -> column name -> value (what a study's goal reads)."""
-
-
-def markdown(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """`| a | b |`, a rule, then one line per row (an empty cell is one space: `| chance | | 0.5 |`)."""
-    def line(cells: Sequence[str]) -> str:
-        return "|" + "|".join(f" {c} " if c else " " for c in cells) + "|"
-
-    return "\n".join([line(header), "|---" * len(header) + "|", *(line(r) for r in rows)])
 
 
 def _fmt(value, digits: int = 1) -> str:

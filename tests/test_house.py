@@ -480,6 +480,18 @@ def test_benchmarks_are_few_lines_in_all():
     assert total < MAX_BENCHMARK_LINES, f"benchmarks/ holds {total} lines"
 
 
+def test_one_writer_of_markdown_tables():
+    """Every markdown table the package or a benchmark prints (a study's, a run's, the GPU run's, the main job's
+    summary, the probe's) is spelled by one writer, config_toolkit/markdown.py: no other module spells a table's
+    rule (`|---|`), as three study report writers once did."""
+    writer = ROOT / "config_toolkit" / "markdown.py"
+    found = sorted({str(path.relative_to(ROOT)) for path in {**modules(), **benchmark_scripts()}.values() if path != writer
+                    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+                    if isinstance(node, ast.Constant) and isinstance(node.value, str)
+                    and "---" in node.value and set(node.value) <= {"|", "-"}})
+    assert found == [], f"tables spelled outside config_toolkit/markdown.py: {found}"
+
+
 def _takes_a_namespace(node: ast.FunctionDef, parsed: bool) -> bool:
     """A function annotated with argparse.Namespace, or (`parsed`) whose parameter is named `args`."""
     params = [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from evalm.config_toolkit.markdown import markdown
 from evalm.icl_eval.tables import recall_study
 from evalm.recall_models import LOG, load_trained, predict
 from evalm.text.recall_data import Vocab, mqar
@@ -53,9 +54,7 @@ def chunk_mates(out: Path, kv: int = 16, n: int = 64, device: str = "cpu") -> st
     one key and one value whose weights within the chunk do not depend on the query (docs/eva.md, "The
     closed form"), so a model that reads the pair through that summary alone can tell the chunk, not the
     pair. Beside it, what errors uniform over the other in-context values would give."""
-    lines = [f"| model | MQAR, {kv} pairs | wrong answers = a chunk-mate's value | if wrong answers were uniform |",
-             "|---|---|---|---|"]
-    found = []
+    found, rows = [], []
     for folder in (out / "models").glob("eva-*"):
         if (folder / LOG).is_file():
             model, settings, _ = load_trained(folder, device)
@@ -63,8 +62,9 @@ def chunk_mates(out: Path, kv: int = 16, n: int = 64, device: str = "cpu") -> st
     for width, model, settings in sorted(found, key=lambda f: f[0]):
         right, wrong, mate = _mates_of(model, settings, kv, n, device)
         others = (max(1, settings["chunk"] // 2) - 1) / (kv - 1)
-        lines.append(f"| eva-{width} | {right / (right + wrong):.2f} | {mate}/{wrong} | {others:.2f} of them |")
-    return "\n".join(lines)
+        rows.append([f"eva-{width}", f"{right / (right + wrong):.2f}", f"{mate}/{wrong}", f"{others:.2f} of them"])
+    return markdown(["model", f"MQAR, {kv} pairs", "wrong answers = a chunk-mate's value", "if wrong answers were uniform"],
+                    rows)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
