@@ -3,10 +3,9 @@
     python benchmarks/gpu.py --out OUT [--budget 450] [--sections attention train cache]
 
 Writes OUT/gpu.json (every figure; rewritten after each row) and OUT/gpu.md (the tables of docs/results.md,
-launcher/gpu_tables.py's), printing the tables last. A
-section or row that would start past the budget is skipped and says so. Every ratio is against a
-baseline measured in the same process on the same GPU. On the device it runs under
-scripts/device_run.sh (launcher/device_run.py), a section a process, after the CUDA tests.
+launcher/gpu_tables.py's), printing the tables last. A section or row that would start past the budget is
+skipped and says so. Every ratio is against a baseline measured in the same process on the same GPU. On the
+device it runs under scripts/device_run.sh (launcher/device_run.py), a section a process, after the CUDA tests.
 
   attention  one EVA layer's attention (summaries, slots, one flex_attention call) forward + backward
              against PyTorch's Flash-2 SDPA (causal) and, where it takes the call, cuDNN's (`speedup_fastest`:

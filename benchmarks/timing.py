@@ -8,8 +8,7 @@ the annotation; a list takes several values, a bool is a switch, no default make
 namespace handed on. A measurement that needs a fresh process (its own peak memory, its own allocator, one
 backend patched) is a function the script names in `children`, run by `child` and answered as one JSON line.
 Scripts run as `python benchmarks/X.py`, this folder first on sys.path, so `import timing` is this file; it
-puts the repository's root after it, for the tests' stand-ins a benchmark shares (tests/hub_cache.py,
-tests/evalm/paths.py).
+puts the repository's root after it, for the tests' stand-ins a benchmark shares (tests/evalm/paths.py).
 """
 
 from __future__ import annotations
