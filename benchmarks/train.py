@@ -1,7 +1,7 @@
 """Training throughput at 8k tokens per line on CPU: EVA vs full attention, and loader vs trainer.
 
     python benchmarks/train.py                  # about 1.5 minutes on 2 cores
-    python benchmarks/train.py --seq-len 4096 --steps 2 --json-out out.json
+    python benchmarks/train.py --seq-len 4096 --steps 2 --json out.json
 
 Measures, in one process (a world of one, the same FSDP2 + AdamW step as `evalm train pretrain`):
 1. training tokens/s of the tiny model (configs/pretrain-tiny.toml's shape) with `attention = "eva"`
@@ -12,7 +12,7 @@ Measures, in one process (a world of one, the same FSDP2 + AdamW step as `evalm 
 
 from __future__ import annotations
 
-import json
+from json import dumps
 import sys
 import tempfile
 import time
@@ -74,9 +74,9 @@ def loader_tokens_per_s(lines: PretrainLines, n_lines: int) -> float:
     return n_lines * lines.seq_len / (time.perf_counter() - started)
 
 
-def main(seq_len: int = 8192, steps: int = 1, attn_dropout: float | None = None, json_out: str | None = None) -> None:
+def main(seq_len: int = 8192, steps: int = 1, attn_dropout: float | None = None, json: str | None = None) -> None:
     """`steps` timed optimizer steps per attention (full: ~40 s each at 8k); `attn_dropout` overrides the
-    config's (0 lets full attention use SDPA's fused CPU kernel); `json_out` also writes the figures there."""
+    config's (0 lets full attention use SDPA's fused CPU kernel); `json` also writes the figures there."""
     print(timing.machine())
     base = read_toml(ROOT / "configs" / "pretrain-tiny.toml")["model"]
     # the tiny shape, with positions covering the whole line
@@ -103,8 +103,8 @@ def main(seq_len: int = 8192, steps: int = 1, attn_dropout: float | None = None,
           f"   eva/full {figures['eva_over_full']:.2f}x")
     print(f"loader tokens/s  {figures['loader_tok_s']:>12,.0f}   loader/trainer {figures['loader_over_trainer']:,.0f}x"
           f"   (goal >= 10x: {'met' if figures['loader_over_trainer'] >= 10 else 'NOT met'})")
-    if json_out:
-        Path(json_out).write_text(json.dumps(figures, indent=2))
+    if json:
+        Path(json).write_text(dumps(figures, indent=2))
 
 
 if __name__ == "__main__":
