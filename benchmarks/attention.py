@@ -1,59 +1,47 @@
 """EVA vs exact attention through the model API, forward + backward on the CPU: time, peak live
-memory and the FLOP limit, as same-run ratios with a verdict per target.
+memory and the FLOP limit, as same-run ratios with a verdict per target. No GPU figures (benchmarks/gpu.py).
 
 Run: python benchmarks/attention.py [--rows attn block] [--lengths 8192 32768] [--dropout-lengths 8192]
-         [--dropout-eva-lengths 32768]
-         [--bf16-lengths 8192] [--models tiny 350m] [--model-length 8192] [--repeats 2]
+         [--dropout-eva-lengths 32768] [--bf16-lengths 8192] [--models tiny 350m] [--model-length 8192] [--repeats 2]
 
 Rows (each one module as a user builds it, `ModelConfig` then the module, fwd + bwd of its sum or loss):
   attn    one attention layer (q/k/v/out projections included) at d_model 256, 4 heads, window
           128, chunk 8 (the EVA LM recipe), fp32, attention dropout 0;
-  block   one pre-LN `Block` at that shape with its MLP (d_ff = 4·d_model): the layer a model is
-          made of, projections and MLP included; the speed targets are read here;
-  drop    `attn` at the paper's attention dropout 0.1, training mode: exact attention, EVA on its
-          fused path (dropout as −inf in the kernel's mask, the mask regenerated in backward) and
-          EVA on the plain-PyTorch path ("eva-plain", the path dropout took before: the same
-          hashed mask), so the three print side by side with their ratios;
-  dropeva `drop` without exact attention, for lengths where its (n, n) probabilities and their
-          dropout mask do not fit in memory (17 GB each at 32k): EVA fused vs EVA plain path;
+  block   one pre-LN `Block` at that shape with its MLP (d_ff = 4·d_model): the speed targets are read here;
+  drop    `attn` at the paper's attention dropout 0.1, training mode: exact attention, EVA on its fused path
+          (dropout as −inf in the kernel's mask, regenerated in backward) and EVA on the plain-PyTorch path
+          ("eva-plain", the same hashed mask), side by side with their ratios;
+  dropeva `drop` without exact attention, for lengths where its (n, n) probabilities and their dropout mask
+          do not fit in memory (17 GB each at 32k): EVA fused vs EVA plain path;
   bf16    `block` under bf16 autocast (EVA's fused path takes bf16 inputs);
-  tiny, 350m  the whole model (embeddings, one block, LM head, loss) at the shape of
-          configs/pretrain-tiny.toml or configs/evalm-350m.toml with n_layer = 1, bf16 autocast
-          where the CPU has AVX512-BF16 (fp32 otherwise).
+  tiny, 350m  the whole model (embeddings, one block, LM head, loss) at the shape of configs/pretrain-tiny.toml
+          or configs/evalm-350m.toml with n_layer = 1, bf16 autocast where the CPU has AVX512-BF16.
 
-Time: every (row, method) runs in its own process; full and EVA alternate process by process over
-the repeats and the best of each is kept. A timed process makes one full-size warm-up pass and
-then times one pass in CPU seconds at one torch thread (another engineer's load on this shared
-2-core machine stretches wall time much more than CPU time; both are printed).
+Time: every (row, method) runs in its own process, full and EVA alternating over the repeats, the best of
+each kept; a process makes one full-size warm-up pass, then times one pass in CPU seconds at one torch
+thread (others' load stretches wall time much more than CPU time; both are printed).
 
-Memory: live bytes at the peak, measured in a separate process with torch's profiler
-(`profile_memory=True`): every CPU tensor allocation and free inside the measured pass is an
-event carrying the allocator's running total of bytes allocated since profiling started, and the
-peak is the largest such total. It counts exactly the tensors the pass allocates and holds at
-once (activations, saved tensors, gradients, parameter gradients), not tensors that existed
-before the pass (parameters, inputs) and not the allocator's fragmentation; tracemalloc cannot
-see torch's allocations and RSS mixes in glibc's caching. A 512-token warm-up pass runs before
-profiling so lazily initialised state is not counted.
+Memory: live bytes at the peak, from torch's profiler (`profile_memory=True`) in a separate process: the
+largest running total of bytes allocated inside the pass, i.e. the tensors it allocates and holds at once
+(activations, saved tensors, gradients), not the parameters and inputs made before it nor the allocator's
+fragmentation (tracemalloc cannot see torch's allocations; RSS mixes in glibc's caching). A 512-token
+warm-up pass runs first so lazily initialised state is not counted.
 
-FLOP limit: the ratio of the two methods' forward multiply-adds, the speed-up the EVA row could
-reach if both ran at the same FLOP rate. Exact attention: 2·E·n(n+1)/2 for QKᵀ and PV (causal);
-EVA: 2·E·Σ_i (|L(i)| + |R(i)|), its local block and visible chunks; both plus 4·n·E² projections,
-2·n·E·d_ff MLP and n·E·V LM head where present (all times 2 FLOPs per multiply-add). Backward
-costs about twice the forward in both, so the ratio stands for forward + backward. A target above
-the FLOP limit cannot be met by any kernel; the verdict says so.
-
-No GPU figures: this benchmark runs on the CPU only.
+FLOP limit: the ratio of the two methods' forward multiply-adds, the speed-up EVA could reach at the same
+FLOP rate. Exact attention: 2·E·n(n+1)/2 for QKᵀ and PV (causal); EVA: 2·E·Σ_i (|L(i)| + |R(i)|), its local
+block and visible chunks; both plus 4·n·E² projections, 2·n·E·d_ff MLP and n·E·V LM head where present (2
+FLOPs a multiply-add; backward costs about twice the forward in both). A target above it cannot be met by
+any kernel; the verdict says so.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import subprocess
-import sys
 import tempfile
 import time
+
+import timing
 
 LAYER = dict(d_model=256, n_head=4, window_size=128, chunk_size=8, n_layer=1, vocab_size=8, d_ff=1024)
 MODELS = {"tiny": "configs/pretrain-tiny.toml", "350m": "configs/evalm-350m.toml"}
@@ -90,8 +78,6 @@ def _build(variant: str, method: str):
 
     torch.manual_seed(0)
     config = _config(variant, method)
-    if method == "eva-plain":  # as if the fused kernel were unavailable: the plain recompute path
-        _route_plain()
     low = variant in ("bf16", *MODELS) and bf16_supported()
     if variant in MODELS:
         module = EvalmModel(config)
@@ -134,20 +120,6 @@ def _build(variant: str, method: str):
     return module, make, "bf16" if low else "fp32"
 
 
-def _route_plain() -> None:
-    """Route every EVA call of this (child) process as if the fused CPU kernel were unavailable."""
-    import dataclasses
-
-    from evalm import eva_paths
-
-    real = eva_paths.choose
-
-    def plain(call):
-        return real(dataclasses.replace(call, kernel=False))
-
-    eva_paths.choose = plain
-
-
 def _peak_live_bytes(step) -> int:
     """Peak of the allocator's running total during step() (module docstring, "Memory")."""
     from torch.profiler import ProfilerActivity, profile
@@ -164,27 +136,27 @@ def _peak_live_bytes(step) -> int:
 
 
 def measure(variant: str, method: str, length: int, mode: str) -> dict:
-    """One child process: 'time' (a full-size warm-up, then one timed pass) or 'memory'."""
+    """One child process: 'time' (a full-size warm-up, then one timed pass) or 'memory'; `eva-plain` routes
+    every EVA call as if the fused kernel were unavailable (the plain recompute path, tests/evalm/paths.py)."""
+    from contextlib import nullcontext
+
     import torch
 
+    from tests.evalm.paths import PLAIN, forced
+
     torch.set_num_threads(1)
-    module, make, dtype = _build(variant, method)
-    if mode == "memory":
-        make(512)()
+    with forced(**PLAIN) if method == "eva-plain" else nullcontext():
+        module, make, dtype = _build(variant, method)
+        if mode == "memory":
+            make(512)()
+            module.zero_grad(set_to_none=True)
+            return {"live_mib": _peak_live_bytes(make(length)) / 2**20, "dtype": dtype}
+        step = make(length)
+        step()
         module.zero_grad(set_to_none=True)
-        return {"live_mib": _peak_live_bytes(make(length)) / 2**20, "dtype": dtype}
-    step = make(length)
-    step()
-    module.zero_grad(set_to_none=True)
-    c0, w0 = time.process_time(), time.perf_counter()
-    step()
+        c0, w0 = time.process_time(), time.perf_counter()
+        step()
     return {"cpu_s": time.process_time() - c0, "wall_s": time.perf_counter() - w0, "dtype": dtype}
-
-
-def run_child(variant: str, method: str, length: int, mode: str) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--child", variant, method, str(length), mode],
-                         capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def compare(variant: str, length: int, repeats: int) -> dict:
@@ -196,23 +168,16 @@ def compare(variant: str, length: int, repeats: int) -> dict:
     shared = []
     for _ in range(repeats):
         for method in runs:
-            runs[method].append(run_child(variant, method, length, "time"))
+            runs[method].append(timing.child(__file__, "measure", variant, method, length, "time"))
         if variant == "attn":
-            shared.append(run_child(variant, "proj", length, "time")["cpu_s"])
+            shared.append(timing.child(__file__, "measure", variant, "proj", length, "time")["cpu_s"])
     row = {"proj_s": min(shared)} if shared else {}
     for method, rs in runs.items():
-        live = run_child(variant, method, length, "memory")["live_mib"]
+        live = timing.child(__file__, "measure", variant, method, length, "memory")["live_mib"]
         row[method] = {"cpu_s": min(r["cpu_s"] for r in rs), "wall_s": min(r["wall_s"] for r in rs),
                        "live_mib": live, "dtype": rs[0]["dtype"]}
     row["flop_limit"] = flop_limit(variant, length)
     return row
-
-
-def print_dropeva(length: int, row: dict) -> None:
-    e, plain = row["eva"], row["eva-plain"]
-    print(f"{'dropeva':>7} {e['dtype']:>5} {length:>6}: EVA fused {e['cpu_s']:.2f} s, plain path {plain['cpu_s']:.2f} s "
-          f"({plain['cpu_s'] / e['cpu_s']:.2f}x); wall {e['wall_s']:.2f} / {plain['wall_s']:.2f} s; "
-          f"peak live MiB {e['live_mib']:.1f} / {plain['live_mib']:.1f}", flush=True)
 
 
 def forward_flops(variant: str, method: str, n: int) -> float:
@@ -244,7 +209,14 @@ def attention_flop_limit(n: int) -> float:
 
 
 def print_row(variant: str, length: int, row: dict) -> None:
-    f, e = row["full"], row["eva"]
+    e = row["eva"]
+    if "full" not in row:  # a dropeva row: EVA's two paths alone
+        plain = row["eva-plain"]
+        print(f"{'dropeva':>7} {e['dtype']:>5} {length:>6}: EVA fused {e['cpu_s']:.2f} s, plain path {plain['cpu_s']:.2f} s "
+              f"({timing.ratio(plain['cpu_s'], e['cpu_s'])}); wall {e['wall_s']:.2f} / {plain['wall_s']:.2f} s; "
+              f"peak live MiB {e['live_mib']:.1f} / {plain['live_mib']:.1f}", flush=True)
+        return
+    f = row["full"]
     print(f"{variant:>5} {e['dtype']:>5} {length:>6} {f['cpu_s']:>8.2f} {e['cpu_s']:>8.2f} {f['cpu_s'] / e['cpu_s']:>8.2f}x "
           f"{row['flop_limit']:>8.2f}x {f['wall_s']:>7.2f} {e['wall_s']:>7.2f} "
           f"{f['live_mib']:>9.1f} {e['live_mib']:>9.1f} {e['live_mib'] / f['live_mib']:>8.2f}x", flush=True)
@@ -300,44 +272,28 @@ def verdicts(rows: dict[tuple[str, int], dict]) -> list[str]:
     return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", nargs="*", default=["attn", "block"], choices=["attn", "block"],
-                        help="layer rows at --lengths (default attn block)")
-    parser.add_argument("--lengths", type=int, nargs="*", default=[8192, 32768], help="tokens of the layer rows (default 8192 32768)")
-    parser.add_argument("--dropout-lengths", type=int, nargs="*", default=[8192],
-                        help="attn rows at the paper's attention dropout 0.1: exact, EVA fused, EVA plain path (default 8192); no target")
-    parser.add_argument("--dropout-eva-lengths", type=int, nargs="*", default=[],
-                        help="EVA fused vs EVA plain path at attention dropout 0.1, no exact attention (default none)")
-    parser.add_argument("--bf16-lengths", type=int, nargs="*", default=[8192],
-                        help="block rows under bf16 autocast (default 8192; skipped without AVX512-BF16)")
-    parser.add_argument("--models", nargs="*", default=["tiny", "350m"], choices=sorted(MODELS),
-                        help="whole-model rows, one layer each (default tiny 350m)")
-    parser.add_argument("--model-length", type=int, default=8192, help="tokens per whole-model row (default 8192)")
-    parser.add_argument("--repeats", type=int, default=2, help="timed processes per method and row, alternating (default 2)")
-    parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.child:
-        print(json.dumps(measure(args.child[0], args.child[1], int(args.child[2]), args.child[3])))
-        return
+def main(rows: list[str] = ("attn", "block"), lengths: list[int] = (8192, 32768), dropout_lengths: list[int] = (8192,),
+         dropout_eva_lengths: list[int] = (), bf16_lengths: list[int] = (8192,), models: list[str] = ("tiny", "350m"),
+         model_length: int = 8192, repeats: int = 2) -> None:
+    """Layer `rows` (attn, block) at `lengths`; `drop` rows at `dropout_lengths`, `dropeva` at `dropout_eva_lengths`,
+    `bf16` rows at `bf16_lengths` (skipped without AVX512-BF16); whole-model rows (`models`: tiny, 350m) at
+    `model_length`; `repeats` timed processes per method and row, alternating."""
+    print(timing.machine())
     print("CPU seconds per forward+backward at one thread (speed-up full/EVA beside the FLOP limit); wall seconds;")
     print("peak live MiB allocated by the pass (EVA/full)")
     print(f"{'row':>5} {'dtype':>5} {'tokens':>6} {'full s':>8} {'eva s':>8} {'speed-up':>9} {'FLOP lim':>9} {'full wl':>7} "
           f"{'eva wl':>7} {'full MiB':>9} {'eva MiB':>9} {'eva/full':>9}")
-    plan = [(row, n) for row in args.rows for n in args.lengths]
-    plan += [("drop", n) for n in args.dropout_lengths]
-    plan += [("dropeva", n) for n in args.dropout_eva_lengths]
-    plan += [("bf16", n) for n in (args.bf16_lengths if bf16_supported() else [])]
-    plan += [(name, args.model_length) for name in args.models]
-    rows = {}
+    plan = [(row, n) for row in rows for n in lengths]
+    plan += [("drop", n) for n in dropout_lengths]
+    plan += [("dropeva", n) for n in dropout_eva_lengths]
+    plan += [("bf16", n) for n in (bf16_lengths if bf16_supported() else [])]
+    plan += [(name, model_length) for name in models]
+    found = {}
     for variant, n in plan:
-        rows[(variant, n)] = compare(variant, n, args.repeats)
-        if variant == "dropeva":
-            print_dropeva(n, rows[(variant, n)])
-        else:
-            print_row(variant, n, rows[(variant, n)])
-    print("\n".join(verdicts(rows) + dropout_lines(rows)))
+        found[(variant, n)] = compare(variant, n, repeats)
+        print_row(variant, n, found[(variant, n)])
+    print("\n".join(verdicts(found) + dropout_lines(found)))
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(timing.cli(main, __doc__, {"measure": measure}))

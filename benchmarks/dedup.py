@@ -9,23 +9,21 @@
    counted against either side), best of --repeats interleaved runs each. Measured on real text, the normalised
    documents of `evalm data samples` (data/samples/pile), when that folder exists, and always on
    synthetic text; each result names its text.
-2. LSH candidate recall on planted pairs at J = 0.95, 0.97, 0.99 with bands x rows = 8 x 16.
-   Goal >= 0.99.
-3. End-to-end filter + dedup throughput on 2 workers in MB/s of input, memory index vs Redis
+2. End-to-end filter + dedup throughput on 2 workers in MB/s of input, memory index vs Redis
    (a redis-server is started on a free loopback port when --redis-url is not given).
+LSH recall on planted near-duplicates is the tests' (tests/data_pipeline/test_dedup.py), not timed here.
 
-Synthetic Pile-like text: Zipf(1.1) words over a 200k vocabulary.
-Run: python benchmarks/dedup.py [--samples data/samples] [--docs 4000] [--repeats 3] [--pairs 400]
-     [--e2e-docs 4000] [--fingerprint-only]
+Synthetic Pile-like text: Zipf(1.1) words over a 200k vocabulary; `zipf_docs` and `redis_server` serve the
+other dedup benchmarks too.
+Run: python benchmarks/dedup.py [--samples data/samples] [--docs 4000] [--repeats 3] [--e2e-docs 4000]
+     [--fingerprint-only]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -40,9 +38,10 @@ import zstandard
 from datasketch import MinHash
 from threadpoolctl import threadpool_limits
 
-from evalm.data_pipeline import lsh
+import timing
 from evalm.data_pipeline.cli import main as data_main
-from evalm.data_pipeline.minhash import Fingerprinter, lean, token_set
+from evalm.data_pipeline.dedup_cluster import free_ports
+from evalm.data_pipeline.minhash import Fingerprinter, token_set
 from evalm.data_pipeline.normalize import normalize
 
 STOP = "the of and to in a is that for it as was with be by on not he this are or his from at which".split()
@@ -108,54 +107,43 @@ def fingerprint_throughput(docs: list[str], text: str, repeats: int) -> dict:
             "ratio_warm": t_ref / best["warm"]}
 
 
-def recall(pairs: int, seed: int) -> dict:
-    rng = np.random.default_rng(seed)
-    fp = Fingerprinter(128, 1)
-    out = {}
-    for j in (0.95, 0.97, 0.99):
-        n = 2000  # set size; d tokens swapped gives J = (n - d) / (n + d)
-        d = round(n * (1 - j) / (1 + j))
-        found = 0
-        index = lsh.make_index(128, 8, 16)
-        for p in range(pairs):
-            base = [f"p{j}-{p}-{i}" for i in range(n)]
-            drop = set(rng.choice(n, d, replace=False).tolist())
-            other = [t for i, t in enumerate(base) if i not in drop] + [f"q{j}-{p}-{i}" for i in range(d)]
-            a, b = fp.signatures([set(base), set(other)])
-            index.insert(("a", p), lean(a, 1))
-            found += ("a", p) in index.query(lean(b, 1))
-        out[str(j)] = {"true_jaccard": (n - d) / (n + d), "recall": found / pairs,
-                       "expected": lsh.candidate_probability((n - d) / (n + d), 8, 16)}
-    return out
-
-
-def _redis_server() -> tuple[str, subprocess.Popen]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+@contextmanager
+def redis_server(url: str | None = None) -> Iterator[str]:
+    """`url`, or a private redis-server (loopback, a free port, no persistence) for the block: its URL."""
+    if url:
+        yield url
+        return
+    port = free_ports(1)[0]
     proc = subprocess.Popen([shutil.which("redis-server"), "--port", str(port), "--bind", "127.0.0.1",
                              "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL)
-    url = f"redis://127.0.0.1:{port}/0"
-    client = redis.Redis(port=port)
-    for _ in range(100):
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            time.sleep(0.05)
-    return url, proc
+    try:
+        for _ in range(100):
+            try:
+                redis.Redis(port=port).ping()
+                break
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def write_shards(folder: Path, records: list[dict], shards: int) -> int:
+    """`records` dealt round-robin into `shards` Pile-format files (jsonl.zst) in a new `folder`; their bytes."""
+    lines = [orjson.dumps(r) + b"\n" for r in records]
+    folder.mkdir(parents=True)
+    for k in range(shards):
+        (folder / f"{k:03d}.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(b"".join(lines[k::shards])))
+    return sum(map(len, lines))
 
 
 def end_to_end(docs: list[str], redis_url: str | None) -> dict:
     work = Path(tempfile.mkdtemp(prefix="evalm-bench-"))
     try:
-        (work / "in").mkdir()
         subsets = ["Pile-CC", "Wikipedia (en)", "Books3", "OpenWebText2"]
-        lines = [orjson.dumps({"text": d, "meta": {"pile_set_name": subsets[i % 4]}}) for i, d in enumerate(docs)]
-        for k in range(4):
-            raw = b"".join(x + b"\n" for x in lines[k::4])
-            (work / "in" / f"{k}.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(raw))
-        megabytes = sum(len(x) + 1 for x in lines) / 1e6
+        megabytes = write_shards(work / "in", [{"text": d, "meta": {"pile_set_name": subsets[i % 4]}}
+                                               for i, d in enumerate(docs)], 4) / 1e6
         cfg = work / "data.toml"
         cfg.write_text("[filter.default]\nmax_word_repetition = 1.0\nmax_char_repetition = 1.0\nmin_stopword_ratio = 0.0\n")
         result = {"input_MB": megabytes}
@@ -171,39 +159,24 @@ def end_to_end(docs: list[str], redis_url: str | None) -> dict:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--samples", type=Path, default=Path("data/samples"), help="output of `evalm data samples`")
-    parser.add_argument("--docs", type=int, default=4000, help="synthetic documents for the fingerprint part")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--fingerprint-only", action="store_true")
-    parser.add_argument("--pairs", type=int, default=400)
-    parser.add_argument("--e2e-docs", type=int, default=4000)
-    parser.add_argument("--redis-url")
-    args = parser.parse_args()
+def main(samples: Path = Path("data/samples"), docs: int = 4000, repeats: int = 3, fingerprint_only: bool = False,
+         e2e_docs: int = 4000, redis_url: str | None = None) -> None:
     from loguru import logger  # datatrove's logger: keep the figures readable
 
     logger.remove()
+    print(timing.machine())
     report = {"fingerprint": []}
-    if (args.samples / "pile").is_dir():
-        report["fingerprint"].append(fingerprint_throughput(sample_docs(args.samples), f"real: {args.samples}/pile", args.repeats))
+    if (samples / "pile").is_dir():
+        report["fingerprint"].append(fingerprint_throughput(sample_docs(samples), f"real: {samples}/pile", repeats))
     else:
-        print(f"{args.samples}/pile not found (run `evalm data samples`): fingerprint figures on synthetic text only")
-    synthetic = f"synthetic: Zipf(1.1) over 200k words, {args.docs} documents"
-    report["fingerprint"].append(fingerprint_throughput(zipf_docs(args.docs, 0), synthetic, args.repeats))
-    if args.fingerprint_only:
-        print(json.dumps(report, indent=2))
-        return
-    report["lsh_recall"] = recall(args.pairs, 1)
-    url, proc = (args.redis_url, None) if args.redis_url else _redis_server()
-    try:
-        report["end_to_end_2_workers"] = end_to_end(zipf_docs(args.e2e_docs, 2), url)
-    finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(timeout=10)
+        print(f"{samples}/pile not found (run `evalm data samples`): fingerprint figures on synthetic text only")
+    synthetic = f"synthetic: Zipf(1.1) over 200k words, {docs} documents"
+    report["fingerprint"].append(fingerprint_throughput(zipf_docs(docs, 0), synthetic, repeats))
+    if not fingerprint_only:
+        with redis_server(redis_url) as url:
+            report["end_to_end_2_workers"] = end_to_end(zipf_docs(e2e_docs, 2), url)
     print(json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(timing.cli(main, __doc__))

@@ -21,13 +21,10 @@ Run: python benchmarks/dedup_datatrove.py [--docs 20000] [--tasks 4] [--no-clust
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import resource
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from contextlib import nullcontext
@@ -36,7 +33,8 @@ from pathlib import Path
 import orjson
 import zstandard
 
-from dedup import _redis_server, zipf_docs  # benchmarks/dedup.py (this folder is sys.path[0] as a script)
+import timing
+from dedup import redis_server, write_shards, zipf_docs  # benchmarks/dedup.py (this folder is sys.path[0] as a script)
 
 CLOSE = (0.97, 0.96)
 FAR = (0.90, 0.85, 0.80)
@@ -56,11 +54,11 @@ def corpus(folder: Path, docs: int, tasks: int) -> dict[str, str]:
     rng = random.Random(0)
     groups = docs // (4 * GROUP)  # a fifth of the documents in groups
     texts = zipf_docs(groups + docs - groups * GROUP, seed=11)
-    truth, lines = {}, []
+    truth, records = {}, []
 
     def add(doc_id: str, words: list[str], kind: str) -> None:
         truth[doc_id] = kind
-        lines.append(orjson.dumps({"id": doc_id, "text": " ".join(words), "meta": {"pile_set_name": "Pile-CC"}}))
+        records.append({"id": doc_id, "text": " ".join(words), "meta": {"pile_set_name": "Pile-CC"}})
 
     for g in range(groups):
         base = texts[g].split()
@@ -71,11 +69,8 @@ def corpus(folder: Path, docs: int, tasks: int) -> dict[str, str]:
             add(f"g{g}-f{j}", variant(base, j, f"g{g}f{j}", rng), f"far-{j}")
     for u, text in enumerate(texts[groups:]):
         add(f"u{u}", text.split(), "unique")
-    rng.shuffle(lines)
-    folder.mkdir(parents=True)
-    for t in range(tasks):
-        raw = b"".join(x + b"\n" for x in lines[t::tasks])
-        (folder / f"{t:03d}.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(raw))
+    rng.shuffle(records)
+    write_shards(folder, records, tasks)
     return truth
 
 
@@ -135,19 +130,18 @@ def run_datatrove(work: Path, tasks: int) -> dict:
     return {"removed": removed, "index_bytes": on_disk, "index_nodes": None}
 
 
-def child(run: str, work: Path, tasks: int, redis_url: str | None) -> None:
-    """One contender in this process: print its result, time and peak RSS as one JSON line."""
+def contender(run: str, work: str, tasks: int, redis_url: str | None) -> dict:
+    """One child: one contender's result, time and peak RSS."""
     from loguru import logger
 
     logger.remove()
     start = time.perf_counter()
-    out = run_datatrove(work, tasks) if run == "datatrove" else run_ours(work, tasks, redis_url)
+    out = run_datatrove(Path(work), tasks) if run == "datatrove" else run_ours(Path(work), tasks, redis_url)
     seconds = time.perf_counter() - start
     # VmHWM, not RUSAGE_SELF: Linux carries the forking parent's RSS high-water mark across exec
     # into ru_maxrss, so every contender would read at least the parent's size
-    hwm_kib = int(next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith("VmHWM")).split()[1])
-    rss_kib = max(hwm_kib, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
-    print(json.dumps(out | {"seconds": seconds, "peak_rss_mib": rss_kib / 1024}))
+    rss_mib = max(timing.status_mib("VmHWM"), resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024)
+    return out | {"seconds": seconds, "peak_rss_mib": rss_mib}
 
 
 def score(removed: list[str], truth: dict[str, str]) -> dict:
@@ -162,42 +156,22 @@ def score(removed: list[str], truth: dict[str, str]) -> dict:
             "false_removals": false, "far_variant_removal_rate": far, "groups_that_lost_all": all_lost}
 
 
-def contender(name: str, work: Path, tasks: int, url: str | None) -> dict:
-    cmd = [sys.executable, __file__, "--run", name, "--work", str(work), "--tasks", str(tasks)]
-    cmd += ["--redis-url", url] if url else []
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode:
-        raise SystemExit(f"{name} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--docs", type=int, default=20000, help="documents in the corpus (default 20000)")
-    parser.add_argument("--tasks", type=int, default=4, help="tasks of every per-shard step (default 4)")
-    parser.add_argument("--no-cluster", action="store_true", help="skip the 3-node Redis Cluster (default: run it)")
-    parser.add_argument("--run", help=argparse.SUPPRESS)
-    parser.add_argument("--work", type=Path, help=argparse.SUPPRESS)
-    parser.add_argument("--redis-url", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.run:
-        return child(args.run, args.work, args.tasks, args.redis_url)
+def main(docs: int = 20000, tasks: int = 4, no_cluster: bool = False) -> None:
     from evalm.data_pipeline.dedup_cluster import LocalCluster, binaries
 
+    print(timing.machine())
     root = Path(tempfile.mkdtemp(prefix="evalm-vs-datatrove-"))
-    url, server = _redis_server()
     try:
-        truth = corpus(root / "in", args.docs, args.tasks)
-        runs = {"ours_memory": None, "ours_redis": url, "datatrove": None}
-        report = {"documents": len(truth), "groups": sum(v == "base" for v in truth.values()), "tasks": args.tasks}
-        with LocalCluster(root / "cluster") if binaries() and not args.no_cluster else nullcontext() as cluster:
-            if cluster is not None:
-                runs["ours_cluster_3_nodes"] = cluster.url
+        with redis_server() as url, LocalCluster(root / "cluster") if binaries() and not no_cluster else nullcontext() as cluster:
+            truth = corpus(root / "in", docs, tasks)
+            runs = {"ours_memory": None, "ours_redis": url, "datatrove": None}
+            runs |= {"ours_cluster_3_nodes": cluster.url} if cluster is not None else {}
+            report = {"documents": len(truth), "groups": sum(v == "base" for v in truth.values()), "tasks": tasks}
             for name, u in runs.items():
                 work = root / name
                 work.mkdir()
                 (work / "in").symlink_to(root / "in")
-                out = contender("datatrove" if name == "datatrove" else "ours", work, args.tasks, u)
+                out = timing.child(__file__, "contender", "datatrove" if name == "datatrove" else "ours", str(work), tasks, u)
                 report[name] = {k: v for k, v in out.items() if k != "removed"} | score(out["removed"], truth)
         base = report["datatrove"]
         for name in runs:
@@ -205,10 +179,8 @@ def main() -> None:
             report[name]["rss_vs_datatrove"] = report[name]["peak_rss_mib"] / base["peak_rss_mib"]
         print(json.dumps(report, indent=2))
     finally:
-        server.terminate()
-        server.wait(timeout=10)
         shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(timing.cli(main, __doc__, {"contender": contender}))

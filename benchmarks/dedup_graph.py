@@ -8,33 +8,27 @@
    components of the verified edges (scipy), the grouped documents, survivors by priority; time
    and peak traced memory (tracemalloc sees numpy's and scipy's buffers), against the previous
    step's per-document Python lists of ids, subsets and lengths (built here, measured the same way).
-3. Redis: `redis-benchmark` SADD/HSET ops/s and our own loop (dedup_index.BandIndex insert and
-   query on the LSH of 8 x 16) in documents/s, on a private redis-server started on a free port.
-Then the projection to the Pile (210M documents), linear in documents and pairs.
+The Redis index's throughput and bytes per document are benchmarks/dedup_memory.py's.
 
 Synthetic candidates: a fraction `--dup-fraction` of the documents sit in planted near-duplicate
 clusters of 2-5 (J ~ 0.97), plus as many false-positive pairs (J ~ 0.8) as LSH at 8 x 16 lets
 through; each document in a pair has `--tokens` distinct tokens.
-Run: python benchmarks/dedup_graph.py [--docs 1000000] [--tokens 300] [--redis-docs 20000]
+Run: python benchmarks/dedup_graph.py [--docs 1000000] [--tokens 300] [--dup-fraction 0.1]
 Figures on a shared 2-core machine are noisy (other jobs share the cores): read the ratios.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import shutil
-import subprocess
 import time
 import tracemalloc
 
 import numpy as np
 
+import timing
 from evalm.data_pipeline import dedup_graph
 from evalm.data_pipeline.dedup_verify import jaccard
-from dedup import _redis_server  # benchmarks/dedup.py (this folder is sys.path[0] when run as a script)
 
-PILE_DOCS = 210_000_000
 SUBSETS = np.array(["Pile-CC", "Wikipedia (en)", "Books3", "Github", "DM Mathematics"])
 
 
@@ -116,86 +110,24 @@ def graph_step(n: int, edges: np.ndarray, rng: np.random.Generator) -> dict:
             "peak_mib": peak / 2**20, "old_metadata_lists_seconds": old_seconds, "old_metadata_lists_mib": old_peak / 2**20}
 
 
-def bench_redis(docs: int) -> dict:
-    """redis-benchmark SADD/HSET, then LSH insert and query documents/s through the index (dedup_index.py)."""
-    import redis
-
-    from evalm.data_pipeline import dedup_index
-    from evalm.data_pipeline.minhash import Fingerprinter
-
-    url, server = _redis_server()  # benchmarks/dedup.py's: a private server on a free port
-    port = redis.connection.parse_url(url)["port"]
-    try:
-        ops = {}
-        for pipeline in (1, 16):  # one command per round trip, and 16 (as insertion_session batches)
-            out = subprocess.run(["redis-benchmark", "-p", str(port), "-t", "sadd,hset", "-n", "200000", "-P",
-                                  str(pipeline), "--csv"], capture_output=True, text=True).stdout
-            rows = [line.replace('"', "").split(",") for line in out.splitlines()[1:]]
-            ops |= {f"{row[0]}_pipeline{pipeline}": float(row[1]) for row in rows}
-        rng = np.random.default_rng(0)
-        sigs = Fingerprinter(128, 1).signatures([{f"w{x}" for x in rng.integers(0, 10**6, 300)} for _ in range(docs)])
-        index = dedup_index.BandIndex(dedup_index.open_servers(url, 8), b"bench", 8, 16, docs)
-        t0 = time.perf_counter()
-        index.insert(0, 0, sigs)
-        t1 = time.perf_counter()
-        sum(1 for _ in index.query(0, sigs))
-        t2 = time.perf_counter()
-        return {"redis_benchmark_ops_per_s": ops, "lsh_insert_docs_per_s": docs / (t1 - t0),
-                "lsh_query_docs_per_s": docs / (t2 - t1), "docs": docs}
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
-
-
-def projection(small: dict, big: dict, verify: dict, redis_stats: dict | None, tasks: int) -> dict:
-    """Pile scale, linear in documents: a line through the two measured sizes."""
-    scale = PILE_DOCS / big["documents"]
-
-    def line(key: str) -> float:  # through (small, big), evaluated at the Pile's size
-        slope = (big[key] - small[key]) / (big["documents"] - small["documents"])
-        return small[key] + slope * (PILE_DOCS - small["documents"])
-
-    pairs = big["edges"] * scale / big["true_fraction"]
-    out = {"pile_documents": PILE_DOCS, "pile_candidate_pairs": pairs, "pile_edges": big["edges"] * scale,
-           "graph_step_seconds": line("seconds"), "graph_step_gib": line("peak_mib") / 1024,
-           "old_metadata_lists_gib": big["old_metadata_lists_mib"] * scale / 1024,
-           f"verify_hours_on_{tasks}_tasks": pairs / verify["hashed_pairs_per_s"] / tasks / 3600,
-           "verify_hours_one_task_string_sets": pairs / verify["string_sets_pairs_per_s"] / 3600}
-    if redis_stats:  # a document is 8 bucket HSETs; a query reads 8 buckets
-        out["lsh_insert_hours_one_client"] = PILE_DOCS / redis_stats["lsh_insert_docs_per_s"] / 3600
-        out["lsh_query_hours_one_client"] = PILE_DOCS / redis_stats["lsh_query_docs_per_s"] / 3600
-        hset = redis_stats["redis_benchmark_ops_per_s"]["HSET_pipeline16"]
-        out["lsh_insert_hours_one_redis_saturated"] = PILE_DOCS * 8 / hset / 3600
-        out[f"lsh_insert_hours_{tasks}_clients"] = max(out["lsh_insert_hours_one_client"] / tasks,
-                                                       out["lsh_insert_hours_one_redis_saturated"])
-    return out
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--docs", type=int, default=1_000_000, help="documents of the big graph (default 1M)")
-    parser.add_argument("--tokens", type=int, default=300, help="distinct tokens per document in a pair (default 300)")
-    parser.add_argument("--dup-fraction", type=float, default=0.1, help="documents in planted clusters (default 0.1)")
-    parser.add_argument("--verify-sample", type=int, default=20000, help="pairs timed in part 1 (default 20000)")
-    parser.add_argument("--redis-docs", type=int, default=20000, help="documents for the Redis loop; 0 skips it (default 20000)")
-    parser.add_argument("--tasks", type=int, default=300, help="verify tasks assumed in the projection (default 300)")
-    args = parser.parse_args()
+def main(docs: int = 1_000_000, tokens: int = 300, dup_fraction: float = 0.1, verify_sample: int = 20000) -> None:
+    print(timing.machine())
     rng = np.random.default_rng(0)
     sizes = {}
-    for n in (args.docs // 4, args.docs):
-        true, false = candidates(n, args.dup_fraction, rng)
-        if n == args.docs:  # verification on this graph's own pairs: true and false alike
-            mixed = np.concatenate([true[: args.verify_sample // 2], false[: args.verify_sample // 2]])
-            sets = token_arrays(true[: args.verify_sample // 2], args.tokens, 0.97, rng)
-            sets.update(token_arrays(false[: args.verify_sample // 2], args.tokens, 0.8, rng))
-            verify = bench_verify(sets, mixed, args.verify_sample)
-        sizes[n] = graph_step(n, true, rng) | {"true_fraction": len(true) / (len(true) + len(false))}
-    redis_stats = bench_redis(args.redis_docs) if args.redis_docs and shutil.which("redis-server") else None
-    small, big = sizes[args.docs // 4], sizes[args.docs]
-    report = {"verify": verify, "graph": list(sizes.values()), "redis": redis_stats,
-              "projection": projection(small, big, verify, redis_stats, args.tasks)}
-    print(json.dumps(report, indent=2))
+    for n in (docs // 4, docs):
+        true, false = candidates(n, dup_fraction, rng)
+        if n == docs:  # verification on this graph's own pairs: true and false alike
+            mixed = np.concatenate([true[: verify_sample // 2], false[: verify_sample // 2]])
+            sets = token_arrays(true[: verify_sample // 2], tokens, 0.97, rng)
+            sets.update(token_arrays(false[: verify_sample // 2], tokens, 0.8, rng))
+            verify = bench_verify(sets, mixed, verify_sample)
+        sizes[n] = graph_step(n, true, rng)
+    big = sizes[docs]
+    print(json.dumps({"verify": verify, "graph": list(sizes.values())}, indent=2))
+    print(f"verify: hashed arrays vs string sets {timing.ratio(verify['hashed_pairs_per_s'], verify['string_sets_pairs_per_s'])}; "
+          f"graph step at {docs:,} documents: {big['peak_mib']:.1f} MiB vs the old lists' "
+          f"{big['old_metadata_lists_mib']:.1f} MiB ({timing.ratio(big['old_metadata_lists_mib'], big['peak_mib'])} less)")
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(timing.cli(main, __doc__))

@@ -10,36 +10,29 @@ persistence), one encoding at a time on an emptied server:
 Figures per document: `INFO memory` used_memory after minus before (what the server really
 spends, its key dictionary included), and the sum of `MEMORY USAGE key SAMPLES 0` over the keys;
 with them, one client's documents/s inserted (all) and queried (the first 5,000), same run.
-Then the same compact index on a 3-node Redis Cluster (data_pipeline/dedup_cluster.py): each
-node's used_memory growth, to show the band split; and the projection to the Pile's 210M
-documents per node for 1, 3 and 8 nodes (a band is one slot, so one node holds
-ceil(bands / nodes) bands at most).
+The index's split over a Redis Cluster's nodes (a band is one slot) is in every dedup run's manifest
+(`redis.nodes`: each node's keys and bytes), printed by benchmarks/dedup_datatrove.py's cluster contender.
 
 The compact index keeps its fill (fields per hash) within [32, 64) at any size, so bytes per
-document measured at 10^5 documents hold at 2 x 10^8; its fields there are one byte shorter (fewer
-digest bits left after the hash's k bits), so the projection slightly overstates.
-Run: python benchmarks/dedup_memory.py [--docs 25000,100000] [--no-cluster]
+document measured at 10^5 documents hold at 2 x 10^8 (its fields there are one byte shorter: fewer
+digest bits left after the hash's k bits).
+Run: python benchmarks/dedup_memory.py [--docs 25000,100000]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import math
-import tempfile
 import time
-from pathlib import Path
 
 import numpy as np
 import redis
 from datasketch import MinHashLSH
 
-from dedup import _redis_server, zipf_docs  # benchmarks/dedup.py (this folder is sys.path[0] as a script)
+import timing
+from dedup import redis_server, zipf_docs  # benchmarks/dedup.py (this folder is sys.path[0] as a script)
 from evalm.data_pipeline import dedup_index
-from evalm.data_pipeline.dedup_cluster import LocalCluster, binaries
 from evalm.data_pipeline.minhash import Fingerprinter, lean, token_set
 
-PILE_DOCS = 210_000_000
 BANDS, ROWS = 8, 16
 QUERIED = 5000
 
@@ -55,19 +48,6 @@ def signatures(n: int) -> np.ndarray:
 
 def used(client: redis.Redis) -> int:
     return int(client.info("memory")["used_memory"])
-
-
-def key_bytes(client: redis.Redis) -> tuple[int, int]:
-    """(keys, sum of MEMORY USAGE) over every key of the server."""
-    keys, total = 0, 0
-    pipe = client.pipeline(transaction=False)
-    for key in client.scan_iter(count=1000):
-        pipe.memory_usage(key, samples=0)
-        keys += 1
-        if len(pipe) == 1000:
-            total += sum(x or 0 for x in pipe.execute())
-    total += sum(x or 0 for x in pipe.execute())
-    return keys, total
 
 
 def build_before(url: str, sigs: np.ndarray):
@@ -94,7 +74,7 @@ def build_after(url: str, sigs: np.ndarray):
     return query
 
 
-def measure_one(url: str, sigs: np.ndarray, build) -> dict:
+def measure_one(url: str, sigs: np.ndarray, build, namespace: bytes) -> dict:
     """Memory per document, and documents/s inserted (all) and queried (the first QUERIED)."""
     client = redis.Redis.from_url(url)
     client.flushall()
@@ -105,7 +85,8 @@ def measure_one(url: str, sigs: np.ndarray, build) -> dict:
     query(sigs[:QUERIED])
     t2 = time.perf_counter()
     grown = used(client) - start
-    keys, usage = key_bytes(client)
+    nodes = dedup_index.measure(url, namespace, BANDS).values()  # MEMORY USAGE of every key of the run
+    keys, usage = sum(n["keys"] for n in nodes), sum(n["bytes"] for n in nodes)
     client.flushall()
     n = len(sigs)
     return {"documents": n, "keys": keys, "keys_per_document": keys / n, "used_memory_bytes": grown,
@@ -113,58 +94,19 @@ def measure_one(url: str, sigs: np.ndarray, build) -> dict:
             "insert_docs_per_s": n / (t1 - t0), "query_docs_per_s": min(QUERIED, n) / (t2 - t1)}
 
 
-def on_cluster(sigs: np.ndarray) -> dict:
-    with tempfile.TemporaryDirectory(prefix="evalm-cluster-") as root, LocalCluster(Path(root), nodes=3) as cluster:
-        clients = [cluster.client(i) for i in range(3)]
-        start = [used(c) for c in clients]
-        build_after(cluster.url, sigs)
-        grown = [used(c) - s for c, s in zip(clients, start)]
-        tags = [sorted({k[k.index(b"{") + 1:k.index(b"}")].decode() for k in c.keys(b"evalm:*")}) for c in clients]
-    return {"documents": len(sigs), "per_node_used_memory_bytes": grown, "per_node_bands": tags,
-            "per_node_bytes_per_document": [g / len(sigs) for g in grown]}
-
-
-def projection(before: dict, after: dict) -> dict:
-    """GiB on the fullest node at 210M documents: one band is one slot, so one node holds
-    ceil(bands / nodes) bands of the index at most."""
-    out = {}
-    for nodes in (1, 3, 8):
-        share = math.ceil(BANDS / nodes) / BANDS
-        out[f"{nodes}_nodes"] = {
-            "bands_on_fullest_node": math.ceil(BANDS / nodes),
-            "after_gib_per_node": after["used_memory_bytes_per_document"] * PILE_DOCS * share / 2**30,
-            "before_gib_per_node": before["used_memory_bytes_per_document"] * PILE_DOCS * share / 2**30,
-        }
-    out["note"] = ("before: datasketch's keys carry no hash tag, so a cluster would not keep a band on one node; "
-                   "its figure is the same split for comparison only")
-    return out
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--docs", default="25000,100000", help="comma-separated document counts (default 25000,100000)")
-    parser.add_argument("--no-cluster", action="store_true", help="skip the 3-node cluster part (default: run it)")
-    args = parser.parse_args()
-    sizes = [int(x) for x in args.docs.split(",")]
-    url, server = _redis_server()
+def main(docs: str = "25000,100000") -> None:
+    print(timing.machine())
     report: dict = {"standalone": []}
-    try:
-        for n in sizes:
+    with redis_server() as url:
+        for n in (int(x) for x in docs.split(",")):
             sigs = signatures(n)
-            before, after = measure_one(url, sigs, build_before), measure_one(url, sigs, build_after)
+            before, after = measure_one(url, sigs, build_before, b"evalm:before"), measure_one(url, sigs, build_after, b"evalm:after")
             ratio = before["used_memory_bytes_per_document"] / after["used_memory_bytes_per_document"]
             speed = {k: after[k] / before[k] for k in ("insert_docs_per_s", "query_docs_per_s")}
             report["standalone"].append({"before": before, "after": after, "before_over_after": ratio,
                                          "after_speed_over_before": speed})
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
-    last = report["standalone"][-1]
-    report["projection_210M"] = projection(last["before"], last["after"])
-    if not args.no_cluster and binaries():
-        report["cluster_3_nodes"] = on_cluster(sigs)
     print(json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(timing.cli(main, __doc__))

@@ -14,59 +14,44 @@ is printed. On a machine with fewer free cores than ranks the ratio says so, not
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import timing
+from evalm.data_pipeline.dedup_cluster import free_ports
 from evalm.icl_eval.protocol.units import without_execution
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _inputs(root: Path, items: int, n_books: int) -> tuple[Path, Path, Path]:
     """(exported model, task file, books folder) under `root`."""
-    import torch
-
-    from evalm import EvalmModel, ModelConfig
+    from evalm.icl_eval.tasks.folder import write_task_folder
+    from evalm.icl_eval.tasks.task import Task
     from evalm.io import save_model
 
-    torch.manual_seed(0)
-    model = EvalmModel(ModelConfig(vocab_size=257, d_model=64, n_layer=2, n_head=4, d_ff=256, window_size=16,
-                                   chunk_size=4, circular_period=4096, dropout=0.0, attn_dropout=0.0))
-    model.init_weights()
-    folder = save_model(model, root / "model")
+    folder = save_model(timing.random_model(circular_period=4096), root / "model")
     rng = random.Random(0)
     rows = [{"text": " ".join(rng.choice(("good", "bad", "fine", "dull", "fun")) for _ in range(8)), "label": i % 2}
             for i in range(64 + items)]
-    task = root / "task"
-    task.mkdir(parents=True, exist_ok=True)
-    for split, part in (("train", rows[:64]), ("test", rows[64:])):
-        (task / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))
-    (task / "task.toml").write_text('[task]\ntemplate = "{text} {label}"\nlabels = ["no", "yes"]\n'
-                                    'train = "train.jsonl"\ntest = "test.jsonl"\n')
+    task, _ = write_task_folder(root / "task", Task("bench", "{text} {label}", ("no", "yes")),
+                                {"train": rows[:64], "test": rows[64:]})
     books = root / "books"
     books.mkdir(exist_ok=True)
     for b in range(n_books):
         words = ("".join(rng.choice("abcdefgh") for _ in range(rng.randint(1, 7))) for _ in range(2000))
         (books / f"book{b}.txt").write_text(" ".join(words))
-    return folder, task / "task.toml", books
+    return folder, task, books
 
 
 def timed(argv: list[str], world: int) -> float:
     """Seconds of wall time of `python -m evalm.icl_eval ARGV` on `world` ranks."""
-    port, procs = _free_port(), []
+    port, procs = free_ports(1)[0], []
     t0 = time.perf_counter()
     for rank in range(world):
         env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
@@ -83,33 +68,28 @@ def timed(argv: list[str], world: int) -> float:
     return seconds
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
-    p.add_argument("--ranks", type=int, default=2, help="ranks of the sharded arm (default: 2)")
-    p.add_argument("--seeds", default="1,2,3,4", help="icl draw seeds (default: 1,2,3,4)")
-    p.add_argument("--shots", default="0,16,32,64", help="icl shot counts (default: 0,16,32,64)")
-    p.add_argument("--items", type=int, default=32, help="icl test items (default: 32)")
-    p.add_argument("--books", type=int, default=8, help="ppl books of ~9,000 byte tokens, scored to 8,192 (default: 8)")
-    p.add_argument("--out", default="runs/bench-eval-ranks", help="working folder (default: runs/bench-eval-ranks)")
-    args = p.parse_args(argv)
-    root = Path(args.out)
-    model, task, books = _inputs(root, args.items, args.books)
+def main(ranks: int = 2, seeds: str = "1,2,3,4", shots: str = "0,16,32,64", items: int = 32, books: int = 8,
+         out: str = "runs/bench-eval-ranks") -> None:
+    """`books` of ~9,000 byte tokens scored to 8,192; `out` the working folder."""
+    print(timing.machine())
+    root = Path(out)
+    model, task, folder = _inputs(root, items, books)
     commands = {
         "icl": ["icl", "--checkpoint", str(model), "--task", str(task), "--methods", "incremental,concat",
-                "--shots", args.shots, "--seeds", args.seeds],
-        "ppl": ["ppl", "--checkpoint", str(model), "--books", str(books), "--lengths", "1024,8192"],
+                "--shots", shots, "--seeds", seeds],
+        "ppl": ["ppl", "--checkpoint", str(model), "--books", str(folder), "--lengths", "1024,8192"],
     }
-    print(f"{'command':>8} {'units':>6} {'1 rank s':>9} {f'{args.ranks} ranks s':>10} {'ratio':>6}")
+    print(f"{'command':>8} {'units':>6} {'1 rank s':>9} {f'{ranks} ranks s':>10} {'ratio':>6}")
     for name, command in commands.items():
-        one, many = root / f"{name}-1", root / f"{name}-{args.ranks}"
+        one, many = root / f"{name}-1", root / f"{name}-{ranks}"
         t1 = timed([*command, "--out", str(one), "--overwrite"], 1)
-        tn = timed([*command, "--out", str(many), "--overwrite"], args.ranks)
+        tn = timed([*command, "--out", str(many), "--overwrite"], ranks)
         a, b = (json.loads((d / "results.json").read_text()) for d in (one, many))
         if without_execution(a) != without_execution(b):
-            raise SystemExit(f"{name}: results.json of {args.ranks} ranks differs from one process")
-        print(f"{name:>8} {a['execution']['units']:>6} {t1:>9.1f} {tn:>10.1f} {t1 / tn:>5.2f}x")
-    print(f"(wall time per command, process start to end; results.json equal; {os.cpu_count()} cores on this machine)")
+            raise SystemExit(f"{name}: results.json of {ranks} ranks differs from one process")
+        print(f"{name:>8} {a['execution']['units']:>6} {t1:>9.1f} {tn:>10.1f} {timing.ratio(t1, tn):>6}")
+    print("(wall time per command, process start to end; results.json equal)")
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(timing.cli(main, __doc__))

@@ -2,10 +2,10 @@
 
     python benchmarks/gpu.py --out OUT [--budget 450] [--sections attention train cache]
 
-Writes OUT/gpu.json (every figure; rewritten after each row) and OUT/gpu.md, printing the tables last. A
-section or row that would start past the budget is skipped and says so. Every ratio is against a
-baseline measured in the same process on the same GPU. On the device it runs under
-scripts/device_run.sh (launcher/device_run.py), a section a process, after the CUDA tests.
+Writes OUT/gpu.json (every figure; rewritten after each row) and OUT/gpu.md (the tables of docs/results.md,
+launcher/gpu_tables.py's), printing the tables last. A section or row that would start past the budget is
+skipped and says so. Every ratio is against a baseline measured in the same process on the same GPU. On the
+device it runs under scripts/device_run.sh (launcher/device_run.py), a section a process, after the CUDA tests.
 
   attention  one EVA layer's attention (summaries, slots, one flex_attention call) forward + backward
              against PyTorch's Flash-2 SDPA (causal) and, where it takes the call, cuDNN's (`speedup_fastest`:
@@ -29,9 +29,8 @@ backward's five products, one recomputing the scores). MFU uses the vendor's den
 
 from __future__ import annotations
 
-import argparse
+import functools
 import json
-import os
 import statistics
 import sys
 import time
@@ -40,7 +39,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+import timing
 from evalm.config_toolkit.machine import device_name, peak_gpu_gib
+from evalm.storage import write_atomic
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "evalm-350m.toml"
@@ -49,15 +50,7 @@ TOKENS_PER_BATCH = 32768
 
 def sync_time(fn, repeats: int, warmup: int = 2) -> float:
     """Median seconds of fn() over `repeats` runs after `warmup`, with the GPU synchronised around each."""
-    [fn() for _ in range(warmup)]
-    times = []
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return timing.best_of(fn, repeats, warmup, pick=statistics.median, sync=torch.cuda.synchronize)
 
 
 def matmul_tflops() -> float:
@@ -135,20 +128,26 @@ def _peak_gib(fn) -> float:
     return (torch.cuda.max_memory_allocated() - base) / 2**30
 
 
-def attention(ctx: dict) -> dict:
-    rows = []
-    for n, dropout in ((8192, 0.0), (32768, 0.0), (8192, 0.1), (32768, 0.1), (131072, 0.0)):  # the goals' rows first
-        if time.perf_counter() > ctx["deadline"] - 30:
-            rows.append({"n": n, "dropout": dropout, "skipped": "budget"})
+def each_row(ctx: dict, section: str, plan: list[dict], margin_s: float, measure, rows: list[dict]) -> list[dict]:
+    """measure(**key) for each key of `plan` into `rows`, each saved as it ends: a row that would start within
+    `margin_s` of the deadline is skipped, a failed one recorded (one failed row is a finding; the others run)."""
+    for key in plan:
+        if time.perf_counter() > ctx["deadline"] - margin_s:
+            rows.append({**key, "skipped": "budget"})
             continue
         try:
-            rows.append(_attention_row(n, dropout))
-        except Exception as err:  # noqa: BLE001 (one failed length is a finding; the others still run)
-            rows.append({"n": n, "dropout": dropout, "skipped": f"{type(err).__name__}: {err}"[:500]})
-            print(f"attention n={n} dropout={dropout}: {rows[-1]['skipped']}", flush=True)
+            rows.append(measure(**key))
+        except Exception as err:  # noqa: BLE001 (the finding is the error; the section goes on)
+            rows.append({**key, "skipped": f"{type(err).__name__}: {err}"[:500]})
+            print(f"{section} {key}: {rows[-1]['skipped']}", flush=True)
         torch.cuda.empty_cache()
-        ctx["save"]("attention", rows)
-    return {"rows": rows}
+        ctx["save"](section, rows)
+    return rows
+
+
+def attention(ctx: dict) -> dict:
+    plan = [{"n": n, "dropout": d} for n, d in ((8192, 0.0), (32768, 0.0), (8192, 0.1), (32768, 0.1), (131072, 0.0))]
+    return {"rows": each_row(ctx, "attention", plan, 30, _attention_row, [])}  # the goals' rows first
 
 
 def _attention_row(n: int, dropout: float) -> dict:
@@ -186,7 +185,7 @@ class RandomLines:
         return np.random.default_rng(i).integers(0, self.vocab, self.seq_len + 1, dtype=np.int64), None
 
 
-def _train_row(attention_kind: str, n: int, runtime, steps: int, peaks: dict, compiled: bool = False) -> dict:
+def _train_row(attention: str, n: int, compiled: bool, runtime, steps: int, peaks: dict) -> dict:
     from evalm.config_toolkit import build, read_toml
     from evalm.train.config import OptimConfig
     from evalm.train.data import LineLoader
@@ -194,7 +193,7 @@ def _train_row(attention_kind: str, n: int, runtime, steps: int, peaks: dict, co
     from evalm.train.parallelize import BuildPlan, build_model
     from evalm.train.loop import Loop, make_optimizer, run_steps, train_step
 
-    config = model_config(attention=attention_kind)
+    config = model_config(attention=attention)
     model = build_model(config, runtime, BuildPlan(bf16=True, activation_checkpointing=True, compile_blocks=compiled))
     optimizer = make_optimizer(model, build(OptimConfig, read_toml(CONFIG)["optim"], where=str(CONFIG)))
     loader = LineLoader(RandomLines(n, config.vocab_size), rank=0, world_size=1, batch_size=TOKENS_PER_BATCH // n,
@@ -213,14 +212,14 @@ def _train_row(attention_kind: str, n: int, runtime, steps: int, peaks: dict, co
     profile = top_kernels(step) if n == 8192 else None
     flops = flops_per_token(matmul_params(model), config, n)
     tok_s = TOKENS_PER_BATCH / step_s
-    row = {"attention": attention_kind, "n": n, "compiled": compiled, "steps": steps, "step_s": step_s, "tokens_per_s": tok_s,
+    row = {"attention": attention, "n": n, "compiled": compiled, "steps": steps, "step_s": step_s, "tokens_per_s": tok_s,
            "flops_per_token": flops, "mfu_datasheet": tok_s * flops["total"] / peaks["datasheet"],
            "mfu_torchtitan": tok_s * flops["torchtitan"] / peaks["datasheet"],
            "mfu_measured_peak": tok_s * flops["total"] / peaks["measured"], "peak_gib": peak_gpu_gib("cuda"),
            "warmup_s": warm_s, "loss_first": losses[0], "loss_last": losses[-1], "profile": profile}
     del model, optimizer
     torch.cuda.empty_cache()
-    print(f"train {attention_kind} n={n}{' compiled' if compiled else ''}: {tok_s:,.0f} tok/s, MFU {100 * row['mfu_datasheet']:.1f}% "
+    print(f"train {attention} n={n}{' compiled' if compiled else ''}: {tok_s:,.0f} tok/s, MFU {100 * row['mfu_datasheet']:.1f}% "
           f"(measured peak: {100 * row['mfu_measured_peak']:.1f}%), {row['peak_gib']:.1f} GiB", flush=True)
     return row
 
@@ -229,32 +228,16 @@ def train(ctx: dict) -> dict:
     from evalm.train.parallelize import init_distributed
 
     runtime = init_distributed("cuda")
-    rows = []
     plan = [(8192, kind, False) for kind in ("eva", "full")]
     plan += [(8192, kind, True) for kind in ("eva", "full")] if ctx["compile"] else []  # train.compile, same run
     plan += [(32768, kind, False) for kind in ("eva", "full")]
-    for n, kind, compiled in plan:
-        if time.perf_counter() > ctx["deadline"] - 40:
-            rows.append({"attention": kind, "n": n, "compiled": compiled, "skipped": "budget"})
-            continue
-        try:
-            rows.append(_train_row(kind, n, runtime, ctx["train_steps"], ctx["peaks"], compiled))
-        except Exception as err:  # noqa: BLE001 (one failed row is a finding; the others still run)
-            rows.append({"attention": kind, "n": n, "compiled": compiled, "skipped": f"{type(err).__name__}: {err}"[:500]})
-            print(f"train {kind} n={n}: {rows[-1]['skipped']}", flush=True)
-            torch.cuda.empty_cache()
-        ctx["save"]("train", rows)
+
+    def row(attention: str, n: int, compiled: bool) -> dict:
+        return _train_row(attention, n, compiled, runtime, ctx["train_steps"], ctx["peaks"])
+
+    rows = each_row(ctx, "train", [{"attention": k, "n": n, "compiled": c} for n, k, c in plan], 40, row, [])
     torch.distributed.destroy_process_group()
     return {"rows": rows, "batch_tokens": TOKENS_PER_BATCH}
-
-
-def _scoring_model(kind: str):
-    from evalm import EvalmModel
-
-    torch.manual_seed(0)
-    model = EvalmModel(model_config(attention=kind, dropout=0.0, attn_dropout=0.0))
-    model.init_weights()
-    return model.to("cuda", torch.bfloat16).eval()
 
 
 @torch.no_grad()
@@ -278,63 +261,41 @@ def _item_seconds(model, context: torch.Tensor, items: int) -> tuple[float, floa
     return encode_s, sync_time(item, items, 3), cache.nbytes()
 
 
+def _cache_row(model, rng: np.random.Generator, attention: str, shots: int) -> dict:
+    tokens = sum(int(rng.integers(8, 15)) for _ in range(shots))
+    context = torch.from_numpy(rng.integers(0, model.config.vocab_size, (1, tokens))).cuda()
+    encode_s, item_s, nbytes = _item_seconds(model, context, 20)
+    kv = 2 * model.config.n_layer * tokens * model.config.d_model * 2  # bf16 K and V of every token
+    print(f"cache {attention} {shots} shots ({tokens} tokens): {item_s * 1e3:.2f} ms/item, "
+          f"{nbytes / 2**20:.1f} MiB (K/V {kv / 2**20:.1f} MiB)", flush=True)
+    return {"attention": attention, "shots": shots, "tokens": tokens, "encode_s": encode_s,
+            "item_ms": item_s * 1e3, "cache_mib": nbytes / 2**20, "kv_cache_mib": kv / 2**20}
+
+
 def cache(ctx: dict) -> dict:
-    rng = np.random.default_rng(0)
-    rows = []
+    rng, rows = np.random.default_rng(0), []
     for kind in ("eva", "full"):
-        model = _scoring_model(kind)
-        for shots in (16, 256, 2000):
-            if time.perf_counter() > ctx["deadline"] - 15:
-                rows.append({"attention": kind, "shots": shots, "skipped": "budget"})
-                continue
-            tokens = sum(int(rng.integers(8, 15)) for _ in range(shots))
-            context = torch.from_numpy(rng.integers(0, model.config.vocab_size, (1, tokens))).cuda()
-            encode_s, item_s, nbytes = _item_seconds(model, context, 20)
-            kv = 2 * model.config.n_layer * tokens * model.config.d_model * 2  # bf16 K and V of every token
-            rows.append({"attention": kind, "shots": shots, "tokens": tokens, "encode_s": encode_s,
-                         "item_ms": item_s * 1e3, "cache_mib": nbytes / 2**20, "kv_cache_mib": kv / 2**20})
-            print(f"cache {kind} {shots} shots ({tokens} tokens): {item_s * 1e3:.2f} ms/item, "
-                  f"{nbytes / 2**20:.1f} MiB (K/V {kv / 2**20:.1f} MiB)", flush=True)
-            ctx["save"]("cache", rows)
-        del model
-        torch.cuda.empty_cache()
+        plan = [{"attention": kind, "shots": s} for s in (16, 256, 2000)]
+        each_row(ctx, "cache", plan, 15, functools.partial(_cache_row, timing.random_model(str(CONFIG), attention=kind).to("cuda", torch.bfloat16), rng), rows)
+        torch.cuda.empty_cache()  # the model went with the partial
     return {"rows": rows}
 
 
 SECTIONS = {"attention": attention, "train": train, "cache": cache}  # the CUDA tests: launcher/device_run.py
 
 
-# ---------------------------------------------------------------------------------------- report
+def table(report: dict) -> str:
+    """The markdown tables of a report, written by launcher/gpu_tables.py as in docs/results.md."""
+    from evalm.launcher.gpu_tables import attention_lines, cache_lines, train_lines
 
-def _rows(section: dict, header: list[str], cells) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for row in section.get("rows", []):
-        lines.append("| " + " | ".join(cells(row) if "skipped" not in row else [str(row.get("n", row.get("shots")))]
-                                        + [f"skipped ({row['skipped']})"]) + " |")
-    return lines if "error" not in section else [f"error: {section['error']}"]
-
-
-def table(r: dict) -> str:
-    """The markdown tables of a report (docs/results.md, "EVA on a GPU")."""
-    out = [f"{r['device']}, torch {r['torch']} (CUDA {r['cuda']}), commit {r['commit'] or 'n/a'}; bf16 matrix products "
-           f"{r['peaks_tflops']['measured']:.0f} TFLOP/s measured here, {r['peaks_tflops']['datasheet']:.0f} datasheet", ""]
-    out += _rows(r.get("attention", {}), ["tokens", "batch", "attn dropout", "EVA ms", "Flash SDPA ms", "speed-up",
-                                          "FLOP limit", "EVA TFLOP/s", "SDPA TFLOP/s", "EVA GiB", "SDPA GiB"],
-                 lambda x: [f"{x['n']:,}", str(x["batch"]), str(x["dropout"]), f"{x['eva_ms']:.2f}", f"{x['sdpa_ms']:.2f}",
-                            f"{x['speedup']:.2f}x", f"{x['flop_limit']:.1f}x", f"{x['eva_tflops']:.0f}",
-                            f"{x['sdpa_tflops']:.0f}", f"{x['eva_peak_gib']:.2f}", f"{x['sdpa_peak_gib']:.2f}"]) + [""]
-    out += _rows(r.get("train", {}), ["tokens a line", "attention", "tokens/s", "step s", "MFU (datasheet)",
-                                      "MFU (measured peak)", "FLOPs/token: 6N + attention", "peak GiB", "loss first → last"],
-                 lambda x: [f"{x['n']:,}", x["attention"] + " compiled" * x.get("compiled", False),
-                            f"{x['tokens_per_s']:,.0f}", f"{x['step_s']:.3f}",
-                            f"{100 * x['mfu_datasheet']:.1f}%", f"{100 * x['mfu_measured_peak']:.1f}%",
-                            f"{x['flops_per_token']['params'] / 1e9:.2f}G + {x['flops_per_token']['attention'] / 1e9:.2f}G",
-                            f"{x['peak_gib']:.1f}", f"{x['loss_first']:.2f} → {x['loss_last']:.2f}"]) + [""]
-    out += _rows(r.get("cache", {}), ["attention", "shots", "tokens", "encode s", "ms per test item", "cache MiB",
-                                      "K/V cache MiB"],
-                 lambda x: [x["attention"], str(x["shots"]), f"{x['tokens']:,}", f"{x['encode_s']:.2f}",
-                            f"{x['item_ms']:.2f}", f"{x['cache_mib']:.1f}", f"{x['kv_cache_mib']:.1f}"])
-    return "\n".join(out) + f"\n\ntotal {r.get('total_s', 0):.0f} s\n"
+    peaks = report["peaks_tflops"]
+    out = [f"{report['device']}, torch {report['torch']} (CUDA {report['cuda']}), commit {report['commit'] or 'n/a'}; bf16 "
+           f"matrix products {peaks['measured']:.0f} TFLOP/s measured here, {peaks['datasheet']:.0f} datasheet"]
+    for name, lines in (("attention", attention_lines), ("train", train_lines), ("cache", cache_lines)):
+        section = report.get(name)
+        notes = [f"{name}: {k}: {section[k]}" for k in ("error", "skipped") if section and k in section]
+        out += ["", *(notes or lines(section and {"status": "ok", "result": section}))]
+    return "\n".join(out) + f"\n\ntotal {report.get('total_s', 0):.0f} s\n"
 
 
 def _saver(path: Path, report: dict):
@@ -344,37 +305,32 @@ def _saver(path: Path, report: dict):
     def save(name: str | None = None, rows: list[dict] | None = None) -> None:
         if name is not None:
             report[name] = {"rows": rows, "partial": True}
-        path.with_name(f".{path.name}.partial").write_text(json.dumps(report, indent=2, default=str))
-        os.replace(path.with_name(f".{path.name}.partial"), path)
+        write_atomic(path, json.dumps(report, indent=2, default=str))
     return save
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    parser.add_argument("--out", type=Path, required=True, help="folder for gpu.json and gpu.md (made if missing)")
-    parser.add_argument("--budget", type=float, default=450.0,
-                        help="seconds for all sections; a section (or a row) that would start too late is skipped (default 450)")
-    parser.add_argument("--sections", nargs="+", choices=list(SECTIONS), default=list(SECTIONS),
-                        help="which sections, in this order (default: all)")
-    parser.add_argument("--train-steps", type=int, default=30, help="timed optimizer steps per training row, after 2 warm-up steps (default 30)")
-    parser.add_argument("--compile", action="store_true", help="also train at 8k with each block compiled (train.compile)")
-    parser.add_argument("--commit", default="", help="the commit the run was made at (recorded in the report)")
-    args = parser.parse_args(argv)
+def main(out: Path, budget: float = 450.0, sections: list[str] = tuple(SECTIONS), train_steps: int = 30,
+         compile: bool = False, commit: str = "") -> int:
+    """`budget` seconds for all sections (a section or row that would start too late is skipped);
+    `train_steps` timed optimizer steps per training row after 2 warm-up steps; `compile` also trains at 8k
+    with each block compiled; `commit` the commit the run was made at (recorded)."""
+    if set(sections) - set(SECTIONS):
+        print(f"benchmarks/gpu.py: --sections takes {', '.join(SECTIONS)}", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("benchmarks/gpu.py: no CUDA GPU here; run it on a GPU machine", file=sys.stderr)
         return 2
     from evalm.train.metrics import peak_flops
 
     start = time.perf_counter()
-    args.out.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
     device = torch.device("cuda")
-    ctx = {"deadline": start + args.budget, "train_steps": args.train_steps, "out": args.out, "compile": args.compile,
+    ctx = {"deadline": start + budget, "train_steps": train_steps, "out": out, "compile": compile,
            "peaks": {"datasheet": peak_flops(device) or float("nan"), "measured": matmul_tflops() * 1e12}}
     report = {"device": device_name("cuda"), "torch": torch.__version__, "cuda": torch.version.cuda,
-              "commit": args.commit, "peaks_tflops": {k: v / 1e12 for k, v in ctx["peaks"].items()}}
-    ctx["save"] = _saver(args.out / "gpu.json", report)
-    for name in args.sections:
+              "commit": commit, "peaks_tflops": {k: v / 1e12 for k, v in ctx["peaks"].items()}}
+    ctx["save"] = _saver(out / "gpu.json", report)
+    for name in sections:
         t0 = time.perf_counter()
         if t0 > ctx["deadline"]:
             report[name] = {"skipped": "budget"}
@@ -389,10 +345,10 @@ def main(argv=None) -> int:
     report["total_s"] = time.perf_counter() - start
     ctx["save"]()
     text = table(report)
-    (args.out / "gpu.md").write_text(text)
+    (out / "gpu.md").write_text(text)
     print(text)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(timing.cli(main, __doc__))

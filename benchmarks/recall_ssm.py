@@ -15,10 +15,9 @@ on a CPU:
   state is not supported"), so a 262,144-token sequence would be one call holding
   (d_inner, 262144, N) floats per block. Here each segment starts from the previous one's state.
 
-`tests/benchmarks`-free check: `python benchmarks/recall_ssm.py` compares the logits with
-`MambaForCausalLM`'s own forward on the same tokens, whole and in segments (max difference printed,
-must be < 1e-4), then times both, and then the twin at the main job's tiny shape beside its EVA model
-(why the twin is not in `evalm run`: docs/findings.md).
+Timed here, same run: the twin's forward and backward against `transformers` with `mambapy`, then the twin at
+the main job's tiny shape beside its EVA model (why the twin is not in `evalm run`: docs/findings.md). That
+the twin's logits are `MambaForCausalLM`'s, whole and in segments, is tests/icl_eval/test_recall_study.py's.
 """
 
 from __future__ import annotations
@@ -28,31 +27,22 @@ import time
 import torch
 import torch.nn.functional as F
 
+import timing
 from evalm.mamba_twin import MambaTwin
 
 
-def main() -> None:
+def main(batch: int = 32, tokens: int = 256) -> None:
+    print(timing.machine())
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    twin = MambaTwin(512, 64, 4).eval()
-    tokens = torch.randint(0, 512, (2, 96))
-    with torch.no_grad():
-        ref = twin.hf(input_ids=tokens).logits
-        whole, _ = twin(tokens)
-        state, parts = None, []
-        for lo, hi in ((0, 1), (1, 40), (40, 41), (41, 96)):
-            out, state = twin(tokens[:, lo:hi], state)
-            parts.append(out)
-    print(f"max |twin - MambaForCausalLM|: whole {(whole - ref).abs().max():.2e}, "
-          f"in 4 segments {(torch.cat(parts, 1) - ref).abs().max():.2e}")
-    twin.train()
-    x = torch.randint(0, 512, (32, 256))
+    twin = MambaTwin(512, 64, 4).train()
+    x = torch.randint(0, 512, (batch, tokens))
     for name, run in (("twin", lambda: twin(x)[0]), ("transformers + mambapy", lambda: _mambapy(twin)(input_ids=x).logits)):
         t0 = time.perf_counter()
         logits = run()
         t1 = time.perf_counter()
         logits.float().logsumexp(-1).mean().backward()
-        print(f"{name}: forward {t1 - t0:.2f} s, backward {time.perf_counter() - t1:.2f} s (batch 32 x 256, width 64)")
+        print(f"{name}: forward {t1 - t0:.2f} s, backward {time.perf_counter() - t1:.2f} s (batch {batch} x {tokens}, width 64)")
     _main_job_cost()
 
 
@@ -81,7 +71,7 @@ def _main_job_cost() -> None:
             seconds[name] = time.perf_counter() - t0
         print(f"{name}: {seconds[name]:.2f} s per step of 8 x 1,024 tokens ({8 * 1023 / seconds[name]:,.0f} tokens/s)")
     eva, twin = seconds.values()
-    print(f"Mamba twin / EVA per training token: {twin / eva:.1f}x")
+    print(f"Mamba twin / EVA per training token: {timing.ratio(twin, eva)}")
 
 
 def _mambapy(twin: MambaTwin):
@@ -92,4 +82,4 @@ def _mambapy(twin: MambaTwin):
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(timing.cli(main, __doc__))

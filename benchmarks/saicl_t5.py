@@ -11,26 +11,15 @@ and 6.3x at 128 on an A6000 with T5-large; a tiny model on a shared CPU shows th
 
 from __future__ import annotations
 
-import argparse
-import json
-import resource
-import subprocess
-import sys
-import time
+import timing
 
 KINDS = ("full", "saicl", "fid")
-
-
-def _rss_mib() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * resource.getpagesize() / 2**20
 
 
 def measure(kind: str, k: int, d_model: int, layers: int, heads: int, demo_tokens: int, repeats: int) -> dict:
     """One child: a random T5 encoder, one prompt of k demos + test, min time over repeats, peak RSS."""
     import torch
 
-    from evalm.config_toolkit.machine import peak_rss_gib
     from evalm.icl_eval.models.t5 import T5Shape, encode, tiny_t5
 
     torch.manual_seed(0)
@@ -38,48 +27,25 @@ def measure(kind: str, k: int, d_model: int, layers: int, heads: int, demo_token
     g = torch.Generator().manual_seed(1)
     demos = [[tuple(torch.randint(1, 256, (demo_tokens,), generator=g).tolist()) for _ in range(k)]]
     test = [tuple(torch.randint(1, 256, (demo_tokens,), generator=g).tolist())]
-    start = _rss_mib()
-    with torch.no_grad():
-        encode(lm.model, kind, demos, test, lm.pad_id)  # warm-up at full size (allocator, thread pool)
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            encode(lm.model, kind, demos, test, lm.pad_id)
-            times.append(time.perf_counter() - t0)
-    peak = peak_rss_gib() * 1024
-    return {"seconds": min(times), "peak_mib": max(0.0, peak - start)}
+    start = timing.status_mib("VmRSS")
+    with torch.no_grad():  # the warm-up at full size: allocator, thread pool
+        seconds = timing.best_of(lambda: encode(lm.model, kind, demos, test, lm.pad_id), repeats)
+    return {"seconds": seconds, "peak_mib": max(0.0, timing.status_mib("VmHWM") - start)}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shots", type=int, nargs="+", default=[4, 16, 32, 64, 128], help="k (default 4..128)")
-    parser.add_argument("--demo-tokens", type=int, default=32, help="L, tokens per demonstration and test (32)")
-    parser.add_argument("--d-model", type=int, default=256, help="model width (256)")
-    parser.add_argument("--layers", type=int, default=2, help="encoder layers (2)")
-    parser.add_argument("--heads", type=int, default=4, help="attention heads (4)")
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs per point; the minimum is kept (3)")
-    parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.child:
-        print(json.dumps(measure(args.child[0], int(args.child[1]), args.d_model, args.layers, args.heads, args.demo_tokens, args.repeats)))
-        return
-    flags = ["--demo-tokens", str(args.demo_tokens), "--d-model", str(args.d_model), "--layers", str(args.layers),
-             "--heads", str(args.heads), "--repeats", str(args.repeats)]
-    print(f"L={args.demo_tokens} d_model={args.d_model} layers={args.layers}; time in ms, memory in MiB above start")
+def main(shots: list[int] = (4, 16, 32, 64, 128), demo_tokens: int = 32, d_model: int = 256, layers: int = 2,
+         heads: int = 4, repeats: int = 3) -> None:
+    print(timing.machine())
+    print(f"L={demo_tokens} d_model={d_model} layers={layers}; time in ms (best of {repeats}), memory in MiB above start")
     print(f"{'k':>5} {'tokens':>7} {'full ms':>9} {'saicl ms':>9} {'fid ms':>8} {'speed-up':>9} "
           f"{'full MiB':>9} {'saicl MiB':>10} {'fid MiB':>8} {'mem ratio':>9}")
-    for k in args.shots:
-        row = {}
-        for kind in KINDS:
-            out = subprocess.run([sys.executable, __file__, "--child", kind, str(k), *flags], check=True,
-                                 capture_output=True, text=True).stdout
-            row[kind] = json.loads(out.strip().splitlines()[-1])
-        f, s, d = row["full"], row["saicl"], row["fid"]
-        print(f"{k:>5} {(k + 1) * args.demo_tokens:>7} {1e3 * f['seconds']:>9.1f} {1e3 * s['seconds']:>9.1f} "
-              f"{1e3 * d['seconds']:>8.1f} {f['seconds'] / s['seconds']:>8.2f}x {f['peak_mib']:>9.0f} "
-              f"{s['peak_mib']:>10.0f} {d['peak_mib']:>8.0f} {f['peak_mib'] / max(s['peak_mib'], 1.0):>8.2f}x",
+    for k in shots:
+        f, s, d = (timing.child(__file__, "measure", kind, k, d_model, layers, heads, demo_tokens, repeats) for kind in KINDS)
+        print(f"{k:>5} {(k + 1) * demo_tokens:>7} {1e3 * f['seconds']:>9.1f} {1e3 * s['seconds']:>9.1f} "
+              f"{1e3 * d['seconds']:>8.1f} {timing.ratio(f['seconds'], s['seconds']):>9} {f['peak_mib']:>9.0f} "
+              f"{s['peak_mib']:>10.0f} {d['peak_mib']:>8.0f} {timing.ratio(f['peak_mib'], max(s['peak_mib'], 1.0)):>9}",
               flush=True)
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(timing.cli(main, __doc__, {"measure": measure}))

@@ -12,12 +12,13 @@ Measures, in one process (a world of one, the same FSDP2 + AdamW step as `evalm 
 
 from __future__ import annotations
 
-import argparse
-import json
+from json import dumps
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+import timing  # this folder's, before the folder leaves sys.path
 
 # Run as a script, this file's folder comes first on sys.path and its name `train` would shadow
 # the `train` package: drop that entry (`python -m benchmarks.train` needs no such help).
@@ -73,42 +74,38 @@ def loader_tokens_per_s(lines: PretrainLines, n_lines: int) -> float:
     return n_lines * lines.seq_len / (time.perf_counter() - started)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n")[0])
-    parser.add_argument("--seq-len", type=int, default=8192)
-    parser.add_argument("--steps", type=int, default=1, help="timed optimizer steps per attention (full: ~40 s each)")
-    parser.add_argument("--attn-dropout", type=float, default=None,
-                        help="override the config's attn_dropout (0 lets full attention use SDPA's fused CPU kernel)")
-    parser.add_argument("--json", default=None, help="also write the figures here")
-    args = parser.parse_args()
+def main(seq_len: int = 8192, steps: int = 1, attn_dropout: float | None = None, json: str | None = None) -> None:
+    """`steps` timed optimizer steps per attention (full: ~40 s each at 8k); `attn_dropout` overrides the
+    config's (0 lets full attention use SDPA's fused CPU kernel); `json` also writes the figures there."""
+    print(timing.machine())
     base = read_toml(ROOT / "configs" / "pretrain-tiny.toml")["model"]
     # the tiny shape, with positions covering the whole line
-    base = {**base, "circular_period": args.seq_len}
-    if args.attn_dropout is not None:
-        base["attn_dropout"] = args.attn_dropout
+    base = {**base, "circular_period": seq_len}
+    if attn_dropout is not None:
+        base["attn_dropout"] = attn_dropout
     runtime = init_distributed("cpu")
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            lines = PretrainLines(make_shards(Path(tmp), base["vocab_size"], 64 * args.seq_len), args.seq_len)
-            figures = {"seq_len": args.seq_len, "threads": torch.get_num_threads(),
+            lines = PretrainLines(make_shards(Path(tmp), base["vocab_size"], 64 * seq_len), seq_len)
+            figures = {"seq_len": seq_len, "threads": torch.get_num_threads(),
                        "model": {k: base[k] for k in ("d_model", "n_layer", "n_head", "window_size", "chunk_size",
                                                        "dropout", "attn_dropout")}}
             for attention in ("eva", "full"):
                 cfg = ModelConfig(**{**base, "attention": attention})
-                figures[f"train_tok_s_{attention}"] = trainer_tokens_per_s(cfg, runtime, lines, args.steps)
+                figures[f"train_tok_s_{attention}"] = trainer_tokens_per_s(cfg, runtime, lines, steps)
             figures["loader_tok_s"] = loader_tokens_per_s(lines, 200)
     finally:
         dist.destroy_process_group()
     figures["eva_over_full"] = figures["train_tok_s_eva"] / figures["train_tok_s_full"]
     figures["loader_over_trainer"] = figures["loader_tok_s"] / max(figures["train_tok_s_eva"], figures["train_tok_s_full"])
-    print(f"seq_len {args.seq_len}, {figures['threads']} thread(s), tiny model {figures['model']}")
+    print(f"seq_len {seq_len}, {figures['threads']} thread(s), tiny model {figures['model']}")
     print(f"train tokens/s   eva {figures['train_tok_s_eva']:>12,.0f}   full {figures['train_tok_s_full']:>12,.0f}"
           f"   eva/full {figures['eva_over_full']:.2f}x")
     print(f"loader tokens/s  {figures['loader_tok_s']:>12,.0f}   loader/trainer {figures['loader_over_trainer']:,.0f}x"
           f"   (goal >= 10x: {'met' if figures['loader_over_trainer'] >= 10 else 'NOT met'})")
-    if args.json:
-        Path(args.json).write_text(json.dumps(figures, indent=2))
+    if json:
+        Path(json).write_text(dumps(figures, indent=2))
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(timing.cli(main, __doc__))

@@ -15,7 +15,8 @@ may see (docs/eva.md, "The closed form"); they differ in memory, speed and what 
   tiles        query tiles over a cache's entries, one additive mask per tile group and
                `F.scaled_dot_product_attention` (with attention dropout, the same softmax written
                out), autograd's own backward (evalm/tiles.py); also whole sequences with sink
-               tokens, which the fused and plain paths do not read
+               tokens, which the fused and plain paths do not read, and every call with selection
+               (`select_chunks`: a key set per query, gathered; evalm/selection.py), on any device
   tiles-split  the same tiles without a graph, each key set softmaxed apart and joined by one max
                and one sum, so thousands of cached summaries are never concatenated (evalm/joint_softmax.py)
   forks        a batch of forks scoring short inputs over one shared parent: their rows folded

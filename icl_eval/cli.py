@@ -338,11 +338,11 @@ COMMANDS = {
                lazy("evalm.icl_eval.recall.command:recall")),
     "recall-cells": ("the recall study's test cells of one `evalm train recall` model", lazy("evalm.icl_eval.recall.study_cells:main")),
     "recall-tables": ("the recall study's markdown tables from its folder, or where EVA's MQAR errors go (--chunk-mates)",
-                      lazy("evalm.icl_eval.recall.study_tables:main")),
+                      lazy("evalm.icl_eval.recall.chunk_mates:main")),
     "saicl-positions": ("why SAICL's decoder adaptation scores low on a tuned EVALM: isolation vs shared positions",
                         lazy("evalm.icl_eval.methods.saicl_positions:main")),
     "tables": ("markdown tables of `evalm eval icl` / `ppl` results.json files (icl runs split by seed pooled: A+B+C)",
-               lazy("evalm.icl_eval.report:tables")),
+               lazy("evalm.icl_eval.tables:command")),
     "sink": ("the attention-sink test: a transformers model under EVA's window as a mask, with and without first tokens",
              lazy("evalm.icl_eval.perplexity.sink:main")),
 }

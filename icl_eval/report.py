@@ -1,8 +1,7 @@
-"""Reports: `results.json`, `predictions.jsonl`, markdown tables, and PNG plots (matplotlib, Agg backend).
+"""Reports: `results.json`, `predictions.jsonl`, pooled runs, and PNG plots (matplotlib, Agg backend).
 
-Tables (`evalm eval tables RESULTS_JSON...`): an `evalm eval icl` results.json per arm and cell (`icl_table`),
-runs split by seed over processes pooled first (`merged`: A+B+C), and an `evalm eval ppl` results.json by
-position bucket and block offset (`ppl_table`).
+Pooling (`merged`: A+B+C): runs split by seed over processes summarised again as one, for
+`evalm eval tables` (its markdown is icl_eval/tables.py's, the one table writer).
 
 Plots: accuracy vs shots per method with its 95% bootstrap band and the label baselines as dashed
 lines (docs/evaluation.md); time per test item vs shots (with cache reuse: incremental/structured/saicl;
@@ -17,7 +16,6 @@ space; the data are untouched). Log axes are labelled with plain numbers (5.7, 2
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -32,11 +30,6 @@ def write_json(path: Path, data: Any) -> Path:
 
 def write_predictions(path: Path, rows: list[dict]) -> Path:
     return write_atomic(path, "".join(json.dumps(row) + "\n" for row in rows))
-
-
-def _ci(pair, signed: bool = False) -> str:
-    f = "{:+.3f}" if signed else "{:.3f}"
-    return "[" + ", ".join(f.format(x) for x in pair) + "]"
 
 
 def merged(paths) -> dict:
@@ -54,80 +47,6 @@ def merged(paths) -> dict:
     protocol["eval"] = {**protocol["eval"], "seeds": sorted({r["seed"] for r in records})}
     return {"protocol": protocol, "summary": summarize(records, baselines), "records": records,
             "baseline_records": baselines, "merged_from": [str(p) for p in paths]}
-
-
-def icl_table(res: dict) -> str:
-    """Markdown of one `evalm eval icl` results.json: per arm and cell, accuracy [CI] ± draw std, the
-    best label baseline, Δ vs 0 shots, the draw/order spread, and each arm's paired Δ to the main arm."""
-    summary, ev = res["summary"], res["protocol"]["eval"]
-    axis = summary.get("axis", "shots")
-    lines = [f"| {res['protocol']['task']} `--label-map {ev['label_map']}` | {axis} | accuracy [95% CI] ± draw std | "
-             "best label baseline | vs that baseline [CI] | Δ vs 0 [CI] | spread: draws / orders | arm Δ vs main [CI] |",
-             "|---|---|---|---|---|---|---|---|"]
-    for name, cells in summary["test"].items():
-        for k, c in sorted(cells.items(), key=lambda kv: int(kv[0])):
-            base = c["baselines"][c["gain"]["over"]]
-            where = k + (f" ({'/'.join(map(str, c['shots_per_seed']))} shots, "
-                         f"{'/'.join(map(str, c['prompt_tokens_per_seed']))} tokens)" if "shots_per_seed" in c else "")
-            used = c.get("demos_used_mean_mean")
-            if used is not None and "shots_per_seed" not in c and 0 < used < int(k) - 0.05:  # past the window: drop_left
-                where += f" ({used:.1f} used)"
-            d0 = c.get("vs_0_shots")
-            spread = c.get("order_split")
-            arm = c.get("vs_base")
-            slr = c.get("sample_learning_ratio")
-            lines.append(
-                f"| {name} | {where} | {c['accuracy_mean']:.3f} {_ci(c['accuracy_ci95'])} ±{c['accuracy_std']:.3f} | "
-                f"{c['gain']['over']} {base['mean']:.3f} {_ci(base['ci95'])} | "
-                f"{c['gain']['mean']:+.3f} {_ci(c['gain']['ci95'], True)} | "
-                + (f"{d0['mean']:+.3f} {_ci(d0['ci95'], True)}" if d0 else "-") + " | "
-                + (f"{spread['draw_std']:.3f} {_ci(spread['draw_std_ci95'])} / {spread['order_std']:.3f} "
-                   f"{_ci(spread['order_std_ci95'])}" if spread else "-") + " | "
-                + (f"{arm['mean']:+.3f} {_ci(arm['ci95'], True)}" if arm else "-")
-                + (f"; SLR {slr:.2f}" if slr is not None else "; SLR undefined" if "sample_learning_ratio" in c else "")
-                + " |")
-    return "\n".join(lines)
-
-
-def ppl_table(res: dict) -> str:
-    """Markdown of one `evalm eval ppl` results.json: token perplexity per bucket for each protocol and reference,
-    then by a token's offset in its block where the run measured it (`--by-offset`)."""
-    rows = {**res["protocols"], **res["references"]}
-    edges = [tuple(b["bucket"]) for b in next(iter(rows.values()))["buckets"]]
-    lines = ["| protocol | " + " | ".join(f"[{lo:,}, {hi:,})" for lo, hi in edges) + " |", "|---|" + "---|" * len(edges)]
-    for name, proto in rows.items():
-        ppl = {tuple(b["bucket"]): b["token_ppl"] for b in proto["buckets"]}
-        lines.append(f"| {name} | " + " | ".join(f"{ppl[e]:.2f}" if e in ppl else "-" for e in edges) + " |")
-    offsets = {name: p["block_offsets"] for name, p in res["protocols"].items() if p.get("block_offsets")}
-    for name, found in offsets.items():
-        lines += ["", f"{name}, by a token's offset in its block:", "",
-                  "| " + " | ".join(f"[{r['offsets'][0]}, {r['offsets'][1]})" for r in found) + " |",
-                  "|" + "---|" * len(found), "| " + " | ".join(f"{r['token_ppl']:.1f}" for r in found) + " |"]
-    return "\n".join(lines)
-
-
-def tables(argv: Sequence[str] | None = None) -> int:
-    """`evalm eval tables`: each results.json (or A+B+C, one `evalm eval icl` run split by seed, pooled) as markdown."""
-    from evalm.config_toolkit import MissingInput, Parser
-
-    p = Parser(prog="evalm eval tables", description="The markdown table of each `evalm eval icl` or `evalm eval ppl` "
-               "results.json; A+B+C pools icl runs that differ only in their seeds and writes <run>-merged.json beside them.")
-    p.add_argument("results", nargs="+", metavar="RESULTS_JSON", help="results.json files, or A+B+C to pool (required: at least one; default: none)")
-    for group in p.parse_args(argv).results:
-        paths = group.split("+")
-        missing = [q for q in paths if not Path(q).is_file()]
-        if missing:
-            raise MissingInput(f"{missing[0]}: no such results.json (has its `evalm eval` run finished?)")
-        first = read_json(paths[0], "an `evalm eval` results.json")
-        if "protocols" in first and len(paths) == 1:
-            print(f"\n{group}\n\n" + ppl_table(first))
-            continue
-        res = merged(paths)  # summarised again: one run's table reads its records under the current rules
-        if len(paths) > 1:
-            write_json(Path(paths[0]).parent.parent / (Path(paths[0]).parent.name.rsplit("-seed", 1)[0]
-                                                       + "-merged.json"), res)
-        print(f"\n{group}\n\n" + icl_table(res))
-    return 0
 
 
 @contextmanager

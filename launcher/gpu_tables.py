@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 from evalm.config_toolkit.errors import InputError, MissingInput, report
+from evalm.config_toolkit.markdown import markdown
 from evalm.storage.files import read_json, read_text, write_atomic
 
 BEGIN = "<!-- gpu-tables: begin (python -m evalm.launcher.gpu_tables RUN; not edited by hand) -->"
@@ -89,15 +90,11 @@ def check_commit(folder: Path, run: dict, repo: Path) -> str:
 
 
 def _table(header: list[str], rows: list[dict], cells) -> list[str]:
+    """The rows as markdown; a skipped row is its length and why."""
     if not rows:
         return []
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for row in rows:
-        if "skipped" in row:
-            lines.append(f"| {row.get('n', row.get('shots', '?'))} | skipped: {row['skipped']} |")
-        else:
-            lines.append("| " + " | ".join(cells(row)) + " |")
-    return lines
+    return markdown(header, [[str(row.get("n", row.get("shots", "?"))), f"skipped: {row['skipped']}"] if "skipped" in row
+                             else cells(row) for row in rows]).splitlines()
 
 
 def _section(name: str, record: dict | None) -> tuple[list[dict], list[str]]:

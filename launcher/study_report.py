@@ -22,12 +22,13 @@ position bucket, the uniform and unigram references as rows below), `recall` (ev
 needle depth, with chance), `icl` (eval icl: accuracy by shots with its interval and the three label
 baselines), `probe` (train probe: per layer, the attention mass outside the window and EVA's error with
 and without its summaries). Every figure is read from those files: nothing is loaded, nothing computed but
-the table.
+the table; the tables are icl_eval/tables.py's (`READERS`), the one writer of study tables.
 
 A goal is met when all its checks hold, missed when one fails, and unmeasured (said, never guessed) when a
 figure it names is not there. A figure is `TABLE ROW COLUMNS` (TABLE: a table's `name`, by default its
 reader), the largest of the cells named; COLUMNS is comma-separated, each a column's name (`4096-8192`, a
-bucket; `niah_single/16384/0`, task/length/depth; `1024` or `1024/test_majority`, shots and a baseline) or
+bucket; `niah_single/16384/0`, task/length/depth; `1024`, `1024/test_majority` or `1024/seconds_per_item`,
+shots and a baseline or the time per test item) or
 a glob of them (`niah_single/*/0`), and for buckets `A-` (every bucket from A on) or `-B` (the bucket
 ending at B). `than` is a figure or a number; `times` scales it (`<= 1.05 x` the original).
 """
@@ -44,6 +45,7 @@ from typing import Any, Literal
 from pydantic.dataclasses import dataclass
 
 from evalm.config_toolkit import FROZEN, ConfigError, MissingInput, build
+from evalm.icl_eval.tables import READERS
 from evalm.storage import DamagedFile, read_json, sha256, write_atomic
 
 Reader = Literal["ppl", "recall", "icl", "probe"]
@@ -108,10 +110,6 @@ def declared(raw: Any, substitute: Callable[[str], str], where: str) -> Summary 
     return build(Summary, replaced(raw), where=f"{where} [summary]")
 
 
-def _fmt(value, digits: int = 1) -> str:
-    return "–" if value is None else f"{value:.{digits}f}"
-
-
 def _rows(root: Path, table: Table) -> dict[str, dict]:
     """Each row's results (by its name), for the rows whose file is there."""
     found = {}
@@ -123,76 +121,6 @@ def _rows(root: Path, table: Table) -> dict[str, dict]:
                 raise DamagedFile(f"{path}: not a results object; rerun the step that writes it")
             found[Path(row).name] = data
     return found
-
-
-def ppl_table(found: dict[str, dict]) -> tuple[str, dict[str, dict[str, float]]]:
-    """Token perplexity by position (the cache's protocol) per row, the references as rows below."""
-    def buckets(entries) -> dict[str, float]:
-        return {f"{b['bucket'][0]}-{b['bucket'][1]}": b["token_ppl"] for b in entries}
-
-    cells = {m: buckets(r["protocols"]["cached"]["buckets"]) for m, r in found.items()}
-    for name, ref in next(iter(found.values())).get("references", {}).items():  # the same book and buckets
-        cells[f"({name})"] = buckets(ref["buckets"])
-    columns = sorted({c for row in cells.values() for c in row}, key=lambda c: int(c.split("-")[0]))
-    head = [f"[{int(a):,}, {int(b):,})" for a, b in (c.split("-") for c in columns)]
-    lines = ["| model | " + " | ".join(head) + " |", "|---" * (len(columns) + 1) + "|"]
-    lines += [f"| {m} | " + " | ".join(_fmt(row.get(c)) for c in columns) + " |" for m, row in cells.items()]
-    return "\n".join(lines) + "\n", cells
-
-
-def recall_table(found: dict[str, dict]) -> tuple[str, dict[str, dict[str, float]]]:
-    """Exact-match recall per row, task and length, by needle depth, with chance."""
-    rows = {m: r["cells"] for m, r in found.items()}
-    depths = sorted({c["depth"] for cs in rows.values() for c in cs})
-    lines = ["| model | task | length | " + " | ".join(f"depth {d}" for d in depths) + " | chance |",
-             "|---" * (len(depths) + 4) + "|"]
-    for model, cs in rows.items():
-        for task, length in sorted({(c["task"], c["length"]) for c in cs}):
-            row = {c["depth"]: c for c in cs if (c["task"], c["length"]) == (task, length)}
-            shown = [f"{row[d]['accuracy']:.2f} [{row[d]['ci95'][0]:.2f}, {row[d]['ci95'][1]:.2f}]" if d in row else "–"
-                     for d in depths]
-            lines.append(f"| {model} | {task} | {length:,} | " + " | ".join(shown)
-                         + f" | {next(iter(row.values()))['chance']:.2g} |")
-    cells = {m: {f"{c['task']}/{c['length']}/{c['depth']}": c["accuracy"] for c in cs} for m, cs in rows.items()}
-    return "\n".join(lines) + "\n", cells
-
-
-def icl_table(found: dict[str, dict]) -> tuple[str, dict[str, dict[str, float]]]:
-    """ICL accuracy by shots per row (its one method), with its seed-aware interval and the label baselines."""
-    lines = ["| model | shots | accuracy [95% CI] | chance | test majority | in-context majority |", "|---" * 6 + "|"]
-    cells: dict[str, dict[str, float]] = {}
-    for model, results in found.items():
-        by_shots = next(iter(results["summary"]["test"].values()))
-        cells[model] = {}
-        for shots, cell in sorted(by_shots.items(), key=lambda kv: int(kv[0])):
-            base = {k: v["mean"] for k, v in cell["baselines"].items()}
-            cells[model] |= {shots: cell["accuracy_mean"], **{f"{shots}/{k}": v for k, v in base.items()}}
-            ci = cell["accuracy_ci95"]
-            lines.append(f"| {model} | {shots} | {cell['accuracy_mean']:.3f} [{ci[0]:.3f}, {ci[1]:.3f}] | "
-                         f"{base['chance']:.3f} | {base['test_majority']:.3f} | {base['in_context_majority']:.3f} |")
-    return "\n".join(lines) + "\n", cells
-
-
-def probe_table(found: dict[str, dict]) -> tuple[str, dict[str, dict[str, float]]]:
-    """Per layer, at the farthest query bucket: the original attention's mass outside the window, EVA's error
-    with its summaries and without them, per row."""
-    first = next(iter(found.values()))
-    a, b = first["buckets"][-1]
-    lines = [f"Queries at [{a:,}, {b:,}); error = mean squared error of the attention output per head (the transfer "
-             "loss), `off` = the summaries off.", "",
-             "| layer | " + " | ".join(f"{s}: outside | {s}: error | {s}: error off" for s in found) + " |",
-             "|---" * (3 * len(found) + 1) + "|"]
-    for i in range(len(first["layers"])):
-        shown = [f"{p['layers'][i]['outside'][-1]:.3f} | {p['layers'][i]['error'][-1]:.3g} | "
-                 f"{p['layers'][i]['error_no_remote'][-1]:.3g}" for p in found.values()]
-        lines.append(f"| {i} | " + " | ".join(shown) + " |")
-    cells = {s: {f"{i}/{k}": layer[k][-1] for i, layer in enumerate(p["layers"]) for k in ("outside", "error",
-                                                                                           "error_no_remote")}
-             for s, p in found.items()}
-    return "\n".join(lines) + "\n", cells
-
-
-TABLES = {"ppl": ppl_table, "recall": recall_table, "icl": icl_table, "probe": probe_table}
 
 
 def _matches(column: str, wanted: str) -> bool:
@@ -247,7 +175,7 @@ def report_text(root: Path, summary: Summary, name: str) -> str:
     for table in summary.table:
         found = _rows(root, table)
         try:
-            text, cells[table.name or table.reader] = TABLES[table.reader](found) if found else \
+            text, cells[table.name or table.reader] = READERS[table.reader](found) if found else \
                 (f"no {table.reader} results yet\n", {})
         except (KeyError, TypeError, IndexError, StopIteration, AttributeError, ValueError) as err:
             raise DamagedFile(f"{root}: a results file of {', '.join(found)} ({table.reader}) lacks what its command "

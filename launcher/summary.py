@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from evalm.config_toolkit.markdown import markdown
+
 
 def _ci(c) -> str:
     return f"[{c[0]:.2f}, {c[1]:.2f}]"
@@ -24,8 +26,8 @@ def _run_lines(results: dict) -> list[str]:
              + ", peak RSS of the largest process "
              f"{totals['peak_rss_gib']:.2f} GiB. This invocation: {inv['wall_seconds']:.0f} s wall, peak RSS "
              f"{inv['peak_rss_gib']:.2f} GiB, stages run: {', '.join(inv['stages_run']) or 'none (all complete)'}.",
-             "", "## Stages", "", "| stage | seconds |", "|---|---|"]
-    return lines + [f"| {stage} | {sec:.0f} |" for stage, sec in totals["stage_seconds"].items()]
+             "", "## Stages", ""]
+    return lines + markdown(["stage", "seconds"], [[stage, f"{sec:.0f}"] for stage, sec in totals["stage_seconds"].items()]).splitlines()
 
 
 def _icl_lines(name: str, models: dict[str, Any]) -> list[str]:
@@ -36,17 +38,15 @@ def _icl_lines(name: str, models: dict[str, Any]) -> list[str]:
              f"Task `{proto['task']}`, template `{proto['template']}`, scoring `{proto['scoring']}`, separator "
              f"`{ev['separator']}`, seeds {list(ev['seeds'])}, {items} test items per seed ({ev['test_items_order']}). "
              "Accuracy: mean over seeds [95% hierarchical bootstrap over seeds and items]; baselines on the same "
-             "items and demonstrations; gain = accuracy - best baseline, paired.", "",
-             "| model | method | shots | accuracy | chance | test majority | in-context majority | gain over best baseline |",
-             "|---|---|---|---|---|---|---|---|"]
-    for model, block in models.items():
-        for method, cells in block["summary"]["test"].items():
-            for k, c in sorted(cells.items(), key=lambda kv: int(kv[0])):
-                b = c["baselines"]
-                lines.append(f"| {model} | {method} | {k} | {c['accuracy_mean']:.2f} {_ci(c['accuracy_ci95'])} | "
-                             f"{b['chance']['mean']:.2f} | {b['test_majority']['mean']:.2f} | "
-                             f"{b['in_context_majority']['mean']:.2f} | {c['gain']['mean']:+.2f} {_ci(c['gain']['ci95'])} |")
-    lines.append("")
+             "items and demonstrations; gain = accuracy - best baseline, paired.", ""]
+    rows = [[model, method, k, f"{c['accuracy_mean']:.2f} {_ci(c['accuracy_ci95'])}", f"{c['baselines']['chance']['mean']:.2f}",
+             f"{c['baselines']['test_majority']['mean']:.2f}", f"{c['baselines']['in_context_majority']['mean']:.2f}",
+             f"{c['gain']['mean']:+.2f} {_ci(c['gain']['ci95'])}"]
+            for model, block in models.items() for method, cells in block["summary"]["test"].items()
+            for k, c in sorted(cells.items(), key=lambda kv: int(kv[0]))]
+    header = ["model", "method", "shots", "accuracy", "chance", "test majority", "in-context majority",
+              "gain over best baseline"]
+    lines += [*markdown(header, rows).splitlines(), ""]
     for model, block in models.items():
         h = block["headline"][next(iter(block["headline"]))]
         verdict = "above" if h["gain_ci95"][0] > 0 else "NOT above"
@@ -77,36 +77,32 @@ def _diagnostic_lines(models: dict[str, Any]) -> list[str]:
 
 def _ppl_lines(ppl: dict[str, Any], train_length) -> list[str]:
     lines = ["", "## Perplexity vs context length", "",
-             "Overall, every token of the books scored once (`cached`: with its whole prefix through the cache):", "",
-             "| model | protocol | tokens | token ppl | bits per byte | word ppl |", "|---|---|---|---|---|---|"]
-    refs = {}
+             "Overall, every token of the books scored once (`cached`: with its whole prefix through the cache):", ""]
+    refs, rows = {}, []
     for model, res in ppl.items():
         for name, p in res["protocols"].items():
             o = p["overall"]
             word = f"{o['word_ppl']:,.0f}" if o.get("word_ppl") else "-"
-            lines.append(f"| {model} | {name} | {o['tokens']:,} | {o['token_ppl']:.1f} | {o['bits_per_byte']:.3f} | {word} |")
+            rows.append([model, name, f"{o['tokens']:,}", f"{o['token_ppl']:.1f}", f"{o['bits_per_byte']:.3f}", word])
         refs = refs or res.get("references", {})
-    for name, p in refs.items():
-        o = p["overall"]
-        lines.append(f"| reference | {name} | {o['tokens']:,} | {o['token_ppl']:.1f} | {o['bits_per_byte']:.3f} | "
-                     f"{o['word_ppl']:,.0f} |")
+    rows += [["reference", name, f"{p['overall']['tokens']:,}", f"{p['overall']['token_ppl']:.1f}",
+              f"{p['overall']['bits_per_byte']:.3f}", f"{p['overall']['word_ppl']:,.0f}"] for name, p in refs.items()]
+    lines += markdown(["model", "protocol", "tokens", "token ppl", "bits per byte", "word ppl"], rows).splitlines()
     fixed = {m: r["fixed_position"] for m, r in ppl.items() if "fixed_position" in r}
     if fixed:
         first = next(iter(fixed.values()))
         contexts = [row["context"] for row in first["rows"]]
         lines += ["", f"Context use at fixed positions: the same {first['protocol']['targets']} target spans of "
                       f"{first['protocol']['target_tokens']} tokens after contexts of increasing length"
-                      + (f" (training length {train_length})" if train_length else "") + "; token perplexity:", "",
-                  "| model | " + " | ".join(str(c) for c in contexts) + " |", "|---|" + "---|" * len(contexts)]
-        for model, f in fixed.items():
-            lines.append(f"| {model} | " + " | ".join(f"{row['token_ppl']:.1f}" for row in f["rows"]) + " |")
-        lines += ["| references | " + ", ".join(f"{k} {v['token_ppl']:.1f}" for k, v in first["references"].items())
-                  + " |" + " |" * (len(contexts) - 1)]
+                      + (f" (training length {train_length})" if train_length else "") + "; token perplexity:", ""]
+        rows = [[model, *(f"{row['token_ppl']:.1f}" for row in f["rows"])] for model, f in fixed.items()]
+        rows.append(["references", ", ".join(f"{k} {v['token_ppl']:.1f}" for k, v in first["references"].items()),
+                     *[""] * (len(contexts) - 1)])
+        lines += markdown(["model", *map(str, contexts)], rows).splitlines()
         lines += ["", f"Perplexity relative to the {contexts[0]}-token context on the same spans (paired 95% "
-                      "bootstrap interval over spans; below 1 means the longer context helps):", "",
-                  "| model | " + " | ".join(str(c) for c in contexts[1:]) + " |", "|---|" + "---|" * (len(contexts) - 1)]
-        for model, f in fixed.items():
-            lines.append(f"| {model} | " + " | ".join(_ratio_cell(row) for row in f["rows"][1:]) + " |")
+                      "bootstrap interval over spans; below 1 means the longer context helps):", ""]
+        lines += markdown(["model", *map(str, contexts[1:])],
+                          [[model, *map(_ratio_cell, f["rows"][1:])] for model, f in fixed.items()]).splitlines()
     return lines + ["", "![perplexity vs length](perplexity_vs_length.png)"]
 
 

@@ -35,6 +35,7 @@ from torch import Tensor
 
 from evalm.config_toolkit import ConfigError, Parser, report
 from evalm.config_toolkit.device import device_flag
+from evalm.config_toolkit.markdown import markdown
 from evalm.storage import RunFolder
 
 NAME = "eva_probe"
@@ -139,11 +140,8 @@ def probe(model, lines: Sequence[Tensor], window: int) -> list[dict[str, list[fl
 
 def table(layers: list[dict[str, list[float]]], edges: list[tuple[int, int]]) -> str:
     """One row per layer and figure, one column per bucket of query positions."""
-    head = "| layer | figure | " + " | ".join(f"[{a:,}, {b:,})" for a, b in edges) + " |"
-    rows = [head, "|" + "---|" * (len(edges) + 2)]
-    for i, layer in enumerate(layers):
-        rows += [f"| {i} | {name} | " + " | ".join(f"{v:.4g}" for v in layer[name]) + " |" for name in FIGURES]
-    return "\n".join(rows)
+    rows = [[str(i), name, *(f"{v:.4g}" for v in layer[name])] for i, layer in enumerate(layers) for name in FIGURES]
+    return markdown(["layer", "figure", *(f"[{a:,}, {b:,})" for a, b in edges)], rows)
 
 
 def read_lines(shards: str | Path, seq_len: int, n: int, seed: int) -> list[Tensor]:

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from evalm.icl_eval.recall import study_tables as study
+from evalm.icl_eval.recall import chunk_mates as study
 from evalm.config_toolkit import UserError
 from evalm.launcher.cli import main as evalm
 from evalm.mamba_twin import MambaTwin

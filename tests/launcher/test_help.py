@@ -120,7 +120,7 @@ def test_every_parser_in_the_project_disables_abbreviation():
     assert Parser(prog="p", allow_abbrev=True).allow_abbrev is False
     files = [p for p in REPO.rglob("*.py") if not ({".venv", "tests", "build"} & set(p.relative_to(REPO).parts))]
     calls = [(p, c) for p in files for c in _argparse_calls(p)]
-    assert len(calls) >= 10  # the benchmarks' parsers are found (12 scripts parse flags)
+    assert len(calls) >= 3  # the benchmarks' one parser (benchmarks/timing.py) is found, and the launcher's two
     lax = [f"{p.relative_to(REPO)}:{c.lineno}" for p, c in calls
            if not any(k.arg == "allow_abbrev" and getattr(k.value, "value", None) is False for k in c.keywords)]
     assert lax == []

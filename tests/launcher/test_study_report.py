@@ -36,6 +36,9 @@ checks = [{{ figure = "ppl eva {{trained}}-", op = "<=", than = "ppl eva -{{trai
 about = "a needle found"
 checks = [{{ figure = "recall eva passkey/128/0,passkey/128/50", op = ">=", than = 0.5 }}]
 [[summary.goal]]
+about = "cheaper at 16 shots"
+checks = [{{ figure = "icl eva 16/seconds_per_item", op = "<", than = "icl eva 64/seconds_per_item" }}]
+[[summary.goal]]
 about = "more shots help"
 checks = [{{ figure = "icl eva 16", op = ">", than = "icl eva 16/test_majority" }},
           {{ figure = "icl eva 64", op = ">=", than = "icl eva 16" }}]
@@ -67,8 +70,8 @@ def results(root: Path) -> None:
                                     "chance": 0.01} for d, a in ((0, 0.25), (50, 0.75), (100, 1.0))]})
     base = {k: {"mean": 0.5} for k in ("chance", "test_majority", "in_context_majority")}
     write("icl/eva", {"summary": {"test": {"incremental": {
-        "16": {"accuracy_mean": 0.7, "accuracy_ci95": [0.6, 0.8], "baselines": base},
-        "64": {"accuracy_mean": 0.65, "accuracy_ci95": [0.55, 0.75], "baselines": base}}}}})
+        "16": {"accuracy_mean": 0.7, "accuracy_ci95": [0.6, 0.8], "baselines": base, "seconds_per_item_mean": 0.02},
+        "64": {"accuracy_mean": 0.65, "accuracy_ci95": [0.55, 0.75], "baselines": base, "seconds_per_item_mean": 0.03}}}}})
 
 
 def study(tmp_path: Path) -> tuple[Path, Path]:
@@ -96,6 +99,9 @@ def test_the_report_holds_the_declared_rows_and_decides_the_declared_goals(tmp_p
     assert "- flat past it: met (ppl eva 64- = 12.5 <= 1.1 x ppl eva -64 = 12)" in text
     assert "- a needle found: met (recall eva passkey/128/0,passkey/128/50 = 0.75 >= 0.5)" in text
     assert "- more shots help: missed (" in text and "icl eva 64 = 0.65 >= icl eva 16 = 0.7" in text
+    # a goal may name the time per test item (configs/study-saicl.toml's speed claim)
+    assert ("- cheaper at 16 shots: met (icl eva 16/seconds_per_item = 0.02 < icl eva 64/seconds_per_item = 0.03)"
+            in text)
     assert f"- {root / 'weights.bin'}: not written yet" in text
     (root / "weights.bin").write_bytes(b"w")
     assert main(["run", "--config", str(path), "--summary"]) == 0
@@ -131,3 +137,19 @@ def test_the_old_summary_command_is_the_summaries_studys_report(tmp_path, capsys
     text = (tmp_path / "summary.md").read_text()
     assert text.startswith(f"# Study summaries: EVA's summaries on a converted model ({tmp_path})")
     assert "unmeasured (no ppl lora -4096" in text  # --trained-length is the study's seq_len var
+
+
+def test_the_saicl_reproduction_is_a_study_whose_goals_are_the_papers_claims(capsys):
+    """configs/study-saicl.toml (once benchmarks/saicl_repro.py): three meta-trainings, five evaluations, and the
+    paper's four claims as goals on the evaluations' own results."""
+    from evalm.launcher.cli import main
+    from evalm.launcher.study_file import load_study
+
+    study = load_study(Path(__file__).resolve().parents[2] / "configs" / "study-saicl.toml")
+    assert [s for s in study.names() if s.startswith("train-")] == ["train-full", "train-saicl", "train-fid"]
+    assert {s: study.step(s).needs for s in study.names() if s.startswith("icl-")} == {
+        "icl-concat": ("train-full",), "icl-saicl": ("train-saicl",), "icl-fid": ("train-fid",),
+        "icl-ensemble": ("train-full",), "icl-saicl-on-full": ("train-full",)}
+    assert len(study.summary.goal) == 4 and study.summary.table[0].reader == "icl"
+    assert main(["run", "--config", str(Path(__file__).resolve().parents[2] / "configs" / "study-saicl.toml"), "--list"]) == 0
+    assert "icl-saicl-on-full" in capsys.readouterr().out
