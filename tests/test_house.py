@@ -466,7 +466,7 @@ def test_eva_settings_are_declared_once():
 
 # ---------------------------------------------------------------- benchmarks/ only times
 
-MAX_BENCHMARK_LINES = 1900
+MAX_BENCHMARK_LINES = 1975  # 1,889 after the house pass, and selection's cost benchmark
 """benchmarks/ in all (3,569 lines when it was a client application, 2,486 with its own flags, clocks and
 children in every script): scripts that time things and print ratios against a baseline measured in the
 same run, what they share written once (benchmarks/timing.py), every measurement of a study a package
