@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 WHEELS = ROOT / ".wheels"
 SITE = Path("/tmp/evalm-device-site")
 REQUIREMENTS = ROOT / "scripts" / "device_wheels.txt"
-TEST_FILE = "tests/evalm/test_flex_cuda.py"
+TEST_FILES = ("tests/evalm/test_flex_cuda.py", "tests/evalm/test_eva_selection.py")
 PER_TEST_S = 120  # one test: its kernels compile (tens of seconds on an H200) and run
 BUDGET_S = 470  # the whole run under the 8 minutes the device script is given, set-up included
 SECTION_S = {"tests": 180, "attention": 90, "train": 140, "cache": 50}
@@ -155,7 +155,7 @@ def pytest_argv(folder: Path) -> tuple[str, ...]:
     """The CUDA tests: every test's name and outcome shown (-rA) and in junit XML with its time, a
     timeout per test; plugins named, not auto-loaded (the image may hold others built for another
     pytest); in parallel processes where xdist is there (each compiles its own kernels)."""
-    argv = [sys.executable, "-m", "pytest", "-rA", "-v", "-m", "cuda", TEST_FILE, "-p", "no:cacheprovider",
+    argv = [sys.executable, "-m", "pytest", "-rA", "-v", "-m", "cuda", *TEST_FILES, "-p", "no:cacheprovider",
             "-p", "pytest_timeout", f"--timeout={PER_TEST_S}", f"--junitxml={folder / 'tests.xml'}"]
     if importlib.util.find_spec("xdist") or (SITE / "xdist").is_dir():
         argv += ["-p", "xdist.plugin", "-n", "6"]

@@ -308,3 +308,24 @@ def test_settings_refuse_what_selects_nothing():
         build(EvaSettings, {"select_chunks": -1}, where="test")
     with pytest.raises(ConfigError, match="select_only without select_chunks"):
         build(EvaSettings, {"select_only": True}, where="test")
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_a_gpu_selection_takes_the_tiles_and_equals_the_oracle():
+    """No flex form yet: a whole sequence with selection on CUDA takes the tiles route (evalm/eva_paths.py says
+    why), in float64 equal to the CPU oracle; the cache in segments equals the whole sequence there too."""
+    m = model(select_chunks=2, sink_tokens=4).to("cuda")
+    attn = m.blocks[0].attn
+    x = torch.randn(2, 45, BASE.d_model, dtype=torch.float64)
+    with torch.no_grad():
+        q, k, v = heads(attn.cpu(), x)
+        expected = oracle(attn, q, k, v)
+        attn.to("cuda")
+        with recorded() as taken:
+            out = attn.attend(*(t.cuda() for t in (q, k, v)))
+        assert {p.name for p in taken} == {"tiles"} and (out.cpu() - expected).abs().max() < EXACT
+        tokens = torch.randint(0, BASE.vocab_size, (2, 61), device="cuda")
+        cache = m.new_cache(batch_size=2)
+        parts = [m(tokens[:, lo:hi], cache=cache) for lo, hi in ((0, 11), (11, 30), (30, 61))]
+        assert (torch.cat(parts, 1) - m(tokens)).abs().max() < EXACT
