@@ -53,16 +53,22 @@ def parts_bytes(parts: Parts) -> int:
     return sum(p.numel() * p.element_size() for p in parts)
 
 
+FIRST_PAGE_ROWS, PAGE_ROWS = 256, 16384
+"""The pages of `Rows`: the first of 256 rows (or the first append's), each next one twice the last, up to 16,384
+rows: a reader gathers from a few pages (six for 20k rows), a short cache holds little spare room."""
+
+
 @dataclass(frozen=True)
 class Rows:
-    """Rows (B, H, n, D) growing along dim −2 in amortised O(1) per row: parts shared with a parent, then a
-    buffer with room to spare (a cache that reads thousands of demonstrations one at a time would copy all of
-    its rows at every call if each append concatenated).
+    """Rows (B, H, n, D) growing along dim −2 without ever being copied: full pages (parts, shared with a fork's
+    parent), then a page this state fills in place. Pages double from `FIRST_PAGE_ROWS` up to `PAGE_ROWS` rows,
+    so a reader gathers from few pages and a long cache wastes at most one page's spare room (a cache that reads thousands of
+    demonstrations one at a time would copy all of its rows at every call if each append concatenated).
 
-    Writing into a buffer's spare rows changes no row any state can see (each sees rows < its own n), so the
-    states stay immutable to their readers. `mark` is the buffer's high-water mark, shared by the states
-    over it: only the state at the mark writes in place; an older state that grows again (a branch taken
-    without `Cache.fork`) copies. Under autograd an append concatenates."""
+    Writing into a page's spare rows changes no row any state can see (each sees rows < its own n), so the
+    states stay immutable to their readers. `mark` is the page's high-water mark, shared by the states over
+    it: only the state at the mark writes in place; an older state that grows again (a branch taken without
+    `Cache.fork`) starts a page of its own. Under autograd an append concatenates."""
 
     parts: Parts = ()
     buffer: Tensor | None = None  # (B, H, capacity, D): rows < n are this state's
@@ -81,30 +87,25 @@ class Rows:
         if torch.is_grad_enabled() and (new.requires_grad or buffer is not None and buffer.requires_grad):
             grown = new if buffer is None else torch.cat([buffer[..., :n, :], new], -2)
             return Rows(self.parts, grown, grown.shape[-2], [grown.shape[-2]])
-        mark = self.mark
-        if buffer is None or n + m > buffer.shape[-2] or mark[0] != n:
-            room = new.new_empty(*new.shape[:-2], max(2 * (n + m), 64), new.shape[-1])
-            if n:
-                room[..., :n, :] = buffer[..., :n, :]
-            buffer, mark = room, [n]
+        parts, mark = self.parts, self.mark
+        if buffer is None or n + m > buffer.shape[-2] or mark[0] != n:  # a new page; the last one, if any, is kept
+            size = max(m, min(PAGE_ROWS, 2 * buffer.shape[-2] if buffer is not None else FIRST_PAGE_ROWS))
+            parts = parts + ((buffer[..., :n, :],) if n else ())
+            buffer, n, mark = new.new_empty(*new.shape[:-2], size, new.shape[-1]), 0, [0]
         buffer[..., n : n + m, :] = new
         mark[0] = n + m
-        return Rows(self.parts, buffer, n + m, mark)
+        return Rows(parts, buffer, n + m, mark)
 
     def disowned(self) -> Rows:
-        """The rows as a fork holds them: all shared; its own appends start a buffer of their own."""
-        return Rows(self.parts + (self.buffer[..., : self.n, :],)) if self.buffer is not None else self
+        """The rows as a fork holds them: all shared; its own appends start a page of their own."""
+        return Rows(self.views())
 
-    def joined(self) -> Tensor | None:
-        """Every row as one tensor (B or 1, H, n, D); a copy only where several parts meet."""
-        parts = self.parts + ((self.buffer[..., : self.n, :],) if self.buffer is not None else ())
-        if len(parts) <= 1:
-            return parts[0] if parts else None
-        batch = max(p.shape[0] for p in parts)
-        return torch.cat([p.expand(batch, -1, -1, -1) for p in parts], -2)
+    def views(self) -> Parts:
+        """Every row, as the parts they lie in (no copy): the full pages, then this state's."""
+        return self.parts + ((self.buffer[..., : self.n, :],) if self.buffer is not None and self.n else ())
 
     def nbytes(self) -> int:
-        """Bytes held, the buffer's spare room included."""
+        """Bytes held, the pages' spare room included."""
         return parts_bytes(self.parts + ((self.buffer,) if self.buffer is not None else ()))
 
 

@@ -309,7 +309,7 @@ class EvaAttention(HeadProjections):
                                       ((tokens_k, seq_k), (tokens_v, seq_v)))
 
         sink = (sink_k, sink_v) if sink_k is not None else None
-        tokens = (tokens_k.joined(), tokens_v.joined()) if call.t.select and len(tokens_k) else None
+        tokens = (tokens_k.views(), tokens_v.views()) if call.t.select and len(tokens_k) else None
         entries = call.entries._replace(remote_k=remote_k, remote_v=remote_v, sink=sink, tokens=tokens)
         out = tiles.attend(dataclasses.replace(call, entries=entries), q, seq_k, seq_v)
         if cache is not None:

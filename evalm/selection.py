@@ -48,14 +48,22 @@ def choose(scores: Tensor, k: int, group: int) -> tuple[Tensor, Tensor, Tensor]:
     return tuple(x.repeat_interleave(group, 2) for x in (chosen, index, valid))
 
 
-def gather(tokens: Tensor, index: Tensor, c: int) -> Tensor:
-    """The rows of the chosen chunks: tokens (B or 1, H, N, D), the summarised chunks' rows in order (chunk m
-    at rows m·c … m·c + c − 1), index (B, G, H, R, k) -> (B, G, H, R, k·c, D)."""
+def gather(tokens: tuple[Tensor, ...], index: Tensor, c: int) -> Tensor:
+    """The rows of the chosen chunks: `tokens`, the summarised chunks' rows in order as parts (B or 1, H, N_p, D)
+    (chunk m at rows m·c … m·c + c − 1 of their concatenation: a fork's parent's rows, then its own), index
+    (B, G, H, R, k) -> (B, G, H, R, k·c, D). Each part is read where its rows are chosen, never concatenated:
+    a fork scoring a test item would copy every cached row otherwise."""
     B, G, H, R, k = index.shape
     rows = (index.unsqueeze(-1) * c + torch.arange(c, device=index.device)).flatten(-2)  # (B, G, H, R, k·c)
-    batch = torch.arange(B, device=index.device).view(B, 1, 1, 1, 1) if tokens.shape[0] > 1 else 0
     heads = torch.arange(H, device=index.device).view(1, 1, H, 1, 1)
-    return tokens[batch, heads, rows]
+    out, start = None, 0
+    for part in tokens:
+        n = part.shape[-2]
+        batch = torch.arange(B, device=index.device).view(B, 1, 1, 1, 1) if part.shape[0] > 1 else 0
+        got = part[batch, heads, (rows - start).clamp(0, n - 1)]
+        out = got if out is None else torch.where(((rows >= start) & (rows < start + n)).unsqueeze(-1), got, out)
+        start += n
+    return out
 
 
 def token_ids(index: Tensor, first_chunk: int, c: int) -> Tensor:

@@ -45,8 +45,8 @@ class Entries(NamedTuple):
     prefix: tuple[Tensor, Tensor] | None  # entries merged from other caches: all visible, no bias
     own_bias: float  # added to this cache's own logits (merged prompts weigh their parts)
     sink: tuple[Tensor, Tensor] | None = None  # (B or 1, H, ≤ S, D) keys, values of the sink tokens
-    tokens: tuple[Tensor, Tensor] | None = None  # (B or 1, H, N, D) the summarised chunks' own keys and values,
-    # in chunk order (selection reads them, evalm/selection.py; None without selection)
+    tokens: tuple[Parts, Parts] | None = None  # parts (B or 1, H, N_p, D): the summarised chunks' own keys and
+    # values, in chunk order (selection reads them, evalm/selection.py; None without selection)
 
 
 class TilePlan(NamedTuple):
