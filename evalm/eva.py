@@ -331,3 +331,12 @@ def ablate(model: nn.Module, ablation: Ablation | str) -> int:
     for layer in layers:
         layer.ablate(ablation)
     return len(layers)
+
+
+def select(model: nn.Module, k: int) -> int:
+    """Selection of k chunks (docs/eva.md, "Selection"; 0: none) on every EVA layer of `model`, read at evaluation
+    time on its weights; returns how many layers it reached (0: the model has no EVA attention)."""
+    layers = [m for m in model.modules() if isinstance(m, EvaAttention)]
+    for layer in layers:
+        layer.layout = dataclasses.replace(layer.layout, select=k, select_only=layer.layout.select_only and k > 0)
+    return len(layers)

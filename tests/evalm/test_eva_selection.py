@@ -329,3 +329,29 @@ def test_on_a_gpu_selection_takes_the_tiles_and_equals_the_oracle():
         cache = m.new_cache(batch_size=2)
         parts = [m(tokens[:, lo:hi], cache=cache) for lo, hi in ((0, 11), (11, 30), (30, 61))]
         assert (torch.cat(parts, 1) - m(tokens)).abs().max() < EXACT
+
+
+def test_selection_read_at_evaluation_time_on_a_model_s_own_weights():
+    """`--select-chunks K` (icl_eval.models.loading.select_lm): every EVA layer selects, the weights unchanged, so
+    the scores move and K = 0 gives the model's own again; a model without EVA attention is refused in one line,
+    and a K past the bound is refused as the setting it is."""
+    from evalm.icl_eval.config import RunOptions
+    from evalm.icl_eval.models.lm import EvalmLM
+    from evalm.icl_eval.models.loading import select_lm
+    from evalm.text.tokenizer import ByteTokenizer
+
+    m = model()
+    tokens = torch.randint(0, BASE.vocab_size, (1, 45), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        own = m(tokens)
+        select_lm(EvalmLM(m, ByteTokenizer()), 2)
+        assert {b.attn.layout.select for b in m.blocks} == {2} and (m(tokens) - own).abs().max() > APART
+        select_lm(EvalmLM(m, ByteTokenizer()), 0)
+        assert torch.equal(m(tokens), own)
+    full = models.visible_model(dataclasses.replace(BASE, attention="full"))
+    with pytest.raises(ConfigError, match="has no EVA attention layer to select in") as err:
+        select_lm(EvalmLM(full, ByteTokenizer()), 2)
+    assert "\n" not in str(err.value)
+    select_lm(EvalmLM(full, ByteTokenizer()), 0)  # nothing to switch off: allowed
+    with pytest.raises(ConfigError, match="select_chunks = 100000"):
+        build(RunOptions, {"select_chunks": 100000}, where="test")
