@@ -56,7 +56,7 @@ LOAD_HELP = {
     "eva_ablation": "EVA's component ablation, kept in the settings: no-remote switches the chunk summaries off (the "
                     "window alone), chunk-window cuts the local window to the query's chunk (the summaries carry the "
                     "rest); EVA models only",
-    "select_chunks": "EVA with selection read at evaluation time: each query also reads exactly the tokens of the K "
+    "eva_select": "EVA with selection read at evaluation time: each query also reads exactly the tokens of the K "
                      "chunks its summaries score highest, in place of those summaries (docs/eva.md, \"Selection\"); "
                      "0 none; EVA models only; unset, the model's own",
 }
@@ -65,7 +65,7 @@ LOAD_HELP = {
 
 def load_flags(parser: Parser, cls, names: Sequence[str] | None = None) -> None:
     """The model-loading options (models.source.LoadOptions, declared there once) as flags: --device, --dtype,
-    --context-window, --eva-ablation, --select-chunks, those of `names` (default: every one the section class `cls` holds),
+    --context-window, --eva-ablation, --eva-select, those of `names` (default: every one the section class `cls` holds),
     each with its choices and `cls`'s default. Unset, a flag is None and the section's value stands."""
     import dataclasses
     import typing
@@ -73,7 +73,7 @@ def load_flags(parser: Parser, cls, names: Sequence[str] | None = None) -> None:
     from evalm.config_toolkit.device import device_flag
     from evalm.icl_eval.models.source import LoadOptions
 
-    types = {"context_window": int, "device": device_flag, "select_chunks": int}
+    types = {"context_window": int, "device": device_flag, "eva_select": int}
     hints = typing.get_type_hints(LoadOptions)
     for field in dataclasses.fields(LoadOptions):
         if field.name not in (names if names is not None else cls.__dataclass_fields__):
@@ -82,7 +82,7 @@ def load_flags(parser: Parser, cls, names: Sequence[str] | None = None) -> None:
         choices = typing.get_args(kind) if typing.get_origin(kind) is typing.Literal else None
         parser.add_argument("--" + field.name.replace("_", "-"), choices=choices,
                             type=types.get(field.name, str),
-                            metavar=None if choices else {"device": "DEVICE", "context_window": "N", "select_chunks": "K"}[field.name],
+                            metavar=None if choices else {"device": "DEVICE", "context_window": "N", "eva_select": "K"}[field.name],
                             help=f"{LOAD_HELP[field.name]} (default: {_default(cls, field.name)})")
 
 

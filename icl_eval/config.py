@@ -15,7 +15,7 @@ from evalm.config_toolkit import ConfigError, FROZEN
 from evalm.eva_settings import EvaAblation
 
 MAX_SELECT = 4096
-"""Chunks a query may select at evaluation time, at most (`select_chunks`)."""
+"""Chunks a query may select at evaluation time, at most (`eva_select`)."""
 PAPER_SHOTS = (0, 1, 3, 4, 8, 16, 32, 64, 80, 128, 192, 256, 372, 512, 640, 768, 896, 1024, 1280, 1536, 1792, 2000)
 """EVALM Appendix C.1."""
 
@@ -33,7 +33,7 @@ class RunOptions:
     """EVA's component ablation at evaluation time (evalm/tiling.py, `Ablation`): `no-remote` switches the chunk
     summaries off (the window alone), `chunk-window` cuts the local window to the query's chunk (the summaries
     carry everything else). A model without EVA attention is refused with anything but none."""
-    select_chunks: int | None = None
+    eva_select: int | None = None
     """EVA with selection read at evaluation time (docs/eva.md, "Selection"): every EVA layer also reads exactly
     the tokens of the k chunks its summaries score highest, in place of those summaries; 0: none; unset: the
     model's own setting. A model without EVA attention is refused with k > 0."""
@@ -42,8 +42,8 @@ class RunOptions:
         from evalm.config_toolkit.device import check_device
 
         check_device(self.device, "device")  # cuda on a CPU build of torch: one line, before any loading
-        if self.select_chunks is not None and not 0 <= self.select_chunks <= MAX_SELECT:
-            raise ConfigError(f"select_chunks = {self.select_chunks}: from 0 (no selection) to {MAX_SELECT} chunks "
+        if self.eva_select is not None and not 0 <= self.eva_select <= MAX_SELECT:
+            raise ConfigError(f"eva_select = {self.eva_select}: from 0 (no selection) to {MAX_SELECT} chunks "
                               "(selection reads a few chunks, e.g. 1 to 8)")
 
 

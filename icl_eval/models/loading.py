@@ -33,7 +33,7 @@ def load_lm(source: ModelSource, options: LoadOptions, device: str):
     `options`: its dtype, its context window, EVA's ablation."""
     lm = SOURCES[source.kind](source, options, device)
     ablate_lm(lm, options.eva_ablation)
-    select_lm(lm, options.select_chunks)
+    select_lm(lm, options.eva_select)
     return lm
 
 
@@ -103,7 +103,7 @@ def ablate_lm(lm, ablation: str) -> None:
 
 
 def select_lm(lm, k: int | None) -> None:
-    """EVA with selection of k chunks (`--select-chunks`; docs/eva.md, "Selection") on every EVA layer of the
+    """EVA with selection of k chunks (`--eva-select`; docs/eva.md, "Selection") on every EVA layer of the
     loaded model, its weights unchanged (None: the model's own setting). A model without EVA attention is refused
     for k > 0: it would be scored without selection under selection's name."""
     if k is None:
@@ -112,8 +112,8 @@ def select_lm(lm, k: int | None) -> None:
 
     model = getattr(lm, "model", None)
     if (model is None or select(model, k) == 0) and k:
-        raise ConfigError(f"--select-chunks {k}: {lm.name} has no EVA attention layer to select in; give an EVA "
-                          "model (an EVALM --checkpoint, an EVA --hf-model) or --select-chunks 0")
+        raise ConfigError(f"--eva-select {k}: {lm.name} has no EVA attention layer to select in; give an EVA "
+                          "model (an EVALM --checkpoint, an EVA --hf-model) or --eva-select 0")
 
 
 def check_vocab(tokenizer, tok_path, model_vocab: int, ckpt: Path) -> None:

@@ -332,7 +332,7 @@ def test_on_a_gpu_selection_takes_the_tiles_and_equals_the_oracle():
 
 
 def test_selection_read_at_evaluation_time_on_a_model_s_own_weights():
-    """`--select-chunks K` (icl_eval.models.loading.select_lm): every EVA layer selects, the weights unchanged, so
+    """`--eva-select K` (icl_eval.models.loading.select_lm): every EVA layer selects, the weights unchanged, so
     the scores move and K = 0 gives the model's own again; a model without EVA attention is refused in one line,
     and a K past the bound is refused as the setting it is."""
     from evalm.icl_eval.config import RunOptions
@@ -353,5 +353,5 @@ def test_selection_read_at_evaluation_time_on_a_model_s_own_weights():
         select_lm(EvalmLM(full, ByteTokenizer()), 2)
     assert "\n" not in str(err.value)
     select_lm(EvalmLM(full, ByteTokenizer()), 0)  # nothing to switch off: allowed
-    with pytest.raises(ConfigError, match="select_chunks = 100000"):
-        build(RunOptions, {"select_chunks": 100000}, where="test")
+    with pytest.raises(ConfigError, match="eva_select = 100000"):
+        build(RunOptions, {"eva_select": 100000}, where="test")

@@ -21,7 +21,7 @@ from tests import models
 ROOT = Path(__file__).resolve().parents[2]
 EDGE = {"cli.py", "cli_args.py"}
 """The modules that parse the flags: the only ones whose functions may take the parsed namespace."""
-LOAD_FLAGS = ("--device", "--dtype", "--context-window", "--eva-ablation", "--select-chunks")
+LOAD_FLAGS = ("--device", "--dtype", "--context-window", "--eva-ablation", "--eva-select")
 
 
 def _library_modules():
@@ -67,7 +67,7 @@ def test_every_command_offers_the_load_options_its_section_holds(capsys):
     from evalm.icl_eval.cli_args import icl_parser, ppl_parser, recall_parser
 
     assert set(LOAD_FLAGS) <= _flags(icl_parser()) and set(LOAD_FLAGS) <= _flags(recall_parser())
-    assert set(LOAD_FLAGS) & _flags(ppl_parser()) == {"--device", "--dtype", "--eva-ablation", "--select-chunks"}  # no window in [ppl]
+    assert set(LOAD_FLAGS) & _flags(ppl_parser()) == {"--device", "--dtype", "--eva-ablation", "--eva-select"}  # no window in [ppl]
     with pytest.raises(SystemExit):
         harness(["--help"])
     text = capsys.readouterr().out
