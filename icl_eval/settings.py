@@ -89,9 +89,23 @@ def _leaves(data: Mapping[str, Any], prefix: str = "") -> list[str]:
     return out
 
 
+UNSET_UNRECORDED = ("eva_select",)
+"""Fields recorded only when set: added after runs were made, unset they change nothing, so a folder made before
+them keeps its settings (and its resume key) unchanged."""
+
+
+def recorded_fields(fields: Any) -> Any:
+    """A section's fields as recorded: those of `UNSET_UNRECORDED` dropped while unset."""
+    if not isinstance(fields, dict):
+        return fields
+    return {k: v for k, v in fields.items() if not (k in UNSET_UNRECORDED and v is None)}
+
+
 def record(layers: Layers, built: Mapping[str, Any], extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The effective settings: every field of every section used, and where each non-default came from."""
-    values = {name: to_dict(obj) if obj is not None and not isinstance(obj, dict) else obj for name, obj in built.items()}
+    """The effective settings: every field of every section used (those of `UNSET_UNRECORDED` only when set), and
+    where each non-default came from."""
+    values = {name: recorded_fields(to_dict(obj) if obj is not None and not isinstance(obj, dict) else obj)
+              for name, obj in built.items()}
     sources = {key: how for key, how in layers.sources.items() if key.rsplit(".", 1)[0] in values}
     return {"config": layers.config, "values": values, "sources": sources, **(extra or {})}
 

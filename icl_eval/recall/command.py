@@ -26,7 +26,7 @@ from evalm.icl_eval.models.source import LoadOptions, ModelSource, refuse_unless
 from evalm.icl_eval.protocol.skeleton import Grid, Invocation, evaluate, open_store
 from evalm.icl_eval.protocol.units import books_key
 from evalm.icl_eval.recall.config import RecallConfig
-from evalm.icl_eval.settings import built_in_sections
+from evalm.icl_eval.settings import built_in_sections, recorded_fields
 
 FLAGS = {"tasks": "tasks", "lengths": "lengths", "depths": "depths", "seeds": "seeds", "items": "items",
          "haystack": "haystack", "books": "books", "save_predictions": "save_predictions"}
@@ -114,7 +114,7 @@ def _run(run: Invocation, config: RecallConfig, inputs: list, folder, world) -> 
         from evalm.icl_eval.recall.report import results, write
 
         metas = [meta for meta, _ in loaded]
-        data = results(metas, config, {"model": describe(lm), "model_options": to_dict(run.options),
+        data = results(metas, config, {"model": describe(lm), "model_options": recorded_fields(to_dict(run.options)),
                                        "settings": run.settings, "bos": {"tokens": list(bos), "why": why}})
         data["seconds"], data["execution"] = time.perf_counter() - t0, grid.execution()
         write(run.out, data, metas, config)
