@@ -26,7 +26,7 @@ from evalm.tiling import Ablation
 from tests import models
 from tests.evalm.oracle import t5_bucket_ref
 from tests.evalm.paths import PLAIN, TILES, forced, recorded
-from tests.evalm.test_eva_sink import BASE, heads, move
+from tests.evalm.test_eva_sink import BASE, check_cache_matches_whole, heads, move
 
 EXACT = 1e-10  # float64: sums reassociated, nothing else
 APART = 1e-3  # an output selection did not change would be this close to EVA's own
@@ -213,18 +213,7 @@ def test_selected_tokens_moved_before_the_window_equal_the_equation(shape):
         assert (attn.attend(q.clone(), k.clone(), v.clone()) - expected).abs().max() < EXACT
         attn.query_tile = 8  # one block per tile, many tiles per group
         assert (attn.attend(q.clone(), k.clone(), v.clone()) - expected).abs().max() < EXACT
-        tokens = torch.randint(0, BASE.vocab_size, (2, 61), generator=torch.Generator().manual_seed(1))
-        whole = m(tokens)
-        cache, parts = m.new_cache(batch_size=2), []
-        for lo, hi in ((0, 3), (3, 11), (11, 30), (30, 61)):
-            parts.append(m(tokens[:, lo:hi], cache=cache))
-        assert (torch.cat(parts, 1) - whole).abs().max() < EXACT
-        trunk = m.new_cache()
-        m(tokens[:1, :29], cache=trunk)
-        tails = torch.randint(0, BASE.vocab_size, (3, 2), generator=torch.Generator().manual_seed(5))
-        batched = m(tails, cache=trunk.fork(batch_size=3))
-        for b in range(3):
-            assert (batched[b : b + 1] - m(torch.cat([tokens[:1, :29], tails[b : b + 1]], 1))[:, 29:]).abs().max() < EXACT
+        check_cache_matches_whole(m)
 
 
 @pytest.mark.parametrize("shape", ["k2", "k3-only", "k2-sink"])

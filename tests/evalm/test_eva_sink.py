@@ -155,18 +155,24 @@ def test_sink_keys_moved_before_each_block_equal_the_equation_on_every_path(shap
                 assert (attn.attend(q.clone(), k.clone(), v.clone()) - expected).abs().max() < EXACT
         attn.query_tile = 8  # one block per tile, many tiles per group
         assert (attn.attend(q.clone(), k.clone(), v.clone()) - expected).abs().max() < EXACT
-        tokens = torch.randint(0, BASE.vocab_size, (2, 61), generator=torch.Generator().manual_seed(1))
-        whole = m(tokens)
-        cache, parts = m.new_cache(batch_size=2), []
-        for lo, hi in ((0, 3), (3, 11), (11, 30), (30, 61)):
-            parts.append(m(tokens[:, lo:hi], cache=cache))
-        assert (torch.cat(parts, 1) - whole).abs().max() < EXACT
-        trunk = m.new_cache()
-        m(tokens[:1, :29], cache=trunk)
-        tails = torch.randint(0, BASE.vocab_size, (3, 2), generator=torch.Generator().manual_seed(5))
-        batched = m(tails, cache=trunk.fork(batch_size=3))
-        for b in range(3):
-            assert (batched[b : b + 1] - m(torch.cat([tokens[:1, :29], tails[b : b + 1]], 1))[:, 29:]).abs().max() < EXACT
+        check_cache_matches_whole(m)
+
+
+def check_cache_matches_whole(m: EvalmModel) -> None:
+    """The model `m` read through its cache in segments cutting blocks, chunks and the sink equals the whole
+    sequence, and a batch of three forks of one parent scoring two tokens each equals each sequence alone."""
+    tokens = torch.randint(0, BASE.vocab_size, (2, 61), generator=torch.Generator().manual_seed(1))
+    whole = m(tokens)
+    cache, parts = m.new_cache(batch_size=2), []
+    for lo, hi in ((0, 3), (3, 11), (11, 30), (30, 61)):
+        parts.append(m(tokens[:, lo:hi], cache=cache))
+    assert (torch.cat(parts, 1) - whole).abs().max() < EXACT
+    trunk = m.new_cache()
+    m(tokens[:1, :29], cache=trunk)
+    tails = torch.randint(0, BASE.vocab_size, (3, 2), generator=torch.Generator().manual_seed(5))
+    batched = m(tails, cache=trunk.fork(batch_size=3))
+    for b in range(3):
+        assert (batched[b : b + 1] - m(torch.cat([tokens[:1, :29], tails[b : b + 1]], 1))[:, 29:]).abs().max() < EXACT
 
 
 @pytest.mark.parametrize("shape", ["plain-12", "overlap-t5-exclude-4"])
