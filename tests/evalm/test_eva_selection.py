@@ -26,7 +26,7 @@ from evalm.tiling import Ablation
 from tests import models
 from tests.evalm.oracle import t5_bucket_ref
 from tests.evalm.paths import PLAIN, TILES, forced, recorded
-from tests.evalm.test_eva_sink import BASE, check_cache_matches_whole, heads, move
+from tests.evalm.test_eva_sink import BASE, check_cache_matches_whole, check_training_draws, heads, move
 
 EXACT = 1e-10  # float64: sums reassociated, nothing else
 APART = 1e-3  # an output selection did not change would be this close to EVA's own
@@ -249,17 +249,7 @@ def test_the_cache_in_segments_and_forks_equal_one_shot(shape):
 def test_in_training_selection_takes_the_dropout_and_noise_every_path_draws():
     m = model(select_chunks=2, sink_tokens=4, attn_dropout=0.3)
     attn = m.blocks[0].attn
-    attn.train()
-    x = torch.randn(2, 45, BASE.d_model, dtype=torch.float64)
-    with torch.no_grad():
-        q, k, v = heads(attn, x)
-        torch.manual_seed(7)
-        out = attn.attend(q.clone(), k.clone(), v.clone())
-        torch.manual_seed(7)
-        seeds = [int(torch.randint(0, 2**62, (1,))) for _ in range(2)]  # EvaAttention._tiling's order
-        expected = oracle(attn, q, k, v, training=(seeds[0], 0.3, seeds[1]))
-        assert (out - expected).abs().max() < EXACT
-        assert (out - oracle(attn, q, k, v, training=(seeds[0] + 1, 0.3, seeds[1]))).abs().max() > APART
+    check_training_draws(attn, lambda q, k, v, training: oracle(attn, q, k, v, training=training))
 
 
 @pytest.mark.parametrize("shape", ["k2", "k2-only-sink-overlap"])

@@ -181,6 +181,13 @@ def test_in_training_the_sink_takes_the_dropout_and_noise_every_path_draws(shape
     the layer draws from torch's RNG (dropout's, then ε's); sink keys are dropped by their position."""
     m = model(**SHAPES[shape], attn_dropout=0.3)
     attn, S = m.blocks[0].attn, SHAPES[shape]["sink_tokens"]
+    check_training_draws(attn, lambda q, k, v, training: oracle(attn, q, k, v, S, training=training))
+
+
+def check_training_draws(attn, reference) -> None:
+    """`attn` in training (attention dropout 0.3) equals `reference(q, k, v, training)` given the seeds the layer
+    draws from torch's RNG, dropout's then ε's (`EvaAttention._tiling`'s order), and differs from it under
+    another dropout seed."""
     attn.train()
     x = torch.randn(2, 45, BASE.d_model, dtype=torch.float64)
     with torch.no_grad():
@@ -188,10 +195,9 @@ def test_in_training_the_sink_takes_the_dropout_and_noise_every_path_draws(shape
         torch.manual_seed(7)
         out = attn.attend(q.clone(), k.clone(), v.clone())
         torch.manual_seed(7)
-        seeds = [int(torch.randint(0, 2**62, (1,))) for _ in range(2)]  # EvaAttention._tiling's order
-        expected = oracle(attn, q, k, v, S, training=(seeds[0], 0.3, seeds[1]))
-        assert (out - expected).abs().max() < EXACT
-        assert (out - oracle(attn, q, k, v, S, training=(seeds[0] + 1, 0.3, seeds[1]))).abs().max() > APART
+        seeds = [int(torch.randint(0, 2**62, (1,))) for _ in range(2)]
+        assert (out - reference(q, k, v, (seeds[0], 0.3, seeds[1]))).abs().max() < EXACT
+        assert (out - reference(q, k, v, (seeds[0] + 1, 0.3, seeds[1]))).abs().max() > APART
 
 
 @pytest.mark.parametrize("shape", ["plain-12", "overlap-t5-exclude-4"])
