@@ -6,8 +6,8 @@ data/study_steps.json holds every step of configs/study-{convert,recall,summarie
 ROOT = /ROOT, needs) as `load_study` resolved them before the study steps became units of
 `launcher.runner`, with the changes made beside it: `evalm study ...` steps in the spellings of the
 commands that own them (`convert --prepare`, `train uptrain --export-trainables --run`, ...), the
-conversion study's perplexity and sink steps (once a benchmark script's), and the summaries study's
-report as its `[summary]` instead of a step. `--resume auto`, on every training step of `evalm train
+conversion study's perplexity and sink steps (once a benchmark script's), the summaries study's
+report as its `[summary]` instead of a step, and the recall study's selection steps, added after its 24. `--resume auto`, on every training step of `evalm train
 uptrain` (a step stopped by SIGTERM resumes from its last checkpoint instead of refusing its own
 folder), is checked apart, below.
 """
