@@ -313,9 +313,8 @@ def _attend_selecting(call: TiledCall, g: TileGroup, sets: KeySets) -> Tensor:
     probs = torch.softmax(torch.cat(logits, -1), -1)
     if t.dropout > 0:
         probs = probs * _selection_keep(call, g, sets, index).to(probs.dtype) * dropout_mask.scale(t.dropout)
-    widths = [x.shape[-1] for x in logits]
     out = None
-    for p, width, v in zip(probs.split(widths, -1), widths, values + [None]):
+    for p, v in zip(probs.split([x.shape[-1] for x in logits], -1), values + [None]):
         if v is None:  # the selected tokens: one set per query row
             part = (p.unsqueeze(-2).to(picked_v.dtype) @ picked_v).squeeze(-2)
         else:
