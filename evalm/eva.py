@@ -323,11 +323,16 @@ class EvaAttention(HeadProjections):
         return out
 
 
+def eva_layers(model: nn.Module) -> list[EvaAttention]:
+    """Every EVA layer of `model` (an EVALM, or a transformers model with EVA attention)."""
+    return [m for m in model.modules() if isinstance(m, EvaAttention)]
+
+
 def ablate(model: nn.Module, ablation: Ablation | str) -> int:
-    """Set `ablation` on every EVA layer of `model` (an EVALM, or a transformers model with EVA
-    attention); returns how many layers it reached (0: the model has no EVA attention)."""
+    """Set `ablation` on every EVA layer of `model`; returns how many layers it reached (0: the model has no
+    EVA attention)."""
     ablation = Ablation(ablation)
-    layers = [m for m in model.modules() if isinstance(m, EvaAttention)]
+    layers = eva_layers(model)
     for layer in layers:
         layer.ablate(ablation)
     return len(layers)
@@ -336,7 +341,7 @@ def ablate(model: nn.Module, ablation: Ablation | str) -> int:
 def select(model: nn.Module, k: int) -> int:
     """Selection of k chunks (docs/eva.md, "Selection"; 0: none) on every EVA layer of `model`, read at evaluation
     time on its weights; returns how many layers it reached (0: the model has no EVA attention)."""
-    layers = [m for m in model.modules() if isinstance(m, EvaAttention)]
+    layers = eva_layers(model)
     for layer in layers:
         layer.layout = dataclasses.replace(layer.layout, select=k, select_only=layer.layout.select_only and k > 0)
     return len(layers)

@@ -193,18 +193,9 @@ def _attend_dropped(call: TiledCall, g: TileGroup, sets: KeySets, joined: tuple[
     (local or sink), −1 − r for chunk r, `dropout_mask.prefix_key(m)` for the m-th merged prefix entry."""
     keys, values, mask = joined
     t = call.t
-    G, rows = g.q.shape[2:4]
     logits = upcast(torch.matmul(g.q.transpose(1, 2) * t.scale, keys.transpose(-1, -2))).add_(mask)
     probs = torch.softmax(logits, -1)
-    device = g.q.device
-    ids = [g.k_pos.squeeze(1), dropout_mask.chunk_key(t.first_chunk + torch.arange(sets.n_vis, device=device)).expand(G, -1)]
-    if sets.sink_ids is not None:  # sink tokens by position, after the local keys (the sets' order)
-        ids.insert(1, sets.sink_ids.expand(G, -1))
-    if call.entries.prefix is not None:
-        ids.append(dropout_mask.prefix_key(torch.arange(call.entries.prefix[0].shape[-2], device=device)).expand(G, -1))
-    heads = torch.arange(g.q.shape[1], device=device).view(1, 1, -1, 1)
-    row_keys = dropout_mask.row_keys(t.seed, g.seq, heads, g.q_pos.view(1, G, 1, rows))  # (B, G, H, rows)
-    key_keys = dropout_mask.key_keys(torch.cat(ids, -1)).view(1, G, 1, 1, -1)
+    row_keys, key_keys = _dropout_keys(call, g, sets, summaries=True)
     keep = dropout_mask.keep_of(row_keys.unsqueeze(-1), key_keys, t.dropout).to(probs.dtype).mul_(dropout_mask.scale(t.dropout))
     return torch.matmul((probs * keep).to(values.dtype), values)  # not in place: softmax's backward reads probs
 
@@ -323,24 +314,34 @@ def _attend_selecting(call: TiledCall, g: TileGroup, sets: KeySets) -> Tensor:
     return out
 
 
-def _selection_keep(call: TiledCall, g: TileGroup, sets: KeySets, index: Tensor) -> Tensor:
-    """Attention dropout's keep decisions over the keys `_attend_selecting` reads, in its
-    order: local (by position), sink (by position), the summaries kept (−1 − r), the prefix, the selected
-    tokens (by position) -> (B, G, H, rows, K)."""
+def _dropout_keys(call: TiledCall, g: TileGroup, sets: KeySets, summaries: bool) -> tuple[Tensor, Tensor]:
+    """The hashed dropout keys of a group's rows (B, G, H, rows) and of the key sets every row shares (1, G, 1,
+    1, K), in the sets' order: local and sink tokens by position, chunk r as −1 − r (where `summaries` enter the
+    softmax), the m-th merged prefix entry as `dropout_mask.prefix_key(m)` (evalm/dropout_mask.py)."""
     t, device = call.t, g.q.device
-    B, H, G, rows, _ = g.q.shape
+    G, rows = g.q.shape[2:4]
     ids = [g.k_pos.squeeze(1)]
-    if sets.sink_ids is not None:
+    if sets.sink_ids is not None:  # sink tokens by position, after the local keys
         ids.append(sets.sink_ids.expand(G, -1))
-    if sets.n_vis and not t.select_only:
+    if summaries and sets.n_vis:
         ids.append(dropout_mask.chunk_key(t.first_chunk + torch.arange(sets.n_vis, device=device)).expand(G, -1))
     if call.entries.prefix is not None:
         ids.append(dropout_mask.prefix_key(torch.arange(call.entries.prefix[0].shape[-2], device=device)).expand(G, -1))
-    shared = dropout_mask.key_keys(torch.cat(ids, -1)).view(1, G, 1, 1, -1).expand(B, G, H, rows, -1)
+    heads = torch.arange(g.q.shape[1], device=device).view(1, 1, -1, 1)
+    row_keys = dropout_mask.row_keys(t.seed, g.seq, heads, g.q_pos.view(1, G, 1, rows))
+    return row_keys, dropout_mask.key_keys(torch.cat(ids, -1)).view(1, G, 1, 1, -1)
+
+
+def _selection_keep(call: TiledCall, g: TileGroup, sets: KeySets, index: Tensor) -> Tensor:
+    """Attention dropout's keep decisions over the keys `_attend_selecting` reads, in its order: the shared sets
+    (`_dropout_keys`, the summaries only where they stay), then the selected tokens by position -> (B, G, H,
+    rows, K)."""
+    t = call.t
+    B, H, G, rows, _ = g.q.shape
+    row_keys, shared = _dropout_keys(call, g, sets, summaries=not t.select_only)
     picked = dropout_mask.key_keys(selection.token_ids(index, t.first_chunk, t.chunk))
-    heads = torch.arange(H, device=device).view(1, 1, -1, 1)
-    row_keys = dropout_mask.row_keys(t.seed, g.seq, heads, g.q_pos.view(1, G, 1, rows))  # (B, G, H, rows)
-    return dropout_mask.keep_of(row_keys.unsqueeze(-1), torch.cat([shared, picked], -1), t.dropout)
+    keys = torch.cat([shared.expand(B, G, H, rows, -1), picked], -1)
+    return dropout_mask.keep_of(row_keys.unsqueeze(-1), keys, t.dropout)
 
 
 def _moved_sink(call: TiledCall, g: TileGroup, sink_k: Tensor, sink_v: Tensor, hidden: Tensor) -> tuple[Tensor, ...]:
