@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from evalm import eva_paths, flash, flex, summaries, tiles, tiling, whole_sequence
+from evalm import eva_paths, flash, flex, selection, summaries, tiles, tiling, whole_sequence
 from evalm.cache import Cache, Parts, Rows, parts_append, parts_bytes, parts_len
 from evalm.eva_paths import EvaCall, EvaPath, Route
 from evalm.eva_settings import EvaSettings
@@ -95,6 +95,7 @@ class EvaState:
     sink_out: int = 0  # sink tokens before the window start, min(S, first window row): not local keys
     tokens_k: Rows = Rows()  # with selection: the summarised chunks' own keys (B or 1, H, c per summary, D)
     tokens_v: Rows = Rows()  # and values, read only at the rows a query selects (evalm/selection.py)
+    bounds: Rows = Rows()  # with select_by "bound": each summarised chunk's key minima and maxima (2 rows a chunk)
 
     def entries(self) -> tuple[Tensor, Tensor]:
         """Everything a later token may attend to: (B, H, sink_out + n_chunks + ℓ, D) keys and values."""
@@ -105,11 +106,12 @@ class EvaState:
 
     def nbytes(self) -> int:
         sink = tuple(x for x in (self.sink_k, self.sink_v) if x is not None)
-        tokens = self.tokens_k.nbytes() + self.tokens_v.nbytes()
+        tokens = self.tokens_k.nbytes() + self.tokens_v.nbytes() + self.bounds.nbytes()
         return parts_bytes((self.local_k, self.local_v, self.pending_q, *self.remote_k, *self.remote_v, *sink)) + tokens
 
     def disowned(self) -> EvaState:
-        return dataclasses.replace(self, n_owned=0, tokens_k=self.tokens_k.disowned(), tokens_v=self.tokens_v.disowned())
+        return dataclasses.replace(self, n_owned=0, tokens_k=self.tokens_k.disowned(), tokens_v=self.tokens_v.disowned(),
+                                   bounds=self.bounds.disowned())
 
 
 class EvaAttention(HeadProjections):
@@ -277,11 +279,11 @@ class EvaAttention(HeadProjections):
             chunk_q = torch.cat([state.pending_q.expand(B, -1, -1, -1), q], -2)
             remote_k, remote_v, n_owned = state.remote_k, state.remote_v, state.n_owned
             sink_k, sink_v = state.sink_k, state.sink_v
-            tokens_k, tokens_v = state.tokens_k, state.tokens_v
+            tokens_k, tokens_v, bounds = state.tokens_k, state.tokens_v, state.bounds
         else:
             seq_k, seq_v, chunk_q, remote_k, remote_v, n_owned = k, v, q, (), (), 0
             sink_k = sink_v = None
-            tokens_k = tokens_v = Rows()
+            tokens_k = tokens_v = bounds = Rows()
         S = call.t.sink
         if n_seen < S:  # this segment holds sink tokens: keep their rows (copies: a view would keep all of k)
             head_k, head_v = k[..., : S - n_seen, :], v[..., : S - n_seen, :]
@@ -304,13 +306,14 @@ class EvaAttention(HeadProjections):
             )
             remote_k, _ = parts_append(remote_k, new_k, n_owned)
             remote_v, n_owned = parts_append(remote_v, new_v, n_owned)
-            if call.t.select:  # selection reads these chunks' own rows later (evalm/selection.py)
-                tokens_k, tokens_v = (rows.append(x[..., at : at + n_new * c, :]) for rows, x in
-                                      ((tokens_k, seq_k), (tokens_v, seq_v)))
+            if call.t.select:
+                tokens_k, tokens_v, bounds = _kept(call.t, (tokens_k, tokens_v, bounds), seq_k[..., at : at + n_new * c, :],
+                                                   seq_v[..., at : at + n_new * c, :])
 
         sink = (sink_k, sink_v) if sink_k is not None else None
         tokens = (tokens_k.views(), tokens_v.views()) if call.t.select and len(tokens_k) else None
-        entries = call.entries._replace(remote_k=remote_k, remote_v=remote_v, sink=sink, tokens=tokens)
+        entries = call.entries._replace(remote_k=remote_k, remote_v=remote_v, sink=sink, tokens=tokens,
+                                        bounds=bounds.views() if tokens is not None else None)
         out = tiles.attend(dataclasses.replace(call, entries=entries), q, seq_k, seq_v)
         if cache is not None:
             n_after = n_seen + T
@@ -319,8 +322,18 @@ class EvaAttention(HeadProjections):
                 seq_k[..., keep:, :].clone(), seq_v[..., keep:, :].clone(),
                 pending_q=chunk_q[..., n_after // c * c - n_seen // c * c :, :].clone(),
                 remote_k=remote_k, remote_v=remote_v, n_owned=n_owned, sink_k=sink_k, sink_v=sink_v,
-                sink_out=min(S, max(0, n_after // w * w - ext)), tokens_k=tokens_k, tokens_v=tokens_v)
+                sink_out=min(S, max(0, n_after // w * w - ext)), tokens_k=tokens_k, tokens_v=tokens_v,
+                bounds=bounds)
         return out
+
+
+def _kept(t: Tiling, rows: tuple[Rows, Rows, Rows], k: Tensor, v: Tensor) -> tuple[Rows, Rows, Rows]:
+    """New summarised chunks' rows that selection reads later (evalm/selection.py): their keys and values, and with
+    select_by "bound" Quest's key bounds (two rows a chunk; the ranking needs no graph)."""
+    tokens_k, tokens_v, bounds = rows
+    if t.select_by == "bound":
+        bounds = bounds.append(selection.key_bounds(k.detach(), t.chunk))
+    return tokens_k.append(k), tokens_v.append(v), bounds
 
 
 def eva_layers(model: nn.Module) -> list[EvaAttention]:

@@ -54,6 +54,10 @@ class EvaSettings:
     select_only: bool = False
     """With select_chunks: the summaries only choose; the softmax reads the window, the sink and the selected tokens,
     no summary (window + selection)."""
+    select_by: Literal["summary", "bound"] = "summary"
+    """With select_chunks, what ranks the candidate chunks: 'summary', the summary's logit in EVA's joint softmax;
+    'bound', Quest's upper bound on the chunk's best token logit from its keys' per-channel minima and maxima
+    (Tang et al. 2024, §3.3; no training: for a model whose summaries were never trained to route)."""
 
     def __post_init__(self) -> None:
         if self.window_size < 1:
@@ -73,6 +77,12 @@ class EvaSettings:
         if self.select_only and not self.select_chunks:
             raise ConfigError("select_only without select_chunks: nothing is selected, so the softmax would read the "
                               "window alone; set select_chunks >= 1, or select_only = false")
+        if self.select_by not in ("summary", "bound"):
+            raise ConfigError(f"select_by={self.select_by!r}: 'summary' (the summaries' logits) or 'bound' (Quest's "
+                              "bound from each chunk's key minima and maxima)")
+        if self.select_by != "summary" and not self.select_chunks:
+            raise ConfigError(f"select_by={self.select_by!r} without select_chunks: nothing is selected; set "
+                              "select_chunks >= 1, or select_by = 'summary'")
 
 
 EVA_FIELDS = tuple(field.name for field in dataclasses.fields(EvaSettings))

@@ -8,7 +8,7 @@ settings are the config's `evalm` section:
 
 | keys | what | schema |
 |---|---|---|
-| `window_size`, `chunk_size`, `overlap_window`, `use_t5_bias`, `exclude_window_chunks`, `sink_tokens`, `adaptive_proj`, `select_chunks`, `select_only` | EVA's rule and maps, as in `ModelConfig` (docs/model.md) | `EvaSettings` |
+| `window_size`, `chunk_size`, `overlap_window`, `use_t5_bias`, `exclude_window_chunks`, `sink_tokens`, `adaptive_proj`, `select_chunks`, `select_only`, `select_by` | EVA's rule and maps, as in `ModelConfig` (docs/model.md) | `EvaSettings` |
 | `positions`, `circular_period`, `sink_positions`, `selected_positions` | where RoPE puts EVA's keys: at each position or i mod M; sink keys and selected tokens at their own positions or moved before the window | `RotaryPlacement` |
 
 Both classes and their defaults are evalm/eva_settings.py's, validated once when the config is made from

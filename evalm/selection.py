@@ -9,6 +9,9 @@ query's exact keys while their summaries leave the softmax, so no chunk's mass i
 summaries only choose. Heads that share one K/V head (a grouped-query host) share one choice, made from
 their scores summed (NSA's group-consistent selection). The choice carries no gradient; what it selects does.
 
+With `select_by = "bound"` Quest's bound ranks them instead (`bound_scores`, from each chunk's `key_bounds`): a
+model whose summaries were never trained to route (a converted one) keeps EVA's softmax and reads with it.
+
 The tiles route (evalm/tiles.py) calls `choose` and `gather` for every query of a call, whole sequence or
 cached; `chunk_tokens` is the slice of a sequence a whole-sequence call reads the tokens from.
 
@@ -64,6 +67,28 @@ def gather(tokens: tuple[Tensor, ...], index: Tensor, c: int) -> Tensor:
         out = got if out is None else torch.where(((rows >= start) & (rows < start + n)).unsqueeze(-1), got, out)
         start += n
     return out
+
+
+def key_bounds(k: Tensor, c: int) -> Tensor:
+    """Quest's per-chunk key bounds (Tang et al. 2024, §3.3): k (B, H, n·c, D), whole chunks -> (B, H, 2n, D),
+    chunk m's per-channel minimum at row 2m and maximum at row 2m + 1 (2·D numbers a chunk, kept beside its
+    c·D keys: 2/c more rows)."""
+    B, H, N, D = k.shape
+    chunks = k.reshape(B, H, N // c, c, D)
+    return torch.stack([chunks.amin(3), chunks.amax(3)], 3).reshape(B, H, 2 * (N // c), D)
+
+
+def bound_scores(q: Tensor, bounds: tuple[Tensor, ...], n: int) -> Tensor:
+    """The bound ranking (`select_by = "bound"`): q (B, G, H, R, D), scaled, and the chunks' `key_bounds` as parts
+    (B or 1, H, 2·n_p, D) -> (B, G, H, R, n) for the first n chunks. Σ_d max(q_d·min_d, q_d·max_d) = q⁺·max + q⁻·min
+    is at least every logit q·k_j of the chunk's tokens, so the chunk holding the query's best key is never
+    ranked below it (a mean key, the summary's, can average that key away)."""
+    pos, neg = q.detach().clamp(min=0), q.detach().clamp(max=0)  # the choice carries no gradient
+    out = []
+    for part in bounds:
+        low, high = (x.unsqueeze(1).transpose(-1, -2) for x in part.unflatten(-2, (-1, 2)).unbind(-2))
+        out.append(torch.matmul(pos, high.to(q.dtype)) + torch.matmul(neg, low.to(q.dtype)))
+    return torch.cat(out, -1)[..., :n] if out else q.new_zeros(*q.shape[:-1], 0)
 
 
 def token_ids(index: Tensor, first_chunk: int, c: int) -> Tensor:

@@ -47,6 +47,7 @@ class Entries(NamedTuple):
     sink: tuple[Tensor, Tensor] | None = None  # (B or 1, H, ≤ S, D) keys, values of the sink tokens
     tokens: tuple[Parts, Parts] | None = None  # parts (B or 1, H, N_p, D): the summarised chunks' own keys and
     # values, in chunk order (selection reads them, evalm/selection.py; None without selection)
+    bounds: Parts | None = None  # parts (B or 1, H, 2 per chunk, D): the chunks' key bounds (select_by "bound")
 
 
 class TilePlan(NamedTuple):
@@ -283,7 +284,11 @@ def _attend_selecting(call: TiledCall, g: TileGroup, sets: KeySets) -> Tensor:
     values = list(sets.values)
     remote = torch.cat(logits[sets.remote], -1) if sets.n_vis else logits[0].new_zeros(B, G, H, rows, 0)
     candidate = torch.arange(sets.n_vis, device=q.device) < sets.candidates  # (G, rows, n_vis)
-    chosen, index, valid = selection.choose(remote.masked_fill(~candidate.unsqueeze(1), float("-inf")), t.select,
+    scores = remote
+    if t.select_by == "bound":  # Quest's bound ranks the same candidates (evalm/selection.py)
+        bound = selection.bound_scores(q, entries.bounds or (), sets.n_vis)
+        scores = torch.where(remote > float("-inf"), upcast(bound), float("-inf"))
+    chosen, index, valid = selection.choose(scores.masked_fill(~candidate.unsqueeze(1), float("-inf")), t.select,
                                             t.select_group)
     kept = slice(sets.remote.start, sets.remote.start) if t.select_only else sets.remote
     if not t.select_only and sets.n_vis:  # the chosen summaries leave: their tokens carry the mass now

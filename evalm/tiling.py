@@ -55,6 +55,7 @@ class Tiling:
     select: int = 0  # k: chunks each query reads exactly by its summaries' scores (evalm/selection.py; 0: none)
     select_only: bool = False  # with select: no summary enters the softmax; they only score
     select_group: int = 1  # query heads sharing one K/V head, and so one choice (a grouped-query host's)
+    select_by: str = "summary"  # what ranks the candidates: the summaries' logits, or Quest's bound ("bound")
 
     @classmethod
     def of(cls, settings, head_dim: int, ablation: Ablation = Ablation.NONE) -> Tiling:
@@ -62,7 +63,8 @@ class Tiling:
         overlap, excluded window chunks, sink tokens) on heads of size `head_dim` (s = head_dim^-1/2)."""
         return cls(settings.window_size, settings.chunk_size, settings.window_size if settings.overlap_window else 0,
                    settings.exclude_window_chunks, head_dim**-0.5, sink=settings.sink_tokens, ablation=ablation,
-                   select=settings.select_chunks, select_only=settings.select_only)
+                   select=settings.select_chunks, select_only=settings.select_only,
+                   select_by=settings.select_by)
 
     def window_start(self, pos: Tensor | int) -> Tensor | int:
         """First local key of the query at `pos`: its block's start, less ext, at least 0 (chunk-window:

@@ -339,6 +339,8 @@ COMMANDS = {
     "recall-cells": ("the recall study's test cells of one `evalm train recall` model", lazy("evalm.icl_eval.recall.study_cells:main")),
     "recall-tables": ("the recall study's markdown tables from its folder, or where EVA's MQAR errors go (--chunk-mates)",
                       lazy("evalm.icl_eval.recall.chunk_mates:main")),
+    "needle-ranks": ("where a needle's chunk ranks among a query's selection candidates: summaries, Quest's bound, exact",
+                     lazy("evalm.icl_eval.recall.needle_ranks:main")),
     "saicl-positions": ("why SAICL's decoder adaptation scores low on a tuned EVALM: isolation vs shared positions",
                         lazy("evalm.icl_eval.methods.saicl_positions:main")),
     "tables": ("markdown tables of `evalm eval icl` / `ppl` results.json files (icl runs split by seed pooled: A+B+C)",

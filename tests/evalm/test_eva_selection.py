@@ -38,6 +38,9 @@ SHAPES = {  # window 8, chunk 4: from token 16 on a query has candidates before 
                               "exclude_window_chunks": True},
     "k2-sink": {"select_chunks": 2, "sink_tokens": 4},
     "k2-only-sink-overlap": {"select_chunks": 2, "select_only": True, "sink_tokens": 8, "overlap_window": True},
+    "k2-bound": {"select_chunks": 2, "select_by": "bound"},
+    "k1-bound-only-sink-t5": {"select_chunks": 1, "select_by": "bound", "select_only": True, "sink_tokens": 4, "overlap_window": True,
+                              "use_t5_bias": True},
 }
 
 
@@ -72,6 +75,11 @@ def oracle(attn, q, k, v, group: int = 1, ablation: Ablation = Ablation.NONE, tr
         bucket = [[t5_bucket_ref(max(0, i - j - ext), len(table), w + ext) for j in range(T)] for i in range(T)]
         local_logits = local_logits + s * table[torch.tensor(bucket)]
     remote_logits = s * torch.einsum("bihd,brhd->bhir", q, k_tilde)  # (B, H, T, C)
+    if attn.layout.select_by == "bound":  # Quest: Σ_d max(q_d·min_j k_jd, q_d·max_j k_jd) over chunk r's tokens j
+        low, high = kc.amin(2), kc.amax(2)  # (B, C, H, D)
+        rank_logits = s * torch.maximum(q[:, :, None] * low[:, None], q[:, :, None] * high[:, None]).sum(-1).permute(0, 3, 1, 2)
+    else:
+        rank_logits = remote_logits
     sink_logits, picked_logits = token_logits.clone(), token_logits.clone()
     local = torch.zeros(B, H, T, T, dtype=torch.bool)
     sunk, picked = torch.zeros_like(local), torch.zeros_like(local)
@@ -89,7 +97,7 @@ def oracle(attn, q, k, v, group: int = 1, ablation: Ablation = Ablation.NONE, tr
             sink_logits[..., i, :sink] = s * torch.einsum("bhd,bjhd->bhj", q[:, i], move(k[:, :sink], shift))
         for b in range(B):
             for h0 in range(0, H, group):
-                score = {r: float(remote_logits[b, h0 : h0 + group, i, r].detach().sum()) for r in candidates}
+                score = {r: float(rank_logits[b, h0 : h0 + group, i, r].detach().sum()) for r in candidates}
                 chosen = sorted(sorted(candidates, key=lambda r: (-score[r], r))[:select])
                 for slot, r in enumerate(chosen):
                     picked[b, h0 : h0 + group, i, r * c : r * c + c] = True
@@ -150,6 +158,34 @@ def test_the_chunk_holding_the_key_is_read_exactly():
     assert error < 0.3 < plain_error
 
 
+def test_the_bound_finds_the_key_a_mean_averages_away():
+    """Quest's bound (`select_by = "bound"`) on a case built by hand: the key the query seeks sits among
+    chunk-mates pointing the other way, so its chunk's mean key (the summary's, A_k the identity) scores lowest
+    while every other chunk's mean scores a little. The summaries then select a wrong chunk; the bound, at
+    least each token's logit, selects the right one, and the output is the sought key's value."""
+    outputs = {}
+    for by in ("summary", "bound"):
+        m = model(select_chunks=1, adaptive_proj="no-ln", select_by=by)
+        attn = m.blocks[0].attn
+        with torch.no_grad():
+            attn.adaptive_mu_k[0].weight.copy_(torch.eye(attn.head_dim))
+            attn.adaptive_mu_k[0].bias.zero_()
+        T, H, D = 40, attn.n_head, attn.head_dim
+        gen = torch.Generator().manual_seed(3)
+        u = torch.randn(H, D, generator=gen, dtype=torch.float64)
+        k = 0.3 * u + 0.05 * torch.randn(1, T, H, D, generator=gen, dtype=torch.float64)  # every chunk leans to u
+        k[0, 4:8] = -u  # chunk 1: three keys against u, then token 5 along it
+        k[0, 5] = u
+        v = torch.randn(1, T, H, D, generator=gen, dtype=torch.float64)
+        q = torch.zeros(1, T, H, D, dtype=torch.float64)
+        q[0, 37] = 6.0 * u  # the last query looks for token 5, far before its window
+        with torch.no_grad():
+            outputs[by] = attn.attend(q.clone(), k.clone(), v.clone())
+            assert (outputs[by] - oracle(attn, q, k, v)).abs().max() < EXACT
+    error = {by: float((x[0, 37] - v[0, 5]).norm() / v[0, 5].norm()) for by, x in outputs.items()}
+    assert error["bound"] < 0.3 < error["summary"]
+
+
 @pytest.mark.parametrize("shape", SHAPES)
 def test_every_whole_sequence_route_equals_the_equation(shape):
     m = model(**SHAPES[shape])
@@ -195,7 +231,7 @@ def test_a_group_of_heads_shares_one_choice():
         assert (grouped - oracle(attn, q, k, v, group=1)).abs().max() > APART  # the group's choice differs
 
 
-@pytest.mark.parametrize("shape", ["k2", "k2-sink", "k2-only-sink-overlap"])
+@pytest.mark.parametrize("shape", ["k2", "k2-sink", "k2-only-sink-overlap", "k2-bound"])
 def test_selected_tokens_moved_before_the_window_equal_the_equation(shape):
     """With `select_shift` (what a RoPE host sets for selected_positions = 'window') each query reads its chosen
     tokens moved to the k·c positions before its window; moved sink keys sit before them. Whole sequences (one
@@ -216,7 +252,7 @@ def test_selected_tokens_moved_before_the_window_equal_the_equation(shape):
         check_cache_matches_whole(m)
 
 
-@pytest.mark.parametrize("shape", ["k2", "k3-only", "k2-sink"])
+@pytest.mark.parametrize("shape", ["k2", "k3-only", "k2-sink", "k2-bound", "k1-bound-only-sink-t5"])
 def test_the_cache_in_segments_and_forks_equal_one_shot(shape):
     m = model(**SHAPES[shape])
     tokens = torch.randint(0, BASE.vocab_size, (2, 61), generator=torch.Generator().manual_seed(1))
@@ -246,13 +282,14 @@ def test_the_cache_in_segments_and_forks_equal_one_shot(shape):
         assert (again[0:1] - m(torch.cat([tokens[:1, :40], tails[:1, :2]], 1))[:, 40:]).abs().max() < EXACT
 
 
-def test_in_training_selection_takes_the_dropout_and_noise_every_path_draws():
-    m = model(select_chunks=2, sink_tokens=4, attn_dropout=0.3)
+@pytest.mark.parametrize("by", ["summary", "bound"])
+def test_in_training_selection_takes_the_dropout_and_noise_every_path_draws(by):
+    m = model(select_chunks=2, sink_tokens=4, attn_dropout=0.3, select_by=by)
     attn = m.blocks[0].attn
     check_training_draws(attn, lambda q, k, v, training: oracle(attn, q, k, v, training=training))
 
 
-@pytest.mark.parametrize("shape", ["k2", "k2-only-sink-overlap"])
+@pytest.mark.parametrize("shape", ["k2", "k2-only-sink-overlap", "k2-bound"])
 def test_gradients_equal_the_equations(shape):
     """The choice carries no gradient; everything it selects does: d q, d k, d v and A_q/A_k's gradients are
     the oracle's. With select_only the maps reach the output through the choice alone, so neither gets one (a
@@ -287,6 +324,10 @@ def test_settings_refuse_what_selects_nothing():
         build(EvaSettings, {"select_chunks": -1}, where="test")
     with pytest.raises(ConfigError, match="select_only without select_chunks"):
         build(EvaSettings, {"select_only": True}, where="test")
+    with pytest.raises(ConfigError, match="select_by='bound' without select_chunks"):
+        build(EvaSettings, {"select_by": "bound"}, where="test")
+    with pytest.raises(ConfigError, match="select_by"):
+        build(EvaSettings, {"select_chunks": 1, "select_by": "best"}, where="test")
 
 
 @pytest.mark.cuda

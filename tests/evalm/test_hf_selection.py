@@ -1,4 +1,5 @@
-"""Selection inside EVA's memory under `transformers` (`select_chunks` in a config's `evalm` section), in float64.
+"""Selection inside EVA's memory under `transformers` (`select_chunks` in a config's `evalm` section, ranked
+by the summaries or by Quest's bound, `select_by`), in float64.
 
     python -m pytest tests/evalm/test_hf_selection.py -q
 
@@ -36,9 +37,9 @@ def rotate(rotary, keys: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
     return keys * cos + torch.cat([-keys[..., half:], keys[..., :half]], -1) * sin
 
 
-@pytest.mark.parametrize("placement", ["own", "window"])
-def test_llama_attention_with_selection_is_the_oracle_of_its_rotated_grouped_heads(placement):
-    model = eva_llama(**SETTINGS, selected_positions=placement)
+@pytest.mark.parametrize("placement,by", [("own", "summary"), ("window", "summary"), ("own", "bound"), ("window", "bound")])
+def test_llama_attention_with_selection_is_the_oracle_of_its_rotated_grouped_heads(placement, by):
+    model = eva_llama(**SETTINGS, selected_positions=placement, select_by=by)
     tokens = ids(T=40)
     seen, out = _attention_inputs(model, 1, tokens)
     attn = model.model.layers[1].self_attn
@@ -54,8 +55,9 @@ def test_llama_attention_with_selection_is_the_oracle_of_its_rotated_grouped_hea
     assert (torch.cat(pieces, 1) - out.logits).abs().max() <= EXACT
 
 
-def test_generate_with_selection_equals_recompute():
-    model = eva_llama(**SETTINGS)
+@pytest.mark.parametrize("by", ["summary", "bound"])
+def test_generate_with_selection_equals_recompute(by):
+    model = eva_llama(**SETTINGS, select_by=by)
     prompt = ids(B=1, T=11)
     kw = dict(max_new_tokens=25, pad_token_id=0, attention_mask=torch.ones_like(prompt))
     got = model.generate(prompt, do_sample=False, **kw, **{CACHE_ARG: EvaCache.for_config(model.config)})
@@ -63,10 +65,11 @@ def test_generate_with_selection_equals_recompute():
 
 
 def test_the_setting_is_carried_by_the_saved_folder(tmp_path):
-    model = eva_llama(**SETTINGS, selected_positions="window")
+    model = eva_llama(**SETTINGS, selected_positions="window", select_by="bound")
     model.save_pretrained(tmp_path)
     again = EvaLlamaForCausalLM.from_pretrained(tmp_path, torch_dtype=torch.float64).eval()
     assert again.config.eva_settings().select_chunks == 2 and again.config.placement().selected_positions == "window"
+    assert again.config.eva_settings().select_by == "bound" and again.model.layers[0].self_attn.eva.layout.select_by == "bound"
     tokens = ids(T=40)
     assert (again(tokens, use_cache=False).logits - model(tokens, use_cache=False).logits).abs().max() <= EXACT
     plain = EvaLlamaForCausalLM.from_llama(hf_llama(), window_size=8, chunk_size=2)

@@ -1,0 +1,104 @@
+"""`evalm eval needle-ranks` (icl_eval/recall/needle_ranks.py): the needle chunk's rank among a last query's
+selection candidates by the summaries, Quest's bound and the exact logits.
+
+    python -m pytest tests/icl_eval/test_needle_ranks.py -q
+
+The instrument reads the cache as the prompt is encoded in segments; the oracle here recomputes every rank
+from one whole-sequence forward (each layer's input captured, q and k projected, the summary keys as A_k of
+the chunks' mean keys, EVA's own definition) with the candidates and the tie rule written out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from evalm.config_toolkit import ConfigError
+from evalm.icl_eval.models.lm import EvalmLM
+from evalm.icl_eval.recall import needle_ranks
+from evalm.icl_eval.recall.config import RecallConfig
+from evalm.launcher.cli import main as evalm
+from evalm.text.tokenizer import ByteTokenizer
+from tests import models
+from tests.evalm.test_eva_sink import BASE, heads
+
+W, C = 16, 4
+
+
+def tiny_lm(window: int = W) -> EvalmLM:
+    tokenizer = ByteTokenizer()
+    config = dataclasses.replace(BASE, vocab_size=tokenizer.vocab_size, window_size=window, chunk_size=C, circular_period=1024)
+    return EvalmLM(models.visible_model(config).double(), tokenizer)
+
+
+def oracle_ranks(lm: EvalmLM, prompt, needle: range) -> dict[str, list[int]]:
+    """Every layer's ranks at the last token, from one forward of the whole prompt."""
+    inputs = {}
+    hooks = [b.attn.register_forward_pre_hook(lambda m, a, i=i: inputs.__setitem__(i, a[0])) for i, b in enumerate(lm.model.blocks)]
+    with torch.no_grad():
+        lm.model(torch.tensor([list(prompt)]))
+    for h in hooks:
+        h.remove()
+    T = len(prompt)
+    p = T - 1
+    candidates = (p // W * W) // C  # chunks wholly before the last query's block
+    out = {name: [] for name in needle_ranks.SCORES}
+    for i, block in enumerate(lm.model.blocks):
+        attn = block.attn
+        with torch.no_grad():
+            q, k, _ = heads(attn, inputs[i])
+            kc = k[0, : candidates * C].reshape(candidates, C, attn.n_head, attn.head_dim)
+            k_tilde = attn.adaptive_mu_k(kc.mean(1))  # (candidates, H, D)
+        s = attn.head_dim**-0.5
+        for h in range(attn.n_head):
+            qh = q[0, p, h]
+            scores = {"summary": [s * float(qh @ k_tilde[r, h]) for r in range(candidates)],
+                      "bound": [s * float(torch.maximum(qh * kc[r, :, h].amin(0), qh * kc[r, :, h].amax(0)).sum())
+                                for r in range(candidates)],
+                      "exact": [s * float((kc[r, :, h] @ qh).max()) for r in range(candidates)]}
+            for name, score in scores.items():
+                place = [sum(score[o] > score[r] or score[o] == score[r] and o < r for o in range(candidates))
+                         for r in range(candidates)]
+                out[name].append(min(place[r] for r in needle))
+    return out
+
+
+def test_ranks_read_through_the_cache_equal_the_whole_sequence_oracle():
+    lm = tiny_lm()
+    config = RecallConfig(tasks=("passkey",), lengths=(600,), depths=(0, 50, 100), seeds=(1,), items=1)
+    records = needle_ranks.needle_ranks(lm, config, segment=97, progress=lambda line: None)
+    assert [r["depth"] for r in records] == [0, 50, 100]
+    prompts = needle_ranks._item_prompts("passkey", 600, (0, 50, 100), 1, 0, config, lm,
+                                         needle_ranks.Haystacks(lm.tokenizer))
+    for record, (prompt, at, size) in zip(records, prompts):
+        assert record["tokens"] == len(prompt) and record["needle_at"] == at
+        assert not record["in_window"]
+        want = oracle_ranks(lm, prompt, range(at // C, (at + size - 1) // C + 1))
+        assert record["ranks"] == want
+        assert len(want["summary"]) == 2 * BASE.n_head and want["bound"] != want["summary"]
+    assert "| passkey | 600 | 50 | bound |" in needle_ranks.table(records)
+
+
+def test_a_needle_inside_the_window_has_no_rank():
+    """With a window of 512 the last query of 700 tokens reads tokens 512 on exactly: a needle at depth 100 lies there."""
+    lm = tiny_lm(window=512)
+    config = RecallConfig(tasks=("passkey",), lengths=(700,), depths=(0, 100), seeds=(1,), items=1)
+    first, last = needle_ranks.needle_ranks(lm, config, progress=lambda line: None)
+    assert not first["in_window"] and len(first["ranks"]["exact"]) == 2 * BASE.n_head
+    assert last["in_window"] and last["ranks"] == {name: [] for name in needle_ranks.SCORES}
+    assert "| passkey | 700 | 100 | summary | - |" in needle_ranks.table([first, last])
+
+
+def test_bad_flags_and_a_model_without_eva_are_refused_in_one_line(tmp_path, capsys):
+    for flags, said in [(["--lengths", "8k"], "--lengths 8k: give whole numbers"),
+                        (["--tasks", "bogus"], "unknown family bogus"), (["--depths", "150"], "from 0 to 100"),
+                        (["--hf-model", str(tmp_path / "none")], "no such folder")]:
+        assert evalm(["eval", "needle-ranks", "--hf-model", str(tmp_path), *flags]) == 2
+        err = capsys.readouterr().err
+        assert said in err and "Traceback" not in err and err.count("\n") == 1
+    full = EvalmLM(models.visible_model(dataclasses.replace(BASE, attention="full", vocab_size=ByteTokenizer().vocab_size)),
+                   ByteTokenizer())
+    with pytest.raises(ConfigError, match="no EVA attention layer"):
+        needle_ranks.needle_ranks(full, RecallConfig(tasks=("passkey",), lengths=(600,)), progress=lambda line: None)
