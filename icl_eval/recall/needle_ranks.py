@@ -13,7 +13,8 @@ window, `Tiling.candidate_count`) by
 - `bound`: Quest's bound s·Σ_d max(q_d·min_j k_jd, q_d·max_j k_jd) over the chunk's tokens (`select_by = "bound"`);
 - `exact`: the chunk's best token logit max_j s·q·k_j, what exact attention would weigh most (no router has it).
 
-The model runs as loaded (EVA as published unless its folder selects); the scores are computed here from the
+The model runs as loaded (EVA as published unless its folder selects; `--eva-select`, `--eva-ablation` as in
+`evalm eval recall`: with the summaries off the ranks are still of the chunks before the window); the scores are computed here from the
 queries and keys each layer is called with and the summaries in its cache, apart from evalm/selection.py. An
 item whose needle lies inside the last token's window has no rank (it is read exactly already) and is counted
 as such. Output: one markdown row per (task, length, depth) and score, and OUT/ranks.json with every rank.
@@ -21,6 +22,7 @@ as such. Output: one markdown row per (task, length, depth) and score, and OUT/r
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,6 +31,7 @@ import numpy as np
 import torch
 
 from evalm.icl_eval.recall.haystacks import Haystacks
+from evalm.tiling import Ablation
 
 SCORES = ("summary", "bound", "exact")
 TOPS = (1, 2, 4, 8)
@@ -59,7 +62,7 @@ class _Recorder:
         keys = torch.cat(self.keys[layer.layer_idx], 0).double()  # (n, H, D): every earlier token's key
         pos = keys.shape[0]  # the last query's position
         first = t.first_chunk
-        n_cand = t.candidate_count(pos)
+        n_cand = dataclasses.replace(t, ablation=Ablation.NONE).candidate_count(pos)  # read with summaries off too
         needle = [r - first for r in self.chunks if first <= r < first + n_cand]
         if not needle:
             return None
@@ -185,11 +188,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--items", type=int, default=1, metavar="N", help="items per seed, task and length (default: 1)")
     p.add_argument("--out", default="runs/needle-ranks", metavar="DIR",
                    help="folder for ranks.json (default: runs/needle-ranks)")
+    p.add_argument("--eva-select", type=int, default=None, metavar="K",
+                   help="read the prompt with selection of K chunks (0: none), as `evalm eval recall --eva-select` "
+                        "(default: the folder's own setting)")
+    p.add_argument("--eva-ablation", choices=("none", "no-remote", "chunk-window"), default="none",
+                   help="read the prompt with EVA's component ablation, as `evalm eval recall`; with no-remote the "
+                        "ranks are still of the chunks before the window (default: none)")
     args = p.parse_args(argv)
     config = build(RecallConfig, {"tasks": tuple(args.tasks.split(",")), "lengths": _ints("--lengths", args.lengths),
                                   "depths": _ints("--depths", args.depths), "seeds": _ints("--seeds", args.seeds),
                                   "items": args.items}, where="flags")
-    lm = load_lm(ModelSource.of(None, args.hf_model, None, None), LoadOptions(), "cpu")
+    options = build(LoadOptions, {"eva_select": args.eva_select, "eva_ablation": args.eva_ablation}, where="flags")
+    lm = load_lm(ModelSource.of(None, args.hf_model, None, None), options, "cpu")
     _check_items(config, lm.tokenizer, None)  # a length too short for an item's needles and question: one line
     records = needle_ranks(lm, config)
     out = Path(args.out)

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from evalm.config_toolkit import ConfigError
+from evalm.eva import ablate
 from evalm.icl_eval.models.lm import EvalmLM
 from evalm.icl_eval.recall import needle_ranks
 from evalm.icl_eval.recall.config import RecallConfig
@@ -65,8 +66,12 @@ def oracle_ranks(lm: EvalmLM, prompt, needle: range) -> dict[str, list[int]]:
     return out
 
 
-def test_ranks_read_through_the_cache_equal_the_whole_sequence_oracle():
+@pytest.mark.parametrize("ablation", ["none", "no-remote"])
+def test_ranks_read_through_the_cache_equal_the_whole_sequence_oracle(ablation):
+    """With the summaries off (`--eva-ablation no-remote`) the model reads its window alone and the ranks are
+    still of the chunks before it."""
     lm = tiny_lm()
+    ablate(lm.model, ablation)
     config = RecallConfig(tasks=("passkey",), lengths=(600,), depths=(0, 50, 100), seeds=(1,), items=1)
     records = needle_ranks.needle_ranks(lm, config, segment=97, progress=lambda line: None)
     assert [r["depth"] for r in records] == [0, 50, 100]
