@@ -7,8 +7,9 @@ ROOT = /ROOT, needs) as `load_study` resolved them before the study steps became
 `launcher.runner`, with the changes made beside it: `evalm study ...` steps in the spellings of the
 commands that own them (`convert --prepare`, `train uptrain --export-trainables --run`, ...), the
 conversion study's perplexity and sink steps (once a benchmark script's), the summaries study's
-report as its `[summary]` instead of a step, and the recall study's selection steps, added after its 24. `--resume auto`, on every training step of `evalm train
-uptrain` (a step stopped by SIGTERM resumes from its last checkpoint instead of refusing its own
+report as its `[summary]` instead of a step, the recall study's selection steps, added after its 24, and the
+conversion study's selection steps, added after its `recall-original-32768-65536`. `--resume auto`, on every
+training step of `evalm train uptrain` (a step stopped by SIGTERM resumes from its last checkpoint instead of refusing its own
 folder), is checked apart, below.
 """
 
