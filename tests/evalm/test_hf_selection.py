@@ -37,9 +37,15 @@ def rotate(rotary, keys: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
     return keys * cos + torch.cat([-keys[..., half:], keys[..., :half]], -1) * sin
 
 
-@pytest.mark.parametrize("placement,by", [("own", "summary"), ("window", "summary"), ("own", "bound"), ("window", "bound")])
-def test_llama_attention_with_selection_is_the_oracle_of_its_rotated_grouped_heads(placement, by):
-    model = eva_llama(**SETTINGS, selected_positions=placement, select_by=by)
+SINK = dict(overlap_window=True, sink_tokens=2, sink_positions="window", select_only=True)  # the converted SmolLM2's
+
+
+@pytest.mark.parametrize("placement,by,more", [("own", "summary", {}), ("window", "summary", {}), ("own", "bound", {}),
+                                               ("window", "bound", {}), ("window", "bound", SINK)])
+def test_llama_attention_with_selection_is_the_oracle_of_its_rotated_grouped_heads(placement, by, more):
+    """The last case is the sink conversion's rule: overlapping blocks, a sink and the selected tokens both moved
+    before the window (the sink k·c further back), window + selection only."""
+    model = eva_llama(**SETTINGS, selected_positions=placement, select_by=by, **more)
     tokens = ids(T=40)
     seen, out = _attention_inputs(model, 1, tokens)
     attn = model.model.layers[1].self_attn
