@@ -48,12 +48,12 @@ def recall(argv: Sequence[str]) -> int:
     if model_cfg is not None:  # the built-in model trains first: check the items with its byte tokenizer now
         from evalm.text.tokenizer import ByteTokenizer
 
-        _check_items(config, ByteTokenizer(), None)
+        check_items(config, ByteTokenizer(), None)
     inputs = [*run.source.inputs(), *config.books]
     return evaluate(run, inputs, lambda folder, world: _run(run, config, inputs, folder, world))
 
 
-def _check_items(config, tokenizer, window: int | None) -> tuple[tuple[int, ...], str, int]:
+def check_items(config, tokenizer, window: int | None) -> tuple[tuple[int, ...], str, int]:
     """Every item fits its length (and the window), checked on the texts alone: (bos, why, the longest
     haystack any item needs). A length below an item's needles + question is one error naming both."""
     from evalm.icl_eval.recall.runner import EXTRA_TOKENS, encoded_item
@@ -95,7 +95,7 @@ def _run(run: Invocation, config: RecallConfig, inputs: list, folder, world) -> 
     from evalm.icl_eval.recall.runner import Runner
 
     lm = load(run.source, run.options, world.device(run.options.device))
-    bos, why, longest = _check_items(config, lm.tokenizer, lm.max_positions)
+    bos, why, longest = check_items(config, lm.tokenizer, lm.max_positions)
     store = open_store(run, folder, world, lambda: {"command": "recall", "settings": run.settings,
                                                    "model": run.source.key(folder),
                                                    "books": books_key(folder, config.books)}, inputs)

@@ -174,7 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from evalm.config_toolkit import Parser, build
     from evalm.icl_eval.models.loading import load_lm
     from evalm.icl_eval.models.source import LoadOptions, ModelSource
-    from evalm.icl_eval.recall.command import _check_items
+    from evalm.icl_eval.recall.command import check_items
     from evalm.icl_eval.recall.config import RecallConfig
 
     p = Parser(prog="evalm eval needle-ranks", description=__doc__.split("\n\n")[0])
@@ -200,7 +200,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                   "items": args.items}, where="flags")
     options = build(LoadOptions, {"eva_select": args.eva_select, "eva_ablation": args.eva_ablation}, where="flags")
     lm = load_lm(ModelSource.of(None, args.hf_model, None, None), options, "cpu")
-    _check_items(config, lm.tokenizer, None)  # a length too short for an item's needles and question: one line
+    check_items(config, lm.tokenizer, None)  # a length too short for an item's needles and question: one line
     records = needle_ranks(lm, config)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
