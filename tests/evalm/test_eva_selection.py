@@ -134,15 +134,20 @@ def test_the_choice_by_hand():
     assert selection.choose(scores, 1, 1)[1].flatten().tolist() == [1, 2]
 
 
+def mean_key_layer(**changes):
+    """The first layer of a model selecting one chunk whose A_k is the identity: a summary key is its chunk's mean key."""
+    attn = model(select_chunks=1, adaptive_proj="no-ln", **changes).blocks[0].attn
+    with torch.no_grad():
+        attn.adaptive_mu_k[0].weight.copy_(torch.eye(attn.head_dim))
+        attn.adaptive_mu_k[0].bias.zero_()
+    return attn
+
+
 def test_the_chunk_holding_the_key_is_read_exactly():
     """A query built to match one key of a far chunk: EVA's summary averages it with its chunk-mates, selection
     reads the key itself, so the output is that key's value (the recall study's failure, by hand). A_k is the
     identity, so a chunk's summary key is its mean key and the chunk holding the key scores highest."""
-    m = model(select_chunks=1, adaptive_proj="no-ln")
-    attn = m.blocks[0].attn
-    with torch.no_grad():
-        attn.adaptive_mu_k[0].weight.copy_(torch.eye(attn.head_dim))
-        attn.adaptive_mu_k[0].bias.zero_()
+    attn = mean_key_layer()
     T, H, D = 40, attn.n_head, attn.head_dim
     gen = torch.Generator().manual_seed(3)
     k = 0.2 * torch.randn(1, T, H, D, generator=gen, dtype=torch.float64)  # small keys, one large: token 5's
@@ -165,11 +170,7 @@ def test_the_bound_finds_the_key_a_mean_averages_away():
     least each token's logit, selects the right one, and the output is the sought key's value."""
     outputs = {}
     for by in ("summary", "bound"):
-        m = model(select_chunks=1, adaptive_proj="no-ln", select_by=by)
-        attn = m.blocks[0].attn
-        with torch.no_grad():
-            attn.adaptive_mu_k[0].weight.copy_(torch.eye(attn.head_dim))
-            attn.adaptive_mu_k[0].bias.zero_()
+        attn = mean_key_layer(select_by=by)
         T, H, D = 40, attn.n_head, attn.head_dim
         gen = torch.Generator().manual_seed(3)
         u = torch.randn(H, D, generator=gen, dtype=torch.float64)
