@@ -14,8 +14,9 @@ window, `Tiling.candidate_count`) by
 - `exact`: the chunk's best token logit max_j s·q·k_j, what exact attention would weigh most (no router has it).
 
 The model runs as loaded (EVA as published unless its folder selects; `--eva-select`, `--eva-ablation` as in
-`evalm eval recall`: with the summaries off the ranks are still of the chunks before the window); the scores are computed here from the
-queries and keys each layer is called with and the summaries in its cache, apart from evalm/selection.py. An
+`evalm eval recall`: with the summaries off the ranks are still of the chunks before the window); the scores
+are computed here from the queries and keys each layer is called with and the summaries in its cache, apart
+from evalm/selection.py. An
 item whose needle lies inside the last token's window has no rank (it is read exactly already) and is counted
 as such. Output: one markdown row per (task, length, depth) and score, and OUT/ranks.json with every rank.
 """
