@@ -24,7 +24,6 @@ as such. Output: one markdown row per (task, length, depth) and score, and OUT/r
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -85,8 +84,11 @@ class _Recorder:
         return out
 
 
-def _item_prompts(task: str, length: int, depths: Sequence[int], seed: int, index: int, config, lm, haystacks):
-    """(prompt, first needle token, needle length) per depth, built as `evalm eval recall` builds them."""
+def _item_prompts(item: tuple[str, int, int, int], config, lm, haystacks):
+    """(prompt, first needle token, needle length) per depth of `config` for item (task, length, seed, index), built
+    as `evalm eval recall` builds them."""
+    task, length, seed, index = item
+    depths = config.depths
     from evalm.icl_eval.recall import runner as recall_runner
     from evalm.icl_eval.recall.layout import body_pieces, place
     from evalm.icl_eval.tasks.prompts import resolve_bos
@@ -115,7 +117,7 @@ def needle_ranks(lm, config, segment: int = 4096, progress=print) -> list[dict]:
         for length in config.lengths:
             for seed in config.seeds:
                 for index in range(config.items):
-                    for depth, (prompt, at, size) in zip(config.depths, _item_prompts(task, length, config.depths, seed, index,
+                    for depth, (prompt, at, size) in zip(config.depths, _item_prompts((task, length, seed, index),
                                                                                       config, lm, haystacks)):
                         recorder = _Recorder(layers)
                         try:
@@ -173,10 +175,12 @@ def _ints(flag: str, text: str) -> tuple[int, ...]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     from evalm.config_toolkit import Parser, build
+    from evalm.icl_eval.cli_args import load_flags
     from evalm.icl_eval.models.loading import load_lm
     from evalm.icl_eval.models.source import LoadOptions, ModelSource
     from evalm.icl_eval.recall.command import check_items
     from evalm.icl_eval.recall.config import RecallConfig
+    from evalm.icl_eval.report import write_json
 
     p = Parser(prog="evalm eval needle-ranks", description=__doc__.split("\n\n")[0])
     p.add_argument("--hf-model", required=True, metavar="DIR", help="a Hugging Face folder with EVA attention, e.g. "
@@ -189,23 +193,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--items", type=int, default=1, metavar="N", help="items per seed, task and length (default: 1)")
     p.add_argument("--out", default="runs/needle-ranks", metavar="DIR",
                    help="folder for ranks.json (default: runs/needle-ranks)")
-    p.add_argument("--eva-select", type=int, default=None, metavar="K",
-                   help="read the prompt with selection of K chunks (0: none), as `evalm eval recall --eva-select` "
-                        "(default: the folder's own setting)")
-    p.add_argument("--eva-ablation", choices=("none", "no-remote", "chunk-window"), default="none",
-                   help="read the prompt with EVA's component ablation, as `evalm eval recall`; with no-remote the "
-                        "ranks are still of the chunks before the window (default: none)")
+    load_flags(p, LoadOptions, ("eva_select", "eva_ablation"))  # as `evalm eval recall`'s; no-remote: ranks all the same
     args = p.parse_args(argv)
     config = build(RecallConfig, {"tasks": tuple(args.tasks.split(",")), "lengths": _ints("--lengths", args.lengths),
                                   "depths": _ints("--depths", args.depths), "seeds": _ints("--seeds", args.seeds),
                                   "items": args.items}, where="flags")
-    options = build(LoadOptions, {"eva_select": args.eva_select, "eva_ablation": args.eva_ablation}, where="flags")
+    options = build(LoadOptions, {k: getattr(args, k) for k in ("eva_select", "eva_ablation") if getattr(args, k) is not None},
+                    where="flags")
     lm = load_lm(ModelSource.of(None, args.hf_model, None, None), options, "cpu")
     check_items(config, lm.tokenizer, None)  # a length too short for an item's needles and question: one line
     records = needle_ranks(lm, config)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "ranks.json").write_text(json.dumps({"model": args.hf_model, "argv": list(argv or []), "records": records}))
+    write_json(out / "ranks.json", {"model": args.hf_model, "argv": list(argv or []), "records": records})
     print(table(records))
     print(f"wrote {out / 'ranks.json'}")
     return 0

@@ -75,8 +75,7 @@ def test_ranks_read_through_the_cache_equal_the_whole_sequence_oracle(ablation):
     config = RecallConfig(tasks=("passkey",), lengths=(600,), depths=(0, 50, 100), seeds=(1,), items=1)
     records = needle_ranks.needle_ranks(lm, config, segment=97, progress=lambda line: None)
     assert [r["depth"] for r in records] == [0, 50, 100]
-    prompts = needle_ranks._item_prompts("passkey", 600, (0, 50, 100), 1, 0, config, lm,
-                                         needle_ranks.Haystacks(lm.tokenizer))
+    prompts = needle_ranks._item_prompts(("passkey", 600, 1, 0), config, lm, needle_ranks.Haystacks(lm.tokenizer))
     for record, (prompt, at, size) in zip(records, prompts):
         assert record["tokens"] == len(prompt) and record["needle_at"] == at
         assert not record["in_window"]

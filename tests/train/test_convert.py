@@ -74,8 +74,8 @@ def test_the_record_names_the_source_its_quantisation_and_the_settings(tmp_path)
     assert record["quantisation"] == "none (float64 weights)"
     assert record["eva"] == {"window_size": 8, "chunk_size": 4, "overlap_window": False, "use_t5_bias": False,
                              "exclude_window_chunks": True, "sink_tokens": 0, "adaptive_proj": "no-ln",
-                             "select_chunks": 0, "select_only": False, "positions": "rope", "circular_period": 0,
-                             "sink_positions": "own", "selected_positions": "own", "init": "identity"}
+                             "select_chunks": 0, "select_only": False, "select_by": "summary", "positions": "rope",
+                             "circular_period": 0, "sink_positions": "own", "selected_positions": "own", "init": "identity"}
     config = json.loads((tmp_path / "eva" / "config.json").read_text())
     assert config["evalm"]["window_size"] == 8 and config["auto_map"]["AutoModelForCausalLM"].startswith("modeling_eva")
 
