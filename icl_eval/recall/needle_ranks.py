@@ -40,8 +40,11 @@ TOPS = (1, 2, 4, 8)
 class _Recorder:
     """Wraps every EVA layer's `attend`: keeps the keys it is called with and, when armed, the ranks."""
 
-    def __init__(self, layers, chunks: range | None = None):
-        self.layers, self.keys, self.ranks, self.chunks = layers, {}, [], chunks
+    def __init__(self, layers):
+        self.keys: dict[int, list[torch.Tensor]] = {}
+        self.ranks: list[dict | None] = []
+        self.chunks: range | None = None
+        """The needle's chunks: set before the last prompt token, whose query alone is ranked."""
         for layer in layers:
             layer.attend = self._wrap(layer, layer.attend)
 
