@@ -1,6 +1,6 @@
 """Shared fixtures: a real redis-server, a reset torch dtype, an offline hub.
 
-Run: python -m pytest -m "not slow"
+Run: python -m pytest -m "not slow" -n 2 --dist loadfile  (the README's test command; one file: python -m pytest FILE)
 """
 
 from __future__ import annotations

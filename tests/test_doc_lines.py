@@ -18,7 +18,8 @@ none of its plan's lines, and an edit or input no plan uses fail too.
 Lines run from the folder the docs assume (a checkout: `configs/`, `train/samples/`,
 `data_pipeline/budgets/` and `benchmarks/` are linked in). `evalm`, `python` and `torchrun` are this
 interpreter's (`python -m evalm.launcher.cli`, `python -m torch.distributed.run` on a free port).
-Plans over ~20 s on 2 cores are marked slow; the default run keeps the quick ones.
+Plans over ~8 s on 2 cores are marked slow (the suite must stay under 15 minutes on CI's 2 cores); the default run
+keeps the quick ones.
 """
 
 from __future__ import annotations
@@ -146,21 +147,22 @@ PLANS = [
     Plan("your-model-your-task", (r"evalm eval icl --hf-model models/my-lm --task my_task/task\.toml",),
          ("models/my-lm", "my_task"), ("shots", "seeds")),
     Plan("your-model-banking77", (r"evalm eval icl --hf-model models/my-lm --task banking77",),
-         ("models/my-lm", "banking77"), ("budgets", "few-items")),
+         ("models/my-lm", "banking77"), ("budgets", "few-items"), slow=True),
     Plan("your-model-on-n-ranks", (r"torchrun --nproc_per_node=8 -m evalm\.icl_eval icl --hf-model models/my-lm",),
          ("models/my-lm", "banking77"), ("ranks", "shots", "few-items"), slow=True),
     Plan("your-corpus", (r"evalm data (filter|dedup|blend) +--input (/data/corpus|out/(filter|dedup)) --output out/\w+ --(tasks 8|budgets)",),
-         ("pile",), ("abs-paths", "redis", "table5")),
+         ("pile",), ("abs-paths", "redis", "table5"), slow=True),
     Plan("data-stages-synopsis", (r"evalm data (filter|dedup|blend) +--input \S+( /data/\S+)? +--output out/\w+ --tasks (30|64)\b",),
          ("pile", "data.toml"), ("abs-paths", "tasks", "workers", "optional", "optional-outer", "redis", "table5"), slow=True),
     Plan("training-quick-start", (TOKENS, r"evalm train pretrain --config configs/pretrain-tiny\.toml --out runs/pretrain-tiny$",
                                   r"evalm train msit --config configs/msit-tiny\.toml", r"evalm export --checkpoint runs/msit-tiny"),
          edits=("steps",), slow=True),
-    Plan("export-hf", (r"evalm export --hf --checkpoint runs/tiny/export/msit --out models/evalm-hf",), ("runs/tiny/export/msit",)),
+    Plan("export-hf", (r"evalm export --hf --checkpoint runs/tiny/export/msit --out models/evalm-hf",), ("runs/tiny/export/msit",),
+         slow=True),
     Plan("resume-a-run", (r"evalm train pretrain --config configs/pretrain-tiny\.toml --set data\.shards=runs/tiny/tokenizer",),
-         ("runs/tiny/tokenizer",), ("steps",)),
+         ("runs/tiny/tokenizer",), ("steps",), slow=True),
     Plan("main-job-export-on-a-shipped-task", (r"evalm eval icl --checkpoint runs/tiny/export/msit",),
-         ("runs/tiny/export/msit", "data/samples/tasks/subj"), ("shots", "seeds", "items")),
+         ("runs/tiny/export/msit", "data/samples/tasks/subj"), ("shots", "seeds", "items"), slow=True),
     Plan("pretrain-entry-points", (r"python -m evalm\.train\.pretrain", r"torchrun --nproc_per_node=2 -m evalm\.train\.pretrain",
                                    r"evalm train pretrain --config configs/pretrain-tiny\.toml --set model\.attention"),
          edits=("steps", "steps-200"), first=(TOKENS,), alternatives=True, slow=True),
@@ -178,13 +180,13 @@ PLANS = [
          ("few-items",), slow=True),
     Plan("perplexity", (r"evalm eval ppl --checkpoint runs/export", r"torchrun --nproc_per_node=8 -m evalm\.icl_eval ppl"),
          ("runs/export", "export/evalm", "deepmind/pg19", "pg19/test"), ("lengths", "ppl-small", "ranks", "cpu"),
-         alternatives=True),
+         alternatives=True, slow=True),
     Plan("budgets-and-diagnostics", (r"evalm eval icl --hf-model DIR", r"evalm eval icl \.\.\."),
          ("DIR=model", "models/my-lm", "banking77"), ("budgets", "seeds", "items", "ellipsis"), slow=True),
     Plan("harness", (r"evalm eval harness",), ("runs/export", "tasks/my_task.yaml"), ("harness", "optional", "first-of"), slow=True),
     Plan("t5", (r"evalm eval icl --hf-model T5DIR",), ("T5DIR", "DATA"), ("shots", "few-items"), slow=True),
     Plan("metaicl", (r"evalm train metaicl", r"evalm eval icl --hf-model runs/metaicl/saicl"), (),
-         ("metaicl", "shots", "few-items")),
+         ("metaicl", "shots", "few-items"), slow=True),
     Plan("saicl-benchmarks", (r"evalm run --config configs/study-saicl\.toml", r"python benchmarks/saicl_t5\.py"), (),
          ("saicl-repro", "saicl-t5"), slow=True),
     Plan("smollm-remap-commands", (r"evalm eval icl \$COMMON",), ("models/my-lm", "data/samples"),
@@ -202,7 +204,7 @@ PLANS = [
 def _ci_lines() -> list[str]:
     """The README's test command, which .ci/run runs as written (a test cannot run the suite it is in)."""
     return [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()
-            if line.strip() == 'python -m pytest -m "not slow"']
+            if line.strip() == 'python -m pytest -m "not slow" -n 2 --dist loadfile']
 
 
 def _owners() -> dict[str, list[str]]:

@@ -118,6 +118,7 @@ def _relaunch_matches_memory(tmp_path, cmd: list[str]) -> None:
         assert _tree(tmp_path / "out" / part) == _tree(tmp_path / "memory" / part), part
 
 
+@pytest.mark.slow  # ~25 s on 2 cores
 def test_a_redis_restart_mid_run_is_a_clear_error_and_the_rerun_has_the_same_survivors(tmp_path, server):
     _corpus(tmp_path / "in", 8, 150, seed=7)
     cmd, proc = _launch_until_first_insert(tmp_path, server.url, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -132,6 +133,7 @@ def test_a_redis_restart_mid_run_is_a_clear_error_and_the_rerun_has_the_same_sur
     assert not server.client().keys(b"*")
 
 
+@pytest.mark.slow  # ~20 s on 2 cores
 def test_a_redis_restart_between_launches_is_repaired_by_the_relaunch(tmp_path, server):
     """The dedup process dies after some insert tasks completed, then Redis restarts empty: the
     relaunch unmarks the inserts whose buckets are gone before running, and completes."""

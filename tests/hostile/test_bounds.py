@@ -166,7 +166,8 @@ def test_a_template_width_spec_is_refused_where_the_task_is_read(tmp_path, byte_
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("kind", ["fifo", "dev-zero-txt", "dev-zero-jsonl"])
+@pytest.mark.parametrize("kind", ["fifo", *(pytest.param(k, marks=pytest.mark.slow)  # ~12 s each on 2 cores
+                                             for k in ("dev-zero-txt", "dev-zero-jsonl"))])
 def test_books_are_regular_files_only(tmp_path, byte_model, kind):
     """A FIFO blocks the read forever; a link to /dev/zero never ends and fills memory."""
     books = tmp_path / "books"

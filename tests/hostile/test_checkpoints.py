@@ -101,6 +101,7 @@ def test_export_skips_a_changed_latest_and_refuses_when_none_is_intact(tiny, tmp
     assert f"{checkpoint.step_dir(out, 4)} is damaged" in one_line(capsys.readouterr().err)
 
 
+@pytest.mark.slow  # ~10 s on 2 cores
 def test_resume_refuses_another_tokenizer_or_other_data_naming_the_key(tiny, tmp_path, capsys):
     run_file, tokens = tiny
     out = tmp_path / "out"

@@ -38,6 +38,7 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+@pytest.mark.slow  # ~14 s on 2 cores
 def test_a_convert_killed_before_its_tokenizer_leaves_no_model_and_the_next_one_is_whole(tmp_path, capsys):
     source, out = llama(tmp_path / "llama"), tmp_path / "eva"
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}

@@ -142,6 +142,7 @@ def test_convert_copies_no_code_and_no_auto_map_from_its_source(source, tmp_path
     assert f'WRITTEN_BY = "{version("evalm")}"'.encode() in shim
 
 
+@pytest.mark.slow  # ~16 s on 2 cores
 def test_export_hf_writes_a_shim_pinned_to_its_evalm_with_its_digest(tmp_path, byte_model):
     """The modeling file `export --hf` writes refuses to load under another evalm (it would run that
     version's classes on this version's weights) and its SHA-256 is in export.json."""

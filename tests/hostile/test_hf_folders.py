@@ -141,7 +141,8 @@ def _gguf(path: Path, tensors: int = 1, kv: int = 0, tail: bytes = bytes(64)) ->
     return path
 
 
-@pytest.mark.parametrize("case", ["outside", "absolute", "link-out", "not-gguf", "fifo", "counts", "string"])
+@pytest.mark.parametrize("case", ["outside", "absolute", "link-out", "not-gguf", "counts", "string",
+                                  pytest.param("fifo", marks=pytest.mark.slow)])  # fifo: ~18 s on 2 cores
 def test_a_gguf_file_is_inside_the_folder_regular_and_bounded(source, tmp_path, case):
     folder = copy(source, tmp_path / "llama")
     secret = tmp_path / "secret.gguf"

@@ -73,7 +73,7 @@ def test_a_shard_that_is_a_fifo_is_refused_not_waited_on(source, tmp_path):
     assert not (tmp_path / "eva").exists()
 
 
-@pytest.mark.parametrize("layers", [100_000, 1000])
+@pytest.mark.parametrize("layers", [100_000, pytest.param(1000, marks=pytest.mark.slow)])  # 1000: ~15 s on 2 cores
 def test_bin_weights_under_a_config_of_more_layers_are_refused_before_a_model_is_built(source, tmp_path, layers):
     import torch
     from safetensors.torch import load_file

@@ -99,8 +99,10 @@ def large_tokenizer(tmp_path, model):
         f"tokenizer {tok}: {ids} ids, but the model {model} has 257"
 
 
-@pytest.mark.parametrize("case", [label_repr, empty_slot, latin1_task, duplicate_key_task, duplicate_key_yaml,
-                                  deep_config, deep_override, symlink_loop, integer_text, large_tokenizer],
+@pytest.mark.parametrize("case", [empty_slot, latin1_task, duplicate_key_task, duplicate_key_yaml, deep_config,
+                                  deep_override, symlink_loop,
+                                  *(pytest.param(c, marks=pytest.mark.slow)  # ~6-7 s each on 2 cores
+                                    for c in (label_repr, integer_text, large_tokenizer))],
                          ids=lambda case: case.__name__)
 def test_a_user_mistake_is_one_line_never_a_bug(tmp_path, byte_model, case):
     argv, said = case(tmp_path, byte_model)

@@ -24,8 +24,9 @@ from tests.models import two_label_task
 ICL = ["--shots", "0", "--seeds", "1", "--methods", "concat"]
 
 
-@pytest.mark.parametrize("override", ["model.n_layer=1e9", "train.batch_size=1e9", "model.d_model=1e9",
-                                      "model.vocab_size=1e12"])
+@pytest.mark.parametrize("override", ["model.n_layer=1e9",  # the others: ~6 s each on 2 cores, slow
+                                      *(pytest.param(o, marks=pytest.mark.slow)
+                                        for o in ("train.batch_size=1e9", "model.d_model=1e9", "model.vocab_size=1e12"))])
 def test_a_model_or_batch_that_cannot_fit_is_refused_with_its_estimate(tiny, tmp_path, override):
     run_file, _ = tiny
     line = user_error(evalm("train", "pretrain", "--config", run_file, "--out", tmp_path / "out", "--set", override,
@@ -51,7 +52,8 @@ def _zero(path: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize("make, kind", [(_fifo, "a FIFO (named pipe)"), (_zero, "a device")])
+@pytest.mark.parametrize("make, kind", [(_fifo, "a FIFO (named pipe)"),
+                                        pytest.param(_zero, "a device", marks=pytest.mark.slow)])  # ~8 s on 2 cores
 def test_task_and_config_files_are_regular_files(tmp_path, byte_model, make, kind):
     """A FIFO as `--task` blocked forever; `--task` linked to /dev/zero reached 22 GB before the kernel killed it."""
     (tmp_path / "t").mkdir()
@@ -88,6 +90,7 @@ def test_item_and_count_limits(tmp_path, argv, said):
     assert said in line, line
 
 
+@pytest.mark.slow  # ~8 s on 2 cores
 def test_a_test_item_of_two_mebibytes_is_refused_naming_its_line(tmp_path, byte_model):
     task = two_label_task(tmp_path / "t")
     rows = (tmp_path / "t" / "test.jsonl").read_text().splitlines()
@@ -99,6 +102,7 @@ def test_a_test_item_of_two_mebibytes_is_refused_naming_its_line(tmp_path, byte_
         in line, line
 
 
+@pytest.mark.slow  # ~11 s on 2 cores; a billion layers in config.json (tests/hostile/test_bounds.py) stays in CI
 def test_a_billion_layers_in_a_hugging_face_config_is_refused_from_the_weights(tmp_path):
     pytest.importorskip("transformers")
     from tests.hostile.hf_folders import edit_json, llama

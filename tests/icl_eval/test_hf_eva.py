@@ -118,6 +118,8 @@ def test_lm_evals_hf_model_gives_the_harness_backends_numbers(folders):
         ours.generate_until(_instances("generate_until", gen), disable_tqdm=True)
 
 
+# ~20 s on 2 cores; lm-eval's simple_evaluate and CLI on a local task (tests/icl_eval/test_harness.py) stay in CI
+@pytest.mark.slow
 def test_the_lm_eval_command_on_a_local_task(folders, tmp_path):
     """`lm_eval --model hf` for real (its own process, its own task loading), its logged
     loglikelihoods compared with the harness backend's for the same requests."""

@@ -117,6 +117,7 @@ def test_icl_on_two_ranks_writes_the_one_process_results(byte_model, two_label_t
     assert "evalm eval icl: units 12/12 (0 resumed)" in stderr and "items/s" in stderr
 
 
+@pytest.mark.slow  # ~10 s on 2 cores; two-rank ICL stays in CI
 def test_ppl_on_two_ranks_writes_the_one_process_results(byte_model, books, tmp_path):
     args = ["ppl", "--checkpoint", str(byte_model), "--books", str(books), "--lengths", "64,256",
             "--fixed-contexts", "8,32"]
@@ -129,6 +130,7 @@ def test_ppl_on_two_ranks_writes_the_one_process_results(byte_model, books, tmp_
     assert one["fixed_position"]["protocol"]["targets"] > 0
 
 
+@pytest.mark.slow  # ~14 s on 2 cores; two-rank ICL stays in CI
 def test_a_killed_rank_reruns_to_the_same_results_without_redoing_finished_units(
         byte_model, two_label_task, icl_one_process, tmp_path):
     out = tmp_path / "out"

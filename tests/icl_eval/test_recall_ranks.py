@@ -28,6 +28,7 @@ def byte_model(tmp_path_factory) -> Path:
     return models.byte_model(tmp_path_factory.mktemp("byte") / "model")
 
 
+@pytest.mark.slow  # ~11 s on 2 cores; two-rank ICL stays in CI
 def test_recall_on_two_ranks_writes_the_one_process_results(byte_model, tmp_path):
     args = ["recall", "--checkpoint", str(byte_model), *GRID]
     run([*args, "--out", str(tmp_path / "one")], 1)

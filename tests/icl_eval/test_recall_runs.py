@@ -182,6 +182,7 @@ def byte_model(tmp_path_factory) -> Path:
     return models.byte_model(tmp_path_factory.mktemp("byte") / "model")
 
 
+@pytest.mark.slow  # ~14 s on 2 cores
 def test_a_run_resumes_its_finished_units_and_refuses_other_settings(byte_model, tmp_path):
     out = tmp_path / "out"
     first = evalm("--checkpoint", str(byte_model), *SMALL, out=out)

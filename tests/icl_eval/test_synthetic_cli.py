@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from evalm import EvalmModel, ModelConfig
@@ -20,6 +21,9 @@ from evalm.icl_eval.stats.summary import summarize
 from evalm.icl_eval.tasks.synthetic import SyntheticConfig, episode, synthetic_task, train_tiny_model
 
 
+# ~38 s on 2 cores; the main job's test (tests/launcher/test_run.py) asserts the same learning in context above every
+# label baseline
+@pytest.mark.slow
 def test_trained_tiny_model_learns_in_context_above_every_label_baseline(one_thread):
     """Recall, not a label prior: on uniform 8-input rules, 32 shots beat the best label baseline
     (chance, test-set majority, in-context majority on the same items) with the whole bootstrap

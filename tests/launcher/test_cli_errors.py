@@ -53,6 +53,7 @@ def _task(folder: Path, task_lines: str, rows: list[dict]) -> Path:
     return path
 
 
+@pytest.mark.slow  # ~12 s on 2 cores; tests/hostile's task-file refusals stay in CI
 def test_task_file_missing_a_field_names_file_and_line(tmp_path, ckpt):
     rows = [{"text": "good", "label": 1}, {"text": "bad", "label": 0}]
     task = _task(tmp_path / "a", 'labels = ["negative", "positive"]\n', rows)
@@ -81,6 +82,7 @@ def test_missing_and_unexported_checkpoints_say_what_to_do(tmp_path):
     assert debug.returncode != 0 and "Traceback" in debug.stderr  # --debug: the traceback
 
 
+@pytest.mark.slow  # ~10 s on 2 cores
 def test_empty_books_folder_and_bad_methods(tmp_path, ckpt):
     (tmp_path / "books").mkdir()
     err = one_line_error(evalm("eval", "ppl", "--checkpoint", str(ckpt), "--books", str(tmp_path / "books"),
@@ -90,7 +92,8 @@ def test_empty_books_folder_and_bad_methods(tmp_path, ckpt):
     assert "argument --methods: unknown name(s) cocnat; valid: incremental, concat, structured, saicl" in err
 
 
-@pytest.mark.parametrize("save_every", [2, 1])  # 1: most of the run is checkpoint saves, where Ctrl-C lands
+# 1: most of the run is checkpoint saves, where Ctrl-C lands; 2 (~16 s on 2 cores) is slow
+@pytest.mark.parametrize("save_every", [pytest.param(2, marks=pytest.mark.slow), 1])
 def test_ctrl_c_in_pretraining_says_how_to_resume_and_that_works(tmp_path, save_every):
     write_shards(tmp_path / "tokens")
     run_file = tiny_run_file(tmp_path / "run.toml", tmp_path / "tokens", steps=100_000, save_every=save_every)

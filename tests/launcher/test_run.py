@@ -192,6 +192,9 @@ def test_from_pretrain_reruns_only_the_later_stages(ran):
         assert changed == (order.index(stage) >= order.index("pretrain")), stage
 
 
+# reruns four stages of the CI run (~50 s on 2 cores); the unit keys' reruns are checked in seconds by
+# tests/launcher/test_study.py (a changed step and every step after it)
+@pytest.mark.slow
 def test_a_changed_task_file_reruns_that_stage_and_every_later_one(ran, capsys):
     """Stage keys cover the content of the files a stage reads (here the polarity task file the
     icl stage names), chained through the later stages; earlier stages are untouched."""
@@ -211,6 +214,9 @@ def test_a_changed_task_file_reruns_that_stage_and_every_later_one(ran, capsys):
     assert "Verdict" in report["protocol"]["template"]
 
 
+# reruns three stages of the CI run (~60 s on 2 cores); --only's stale marks are checked in seconds by
+# tests/launcher/test_study.py (one runner for both)
+@pytest.mark.slow
 def test_only_a_stage_marks_the_later_ones_stale(ran, capsys):
     run_file = ran
     """With `jobs = 1` (one step at a time, in this process): the same keys, so nothing else reruns."""

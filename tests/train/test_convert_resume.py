@@ -66,8 +66,9 @@ def converted(tmp_path_factory):
     return eva, shards
 
 
+# each ~25 s on 2 cores: slow; CI keeps pretraining's resume (tests/train/test_resume.py), the same trainer
 @pytest.mark.parametrize("parameters,objective", [
-    ("lora", "lm"), pytest.param("eva", "attention-transfer", marks=pytest.mark.slow)])
+    pytest.param("lora", "lm", marks=pytest.mark.slow), pytest.param("eva", "attention-transfer", marks=pytest.mark.slow)])
 def test_sigkill_after_checkpoint_then_resume_is_bit_identical(converted, tmp_path, parameters, objective):
     eva, shards = converted
     run = uptrain_file(tmp_path / "run.toml", eva, shards, parameters=parameters, objective=objective,

@@ -110,6 +110,7 @@ def test_sigkill_after_checkpoint_then_resume_is_bit_identical(setup, tmp_path):
     assert losses(out)[3] == losses(reference)[3]  # steps before the kill were logged by the same run
 
 
+@pytest.mark.slow  # ~11 s on 2 cores; a truncated latest checkpoint (tests/hostile/test_checkpoints.py) stays in CI
 def test_save_killed_midway_leaves_previous_checkpoint(setup, tmp_path):
     run_file, reference = setup
     out = tmp_path / "run"
@@ -121,6 +122,7 @@ def test_save_killed_midway_leaves_previous_checkpoint(setup, tmp_path):
     assert not (out / "checkpoints" / ".tmp-step-00000004").exists()
 
 
+@pytest.mark.slow  # ~7 s on 2 cores; the spawned ranks' resume stays in CI
 def test_torchrun_launch_matches_the_spawned_ranks(setup, tmp_path):
     """The real launcher: `torchrun --nproc_per_node=2 -m evalm.train.pretrain` is the same entry point."""
     import subprocess

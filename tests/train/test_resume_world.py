@@ -92,7 +92,8 @@ CASES = {  # name: (reference, new world, its --set, global batch after resume)
 }
 
 
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("case", [c if c in ("2to1-same-batch", "1to2-half-batch") else  # the others: slow, ~6 s each
+                                  pytest.param(c, marks=pytest.mark.slow) for c in CASES])
 def test_resume_on_another_world_size(refs, tmp_path, case):
     run_file, root = refs
     ref_name, world, sets, global_batch = CASES[case]

@@ -97,6 +97,7 @@ def test_unequal_examples_and_pretraining_lines_are_refused():
         MsitDataConfig(structure="saicl", pretrain_fraction=0.25, pretrain_shards="x")
 
 
+@pytest.mark.slow  # ~7 s on 2 cores; the FSDP gradients under the same mask stay in CI
 def test_msit_under_the_saicl_mask_trains_on_two_gloo_ranks(tmp_path):
     """`evalm train msit` with data.structure = "saicl", FSDP2 over 2 processes: the caches carry
     gradients through the sharded blocks (a dataclass cache would be copied by FSDP, train.structure)."""
