@@ -31,24 +31,47 @@ def choose(scores: Tensor, k: int, group: int) -> tuple[Tensor, Tensor, Tensor]:
     in chunk order with `valid` (B, G, H, R, k), False where a query had fewer than k candidates.
 
     The top k by score; among equal scores at the cut the earlier chunks (torch.topk does not order ties).
-    Heads in consecutive groups of `group` rank their summed scores, so a group reads one set of chunks."""
+    Heads in consecutive groups of `group` rank their summed scores, so a group reads one set of chunks.
+    Where no query has a tie at the cut (its k-th score above its (k+1)-th; float logits almost never tie)
+    one topk decides; otherwise `_choose_ties` takes the earliest of the tied chunks, several passes over n."""
     B, G, H, R, n = scores.shape
     k = min(k, n)
     if k == 0:
         empty = scores.new_zeros(B, G, H, R, 0, dtype=torch.long)
         return torch.zeros_like(scores, dtype=torch.bool), empty, empty.bool()
-    summed = scores.detach().unflatten(2, (H // group, group)).sum(3)  # −inf stays −inf: a group shares its candidates
+    summed = scores.detach()
+    if group > 1:  # −inf stays −inf: a group shares its candidates
+        summed = summed.unflatten(2, (H // group, group)).sum(3)
+    top = summed.topk(min(k + 1, n), -1)
+    if k < n:
+        cut, after = top.values[..., k - 1], top.values[..., k]
+        if bool(((cut == after) & (cut > float("-inf"))).any()):
+            return _spread(_choose_ties(summed, k), group)
+    valid = top.values[..., :k] > float("-inf")
+    ordered = torch.where(valid, top.indices[..., :k], n).sort(-1).values  # chunk order, the missing (n) last
+    valid = ordered < n
+    chosen = summed.new_zeros(*summed.shape[:-1], n + 1, dtype=torch.bool).scatter_(-1, ordered, True)[..., :n]
+    return _spread((chosen, torch.where(valid, ordered, 0), valid), group)
+
+
+def _choose_ties(summed: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
+    """`choose` where some query ties at the cut: every score above the k-th, then the tied ones earliest first."""
+    n = summed.shape[-1]
     cut = summed.topk(k, -1).values[..., -1:]  # the k-th score
     finite = summed > float("-inf")
     above = (summed > cut) & finite
     at_cut = (summed == cut) & finite
     room = k - above.sum(-1, keepdim=True)  # places left for the ties at the cut, taken earliest first
     chosen = above | at_cut & (at_cut.cumsum(-1) <= room)
-    order = torch.arange(n, 0, -1, device=scores.device)  # the chosen in chunk order, then the rest (0)
+    order = torch.arange(n, 0, -1, device=summed.device)  # the chosen in chunk order, then the rest (0)
     picked, index = torch.topk(chosen * order, k, -1)
     valid = picked > 0
-    index = torch.where(valid, index, 0)
-    return tuple(x.repeat_interleave(group, 2) for x in (chosen, index, valid))
+    return chosen, torch.where(valid, index, 0), valid
+
+
+def _spread(choice: tuple[Tensor, Tensor, Tensor], group: int) -> tuple[Tensor, Tensor, Tensor]:
+    """A group's choice given to each of its heads."""
+    return choice if group == 1 else tuple(x.repeat_interleave(group, 2) for x in choice)
 
 
 def gather(tokens: tuple[Tensor, ...], index: Tensor, c: int) -> Tensor:

@@ -134,6 +134,24 @@ def test_the_choice_by_hand():
     assert selection.choose(scores, 1, 1)[1].flatten().tolist() == [1, 2]
 
 
+@pytest.mark.parametrize("k, group, ties", [(1, 1, False), (2, 1, False), (4, 2, False), (9, 1, False), (12, 1, False),
+                                             (2, 1, True), (3, 2, True)])
+def test_one_topk_chooses_as_the_tie_rule_does(k, group, ties):
+    """`choose`'s one topk (no tie at any query's cut) and its tie rule (`_choose_ties`, earliest first) give the
+    same choice, with −inf non-candidates and rows of fewer than k candidates; integer scores force ties."""
+    g = torch.Generator().manual_seed(k * 10 + group)
+    scores = torch.randn(2, 3, 4, 5, 9, generator=g)
+    if ties:
+        scores = scores.mul(2).round()
+    scores = scores.masked_fill(torch.rand(scores.shape, generator=g) < 0.3, float("-inf"))
+    scores[0, 0, :, 0, 2:] = float("-inf")  # a query with at most 2 candidates
+    got = selection.choose(scores, k, group)
+    summed = scores.unflatten(2, (4 // group, group)).sum(3)
+    want = [x.repeat_interleave(group, 2) for x in selection._choose_ties(summed, min(k, 9))]
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+
+
 def mean_key_layer(**changes):
     """The first layer of a model selecting one chunk whose A_k is the identity: a summary key is its chunk's mean key."""
     attn = model(select_chunks=1, adaptive_proj="no-ln", **changes).blocks[0].attn
