@@ -298,13 +298,13 @@ def _attend_selecting(call: TiledCall, g: TileGroup, sets: KeySets) -> Tensor:
     values = values[: sets.remote.start] + values[kept] + values[sets.remote.stop :]
     if index.shape[-1]:
         tokens_k, tokens_v = entries.tokens
-        picked_k, picked_v = (selection.gather(x, index, t.chunk) for x in (tokens_k, tokens_v))
-        if call.select_shift is not None:  # to the k·c positions right before the query's window, in chunk order
-            slots = t.window_start(g.q_pos).view(1, G, 1, rows, 1) - t.select * t.chunk + torch.arange(
-                index.shape[-1] * t.chunk, device=q.device)
-            picked_k = call.select_shift(picked_k, slots - selection.token_ids(index, t.first_chunk, t.chunk))
+        picked_v = selection.gather(tokens_v, index, t.chunk)
+        if call.select_shift is None:
+            reader, picked_k = q, selection.gather(tokens_k, index, t.chunk)
+        else:  # to the k·c positions right before the query's window, in chunk order
+            reader, picked_k = _moved_picks(call, g, q, index)
         hidden = ~valid.repeat_interleave(t.chunk, -1)
-        picked = upcast((q.unsqueeze(-2) * picked_k).sum(-1)).add_(entries.own_bias).masked_fill_(hidden, float("-inf"))
+        picked = upcast((reader.unsqueeze(-2) * picked_k).sum(-1)).add_(entries.own_bias).masked_fill_(hidden, float("-inf"))
         logits.append(picked)
     probs = torch.softmax(torch.cat(logits, -1), -1)
     if t.dropout > 0:
@@ -317,6 +317,28 @@ def _attend_selecting(call: TiledCall, g: TileGroup, sets: KeySets) -> Tensor:
             part = _set_values(p.to(v.dtype), v)
         out = part if out is None else out + part
     return out
+
+
+def _moved_picks(call: TiledCall, g: TileGroup, q: Tensor, index: Tensor) -> tuple[Tensor, Tensor]:
+    """The chosen tokens moved before each query's window (`selected_positions = "window"`) -> the query that
+    reads them (B, G, H, rows, D) and their keys (B, G, H, rows, k·c, D).
+
+    Token j of chunk M (at M·c + j), read in slot a (a-th chosen, in chunk order) by the query at i, sits at
+    ws(i) − K·c + a·c + j (K = select_chunks, ws(i) its window's start): a move by ws(i) + (a − K − M)·c. RoPE's
+    move is a rotation per position, R(x + y) = R(x)·R(y) and q·R(x)k = R(−x)q·k, so the query turned back by
+    ws(i) reads keys turned by (a − K − M)·c: k rotations a token per call, not k·c per query."""
+    t = call.t
+    G, rows = q.shape[1], q.shape[3]
+    reader = call.select_shift(q, -t.window_start(g.q_pos).view(G, 1, rows))
+    picks = []
+    for a in range(index.shape[-1]):
+        moved, start = [], 0
+        for part in call.entries.tokens[0]:
+            chunk = t.first_chunk + (start + torch.arange(part.shape[-2], device=q.device)) // t.chunk
+            moved.append(call.select_shift(part, (a - t.select - chunk) * t.chunk))
+            start += part.shape[-2]
+        picks.append(selection.gather(tuple(moved), index[..., a : a + 1], t.chunk))
+    return reader, torch.cat(picks, -2)
 
 
 def _dropout_keys(call: TiledCall, g: TileGroup, sets: KeySets, summaries: bool) -> tuple[Tensor, Tensor]:

@@ -25,6 +25,11 @@ from tests.evalm.test_hf_eva import _attention_inputs, _oracle_heads, _recompute
 from tests.models import hf_llama  # noqa: E402
 
 EXACT = 1e-10
+MOVED = 1e-5
+"""Selected tokens moved before the window: Llama's rotary computes its angles in float32, and the move is made of
+two rotations (the query turned back by its window's start, each key on by the rest: evalm/tiles.py,
+`_moved_picks`), equal to the oracle's one rotation to float32's rounding of an angle (~1e-6 here); a wrong slot
+or chunk is off by more than 1e-3."""
 SETTINGS = dict(window_size=8, chunk_size=2, select_chunks=2)
 
 
@@ -54,7 +59,7 @@ def test_llama_attention_with_selection_is_the_oracle_of_its_rotated_grouped_hea
     move = (lambda keys, shift: rotate(model.model.rotary_emb, keys, shift)) if placement == "window" else None
     heads = oracle(attn.eva, q, k, v, group=2, move=move)
     want = attn.o_proj(heads.reshape(*heads.shape[:2], -1))
-    assert (seen["out"] - want).abs().max() <= EXACT
+    assert (seen["out"] - want).abs().max() <= (EXACT if move is None else MOVED)
     assert (heads - oracle(attn.eva, q, k, v, group=1, move=move)).abs().max() > 1e-3  # the group's choice matters
     cache = EvaCache.for_config(model.config)
     pieces = [model(tokens[:, i : i + 5], **{CACHE_ARG: cache}).logits for i in range(0, 40, 5)]
