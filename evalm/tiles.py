@@ -330,14 +330,14 @@ def _moved_picks(call: TiledCall, g: TileGroup, q: Tensor, index: Tensor) -> tup
     t = call.t
     G, rows = q.shape[1], q.shape[3]
     reader = call.select_shift(q, -t.window_start(g.q_pos).view(G, 1, rows))
+    parts, starts = call.entries.tokens[0], [0]
+    for part in parts:
+        starts.append(starts[-1] + part.shape[-2])
+    chunks = [t.first_chunk + (s + torch.arange(p.shape[-2], device=q.device)) // t.chunk for p, s in zip(parts, starts)]
     picks = []
     for a in range(index.shape[-1]):
-        moved, start = [], 0
-        for part in call.entries.tokens[0]:
-            chunk = t.first_chunk + (start + torch.arange(part.shape[-2], device=q.device)) // t.chunk
-            moved.append(call.select_shift(part, (a - t.select - chunk) * t.chunk))
-            start += part.shape[-2]
-        picks.append(selection.gather(tuple(moved), index[..., a : a + 1], t.chunk))
+        moved = tuple(call.select_shift(p, (a - t.select - m) * t.chunk) for p, m in zip(parts, chunks))
+        picks.append(selection.gather(moved, index[..., a : a + 1], t.chunk))
     return reader, torch.cat(picks, -2)
 
 
