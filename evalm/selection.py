@@ -74,22 +74,31 @@ def _spread(choice: tuple[Tensor, Tensor, Tensor], group: int) -> tuple[Tensor, 
     return choice if group == 1 else tuple(x.repeat_interleave(group, 2) for x in choice)
 
 
-def gather(tokens: tuple[Tensor, ...], index: Tensor, c: int) -> Tensor:
-    """The rows of the chosen chunks: `tokens`, the summarised chunks' rows in order as parts (B or 1, H, N_p, D)
-    (chunk m at rows m·c … m·c + c − 1 of their concatenation: a fork's parent's rows, then its own), index
-    (B, G, H, R, k) -> (B, G, H, R, k·c, D). Each part is read where its rows are chosen, never concatenated:
-    a fork scoring a test item would copy every cached row otherwise."""
+def gather(sources: tuple[tuple[Tensor, ...], ...], index: Tensor, c: int) -> tuple[Tensor, ...]:
+    """The rows of the chosen chunks from each source (the keys, the values): a source is the summarised chunks'
+    rows in order as parts (B or 1, H, N_p, D) (chunk m at rows m·c … m·c + c − 1 of their concatenation: a fork's
+    parent's rows, then its own), index (B, G, H, R, k) -> one (B, G, H, R, k·c, D) a source.
+
+    Each part is read where its rows are chosen, never concatenated: a fork scoring a test item would copy every
+    cached row otherwise. Over several parts (a long cache's pages, evalm/cache.py `Rows`) each part gives only
+    the rows that lie in it, found once for every source: the cost is the k·c rows a query reads, not that times
+    the number of pages."""
     B, G, H, R, k = index.shape
     rows = (index.unsqueeze(-1) * c + torch.arange(c, device=index.device)).flatten(-2)  # (B, G, H, R, k·c)
     heads = torch.arange(H, device=index.device).view(1, 1, H, 1, 1)
-    out, start = None, 0
-    for part in tokens:
-        n = part.shape[-2]
-        batch = torch.arange(B, device=index.device).view(B, 1, 1, 1, 1) if part.shape[0] > 1 else 0
-        got = part[batch, heads, (rows - start).clamp(0, n - 1)]
-        out = got if out is None else torch.where(((rows >= start) & (rows < start + n)).unsqueeze(-1), got, out)
+    if len(sources[0]) == 1:
+        batch = torch.arange(B, device=index.device).view(B, 1, 1, 1, 1)
+        return tuple(part[batch if part.shape[0] > 1 else 0, heads, rows] for (part,) in sources)
+    outs = tuple(parts[0].new_zeros(*rows.shape, parts[0].shape[-1]) for parts in sources)
+    start = 0
+    for parts in zip(*sources):
+        n = parts[0].shape[-2]
+        at = ((rows >= start) & (rows < start + n)).nonzero(as_tuple=True)  # (b, g, h, r, j) of the rows it holds
+        local = rows[at] - start
+        for out, part in zip(outs, parts):
+            out[at] = part[at[0] if part.shape[0] > 1 else 0, at[2], local]
         start += n
-    return out
+    return outs
 
 
 def key_bounds(k: Tensor, c: int) -> Tensor:

@@ -297,11 +297,10 @@ def _attend_selecting(call: TiledCall, g: TileGroup, sets: KeySets) -> Tensor:
     logits = logits[: sets.remote.start] + logits[kept] + logits[sets.remote.stop :]
     values = values[: sets.remote.start] + values[kept] + values[sets.remote.stop :]
     if index.shape[-1]:
-        tokens_k, tokens_v = entries.tokens
-        picked_v = selection.gather(tokens_v, index, t.chunk)
         if call.select_shift is None:
-            reader, picked_k = q, selection.gather(tokens_k, index, t.chunk)
+            reader, (picked_k, picked_v) = q, selection.gather(entries.tokens, index, t.chunk)
         else:  # to the k·c positions right before the query's window, in chunk order
+            (picked_v,) = selection.gather(entries.tokens[1:], index, t.chunk)
             reader, picked_k = _moved_picks(call, g, q, index)
         hidden = ~valid.repeat_interleave(t.chunk, -1)
         picked = upcast((reader.unsqueeze(-2) * picked_k).sum(-1)).add_(entries.own_bias).masked_fill_(hidden, float("-inf"))
@@ -326,18 +325,27 @@ def _moved_picks(call: TiledCall, g: TileGroup, q: Tensor, index: Tensor) -> tup
     Token j of chunk M (at M·c + j), read in slot a (a-th chosen, in chunk order) by the query at i, sits at
     ws(i) − K·c + a·c + j (K = select_chunks, ws(i) its window's start): a move by ws(i) + (a − K − M)·c. RoPE's
     move is a rotation per position, R(x + y) = R(x)·R(y) and q·R(x)k = R(−x)q·k, so the query turned back by
-    ws(i) reads keys turned by (a − K − M)·c: k rotations a token per call, not k·c per query."""
+    ws(i) reads keys turned by (a − K − M)·c. Those turns are made where they are fewer: on the gathered keys
+    (k·c a query: a short call over a long cache, a test item after thousands of demonstrations) or on every
+    cached token once a slot (k a token: a whole sequence, where every token is also a query): a rotation
+    depends only on its key and its shift, so the order does not change what is read."""
     t = call.t
-    G, rows = q.shape[1], q.shape[3]
+    B, G, H, rows = q.shape[:4]
     reader = call.select_shift(q, -t.window_start(g.q_pos).view(G, 1, rows))
-    parts, starts = call.entries.tokens[0], [0]
+    parts = call.entries.tokens[0]
+    if B * G * rows * t.chunk <= parts_len(parts) * max(p.shape[0] for p in parts):
+        (picked,) = selection.gather((parts,), index, t.chunk)
+        slot = torch.arange(index.shape[-1], device=q.device)
+        shift = ((slot - t.select - t.first_chunk - index) * t.chunk).repeat_interleave(t.chunk, -1)
+        return reader, call.select_shift(picked, shift)
+    starts = [0]
     for part in parts:
         starts.append(starts[-1] + part.shape[-2])
     chunks = [t.first_chunk + (s + torch.arange(p.shape[-2], device=q.device)) // t.chunk for p, s in zip(parts, starts)]
     picks = []
     for a in range(index.shape[-1]):
         moved = tuple(call.select_shift(p, (a - t.select - m) * t.chunk) for p, m in zip(parts, chunks))
-        picks.append(selection.gather(moved, index[..., a : a + 1], t.chunk))
+        picks.append(selection.gather((moved,), index[..., a : a + 1], t.chunk)[0])
     return reader, torch.cat(picks, -2)
 
 
