@@ -11,7 +11,12 @@ window, `Tiling.candidate_count`) by
 
 - `summary`: the summary's logit s·q·k̃_r in EVA's joint softmax (`select_by = "summary"`);
 - `bound`: Quest's bound s·Σ_d max(q_d·min_j k_jd, q_d·max_j k_jd) over the chunk's tokens (`select_by = "bound"`);
-- `exact`: the chunk's best token logit max_j s·q·k_j, what exact attention would weigh most (no router has it).
+- `exact`: the chunk's best token logit max_j s·q·k_j, what exact attention would weigh most (no router has it);
+- `bound, moved` and `exact, moved` (a rotary host that moves keys, `sink_positions` or `selected_positions`
+  "window"): the same two over the chunk's keys moved right before the query's window, token j of every candidate
+  at ws − c + j (ws the window's start), so every chunk is scored at one distance, the way InfLLM places its
+  remote blocks (Xiao et al. 2024, §2.2): past the trained length a key at its own rotary position is read at
+  a distance the weights never saw.
 
 The model runs as loaded (EVA as published unless its folder selects; `--eva-select`, `--eva-ablation` as in
 `evalm eval recall`: with the summaries off the ranks are still of the chunks before the window); the scores
@@ -34,6 +39,8 @@ from evalm.icl_eval.recall.haystacks import Haystacks
 from evalm.tiling import Ablation
 
 SCORES = ("summary", "bound", "exact")
+MOVED_SCORES = ("bound, moved", "exact, moved")
+"""Read where the model moves keys by a rotation (`EvaAttention.select_shift` or `sink_shift`)."""
 TOPS = (1, 2, 4, 8)
 
 
@@ -72,12 +79,14 @@ class _Recorder:
         chunk_keys = keys[first * t.chunk : (first + n_cand) * t.chunk].unflatten(0, (n_cand, t.chunk))  # (C, c, H, D)
         summaries = torch.cat([p[0] for p in state.remote_k], -2)[:, :n_cand].double()  # (H, C, D)
         s, H = t.scale, q.shape[0]
-        scores = {
-            "summary": s * torch.einsum("hd,hcd->hc", q, summaries),
-            "bound": s * torch.maximum(q[None, None] * chunk_keys.amin(1)[:, None], q[None, None] * chunk_keys.amax(1)[:, None])
-            .squeeze(1).sum(-1).T,
-            "exact": s * torch.einsum("hd,cjhd->hcj", q, chunk_keys).amax(-1),
-        }
+        scores = {"summary": s * torch.einsum("hd,hcd->hc", q, summaries), "bound": s * _bound(q, chunk_keys),
+                  "exact": s * torch.einsum("hd,cjhd->hcj", q, chunk_keys).amax(-1)}
+        move = layer.select_shift or layer.sink_shift
+        if move is not None:  # chunk M's token j moved from M·c + j to ws − c + j: one shift a chunk
+            shift = t.window_start(pos) - t.chunk * (first + 1 + torch.arange(n_cand))
+            moved = move(chunk_keys, shift.view(n_cand, 1, 1))
+            scores["bound, moved"] = s * _bound(q, moved)
+            scores["exact, moved"] = s * torch.einsum("hd,cjhd->hcj", q, moved).amax(-1)
         out = {}
         for name, score in scores.items():
             grouped = score.unflatten(0, (H // t.select_group, t.select_group)).sum(1)  # (groups, C)
@@ -85,6 +94,11 @@ class _Recorder:
             rank = torch.argsort(order, dim=-1)  # chunk -> its place
             out[name] = rank[:, needle].amin(-1).tolist()
         return out
+
+
+def _bound(q: torch.Tensor, chunk_keys: torch.Tensor) -> torch.Tensor:
+    """Quest's bound Σ_d max(q_d·min_j k_jd, q_d·max_j k_jd): q (H, D), chunk_keys (C, c, H, D) -> (H, C)."""
+    return torch.maximum(q * chunk_keys.amin(1), q * chunk_keys.amax(1)).sum(-1).T
 
 
 def _item_prompts(item: tuple[str, int, int, int], config, lm, haystacks):
@@ -134,14 +148,15 @@ def needle_ranks(lm, config, segment: int = 4096, progress=print) -> list[dict]:
                             for layer in layers:
                                 del layer.attend  # the class's own again
                         ranked = [r for r in recorder.ranks if r is not None]
+                        names = list(ranked[0]) if ranked else SCORES
                         record = {"task": task, "length": length, "depth": depth, "seed": seed, "item": index,
                                   "tokens": len(prompt), "needle_at": at, "chunks": list(recorder.chunks),
                                   "in_window": not ranked,
-                                  "ranks": {name: sum((r[name] for r in ranked), []) for name in SCORES}}
+                                  "ranks": {name: sum((r[name] for r in ranked), []) for name in names}}
                         records.append(record)
                         progress(f"{task} {length} depth {depth} seed {seed} item {index}: " + (
                             "needle inside the window" if not ranked else "  ".join(
-                                f"{n} median {np.median(record['ranks'][n]):.0f}" for n in SCORES)))
+                                f"{n} median {np.median(record['ranks'][n]):.0f}" for n in names)))
     return records
 
 
@@ -157,7 +172,7 @@ def table(records: list[dict]) -> str:
     for task, length, depth in seen:
         cell = [r for r in records if (r["task"], r["length"], r["depth"]) == (task, length, depth)]
         ranked = [r for r in cell if not r["in_window"]]
-        for name in SCORES:
+        for name in SCORES + tuple(n for n in MOVED_SCORES if any(n in r["ranks"] for r in cell)):
             ranks = np.array(sum((r["ranks"][name] for r in ranked), []))
             if not ranks.size:
                 rows.append([task, f"{length:,}", str(depth), name, "-", *["-"] * len(TOPS), f"{len(cell)} in the window"])

@@ -106,3 +106,84 @@ def test_bad_flags_and_a_model_without_eva_are_refused_in_one_line(tmp_path, cap
                    ByteTokenizer())
     with pytest.raises(ConfigError, match="no EVA attention layer"):
         needle_ranks.needle_ranks(full, RecallConfig(tasks=("passkey",), lengths=(600,)), progress=lambda line: None)
+
+
+def _llama_layer_inputs(model, tokens: torch.Tensor) -> list[torch.Tensor]:
+    """The hidden states entering every layer's attention over one whole-sequence forward."""
+    seen = []
+    hooks = [layer.self_attn.register_forward_hook(lambda m, args, kwargs, out: seen.append(kwargs["hidden_states"]),
+                                                   with_kwargs=True) for layer in model.model.layers]
+    with torch.no_grad():
+        model(tokens, use_cache=False)
+    for h in hooks:
+        h.remove()
+    return seen
+
+
+MOVED_TIE = 1e-6
+"""Scores closer than this may rank either way: Llama's rotary computes its angles in float32, and the instrument
+turns keys twice (at their positions, then by the move) where the oracle turns them once (tests/evalm/
+test_hf_selection.py, MOVED). Chunks of the same tokens tie exactly in the first layer once moved to one place
+(the passkey's filler repeats), so some readings admit several ranks."""
+
+
+def moved_oracle(model, prompt, needle: range, w: int, c: int, first: int) -> dict[str, list[tuple[int, int]]]:
+    """The ranks by the moved bound and the moved exact logit, each as the (lowest, highest) rank that scores within
+    MOVED_TIE of each other allow: each candidate chunk's raw keys rotated by Llama's own RoPE at ws − c … ws − 1 (ws
+    the last query's window start, overlap included), not moved from their positions."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    tokens = torch.tensor([list(prompt)])
+    p = len(prompt) - 1
+    ws = max(0, p // w * w - w)
+    candidates = range(first, ws // c)
+    rotary = model.model.rotary_emb
+    out = {name: [] for name in needle_ranks.MOVED_SCORES}
+    for attn, x in zip((layer.self_attn for layer in model.model.layers), _llama_layer_inputs(model, tokens)):
+        D, H = attn.head_dim, model.config.num_attention_heads
+        with torch.no_grad():
+            q = attn.q_proj(x).view(1, -1, H, D).transpose(1, 2)
+            k = attn.k_proj(x).view(1, -1, H // 2, D).transpose(1, 2).repeat_interleave(2, 1)  # (1, H, T, D)
+            q, _ = apply_rotary_pos_emb(q, q, *rotary(x, torch.arange(len(prompt))[None]))
+            at = rotary(x, torch.arange(ws - c, ws)[None])
+            moved = {r: apply_rotary_pos_emb(k[..., r * c : r * c + c, :], k[..., r * c : r * c + c, :], *at)[0][0]
+                     for r in candidates}  # (H, c, D)
+        s = D**-0.5
+        for group in range(H // 2):
+            heads = (2 * group, 2 * group + 1)
+            scores = {"bound, moved": {r: sum(s * float(torch.maximum(q[0, h, p] * moved[r][h].amin(0),
+                                                                      q[0, h, p] * moved[r][h].amax(0)).sum())
+                                              for h in heads) for r in candidates},
+                      "exact, moved": {r: sum(s * float((moved[r][h] @ q[0, h, p]).max()) for h in heads)
+                                       for r in candidates}}
+            for name, score in scores.items():
+                low = {r: sum(score[o] > score[r] + MOVED_TIE for o in candidates) for r in candidates}
+                high = {r: sum(score[o] > score[r] - MOVED_TIE for o in candidates if o != r) for r in candidates}
+                out[name].append((min(low[r] for r in needle if r in low), min(high[r] for r in needle if r in high)))
+    return out
+
+
+def test_a_host_that_moves_keys_also_ranks_every_chunk_at_one_distance():
+    """The sink conversion's rule on a tiny Llama (RoPE, 4 query heads over 2 key/value heads, overlapping blocks, a
+    sink moved before the window): the moved ranks equal an oracle that rotates the raw keys to their place, and
+    differ from the ranks at the keys' own positions."""
+    from evalm.hf_llama import EvaLlamaForCausalLM
+    from evalm.icl_eval.models.hf_eva import EvaHFCausalLM
+    from tests.models import hf_llama
+
+    tokenizer = ByteTokenizer()
+    llama = hf_llama(0, vocab_size=tokenizer.vocab_size, max_position_embeddings=1024)
+    model = EvaLlamaForCausalLM.from_llama(llama, window_size=W, chunk_size=C, overlap_window=True, sink_tokens=C,
+                                           sink_positions="window", exclude_window_chunks=True)
+    lm = EvaHFCausalLM(model, tokenizer)
+    config = RecallConfig(tasks=("passkey",), lengths=(600,), depths=(0, 50), seeds=(1,), items=1)
+    records = needle_ranks.needle_ranks(lm, config, segment=97, progress=lambda line: None)
+    prompts = needle_ranks._item_prompts(("passkey", 600, 1, 0), config, lm, needle_ranks.Haystacks(tokenizer))
+    for record, (prompt, at, size) in zip(records, prompts):
+        want = moved_oracle(model, prompt, range(at // C, (at + size - 1) // C + 1), W, C, first=1)
+        for name in needle_ranks.MOVED_SCORES:
+            assert all(low <= got <= high for got, (low, high) in zip(record["ranks"][name], want[name], strict=True))
+            assert 2 * sum(low == high for low, high in want[name]) >= len(want[name])  # most readings pin one rank
+        assert record["ranks"]["exact, moved"] != record["ranks"]["exact"]
+    assert "| passkey | 600 | 50 | exact, moved |" in needle_ranks.table(records)
+    assert "moved" not in needle_ranks.table(needle_ranks.needle_ranks(tiny_lm(), config, progress=lambda line: None))
