@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from evalm import eva_paths, flash, flex, selection, summaries, tiles, tiling, whole_sequence
+from evalm import eva_paths, flash, flex, selection, summaries, tile_call, tiles, tiling, whole_sequence
 from evalm.cache import Cache, Parts, Rows, parts_append, parts_bytes, parts_len
 from evalm.eva_paths import EvaCall, EvaPath, Route
 from evalm.eva_settings import EvaSettings
@@ -200,7 +200,7 @@ class EvaAttention(HeadProjections):
         t = self._tiling()
         if path.route.whole:
             return self._attend_whole(t, path, q, k, v)
-        out = self._encode(tiles.TiledCall(t, plan, path, self._entries(cache), self.rel_pos_bias, self.sink_shift,
+        out = self._encode(tile_call.TiledCall(t, plan, path, self._entries(cache), self.rel_pos_bias, self.sink_shift,
                                            self.select_shift),
                            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), cache)
         return out.transpose(1, 2)
@@ -214,7 +214,7 @@ class EvaAttention(HeadProjections):
         return dataclasses.replace(self.layout, dropout=dropout, seed=seed, group_logits=tiling.GROUP_LOGITS,
                                    noise_seed=self._noise_seed())
 
-    def _describe(self, q: Tensor, cache: Cache | None) -> tuple[tiles.TilePlan, EvaCall]:
+    def _describe(self, q: Tensor, cache: Cache | None) -> tuple[tile_call.TilePlan, EvaCall]:
         """The query grid of this call and the facts that choose its path (q: (B, T, H, D))."""
         B, T = q.shape[:2]
         n_seen = cache.n_seen if cache is not None else 0
@@ -260,12 +260,12 @@ class EvaAttention(HeadProjections):
         """Path flex: one flex_attention call over tokens, summaries and sink keys (evalm/flex.py)."""
         return flex.attend_layer(flex.LayerParts(t, self.maps, self.rel_pos_bias, self.sink_shift), q, k, v)
 
-    def _entries(self, cache: Cache | None) -> tiles.Entries:
+    def _entries(self, cache: Cache | None) -> tile_call.Entries:
         """What a cached call reads besides its window: completed chunks are added in `_encode`."""
         prefix = cache.prefix[self.layer_idx] if cache is not None else None
-        return tiles.Entries((), (), prefix, cache.own_logit_bias if cache is not None else 0.0)
+        return tile_call.Entries((), (), prefix, cache.own_logit_bias if cache is not None else 0.0)
 
-    def _encode(self, call: tiles.TiledCall, q: Tensor, k: Tensor, v: Tensor, cache: Cache | None) -> Tensor:
+    def _encode(self, call: tile_call.TiledCall, q: Tensor, k: Tensor, v: Tensor, cache: Cache | None) -> Tensor:
         """New queries q, k, v (B, H, T, D) after the cache's n_seen tokens (paths tiles and forks):
         complete chunks become remote entries, then the queries attend, then the cache is updated."""
         B, H, T, D = q.shape

@@ -22,11 +22,14 @@ may see (docs/eva.md, "The closed form"); they differ in memory, speed and what 
   forks        a batch of forks scoring short inputs over one shared parent: their rows folded
                into one query block, so the parent's entries are read once (evalm/tiles.py)
   forks-split  the same without a graph, by the split softmax
+  tiles-kernel selection without a graph or dropout (forks-kernel for forks): the shared key sets
+               (window, sink, merged prefix) on the fused CPU kernel with their log-sum-exp, the summaries
+               and each query's chosen tokens written out, the parts joined by log-sum-exp (evalm/tile_selection.py)
 Every path that drops draws the one hashed attention dropout mask (evalm/dropout_mask.py).
 
-A path is an `EvaPath` value: its `Route` (an enum) and whether it splits the softmax, with the
-reason it was taken. `EvaAttention` runs it by those fields; nothing reads its printed name.
-`evalm --debug` prints each layer's path and reason the first time that layer takes it. Tests pin a path
+A path is an `EvaPath` value: its `Route` (an enum), whether it splits the softmax and whether selection's
+shared key sets go to the kernel, with the reason it was taken. `EvaAttention` runs it by those fields; nothing
+reads its printed name. `evalm --debug` prints each layer's path and reason the first time that layer takes it. Tests pin a path
 by changing the facts `choose` reads (tests/evalm/paths.py), never by a switch on the module.
 """
 
@@ -77,11 +80,12 @@ class EvaPath:
     route: Route
     reason: str
     split: bool = False  # the split softmax (evalm/joint_softmax.py): no graph, no dropout, one tile per group
+    kernel: bool = False  # selection with the shared key sets on the fused CPU kernel (evalm/tile_selection.py)
 
     @property
     def name(self) -> str:
         """The name the module docstring and `--debug` use."""
-        return self.route.value + ("-split" if self.split else "")
+        return self.route.value + ("-split" if self.split else "") + ("-kernel" if self.kernel else "")
 
 
 def choose(call: EvaCall) -> EvaPath:
@@ -89,9 +93,12 @@ def choose(call: EvaCall) -> EvaPath:
     where it applies (with or without attention dropout), else the plain recompute; with a cache,
     tiles, folded forks, and the split softmax where no graph or dropout needs the mask."""
     if call.select:  # a per-query set of keys: only the tiles gather it (evalm/selection.py)
-        return EvaPath(Route.FORKS if call.forks and not call.whole else Route.TILES,
-                       "selection: each query's chosen chunks' tokens, gathered per query, which only the tiles "
-                       "read (autograd's backward; no fused, flex or split form yet)")
+        route = Route.FORKS if call.forks and not call.whole else Route.TILES
+        if call.kernel and not call.grad and not call.dropout and call.full_precision:
+            return EvaPath(route, "selection without a graph or dropout: each query's chosen tokens gathered, its "
+                                  "window, sink and merged keys on the fused CPU kernel, joined by log-sum-exp", kernel=True)
+        return EvaPath(route, "selection: each query's chosen chunks' tokens, gathered per query, which only the tiles "
+                              "read (autograd's backward; no fused or flex form under a graph yet)")
     if call.whole and call.flex:
         why = "; attention dropout as −inf in its score_mod, renormalised by the undropped log-sum-exp" if call.dropout else ""
         return EvaPath(Route.FLEX, "a whole sequence on a GPU: one compiled flex_attention call over tokens, "

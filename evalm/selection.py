@@ -12,7 +12,7 @@ their scores summed (NSA's group-consistent selection). The choice carries no gr
 With `select_by = "bound"` Quest's bound ranks them instead (`bound_scores`, from each chunk's `key_bounds`): a
 model whose summaries were never trained to route (a converted one) keeps EVA's softmax and reads with it.
 
-The tiles route (evalm/tiles.py) calls `choose` and `gather` for every query of a call, whole sequence or
+The tiles route (evalm/tile_selection.py) calls `choose` and `gather` for every query of a call, whole sequence or
 cached; `chunk_tokens` is the slice of a sequence a whole-sequence call reads the tokens from.
 
 Legend: B sequences, G tiles, H heads, R query rows, n candidate summaries, k the chunks chosen, c tokens per

@@ -21,7 +21,7 @@ import torch
 
 import evalm.flash
 import evalm.recompute
-from evalm import tiles, whole_sequence
+from evalm import tile_call, tiles, whole_sequence
 from evalm.cache import Cache
 from evalm.eva_paths import EvaPath, Route
 from evalm.tiling import Tiling
@@ -124,7 +124,7 @@ def test_o7_without_remote_entries_each_query_is_softmax_over_its_block(name):
         got = eva_attention(WholeSequence(t), q, k, v, bias_block)
         ops = eva_attention(WholeSequence(t, whole_sequence.PLAIN), q, k, v, bias_block)
         plan = tiles.plan(t, attn.query_tile, H, 0, n, 0)
-        call = tiles.TiledCall(t, plan, EvaPath(Route.TILES, "test"), tiles.Entries((), (), None, 0.0), attn.rel_pos_bias)
+        call = tile_call.TiledCall(t, plan, EvaPath(Route.TILES, "test"), tile_call.Entries((), (), None, 0.0), attn.rel_pos_bias)
         tiled = tiles.attend(call, *(z.transpose(1, 2) for z in (q, k, v))).transpose(1, 2)
     np.testing.assert_allclose(got.numpy(), want, rtol=0, atol=EXACT)
     np.testing.assert_allclose(ops.numpy(), want, rtol=0, atol=EXACT)
