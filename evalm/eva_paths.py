@@ -22,7 +22,8 @@ may see (docs/eva.md, "The closed form"); they differ in memory, speed and what 
   forks        a batch of forks scoring short inputs over one shared parent: their rows folded
                into one query block, so the parent's entries are read once (evalm/tiles.py)
   forks-split  the same without a graph, by the split softmax
-  tiles-kernel selection without a graph or dropout (forks-kernel for forks): the shared key sets
+  tiles-kernel selection without a graph or dropout over KERNEL_ROWS new tokens or more (forks-kernel for
+               forks): the shared key sets
                (window, sink, merged prefix) on the fused CPU kernel with their log-sum-exp, the summaries
                and each query's chosen tokens written out, the parts joined by log-sum-exp (evalm/tile_selection.py)
 Every path that drops draws the one hashed attention dropout mask (evalm/dropout_mask.py).
@@ -40,6 +41,11 @@ import sys
 from dataclasses import dataclass
 
 from evalm.config_toolkit import debug
+
+
+KERNEL_ROWS = 128
+"""Fewest new tokens for which selection hands its shared key sets to the fused kernel: below it (a test item, a
+decoded token) the kernel's call costs more than it saves (a forked test item of 12 tokens: ~7% slower on it)."""
 
 
 class Route(enum.Enum):
@@ -71,6 +77,7 @@ class EvaCall:
     sink: bool = False  # the layer keeps sink tokens (`Tiling.sink`): the flex route and the tiles read them
     flex: bool = False  # flex_attention compiles for these tensors (a GPU; evalm/flex.py `usable_on`)
     select: bool = False  # the layer selects chunks (`Tiling.select`): each query reads its own chosen tokens
+    new_tokens: int = 0  # tokens of the call per sequence (T)
 
 
 @dataclass(frozen=True)
@@ -94,7 +101,7 @@ def choose(call: EvaCall) -> EvaPath:
     tiles, folded forks, and the split softmax where no graph or dropout needs the mask."""
     if call.select:  # a per-query set of keys: only the tiles gather it (evalm/selection.py)
         route = Route.FORKS if call.forks and not call.whole else Route.TILES
-        if call.kernel and not call.grad and not call.dropout and call.full_precision:
+        if call.kernel and not call.grad and not call.dropout and call.full_precision and call.new_tokens >= KERNEL_ROWS:
             return EvaPath(route, "selection without a graph or dropout: each query's chosen tokens gathered, its "
                                   "window, sink and merged keys on the fused CPU kernel, joined by log-sum-exp", kernel=True)
         return EvaPath(route, "selection: each query's chosen chunks' tokens, gathered per query, which only the tiles "

@@ -3,6 +3,7 @@ were different, so the production module carries no test switch.
 
     with forced(**PLAIN): ...   # a whole sequence takes "recompute" (plain PyTorch), not the kernel
     with forced(**TILES): ...   # a whole sequence takes the tiled autograd path, the oracle it had
+    with forced(**SELECTION_KERNEL): ...   # selection without a graph puts its shared key sets on the kernel
     with recorded() as taken: ...   # taken: the path of every EVA call in the block
 """
 
@@ -15,6 +16,7 @@ from evalm import eva_paths
 
 PLAIN = {"kernel": False}  # as if the fused CPU kernel were unavailable
 TILES = {"whole": False}  # as if a cache were given: query tiles, autograd's own backward
+SELECTION_KERNEL = {"new_tokens": eva_paths.KERNEL_ROWS}  # as if long enough for selection's kernel path
 
 
 @contextlib.contextmanager

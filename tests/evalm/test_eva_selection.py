@@ -25,7 +25,7 @@ from evalm.eva_settings import EvaSettings
 from evalm.tiling import Ablation
 from tests import models
 from tests.evalm.oracle import t5_bucket_ref
-from tests.evalm.paths import PLAIN, TILES, forced, recorded
+from tests.evalm.paths import PLAIN, SELECTION_KERNEL, TILES, forced, recorded
 from tests.evalm.test_eva_sink import BASE, check_cache_matches_whole, check_training_draws, heads, move
 
 EXACT = 1e-10  # float64: sums reassociated, nothing else
@@ -217,13 +217,13 @@ def test_every_whole_sequence_route_equals_the_equation(shape):
         assert (expected - attn.attend(q.clone(), k.clone(), v.clone())).abs().max() > APART  # selection acts
         attn.layout = dataclasses.replace(attn.layout, select=SHAPES[shape]["select_chunks"],
                                           select_only=SHAPES[shape].get("select_only", False))
-    for facts in ({}, PLAIN, TILES):
+    for facts in ({}, SELECTION_KERNEL, PLAIN, TILES):
         for grad in (False, True):
             with forced(**facts), recorded() as taken, torch.set_grad_enabled(grad):
                 out = attn.attend(q.clone(), k.clone(), v.clone())
             assert (out - expected).abs().max() < EXACT, taken[0].name
-            # without a graph the shared key sets go to the fused kernel, where it is (not under PLAIN)
-            assert {p.name for p in taken} == {"tiles" if grad or facts is PLAIN else "tiles-kernel"}
+            # a long call without a graph puts its shared key sets on the fused kernel
+            assert {p.name for p in taken} == {"tiles-kernel" if facts is SELECTION_KERNEL and not grad else "tiles"}
 
 
 @pytest.mark.parametrize("ablation", [Ablation.CHUNK_WINDOW, Ablation.NO_REMOTE])
@@ -275,11 +275,11 @@ def test_selected_tokens_moved_before_the_window_equal_the_equation(shape):
 @pytest.mark.parametrize("kernel", [True, False], ids=["kernel", "written-out"])
 @pytest.mark.parametrize("shape", ["k2", "k3-only", "k2-sink", "k2-bound", "k1-bound-only-sink-t5"])
 def test_the_cache_in_segments_and_forks_equal_one_shot(shape, kernel):
-    """Without a graph the shared key sets go to the fused kernel (`EvaPath.kernel`); written out, as under a
-    graph, where it is not available."""
+    """Each call as if long enough for the kernel path (the shared key sets on the fused kernel, `EvaPath.kernel`),
+    then written out, as under a graph or where the kernel is not available."""
     m = model(**SHAPES[shape])
     tokens = torch.randint(0, BASE.vocab_size, (2, 61), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad(), forced(**({} if kernel else PLAIN)):
+    with torch.no_grad(), forced(**(SELECTION_KERNEL if kernel else PLAIN)):
         whole = m(tokens)
         cache, parts = m.new_cache(batch_size=2), []
         for lo, hi in ((0, 3), (3, 11), (11, 30), (30, 61)):
