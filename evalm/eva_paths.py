@@ -22,10 +22,10 @@ may see (docs/eva.md, "The closed form"); they differ in memory, speed and what 
   forks        a batch of forks scoring short inputs over one shared parent: their rows folded
                into one query block, so the parent's entries are read once (evalm/tiles.py)
   forks-split  the same without a graph, by the split softmax
-  tiles-kernel selection without a graph or dropout over KERNEL_ROWS new tokens or more (forks-kernel for
-               forks): the shared key sets
-               (window, sink, merged prefix) on the fused CPU kernel with their log-sum-exp, the summaries
-               and each query's chosen tokens written out, the parts joined by log-sum-exp (evalm/tile_selection.py)
+  tiles-kernel selection without a graph or dropout over KERNEL_ROWS new tokens or more (forks-kernel
+               for forks): the shared key sets (window, sink, merged prefix) on the fused CPU kernel with
+               their log-sum-exp, the summaries and each query's chosen tokens written out, the parts
+               joined by log-sum-exp (evalm/tile_selection.py)
 Every path that drops draws the one hashed attention dropout mask (evalm/dropout_mask.py).
 
 A path is an `EvaPath` value: its `Route` (an enum), whether it splits the softmax and whether selection's
