@@ -63,6 +63,9 @@ class ModelConfig(EvaSettings):
         if self.sink_tokens and self.attention != "eva":
             raise ConfigError(f"sink_tokens={self.sink_tokens} is EVA's: attention={self.attention!r} has no summaries "
                               "to replace; set sink_tokens=0 or attention='eva'")
+        if self.select_by == "window-bound":
+            raise ConfigError("select_by='window-bound' ranks keys moved by a rotary host (an EVA Llama with "
+                              "selected_positions='window'); this model's positions are its own: use 'bound' or 'summary'")
         if not (0.0 <= self.dropout < 1.0 and 0.0 <= self.attn_dropout < 1.0):
             raise ConfigError("dropout and attn_dropout must lie in [0, 1)")
 

@@ -95,7 +95,7 @@ class EvaState:
     sink_out: int = 0  # sink tokens before the window start, min(S, first window row): not local keys
     tokens_k: Rows = Rows()  # with selection: the summarised chunks' own keys (B or 1, H, c per summary, D)
     tokens_v: Rows = Rows()  # and values, read only at the rows a query selects (evalm/selection.py)
-    bounds: Rows = Rows()  # with select_by "bound": each summarised chunk's key minima and maxima (2 rows a chunk)
+    bounds: Rows = Rows()  # select_by "bound" or "window-bound": each summarised chunk's key minima and maxima (2 rows a chunk)
 
     def entries(self) -> tuple[Tensor, Tensor]:
         """Everything a later token may attend to: (B, H, sink_out + n_chunks + ℓ, D) keys and values."""
@@ -266,6 +266,25 @@ class EvaAttention(HeadProjections):
         prefix = cache.prefix[self.layer_idx] if cache is not None else None
         return tile_call.Entries((), (), prefix, cache.own_logit_bias if cache is not None else 0.0)
 
+    def _kept(self, rows: tuple[Rows, Rows, Rows], k: Tensor, v: Tensor, first: int) -> tuple[Rows, Rows, Rows]:
+        """New summarised chunks' rows (chunks first, first + 1, …) that selection reads later (evalm/selection.py):
+        their keys and values, and with select_by "bound" or "window-bound" Quest's bounds of `_bound_keys` (two
+        rows a chunk; the ranking needs no graph)."""
+        tokens_k, tokens_v, bounds = rows
+        if self.layout.select_by in ("bound", "window-bound"):
+            bounds = bounds.append(selection.key_bounds(self._bound_keys(k, first).detach(), self.chunk_size))
+        return tokens_k.append(k), tokens_v.append(v), bounds
+
+    def _bound_keys(self, k: Tensor, first: int) -> Tensor:
+        """The keys (B, H, n·c, D) of whole chunks first … first + n − 1 as `select_by` bounds them: as they are, or
+        for "window-bound" each chunk M turned back by (M + 1)·c, to sit at −c … −1; a query turned back by its
+        window's start ws then reads them at ws − c … ws − 1, right before its window (evalm/tile_selection.py)."""
+        if self.layout.select_by != "window-bound":
+            return k
+        c = self.chunk_size
+        chunk = first + torch.arange(k.shape[-2], device=k.device) // c
+        return self.select_shift(k, -c * (chunk + 1))
+
     def _encode(self, call: tile_call.TiledCall, q: Tensor, k: Tensor, v: Tensor, cache: Cache | None) -> Tensor:
         """New queries q, k, v (B, H, T, D) after the cache's n_seen tokens (paths tiles and forks):
         complete chunks become remote entries, then the queries attend, then the cache is updated."""
@@ -308,8 +327,8 @@ class EvaAttention(HeadProjections):
             remote_k, _ = parts_append(remote_k, new_k, n_owned)
             remote_v, n_owned = parts_append(remote_v, new_v, n_owned)
             if call.t.select:
-                tokens_k, tokens_v, bounds = _kept(call.t, (tokens_k, tokens_v, bounds), seq_k[..., at : at + n_new * c, :],
-                                                   seq_v[..., at : at + n_new * c, :])
+                tokens_k, tokens_v, bounds = self._kept((tokens_k, tokens_v, bounds), seq_k[..., at : at + n_new * c, :],
+                                                        seq_v[..., at : at + n_new * c, :], first // c)
 
         sink = (sink_k, sink_v) if sink_k is not None else None
         tokens = (tokens_k.views(), tokens_v.views()) if call.t.select and len(tokens_k) else None
@@ -326,15 +345,6 @@ class EvaAttention(HeadProjections):
                 sink_out=min(S, max(0, n_after // w * w - ext)), tokens_k=tokens_k, tokens_v=tokens_v,
                 bounds=bounds)
         return out
-
-
-def _kept(t: Tiling, rows: tuple[Rows, Rows, Rows], k: Tensor, v: Tensor) -> tuple[Rows, Rows, Rows]:
-    """New summarised chunks' rows that selection reads later (evalm/selection.py): their keys and values, and with
-    select_by "bound" Quest's key bounds (two rows a chunk; the ranking needs no graph)."""
-    tokens_k, tokens_v, bounds = rows
-    if t.select_by == "bound":
-        bounds = bounds.append(selection.key_bounds(k.detach(), t.chunk))
-    return tokens_k.append(k), tokens_v.append(v), bounds
 
 
 def eva_layers(model: nn.Module) -> list[EvaAttention]:

@@ -54,10 +54,13 @@ class EvaSettings:
     select_only: bool = False
     """With select_chunks: the summaries only choose; the softmax reads the window, the sink and the selected tokens,
     no summary (window + selection)."""
-    select_by: Literal["summary", "bound"] = "summary"
+    select_by: Literal["summary", "bound", "window-bound"] = "summary"
     """With select_chunks, what ranks the candidate chunks: 'summary', the summary's logit in EVA's joint softmax;
     'bound', Quest's upper bound on the chunk's best token logit from its keys' per-channel minima and maxima
-    (Tang et al. 2024, §3.3; no training: for a model whose summaries were never trained to route)."""
+    (Tang et al. 2024, §3.3; no training: for a model whose summaries were never trained to route);
+    'window-bound', the same bound over the chunk's keys placed right before the query's window, where
+    selected_positions = 'window' reads them: every chunk ranked at one distance (InfLLM), not at a rotary
+    distance past the trained length (an EVA Llama only)."""
 
     def __post_init__(self) -> None:
         if self.window_size < 1:
@@ -77,9 +80,10 @@ class EvaSettings:
         if self.select_only and not self.select_chunks:
             raise ConfigError("select_only without select_chunks: nothing is selected, so the softmax would read the "
                               "window alone; set select_chunks >= 1, or select_only = false")
-        if self.select_by not in ("summary", "bound"):
-            raise ConfigError(f"select_by={self.select_by!r}: 'summary' (the summaries' logits) or 'bound' (Quest's "
-                              "bound from each chunk's key minima and maxima)")
+        if self.select_by not in ("summary", "bound", "window-bound"):
+            raise ConfigError(f"select_by={self.select_by!r}: 'summary' (the summaries' logits), 'bound' (Quest's "
+                              "bound from each chunk's key minima and maxima) or 'window-bound' (the bound with the "
+                              "keys placed right before the window)")
         if self.select_by != "summary" and not self.select_chunks:
             raise ConfigError(f"select_by={self.select_by!r} without select_chunks: nothing is selected; set "
                               "select_chunks >= 1, or select_by = 'summary'")
@@ -154,6 +158,9 @@ def check_sink_rule(eva: EvaSettings, placement: RotaryPlacement) -> None:
         if placement.positions != "rope":
             raise ConfigError(f"{name}='window' needs positions='rope': a circular rotation (positions 'circular' or "
                               "'block') wraps and does not compose")
+    if eva.select_by == "window-bound" and placement.selected_positions != "window":
+        raise ConfigError("select_by='window-bound' ranks the chunks where selected_positions='window' places their "
+                          "tokens; set selected_positions='window', or select_by='bound'")
 
 
 def evalm_section(eva: EvaSettings, placement: RotaryPlacement) -> dict[str, Any]:

@@ -9,7 +9,8 @@ query's exact keys while their summaries leave the softmax, so no chunk's mass i
 summaries only choose. Heads that share one K/V head (a grouped-query host) share one choice, made from
 their scores summed (NSA's group-consistent selection). The choice carries no gradient; what it selects does.
 
-With `select_by = "bound"` Quest's bound ranks them instead (`bound_scores`, from each chunk's `key_bounds`): a
+With `select_by = "bound"` Quest's bound ranks them instead (`bound_scores`, from each chunk's `key_bounds`; with
+"window-bound" the bounds of its keys placed right before the query's window, one distance for every chunk): a
 model whose summaries were never trained to route (a converted one) keeps EVA's softmax and reads with it.
 
 The tiles route (evalm/tile_selection.py) calls `choose` and `gather` for every query of a call, whole sequence or

@@ -30,7 +30,7 @@ class Entries(NamedTuple):
     sink: tuple[Tensor, Tensor] | None = None  # (B or 1, H, ≤ S, D) keys, values of the sink tokens
     tokens: tuple[Parts, Parts] | None = None  # parts (B or 1, H, N_p, D): the summarised chunks' own keys and
     # values, in chunk order (selection reads them, evalm/selection.py; None without selection)
-    bounds: Parts | None = None  # parts (B or 1, H, 2 per chunk, D): the chunks' key bounds (select_by "bound")
+    bounds: Parts | None = None  # parts (B or 1, H, 2 per chunk, D): the chunks' key bounds (select_by "bound", "window-bound")
 
 
 class TilePlan(NamedTuple):

@@ -34,7 +34,7 @@ def attend(call: TiledCall, g: TileGroup, sets: KeySets) -> Tensor:
     masks = torch.cat(sets.masks, -1).split([k.shape[-2] for k in sets.keys], -1)  # one mask may span several parts
     remote = [upcast(set_logits(q, k)).add_(m.unsqueeze(1)) for k, m in zip(sets.keys[sets.remote], masks[sets.remote])]
     remote = torch.cat(remote, -1) if remote else q.new_zeros(B, G, H, rows, 0, dtype=upcast(q[..., :0, :0]).dtype)
-    chosen, index, valid = _choice(call, sets, q, remote)
+    chosen, index, valid = _choice(call, g, sets, q, remote)
     kept = [] if t.select_only or not sets.n_vis else list(  # the chosen summaries leave: no mass counted twice
         remote.masked_fill(chosen, float("-inf")).split([k.shape[-2] for k in sets.keys[sets.remote]], -1))
     picked, picked_v = _picks(call, g, q, index, valid)
@@ -60,14 +60,17 @@ def attend(call: TiledCall, g: TileGroup, sets: KeySets) -> Tensor:
     return out
 
 
-def _choice(call: TiledCall, sets: KeySets, q: Tensor, remote: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def _choice(call: TiledCall, g: TileGroup, sets: KeySets, q: Tensor, remote: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """`selection.choose` over the group's candidates, ranked by their summary logits `remote` (B, G, H, rows,
-    n_vis; −inf where not visible) or by Quest's bound (`select_by = "bound"`)."""
+    n_vis; −inf where not visible) or by Quest's bound (`select_by = "bound"`; "window-bound": the bounds of keys
+    turned back to −c … −1, read by the query turned back by its window's start, `EvaAttention._bound_keys`)."""
     t = call.t
     candidate = torch.arange(sets.n_vis, device=q.device) < sets.candidates  # (G, rows, n_vis)
     scores = remote
-    if t.select_by == "bound":  # Quest's bound ranks the same candidates (evalm/selection.py)
-        bound = selection.bound_scores(q, call.entries.bounds or (), sets.n_vis)
+    if t.select_by in ("bound", "window-bound"):  # Quest's bound ranks the same candidates (evalm/selection.py)
+        G, rows = q.shape[1], q.shape[3]
+        reader = q if t.select_by == "bound" else call.select_shift(q, -t.window_start(g.q_pos).view(G, 1, rows))
+        bound = selection.bound_scores(reader, call.entries.bounds or (), sets.n_vis)
         scores = torch.where(remote > float("-inf"), upcast(bound), float("-inf"))
     return selection.choose(scores.masked_fill(~candidate.unsqueeze(1), float("-inf")), t.select, t.select_group)
 

@@ -55,7 +55,7 @@ class Tiling:
     select: int = 0  # k: chunks each query reads exactly by its summaries' scores (evalm/selection.py; 0: none)
     select_only: bool = False  # with select: no summary enters the softmax; they only score
     select_group: int = 1  # query heads sharing one K/V head, and so one choice (a grouped-query host's)
-    select_by: str = "summary"  # what ranks the candidates: the summaries' logits, or Quest's bound ("bound")
+    select_by: str = "summary"  # what ranks the candidates: the summaries' logits, or Quest's bound ("bound", "window-bound")
 
     @classmethod
     def of(cls, settings, head_dim: int, ablation: Ablation = Ablation.NONE) -> Tiling:

@@ -16,7 +16,10 @@ window, `Tiling.candidate_count`) by
   "window"): the same two over the chunk's keys moved right before the query's window, token j of every candidate
   at ws − c + j (ws the window's start), so every chunk is scored at one distance, the way InfLLM places its
   remote blocks (Xiao et al. 2024, §2.2): past the trained length a key at its own rotary position is read at
-  a distance the weights never saw.
+  a distance the weights never saw;
+- `window-bound`: what `select_by = "window-bound"` ranks by, Quest's bound taken in the frame that rule keeps (each
+  chunk's keys turned to −c … −1, the query turned back by ws: the same distances, but a per-channel bound is not
+  rotation-invariant, so it is not `bound, moved`).
 
 The model runs as loaded (EVA as published unless its folder selects; `--eva-select`, `--eva-ablation` as in
 `evalm eval recall`: with the summaries off the ranks are still of the chunks before the window); the scores
@@ -39,7 +42,7 @@ from evalm.icl_eval.recall.haystacks import Haystacks
 from evalm.tiling import Ablation
 
 SCORES = ("summary", "bound", "exact")
-MOVED_SCORES = ("bound, moved", "exact, moved")
+MOVED_SCORES = ("bound, moved", "exact, moved", "window-bound")
 """Read where the model moves keys by a rotation (`EvaAttention.select_shift` or `sink_shift`)."""
 TOPS = (1, 2, 4, 8)
 
@@ -87,6 +90,8 @@ class _Recorder:
             moved = move(chunk_keys, shift.view(n_cand, 1, 1))
             scores["bound, moved"] = s * _bound(q, moved)
             scores["exact, moved"] = s * torch.einsum("hd,cjhd->hcj", q, moved).amax(-1)
+            anchored = move(chunk_keys, -t.chunk * (first + 1 + torch.arange(n_cand)).view(n_cand, 1, 1))
+            scores["window-bound"] = s * _bound(move(q, torch.tensor(-t.window_start(pos))), anchored)
         out = {}
         for name, score in scores.items():
             grouped = score.unflatten(0, (H // t.select_group, t.select_group)).sum(1)  # (groups, C)

@@ -18,7 +18,7 @@ import dataclasses
 import pytest
 import torch
 
-from evalm import EvalmModel, dropout_mask, selection, summaries
+from evalm import EvalmModel, ModelConfig, dropout_mask, selection, summaries
 from evalm.config_toolkit import ConfigError, build
 from evalm.eva import ablate
 from evalm.eva_settings import EvaSettings
@@ -55,7 +55,9 @@ def oracle(attn, q, k, v, group: int = 1, ablation: Ablation = Ablation.NONE, tr
     seed): ε drawn as evalm/summaries.py draws it, each probability times the keep decision of
     evalm/dropout_mask.py (a token by its position, chunk r as −1 − r), scaled by 1/(1 − p). `move(keys,
     shift)`: the selected tokens moved to the k·c positions before the query's window, in chunk order, and
-    the sink keys (moved too) before them."""
+    the sink keys (moved too) before them; with select_by "window-bound" each candidate ranked by Quest's bound
+    over its keys moved to −c … −1, read by the query moved back by its window's start (so the chunk sits at
+    start − c … start − 1 from it; the bound's per-channel extremes taken in that frame)."""
     B, T, H, D = q.shape
     w, c, ext, s, C = attn.window_size, attn.chunk_size, attn.ext, D**-0.5, T // attn.chunk_size
     select, only, sink = attn.layout.select, attn.layout.select_only, attn.layout.sink
@@ -75,7 +77,7 @@ def oracle(attn, q, k, v, group: int = 1, ablation: Ablation = Ablation.NONE, tr
         bucket = [[t5_bucket_ref(max(0, i - j - ext), len(table), w + ext) for j in range(T)] for i in range(T)]
         local_logits = local_logits + s * table[torch.tensor(bucket)]
     remote_logits = s * torch.einsum("bihd,brhd->bhir", q, k_tilde)  # (B, H, T, C)
-    if attn.layout.select_by == "bound":  # Quest: Σ_d max(q_d·min_j k_jd, q_d·max_j k_jd) over chunk r's tokens j
+    if attn.layout.select_by != "summary":  # Quest: Σ_d max(q_d·min_j k_jd, q_d·max_j k_jd) over chunk r's tokens j
         low, high = kc.amin(2), kc.amax(2)  # (B, C, H, D)
         rank_logits = s * torch.maximum(q[:, :, None] * low[:, None], q[:, :, None] * high[:, None]).sum(-1).permute(0, 3, 1, 2)
     else:
@@ -91,6 +93,11 @@ def oracle(attn, q, k, v, group: int = 1, ablation: Ablation = Ablation.NONE, tr
         sunk[..., i, : min(sink, start)] = True
         remote[..., i, first:limit] = True
         candidates = range(first, min(limit, start // c))
+        if attn.layout.select_by == "window-bound":  # chunk r's keys at −c + j, the query at i − start
+            anchored = move(kc, torch.tensor([-c - r * c for r in range(C)]).view(1, C, 1, 1))  # (B, C, c, H, D)
+            low, high = anchored.amin(2), anchored.amax(2)
+            reader = move(q[:, i], torch.tensor(-start))[:, None]  # (B, 1, H, D)
+            rank_logits[:, :, i] = s * torch.maximum(reader * low, reader * high).sum(-1).transpose(1, 2)
         if move is not None and sink:
             block_start = i // w * w if ablation is Ablation.CHUNK_WINDOW else max(0, i // w * w - ext)
             shift = torch.tensor(block_start - sink - select * c)
@@ -352,6 +359,8 @@ def test_settings_refuse_what_selects_nothing():
         build(EvaSettings, {"select_by": "bound"}, where="test")
     with pytest.raises(ConfigError, match="select_by"):
         build(EvaSettings, {"select_chunks": 1, "select_by": "best"}, where="test")
+    with pytest.raises(ConfigError, match="window-bound' ranks keys moved by a rotary host"):  # the native model
+        build(ModelConfig, {**dataclasses.asdict(BASE), "select_chunks": 1, "select_by": "window-bound"}, where="test")
 
 
 @pytest.mark.cuda

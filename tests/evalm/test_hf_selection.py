@@ -46,7 +46,8 @@ SINK = dict(overlap_window=True, sink_tokens=2, sink_positions="window", select_
 
 
 @pytest.mark.parametrize("placement,by,more", [("own", "summary", {}), ("window", "summary", {}), ("own", "bound", {}),
-                                               ("window", "bound", {}), ("window", "bound", SINK)])
+                                               ("window", "bound", {}), ("window", "bound", SINK),
+                                               ("window", "window-bound", {}), ("window", "window-bound", SINK)])
 def test_llama_attention_with_selection_is_the_oracle_of_its_rotated_grouped_heads(placement, by, more):
     """The last case is the sink conversion's rule: overlapping blocks, a sink and the selected tokens both moved
     before the window (the sink k·c further back), window + selection only."""
@@ -90,7 +91,8 @@ def test_the_setting_is_carried_by_the_saved_folder(tmp_path):
 
 def test_a_move_without_selection_or_with_a_wrapping_rotation_is_refused_in_one_line():
     for settings, said in [(dict(window_size=8, chunk_size=2, selected_positions="window"), "without select_chunks"),
-                           (dict(**SETTINGS, selected_positions="window", positions="circular"), "needs positions='rope'")]:
+                           (dict(**SETTINGS, selected_positions="window", positions="circular"), "needs positions='rope'"),
+                           (dict(**SETTINGS, select_by="window-bound"), "set selected_positions='window'")]:
         with pytest.raises(ConfigError, match=said) as err:
             EvaLlamaForCausalLM.from_llama(hf_llama(), **settings)
         assert "\n" not in str(err.value)

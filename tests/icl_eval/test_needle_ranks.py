@@ -128,9 +128,10 @@ test_hf_selection.py, MOVED). Chunks of the same tokens tie exactly in the first
 
 
 def moved_oracle(model, prompt, needle: range, w: int, c: int, first: int) -> dict[str, list[tuple[int, int]]]:
-    """The ranks by the moved bound and the moved exact logit, each as the (lowest, highest) rank that scores within
-    MOVED_TIE of each other allow: each candidate chunk's raw keys rotated by Llama's own RoPE at ws − c … ws − 1 (ws
-    the last query's window start, overlap included), not moved from their positions."""
+    """The ranks by the moved bound, the moved exact logit and the window bound, each as the (lowest, highest) rank
+    that scores within MOVED_TIE of each other allow: each candidate chunk's raw keys rotated by Llama's own RoPE at
+    ws − c … ws − 1 (ws the last query's window start, overlap included), not moved from their positions; for the
+    window bound at −c … −1, read by the raw query rotated at its offset from ws."""
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
     tokens = torch.tensor([list(prompt)])
@@ -142,12 +143,13 @@ def moved_oracle(model, prompt, needle: range, w: int, c: int, first: int) -> di
     for attn, x in zip((layer.self_attn for layer in model.model.layers), _llama_layer_inputs(model, tokens)):
         D, H = attn.head_dim, model.config.num_attention_heads
         with torch.no_grad():
-            q = attn.q_proj(x).view(1, -1, H, D).transpose(1, 2)
+            raw_q = q = attn.q_proj(x).view(1, -1, H, D).transpose(1, 2)
             k = attn.k_proj(x).view(1, -1, H // 2, D).transpose(1, 2).repeat_interleave(2, 1)  # (1, H, T, D)
             q, _ = apply_rotary_pos_emb(q, q, *rotary(x, torch.arange(len(prompt))[None]))
-            at = rotary(x, torch.arange(ws - c, ws)[None])
-            moved = {r: apply_rotary_pos_emb(k[..., r * c : r * c + c, :], k[..., r * c : r * c + c, :], *at)[0][0]
-                     for r in candidates}  # (H, c, D)
+            at, anchor = rotary(x, torch.arange(ws - c, ws)[None]), rotary(x, torch.arange(-c, 0)[None])
+            moved, anchored = ({r: apply_rotary_pos_emb(k[..., r * c : r * c + c, :], k[..., r * c : r * c + c, :],
+                                                        *place)[0][0] for r in candidates} for place in (at, anchor))
+            reader = apply_rotary_pos_emb(raw_q, raw_q, *rotary(x, (torch.arange(len(prompt)) - ws)[None]))[0]
         s = D**-0.5
         for group in range(H // 2):
             heads = (2 * group, 2 * group + 1)
@@ -155,7 +157,10 @@ def moved_oracle(model, prompt, needle: range, w: int, c: int, first: int) -> di
                                                                       q[0, h, p] * moved[r][h].amax(0)).sum())
                                               for h in heads) for r in candidates},
                       "exact, moved": {r: sum(s * float((moved[r][h] @ q[0, h, p]).max()) for h in heads)
-                                       for r in candidates}}
+                                       for r in candidates},
+                      "window-bound": {r: sum(s * float(torch.maximum(reader[0, h, p] * anchored[r][h].amin(0),
+                                                                      reader[0, h, p] * anchored[r][h].amax(0)).sum())
+                                              for h in heads) for r in candidates}}
             for name, score in scores.items():
                 low = {r: sum(score[o] > score[r] + MOVED_TIE for o in candidates) for r in candidates}
                 high = {r: sum(score[o] > score[r] - MOVED_TIE for o in candidates if o != r) for r in candidates}

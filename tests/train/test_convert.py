@@ -141,6 +141,7 @@ def test_what_convert_cannot_take_is_one_line(tmp_path, capsys):
                           ("eva.select_chunks=1000000000", "eva.select_chunks=1000000000: the selected tokens"),
                           ("eva.select_only=true", "select_only without select_chunks"),
                           ("eva.selected_positions=\"window\"", "selected_positions='window' without select_chunks"),
+                          ("eva.select_by=\"window-bound\"", "select_by='window-bound' without select_chunks"),
                           ("eva.bogus=1", "bogus"),
                           ("eva.positions=\"sideways\"", "positions"),
                           ("eva.adaptive_proj=\"qk\"", "needs eva.adaptive_proj='no-ln'")]:
