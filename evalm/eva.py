@@ -271,7 +271,7 @@ class EvaAttention(HeadProjections):
         their keys and values, and with select_by "bound" or "window-bound" Quest's bounds of `_bound_keys` (two
         rows a chunk; the ranking needs no graph)."""
         tokens_k, tokens_v, bounds = rows
-        if self.layout.select_by in ("bound", "window-bound"):
+        if self.layout.by_bound:
             bounds = bounds.append(selection.key_bounds(self._bound_keys(k, first).detach(), self.chunk_size))
         return tokens_k.append(k), tokens_v.append(v), bounds
 

@@ -34,10 +34,11 @@ def attend(call: TiledCall, g: TileGroup, sets: KeySets) -> Tensor:
     masks = torch.cat(sets.masks, -1).split([k.shape[-2] for k in sets.keys], -1)  # one mask may span several parts
     remote = [upcast(set_logits(q, k)).add_(m.unsqueeze(1)) for k, m in zip(sets.keys[sets.remote], masks[sets.remote])]
     remote = torch.cat(remote, -1) if remote else q.new_zeros(B, G, H, rows, 0, dtype=upcast(q[..., :0, :0]).dtype)
-    chosen, index, valid = _choice(call, g, sets, q, remote)
+    back = None if call.select_shift is None else call.select_shift(q, -t.window_start(g.q_pos).view(G, 1, rows))
+    chosen, index, valid = _choice(call, sets, (q, back), remote)
     kept = [] if t.select_only or not sets.n_vis else list(  # the chosen summaries leave: no mass counted twice
         remote.masked_fill(chosen, float("-inf")).split([k.shape[-2] for k in sets.keys[sets.remote]], -1))
-    picked, picked_v = _picks(call, g, q, index, valid)
+    picked, picked_v = _picks(call, (q, back), index, valid)
     shared = [i for i in range(len(sets.keys)) if not sets.remote.start <= i < sets.remote.stop]
     if call.path.kernel:
         return _joined_on_kernel(call, (q, sets, masks, shared), kept, (picked, picked_v))
@@ -60,32 +61,34 @@ def attend(call: TiledCall, g: TileGroup, sets: KeySets) -> Tensor:
     return out
 
 
-def _choice(call: TiledCall, g: TileGroup, sets: KeySets, q: Tensor, remote: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def _choice(call: TiledCall, sets: KeySets, readers: tuple, remote: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """`selection.choose` over the group's candidates, ranked by their summary logits `remote` (B, G, H, rows,
-    n_vis; −inf where not visible) or by Quest's bound (`select_by = "bound"`; "window-bound": the bounds of keys
-    turned back to −c … −1, read by the query turned back by its window's start, `EvaAttention._bound_keys`)."""
+    n_vis; −inf where not visible) or by Quest's bound (`select_by = "bound"` read by the query q; "window-bound":
+    the bounds of keys turned back to −c … −1, read by the query turned back by its window's start, `back`,
+    `EvaAttention._bound_keys`)."""
     t = call.t
+    q, back = readers
     candidate = torch.arange(sets.n_vis, device=q.device) < sets.candidates  # (G, rows, n_vis)
     scores = remote
-    if t.select_by in ("bound", "window-bound"):  # Quest's bound ranks the same candidates (evalm/selection.py)
-        G, rows = q.shape[1], q.shape[3]
-        reader = q if t.select_by == "bound" else call.select_shift(q, -t.window_start(g.q_pos).view(G, 1, rows))
-        bound = selection.bound_scores(reader, call.entries.bounds or (), sets.n_vis)
+    if t.by_bound:  # Quest's bound ranks the same candidates (evalm/selection.py)
+        bound = selection.bound_scores(q if t.select_by == "bound" else back, call.entries.bounds or (), sets.n_vis)
         scores = torch.where(remote > float("-inf"), upcast(bound), float("-inf"))
     return selection.choose(scores.masked_fill(~candidate.unsqueeze(1), float("-inf")), t.select, t.select_group)
 
 
-def _picks(call: TiledCall, g: TileGroup, q: Tensor, index: Tensor, valid: Tensor) -> tuple[Tensor | None, Tensor | None]:
+def _picks(call: TiledCall, readers: tuple, index: Tensor, valid: Tensor) -> tuple[Tensor | None, Tensor | None]:
     """The chosen tokens' logits (B, G, H, rows, k·c; −inf where a query had fewer candidates than k) and values
-    (B, G, H, rows, k·c, D), or (None, None) where no query has a candidate."""
+    (B, G, H, rows, k·c, D), or (None, None) where no query has a candidate; `readers` the query q and, with the
+    moved placement, the query turned back by its window's start."""
     t, entries = call.t, call.entries
+    q, back = readers
     if not index.shape[-1]:
         return None, None
     if call.select_shift is None:
         reader, (picked_k, picked_v) = q, selection.gather(entries.tokens, index, t.chunk)
     else:  # to the k·c positions right before the query's window, in chunk order
         (picked_v,) = selection.gather(entries.tokens[1:], index, t.chunk)
-        reader, picked_k = _moved_picks(call, g, q, index)
+        reader, picked_k = back, _moved_picks(call, q, index)
     hidden = ~valid.repeat_interleave(t.chunk, -1)
     picked = upcast((reader.unsqueeze(-2) * picked_k).sum(-1)).add_(entries.own_bias).masked_fill_(hidden, float("-inf"))
     return picked, picked_v
@@ -119,9 +122,9 @@ def _joined_on_kernel(call: TiledCall, shared: tuple, kept: list[Tensor], picks:
     return out
 
 
-def _moved_picks(call: TiledCall, g: TileGroup, q: Tensor, index: Tensor) -> tuple[Tensor, Tensor]:
-    """The chosen tokens moved before each query's window (`selected_positions = "window"`) -> the query that
-    reads them (B, G, H, rows, D) and their keys (B, G, H, rows, k·c, D).
+def _moved_picks(call: TiledCall, q: Tensor, index: Tensor) -> Tensor:
+    """The chosen tokens' keys moved before each query's window (`selected_positions = "window"`) -> (B, G, H,
+    rows, k·c, D), read by the query turned back by its window's start (`attend`).
 
     Token j of chunk M (at M·c + j), read in slot a (a-th chosen, in chunk order) by the query at i, sits at
     ws(i) − K·c + a·c + j (K = select_chunks, ws(i) its window's start): a move by ws(i) + (a − K − M)·c. RoPE's
@@ -132,13 +135,12 @@ def _moved_picks(call: TiledCall, g: TileGroup, q: Tensor, index: Tensor) -> tup
     depends only on its key and its shift, so the order does not change what is read."""
     t = call.t
     B, G, H, rows = q.shape[:4]
-    reader = call.select_shift(q, -t.window_start(g.q_pos).view(G, 1, rows))
     parts = call.entries.tokens[0]
     if B * G * rows * t.chunk <= parts_len(parts) * max(p.shape[0] for p in parts):
         (picked,) = selection.gather((parts,), index, t.chunk)
         slot = torch.arange(index.shape[-1], device=q.device)
         shift = ((slot - t.select - t.first_chunk - index) * t.chunk).repeat_interleave(t.chunk, -1)
-        return reader, call.select_shift(picked, shift)
+        return call.select_shift(picked, shift)
     starts = [0]
     for part in parts:
         starts.append(starts[-1] + part.shape[-2])
@@ -147,7 +149,7 @@ def _moved_picks(call: TiledCall, g: TileGroup, q: Tensor, index: Tensor) -> tup
     for a in range(index.shape[-1]):
         moved = tuple(call.select_shift(p, (a - t.select - m) * t.chunk) for p, m in zip(parts, chunks))
         picks.append(selection.gather((moved,), index[..., a : a + 1], t.chunk)[0])
-    return reader, torch.cat(picks, -2)
+    return torch.cat(picks, -2)
 
 
 def _keep(call: TiledCall, g: TileGroup, sets: KeySets, index: Tensor) -> Tensor:

@@ -66,6 +66,12 @@ class Tiling:
                    select=settings.select_chunks, select_only=settings.select_only,
                    select_by=settings.select_by)
 
+    @property
+    def by_bound(self) -> bool:
+        """Whether Quest's bound ranks the candidates ("bound", "window-bound"), so each summarised chunk keeps its
+        key minima and maxima beside its summary (evalm/selection.py)."""
+        return self.select_by in ("bound", "window-bound")
+
     def window_start(self, pos: Tensor | int) -> Tensor | int:
         """First local key of the query at `pos`: its block's start, less ext, at least 0 (chunk-window:
         its chunk's start)."""
