@@ -210,8 +210,10 @@ def _run_ppl(lm, config, store) -> dict | None:
     protocols = Protocols(lm, config, unigram)
     world = store.world
     say = (lambda line: print(line, file=sys.stderr)) if world.rank == 0 else None  # a book named twice
-    grid = Grid(store, [f"{i:05d}-book" for i, _ in enumerate(iter_books(config.books, config.max_books, say))],
-                "evalm eval ppl", unit="books")
+    names = [f"{i:05d}-book" for i, _ in enumerate(iter_books(config.books, config.max_books, say))]
+    # progress in tokens, time left from them: one book to 131,072 tokens is an hour on a CPU
+    grid = Grid(store, names, "evalm eval ppl", unit="tokens", per_unit=protocols.max_tokens)
+    protocols.tick = grid.progress.tick
     books = iter_books(config.books, config.max_books)  # lazily: one book in memory at a time
     mine = ((i, book) for i, book in enumerate(books) if i % world.size == world.rank)
 
@@ -219,9 +221,7 @@ def _run_ppl(lm, config, store) -> dict | None:
         j, (name, text) = next(mine)
         while j != i:  # a unit finished before: its book is skipped
             j, (name, text) = next(mine)
-        scored = protocols.score(name, text)
-        grid.progress.tick(1)
-        return _book_unit(scored)
+        return _book_unit(protocols.score(name, text))
 
     loaded = grid.run(compute)
     if loaded is None:

@@ -39,13 +39,17 @@ def _nll(logits: torch.Tensor, targets: torch.Tensor) -> np.ndarray:
 
 
 @torch.no_grad()
-def cached_nll(lm: CausalLM, tokens: list[int], segment_tokens: int) -> np.ndarray:
-    """NLL of tokens[1:] (index i is token i + 1), each with its whole prefix, through the cache."""
+def cached_nll(lm: CausalLM, tokens: list[int], segment_tokens: int, tick=None) -> np.ndarray:
+    """NLL of tokens[1:] (index i is token i + 1), each with its whole prefix, through the cache; `tick(n)`, when
+    given, after each segment with the n tokens it scored (a 131,072-token book is an hour on a CPU: its progress
+    line)."""
     state = lm.new_state(0)
     out, last = [], None
     for i in range(0, len(tokens), segment_tokens):
         seg = torch.tensor([tokens[i : i + segment_tokens]])
         logits = lm.extend(state, seg)[0]
+        if tick is not None:
+            tick(seg.shape[1] - (i == 0))  # the first token is context only
         if last is not None:
             out.append(_nll(last[None], seg[0, :1]))
         out.append(_nll(logits[:-1], seg[0, 1:]))
@@ -242,10 +246,11 @@ class Protocols:
         self.offset_block = config.offset_block
         self.protocols = ["cached", *(b for b in ("nonoverlap", "sliding") if b in config.baselines)]
         self.references = ["uniform", *(["unigram"] if unigram_logp is not None else [])]
+        self.tick = None  # called with each cached segment's tokens (`evalm eval ppl`'s progress line)
 
     def _nll(self, name: str, tokens: list[int]) -> np.ndarray:
         if name == "cached":
-            return cached_nll(self.lm, tokens, self.segment_tokens)
+            return cached_nll(self.lm, tokens, self.segment_tokens, self.tick)
         if name == "nonoverlap":  # windows share one token, so every token is predicted once, with context from its own window only
             return window_nll(self.lm, tokens, self.window, self.window - 1)
         if name == "sliding":

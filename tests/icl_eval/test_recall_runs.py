@@ -274,7 +274,8 @@ def test_the_eva_ablation_reaches_every_eva_layer_and_every_cell(byte_model, tmp
 
 def test_eval_ppl_and_icl_take_the_same_ablation(byte_model, tmp_path, capsys):
     """`--eva-ablation` on `evalm eval ppl`: kept in the settings, and the model it scores is the ablated one
-    (each ablation its own perplexity on the same book); `evalm eval icl` refuses it for full attention."""
+    (each ablation its own perplexity on the same book); `evalm eval icl` refuses it for full attention. The
+    progress line counts the tokens scored (256 of the book's 456, in segments of 64), not books."""
     from evalm.icl_eval.cli import main
     from evalm.io import save_model
 
@@ -285,6 +286,7 @@ def test_eval_ppl_and_icl_take_the_same_ablation(byte_model, tmp_path, capsys):
         out = tmp_path / name
         assert main(["ppl", "--checkpoint", str(byte_model), "--books", str(tmp_path / "books"), "--lengths", "64,256",
                      "--ppl.segment_tokens=64", "--eva-ablation", name, "--out", str(out)]) == 0
+        assert "evalm eval ppl: units 1/1 (0 resumed)  256 tokens" in capsys.readouterr().err
         res = json.loads((out / "results.json").read_text())
         assert res["settings"]["values"]["ppl"]["eva_ablation"] == name
         ppl[name] = res["protocols"]["cached"]["overall"]["token_ppl"]
