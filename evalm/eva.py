@@ -238,6 +238,7 @@ class EvaAttention(HeadProjections):
             sink=sink > 0,
             flex=cache is None and flex.usable_on(q),
             select=self.layout.select > 0,
+            select_moved=self.select_shift is not None,
             new_tokens=T,
         )
         return plan, call

@@ -9,14 +9,17 @@ may see (docs/eva.md, "The closed form"); they differ in memory, speed and what 
                (evalm/flex.py); sink tokens included, moved or not
   fused        a whole sequence (training, one-shot scoring) on PyTorch's fused CPU attention
                kernel, three parts merged by log-sum-exp; backward recomputes; attention dropout
-               as −inf in the kernel's mask (evalm/flash.py, evalm/flash_sweep.py, evalm/flash_dropout.py)
+               as −inf in the kernel's mask (evalm/flash.py, evalm/flash_sweep.py, evalm/flash_dropout.py);
+               selection without dropout, sink or moved tokens: the unchosen summaries masked per
+               query, the chosen tokens a written-out fourth part (evalm/flash_selection.py)
   recompute    the same whole sequence in plain PyTorch ops, backward recomputes: tensors neither
                kernel takes (float64 or a head dimension below 16 on a GPU; evalm/recompute.py)
   tiles        query tiles over a cache's entries, one additive mask per tile group and
                `F.scaled_dot_product_attention` (with attention dropout, the same softmax written
                out), autograd's own backward (evalm/tiles.py); also whole sequences with sink
-               tokens, which the fused and plain paths do not read, and every call with selection
-               (`select_chunks`: a key set per query, gathered; evalm/selection.py), on any device
+               tokens, which the fused and plain paths do not read, and the calls with selection
+               (`select_chunks`: a key set per query, gathered; evalm/selection.py) the fused path
+               does not take, on any device
   tiles-split  the same tiles without a graph, each key set softmaxed apart and joined by one max
                and one sum, so thousands of cached summaries are never concatenated (evalm/joint_softmax.py)
   forks        a batch of forks scoring short inputs over one shared parent: their rows folded
@@ -77,6 +80,7 @@ class EvaCall:
     sink: bool = False  # the layer keeps sink tokens (`Tiling.sink`): the flex route and the tiles read them
     flex: bool = False  # flex_attention compiles for these tensors (a GPU; evalm/flex.py `usable_on`)
     select: bool = False  # the layer selects chunks (`Tiling.select`): each query reads its own chosen tokens
+    select_moved: bool = False  # the chosen tokens are moved before the window (a rotary host's `select_shift`)
     new_tokens: int = 0  # tokens of the call per sequence (T)
 
 
@@ -99,13 +103,18 @@ def choose(call: EvaCall) -> EvaPath:
     """The path of a call: a whole sequence on the GPU's flex_attention, else on the fused CPU kernel
     where it applies (with or without attention dropout), else the plain recompute; with a cache,
     tiles, folded forks, and the split softmax where no graph or dropout needs the mask."""
-    if call.select:  # a per-query set of keys: only the tiles gather it (evalm/selection.py)
+    if call.select:  # a per-query set of keys (evalm/selection.py)
+        if call.whole and call.kernel and not call.dropout and not call.sink and not call.select_moved:
+            return EvaPath(Route.FUSED, "a whole sequence with selection on the fused CPU kernel: the window and the "
+                                        "unchosen summaries as EVA's parts, each query's chosen tokens written out, "
+                                        "merged by log-sum-exp; backward recomputes")
         route = Route.FORKS if call.forks and not call.whole else Route.TILES
         if call.kernel and not call.grad and not call.dropout and call.full_precision and call.new_tokens >= KERNEL_ROWS:
             return EvaPath(route, "selection without a graph or dropout: each query's chosen tokens gathered, its "
                                   "window, sink and merged keys on the fused CPU kernel, joined by log-sum-exp", kernel=True)
-        return EvaPath(route, "selection: each query's chosen chunks' tokens, gathered per query, which only the tiles "
-                              "read (autograd's backward; no fused or flex form under a graph yet)")
+        return EvaPath(route, "selection: each query's chosen chunks' tokens, gathered per query, read by the tiles "
+                              "(autograd's backward) where the fused path does not apply: a cache, sink tokens, "
+                              "attention dropout, moved tokens, or no fused CPU kernel (no flex form yet)")
     if call.whole and call.flex:
         why = "; attention dropout as −inf in its score_mod, renormalised by the undropped log-sum-exp" if call.dropout else ""
         return EvaPath(Route.FLEX, "a whole sequence on a GPU: one compiled flex_attention call over tokens, "

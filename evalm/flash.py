@@ -196,12 +196,14 @@ class Remote(NamedTuple):
 
 class Part(NamedTuple):
     """One kernel call of a remote group: its chunks, their mask (None for the prefix, a staircase
-    for the tail) and the rows that see any of them (None: all)."""
+    for the tail) and the rows that see any of them (None: all); or, `selected`, the group's chosen
+    tokens with selection (evalm/flash_selection.py: written out, no summary)."""
 
     group: Remote
     chunks: slice
     mask: Tensor | None
     seen: Tensor | None
+    selected: bool = False
 
 
 def remote_groups(t: Tiling, start: int, stop: int, n_remote: int, rows: int) -> list[Remote]:
@@ -217,7 +219,11 @@ def remote_groups(t: Tiling, start: int, stop: int, n_remote: int, rows: int) ->
 
 def remote_parts(t: Tiling, g: Remote, like: Tensor, piece: int | None = None) -> list[Part]:
     """The group's prefix and tail calls; the prefix in calls of at most `piece` chunks (backward:
-    each call returns gradients as wide as its chunks)."""
+    each call returns gradients as wide as its chunks). With selection the selected part comes last, and
+    with `select_only` it is the only one (no summary enters the softmax)."""
+    selected = [Part(g, slice(0, 0), None, None, selected=True)] if t.select else []
+    if t.select_only:
+        return selected
     piece = piece or max(1, g.prefix)
     parts = [Part(g, slice(a, min(g.prefix, a + piece)), None, None) for a in range(0, g.prefix, piece)]
     if g.end > g.prefix:
@@ -225,7 +231,7 @@ def remote_parts(t: Tiling, g: Remote, like: Tensor, piece: int | None = None) -
         visible = g.prefix + torch.arange(g.end - g.prefix, device=like.device) < t.limit(pos)
         mask = like.new_zeros(visible.shape, dtype=accumulation_dtype(like)).masked_fill_(~visible, float("-inf"))
         parts.append(Part(g, slice(g.prefix, g.end), mask, visible.any(-1)))
-    return parts
+    return parts + selected
 
 
 def remote_kernel(x: Operands, q_g: Tensor, chunks: slice, mask: Tensor | None) -> Kernel:

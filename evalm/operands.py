@@ -31,11 +31,13 @@ class Operands:
 @dataclass(frozen=True)
 class Outputs:
     """What a backward pass reads besides the operands: forward's output, each query's joint
-    log-sum-exp (laid out as the path's forward returned it), and the output's gradient."""
+    log-sum-exp (laid out as the path's forward returned it), the output's gradient and, with
+    selection, the chunks forward chose."""
 
     out: Tensor  # (B, N, H, D)
     lse: Tensor  # (B, N, H) on the fused path, (B, H, N) on the plain one
     d_out: Tensor  # (B, N, H, D)
+    picks: Tensor | None = None  # with selection, the chunks forward chose (B, N, H, k), −1 for none (evalm/flash_selection.py)
 
 
 class Gradients(NamedTuple):

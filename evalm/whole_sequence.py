@@ -22,7 +22,7 @@ from typing import NamedTuple, Protocol
 import torch
 from torch import Tensor
 
-from evalm import flash, flash_dropout, flash_sweep, summaries
+from evalm import flash, flash_dropout, flash_selection, flash_sweep, summaries
 from evalm.heads import upcast  # softmax work in at least fp32: exp of bf16 logits loses the small weights
 from evalm.operands import Gradients, Operands, Outputs
 from evalm.recompute import attention_backward, attention_forward, local_bias_grad
@@ -36,8 +36,8 @@ class Implementation(Protocol):
     native_bf16: bool  # bf16 q, k, v go to it as they are (else upcast to fp32)
     writes_over_inputs: bool  # backward leaves dq, dk, dv in the operands' q, k, v
 
-    def forward(self, x: Operands) -> tuple[Tensor, Tensor]:
-        """out (B, N, H, D) and each query's log-sum-exp."""
+    def forward(self, x: Operands) -> tuple[Tensor, Tensor, Tensor | None]:
+        """out (B, N, H, D), each query's log-sum-exp and, with selection, the chunks it chose (`Outputs.picks`)."""
         ...
 
     def backward(self, x: Operands, y: Outputs, chunks: ChunkValues, bias_grad: bool) -> Gradients:
@@ -47,24 +47,31 @@ class Implementation(Protocol):
 
 class Fused:
     """Path "fused": PyTorch's fused CPU kernel in parts (evalm/flash_sweep.py), with or without
-    attention dropout (evalm/flash_dropout.py)."""
+    attention dropout (evalm/flash_dropout.py), or with selection (evalm/flash_selection.py)."""
 
     native_bf16 = True  # the kernel takes bf16; merges and gradient sums are fp32 (evalm/flash.py)
     writes_over_inputs = True
 
-    def forward(self, x: Operands) -> tuple[Tensor, Tensor]:
-        return flash_dropout.parts(x).forward(x)
+    def forward(self, x: Operands) -> tuple[Tensor, Tensor, Tensor | None]:
+        if x.t.select:
+            parts = flash_selection.Selecting(x)
+            return (*parts.forward(x), parts.picks)
+        return (*flash_dropout.parts(x).forward(x), None)
 
     def backward(self, x: Operands, y: Outputs, chunks: ChunkValues, bias_grad: bool) -> Gradients:
         """`flash_sweep.backward`, which leaves dq, dk, dv in x.q, x.k, x.v; each completed range
-        also gets its chunks' summary gradients and its blocks' T5-bias gradient."""
+        also gets its chosen tokens' gradients (with selection), its chunks' summary gradients and its
+        blocks' T5-bias gradient."""
         t = x.t
         c, n = t.chunk, chunks.omega.shape[-2]
         drk, d_beta, d_omega = torch.zeros_like(x.rk), torch.zeros_like(chunks.beta), torch.zeros_like(chunks.omega)
         d_bias = torch.zeros(t.window, t.ext + t.window, dtype=x.bias.dtype) if bias_grad else None
+        parts = flash_selection.Selecting(x, y) if t.select else flash_dropout.parts(x)
 
         def finish(r0: int, r1: int, dk_rows: Tensor, dv_rows: Tensor) -> None:
             """Rows r0 … r1−1 are complete: their chunks' d β is final, k and v still unchanged."""
+            if t.select:
+                parts.add_token_grads(r0, r1, dk_rows, dv_rows)
             c0, c1 = r0 // c, min(n, r1 // c)
             if c1 > c0:
                 rows, local = slice(c0 * c, c1 * c), slice(c0 * c - r0, c1 * c - r0)
@@ -74,7 +81,7 @@ class Fused:
             if d_bias is not None:
                 d_bias.add_(local_bias_grad(x, y, r0 // t.window, r1 // t.window))
 
-        flash_sweep.backward(x, y, flash_dropout.parts(x), flash_sweep.Sink(drk, d_beta, finish))
+        flash_sweep.backward(x, y, parts, flash_sweep.Sink(drk, d_beta, finish))
         return Gradients(x.q, x.k, x.v, drk, d_beta, d_omega, d_bias)
 
 
@@ -84,8 +91,8 @@ class Plain:
     native_bf16 = False
     writes_over_inputs = False
 
-    def forward(self, x: Operands) -> tuple[Tensor, Tensor]:
-        return attention_forward(x)
+    def forward(self, x: Operands) -> tuple[Tensor, Tensor, None]:
+        return (*attention_forward(x), None)  # selection never takes this path (evalm/eva_paths.py)
 
     def backward(self, x: Operands, y: Outputs, chunks: ChunkValues, bias_grad: bool) -> Gradients:
         grads = attention_backward(x, y)
@@ -185,15 +192,15 @@ class EvaRecompute(torch.autograd.Function):
     def forward(ctx, q, k, v, bias, call: WholeSequence, n_chunks: int, *map_params):
         with torch.autocast(q.device.type, enabled=False):  # else bf16 autocast recasts every matmul
             x, _, _ = _operands(call, n_chunks, (q, k, v, bias))
-            out, lse = call.implementation.forward(x)
+            out, lse, picks = call.implementation.forward(x)
         out = out.to(q.dtype)
-        ctx.save_for_backward(q, k, v, bias, out, lse)
+        ctx.save_for_backward(q, k, v, bias, out, lse, picks)
         ctx.call, ctx.n_chunks = call, n_chunks
         return out
 
     @staticmethod
     def backward(ctx, d_out):
-        q, k, v, bias, out, lse = ctx.saved_tensors
+        q, k, v, bias, out, lse, picks = ctx.saved_tensors
         call, needs = ctx.call, Needs.of(ctx.needs_input_grad)
         params = [p for p, needed in zip(call.maps.parameters() if call.maps else (), needs.params) if needed]
         with torch.autocast(q.device.type, enabled=False):
@@ -201,7 +208,7 @@ class EvaRecompute(torch.autograd.Function):
             if call.implementation.writes_over_inputs and not call.consume:
                 x = dataclasses.replace(x, **{name: w.clone() if w is given else w
                                               for name, w, given in (("q", x.q, q), ("k", x.k, k), ("v", x.v, v))})
-            y = Outputs(_work(call, q, out), lse, _work(call, q, d_out))
+            y = Outputs(_work(call, q, out), lse, _work(call, q, d_out), picks)
             grads = call.implementation.backward(x, y, state, bias is not None and needs.bias)
             param_grads = _chunk_keys_backward(chunk, grads, call.t.chunk)
         given = iter(param_grads)  # empty when no chunk is complete: the maps had no part in the output

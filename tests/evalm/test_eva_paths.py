@@ -43,6 +43,23 @@ def test_a_whole_sequence_takes_the_kernel_unless_the_device_forbids(facts, rout
     assert ("dropout" in path.reason) == (route in (Route.FUSED, Route.FLEX) and facts.get("dropout", False))
 
 
+@pytest.mark.parametrize("facts, route", [
+    ({}, Route.FUSED),  # training and one-shot scoring: the fused path's selected part (evalm/flash_selection.py)
+    ({"grad": False}, Route.FUSED),
+    ({"full_precision": False}, Route.FUSED),
+    ({"dropout": True}, Route.TILES),  # what the fused selection does not read: the tiles
+    ({"sink": True}, Route.TILES),
+    ({"select_moved": True}, Route.TILES),
+    ({"kernel": False}, Route.TILES),
+    ({"flex": True, "kernel": False}, Route.TILES),  # no flex form yet
+    ({"whole": False}, Route.TILES),
+])
+def test_a_whole_sequence_with_selection_takes_the_fused_path_where_it_reads_everything(facts, route):
+    path = choose(dataclasses.replace(TRAINING, select=True, new_tokens=4096, **facts))
+    assert path.route is route and path.reason and not path.split
+    assert not path.kernel  # the tiles' kernel form is for calls without a graph; these have one, or are fused
+
+
 @pytest.mark.parametrize("facts, route, split", [
     ({}, Route.TILES, True),
     ({"forks": True}, Route.FORKS, True),
