@@ -9,7 +9,7 @@ commands that own them (`convert --prepare`, `train uptrain --export-trainables 
 conversion study's perplexity and sink steps (once a benchmark script's), the summaries study's
 report as its `[summary]` instead of a step, the recall study's selection steps, added after its 24, and the
 conversion study's selection steps, added after its `recall-original-32768-65536` (the window-bound ones after
-`recall-sinkwin-bound-only-own-k8-8k`). `--resume auto`, on every
+`recall-sinkwin-bound-only-own-k8-8k`, the perplexity ones with selection after those). `--resume auto`, on every
 training step of `evalm train uptrain` (a step stopped by SIGTERM resumes from its last checkpoint instead of refusing its own
 folder), is checked apart, below.
 """
