@@ -69,9 +69,12 @@ def open_store(run: Invocation, folder, world: World, key: Callable[[], dict], i
 
 
 class Grid:
-    """A command's units by name: the finished ones resumed, the rest computed over the ranks with progress."""
+    """A command's units by name: the finished ones resumed, the rest computed over the ranks with progress.
+    `per_unit`: the items (`unit`s ticked) in each unit where every unit holds as many, so time left counts them;
+    None where units differ (icl's cells: methods, budgets, short test splits), so time left counts units."""
 
-    def __init__(self, store: UnitStore, names: list[str], command: str, unit: str = "items", per_unit: int = 1):
+    def __init__(self, store: UnitStore, names: list[str], command: str, unit: str = "items",
+                 per_unit: int | None = None):
         self.store, self.names = store, names
         self.resumed = store.finished(names)
         self.progress = Progress(store, len(names), len(self.resumed), command, unit=unit, per_unit=per_unit)

@@ -42,3 +42,16 @@ def test_time_left_counts_items_before_the_first_unit_ends(tmp_path, capsys, mon
         assert _left(line) == "0:00:42"
     else:  # no unit has ended: nothing to count by
         assert _left(line) == "?"
+
+
+def test_a_grid_of_uneven_units_does_not_claim_to_be_done(tmp_path, capsys, monkeypatch):
+    """`evalm eval icl`'s cells hold unequal items (methods, budgets, short test splits): its grid counts time left
+    in units, "?" before the first ends, never the "0:00:00 left" that one item a unit gave after a few items."""
+    from evalm.icl_eval.protocol.skeleton import Grid
+
+    now = [1000.0]
+    monkeypatch.setattr(units_module.time, "time", lambda: now[0])
+    grid = Grid(_store(tmp_path), [f"{i:05d}-cell" for i in range(10)], "evalm eval icl")
+    now[0] = 1012.0
+    grid.progress.tick(7)
+    assert _left(capsys.readouterr().err) == "?"
