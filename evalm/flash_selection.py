@@ -131,7 +131,7 @@ def _choose(x: Operands, g: Remote, q_g: Tensor, bounds: Tensor | None) -> Tenso
     t = x.t
     q = upcast(q_g) * t.scale
     if bounds is not None:
-        scores = selection.bound_scores(q.unsqueeze(1), (bounds,), g.end).squeeze(1)
+        scores = selection.bound_scores(q.unsqueeze(1), (bounds[..., : 2 * g.end, :],), g.end).squeeze(1)
     else:
         scores = q @ upcast(x.rk[..., : g.end, :]).transpose(-1, -2)
     pos = torch.arange(g.r0, g.r1, device=q.device)
