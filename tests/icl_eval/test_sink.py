@@ -189,4 +189,4 @@ def test_the_conversion_studys_perplexity_and_sink_steps_are_commands_that_parse
             assert len(err) == 1 and "--hf-model" in err[0] and "no such folder" in err[0], (step.name, err)
             measured += 1
         made += [a for flag, a in zip(argv, argv[1:]) if flag in ("--out", "--output")]
-    assert measured == 6
+    assert measured == 10  # 5 perplexity readings of the conversions, 4 with selection, the sink test
