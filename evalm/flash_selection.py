@@ -9,7 +9,7 @@ written out: k·c logits a query, its keys and values gathered from the sequence
 an output and its ℓ, merged by log-sum-exp (flash.merge); its backward, from the joint output O and ℓ, is
 FlashAttention's (Dao et al. 2022, Algorithm 2) written out, as the kernel does for the other parts:
     P = exp(s·q·k_j − ℓ),   dS = P ∘ (dO·v_j − rowsum(dO ∘ O)),   dq += s·dS·K,   dk_j = s·dS_j·q,   dv_j = P_j·dO,
-with dk_j, dv_j added at the chosen tokens' rows (`index_add_`, the same sums in the same order every run).
+with dk_j, dv_j added into the chunk tables below.
 
 The chosen chunks' keys and values are read from two chunk tables, k and v laid out head-major a chunk a row
 (B·H·C rows of c·D numbers, copied once a pass), so a query's k chunks are k contiguous rows; their gradients are

@@ -11,6 +11,8 @@ its forward groups, backward groups and backward ranges made small, so the chose
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -98,7 +100,7 @@ def test_selection_switched_off_on_the_fused_path_is_eva():
         q, k, v = heads(attn, x)
         expected = oracle(attn, q, k, v)
         assert (attn.attend(q.clone(), k.clone(), v.clone()) - expected).abs().max() < EXACT
-        attn.layout = attn.layout.__class__(**{**attn.layout.__dict__, "select": 0})
+        attn.layout = dataclasses.replace(attn.layout, select=0)
         with recorded() as taken:
             eva = attn.attend(q.clone(), k.clone(), v.clone())
         assert {p.name for p in taken} == {"fused"} and (eva - expected).abs().max() > APART
