@@ -34,6 +34,7 @@ import os
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 import tomllib
 import xml.etree.ElementTree as ET
@@ -123,11 +124,24 @@ def _kill_group(child: subprocess.Popen) -> None:
             continue
 
 
+def pack(folder: Path, into: Path) -> Path:
+    """folder as one gzipped tar, into/<folder's name>.tar.gz, written whole or not at all: the run
+    tool brings back at most 8 files, and the evidence is a dozen."""
+    into.mkdir(parents=True, exist_ok=True)
+    target = into / f"{folder.name}.tar.gz"
+    tmp = target.with_name(f".{target.name}.partial")
+    with tarfile.open(tmp, "w:gz") as tar:
+        tar.add(folder, arcname=folder.name)
+    os.replace(tmp, target)
+    return target
+
+
 def run_sections(sections: list[Section], folder: Path, deadline: float, commit: str,
-                 collect=None) -> list[dict]:
+                 collect=None, pack_into: Path | None = None) -> list[dict]:
     """Run each section in order, writing folder/<name>.json and folder/run.json as each ends. A
     section gets min(its timeout, what is left before `deadline`); under MIN_SECTION_S it is skipped.
-    `collect(name, record)` adds what the section produced (its result) to the record."""
+    `collect(name, record)` adds what the section produced (its result) to the record. With
+    `pack_into`, the folder is packed there (`pack`) after every section, so a cut keeps the rest."""
     records = []
     for s in sections:
         left = deadline - time.monotonic()
@@ -146,6 +160,8 @@ def run_sections(sections: list[Section], folder: Path, deadline: float, commit:
         write_json(folder / "run.json", {"commit": commit, "sections": [
             {k: r.get(k) for k in ("section", "status", "rc", "seconds", "timeout_s")} for r in records],
             "planned": [s.name for s in sections]})
+        if pack_into is not None:
+            pack(folder, pack_into)
     return records
 
 
@@ -266,9 +282,28 @@ def git_commit() -> str:
     return done.stdout.strip() if done.returncode == 0 else ""
 
 
+# A child may put the repository's root ahead of PYTHONPATH (pytest's rootdir, benchmarks/timing.py),
+# and the root's evalm/ lacks the floors pyproject.toml maps in (evalm.config_toolkit -> config_toolkit/).
+# A finder ahead of sys.path keeps `evalm` the site's, as an editable install's finder does.
+FINDER = '''"""Written by launcher/device_run.py (see FINDER there): `evalm` is imported from this folder."""
+import importlib.machinery
+import sys
+
+
+class SiteEvalm:
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        return importlib.machinery.PathFinder.find_spec(name, [%r]) if name == "evalm" else None
+
+
+sys.meta_path.insert(0, SiteEvalm)
+'''
+
+
 def lay_out(site: Path) -> None:
     """The project importable from `site` as pyproject.toml maps it, without a build: site/evalm holds a
-    link to each entry of evalm/ and one per floor (evalm/train -> train/, ...)."""
+    link to each entry of evalm/ and one per floor (evalm/train -> train/, ...); site/sitecustomize.py
+    (FINDER) makes `evalm` resolve there wherever the root stands on sys.path."""
     dirs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
     package = site / "evalm"
     package.mkdir(parents=True, exist_ok=True)
@@ -277,6 +312,7 @@ def lay_out(site: Path) -> None:
     for link, target in links.items():
         if not link.is_symlink():
             link.symlink_to(target)
+    (site / "sitecustomize.py").write_text(FINDER % str(site))
 
 
 def setup(folder: Path) -> dict:
@@ -309,6 +345,9 @@ def parse(argv=None) -> argparse.Namespace:
     parser.add_argument("--budget", type=float, default=BUDGET_S, help=f"seconds for everything (default {BUDGET_S})")
     parser.add_argument("--sections", nargs="+", choices=list(SECTION_S), default=list(SECTION_S),
                         help="which sections, in this order (default: all)")
+    parser.add_argument("--pack", type=Path, default=None,
+                        help="also write the evidence folder as PACK/<date>-<commit>.tar.gz after set-up and every section "
+                             "(default: no pack; scripts/device_run.sh packs into $OUT, the run tool brings back 8 files)")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and its timeouts; run nothing")
     return parser.parse_args(argv)
 
@@ -329,7 +368,9 @@ def main(argv=None) -> int:
     folder.mkdir(parents=True, exist_ok=False)
     write_json(folder / "setup.json", setup(folder))
     write_json(folder / "env.json", environment(commit, sections[0].env if sections else {}))
-    records = run_sections(sections, folder, deadline, commit, collect)
+    if args.pack is not None:
+        pack(folder, args.pack)
+    records = run_sections(sections, folder, deadline, commit, collect, args.pack)
     print(f"device run at {commit}: " + ", ".join(f"{r['section']} {r['status']}" for r in records) + f"; evidence in {folder}")
     return 0
 
