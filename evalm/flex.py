@@ -313,7 +313,7 @@ def attend_layer(layer: LayerParts, q: Tensor, k: Tensor, v: Tensor, kernel=None
     """EVA of one layer's heads q, k, v (B, n, H, D) -> (B, n, H, D): the slots' keys and values
     (`slot_tensors`: the chunk summaries from first_chunk on, block b's sink copy moved by
     window_start(b·w) − S as evalm/tiles.py moves it), the T5 bias by distance i − j < w + ext, then
-    one `attend`. On CUDA `slot_tensors` is compiled (one graph for every layer: its maps come as tensors)."""
+    one `attend`. `slot_tensors` runs eagerly everywhere, a compiled block included (`_eager_slot_tensors`)."""
     t, (B, n, H, D) = layer.t, q.shape
     first, m = t.first_chunk, max(0, n // t.chunk - t.first_chunk)
     maps = (summaries.MapTensors.of(layer.maps.mu_q), summaries.MapTensors.of(layer.maps.mu_k))
@@ -333,8 +333,7 @@ def attend_layer(layer: LayerParts, q: Tensor, k: Tensor, v: Tensor, kernel=None
         moved = (layer.sink_shift(sink_k.unsqueeze(2), shift).flatten(2, 3),  # (B, H, nb·S, D)
                  sink_v.unsqueeze(2).expand(-1, -1, blocks, -1, -1).flatten(2, 3))
     s = SlotLayout(n, m, t.sink, copies)
-    build = _compiled_slot_tensors() if q.is_cuda else slot_tensors
-    k_slots, v_slots = build(maps, (q, k, v), eps, moved, (first, m, t.chunk, s.remote, s.moved, s.length), t.scale)
+    k_slots, v_slots = _eager_slot_tensors(maps, (q, k, v), eps, moved, (first, m, t.chunk, s.remote, s.moved, s.length), t.scale)
     return attend(t, s, KernelInputs(q.transpose(1, 2), k_slots, v_slots, bias, None, None), kernel)
 
 
@@ -342,8 +341,7 @@ def slot_tensors(maps, heads: tuple[Tensor, Tensor, Tensor], eps: Tensor | None,
                  moved: tuple[Tensor, Tensor] | None, shape: tuple[int, ...], scale: float) -> tuple[Tensor, Tensor]:
     """The slots' keys and values (B, H, L, D) of a layer's `heads` q, k, v (B, n, H, D) (module
     docstring): token rows, the summaries of chunks first … first + m − 1 (`summaries.batched`), the
-    moved sink copies; zeros between. `shape` = (first, m, c, R, Z, L): plain ints, so a compiled
-    graph is reused for every layer."""
+    moved sink copies; zeros between. `shape` = (first, m, c, R, Z, L), plain ints."""
     _, k, v = heads
     first, m, c, remote, moved_at, length = shape
     k_tilde, beta = summaries.batched(maps, heads, (first, m, c), scale, eps)
@@ -358,8 +356,11 @@ def slot_tensors(maps, heads: tuple[Tensor, Tensor, Tensor], eps: Tensor | None,
     return out[0], out[1]
 
 
-@functools.cache
-def _compiled_slot_tensors():
-    """`slot_tensors` compiled once per shape (dynamic=False): the chunk means, the maps, λ, β and the
-    slot tensors as a few fused kernels forward and backward instead of dozens of small launches."""
-    return _with_recompile_limit(torch.compile(slot_tensors, dynamic=False))
+@torch.compiler.disable
+def _eager_slot_tensors(*args) -> tuple[Tensor, Tensor]:
+    """`slot_tensors`, never compiled, also inside a compiled block (a graph break there). Inductor's CUDA
+    code for its backward (torch 2.11, H200) gave wrong gradients of q, k and the maps at 300 tokens
+    (75 chunks; up to 140% of their norm) and right ones at 384, while its forward and the compiled
+    flex kernel were exact: docs/runs/2026-11-29-2468550-slots-diagnosis.json. Its work is O(n·D),
+    small beside the attention's; the launches it saves are not worth a wrong gradient."""
+    return slot_tensors(*args)
