@@ -156,11 +156,14 @@ def tile_counts(t: Tiling, s: SlotLayout, device) -> tuple[Tensor, Tensor]:
     return torch.cat(some), torch.cat(every)
 
 
+@torch.compiler.disable
 @functools.lru_cache(maxsize=32)
 def block_mask(rule: Tiling, s: SlotLayout, device: torch.device):
     """The `BlockMask` of a call: tiles that some row sees, those it sees whole ("full": the rule is
     not evaluated there), and the rule for the rest. Depends on the rule and the shape only, so
-    every layer and step of a run shares one."""
+    every layer and step of a run shares one. Never traced: inside a compiled block (train.compile)
+    dynamo would ignore the cache and rebuild the mask in every call, and inductor's CUDA loop merging
+    failed on its index arithmetic (a graph break instead; docs/runs/2026-11-29-d9f2c41)."""
     module, _ = _flex()
     some, every = tile_counts(rule, s, device)
     partial = some & ~every
@@ -314,12 +317,9 @@ def attend_layer(layer: LayerParts, q: Tensor, k: Tensor, v: Tensor, kernel=None
     (`slot_tensors`: the chunk summaries from first_chunk on, block b's sink copy moved by
     window_start(b·w) − S as evalm/tiles.py moves it), the T5 bias by distance i − j < w + ext, then
     one `attend`. `slot_tensors` runs eagerly everywhere, a compiled block included (`_eager_slot_tensors`)."""
-    t, (B, n, H, D) = layer.t, q.shape
+    t, n = layer.t, q.shape[1]
     first, m = t.first_chunk, max(0, n // t.chunk - t.first_chunk)
     maps = (summaries.MapTensors.of(layer.maps.mu_q), summaries.MapTensors.of(layer.maps.mu_k))
-    eps = None  # ε drawn here, as every path draws it (a generator cannot be traced)
-    if t.noise_seed is not None:
-        eps = summaries.noise(t.noise_seed, q.new_empty(B, H, m, D, dtype=maps[0].weight.dtype))
     bias = None
     if layer.bias is not None:
         bias = upcast(t.scale * layer.bias(torch.arange(t.window + t.ext, device=q.device)).to(q.dtype))
@@ -333,7 +333,7 @@ def attend_layer(layer: LayerParts, q: Tensor, k: Tensor, v: Tensor, kernel=None
         moved = (layer.sink_shift(sink_k.unsqueeze(2), shift).flatten(2, 3),  # (B, H, nb·S, D)
                  sink_v.unsqueeze(2).expand(-1, -1, blocks, -1, -1).flatten(2, 3))
     s = SlotLayout(n, m, t.sink, copies)
-    k_slots, v_slots = _eager_slot_tensors(maps, (q, k, v), eps, moved, (first, m, t.chunk, s.remote, s.moved, s.length), t.scale)
+    k_slots, v_slots = _eager_slot_tensors(maps, (q, k, v), t.noise_seed, moved, (first, m, t.chunk, s.remote, s.moved, s.length), t.scale)
     return attend(t, s, KernelInputs(q.transpose(1, 2), k_slots, v_slots, bias, None, None), kernel)
 
 
@@ -357,10 +357,16 @@ def slot_tensors(maps, heads: tuple[Tensor, Tensor, Tensor], eps: Tensor | None,
 
 
 @torch.compiler.disable
-def _eager_slot_tensors(*args) -> tuple[Tensor, Tensor]:
+def _eager_slot_tensors(maps, heads: tuple[Tensor, Tensor, Tensor], noise_seed: int | None,
+                        moved: tuple[Tensor, Tensor] | None, shape: tuple[int, ...], scale: float) -> tuple[Tensor, Tensor]:
     """`slot_tensors`, never compiled, also inside a compiled block (a graph break there). Inductor's CUDA
     code for its backward (torch 2.11, H200) gave wrong gradients of q, k and the maps at 300 tokens
     (75 chunks; up to 140% of their norm) and right ones at 384, while its forward and the compiled
     flex kernel were exact: docs/runs/2026-11-29-2468550-slots-diagnosis.json. Its work is O(n·D),
-    small beside the attention's; the launches it saves are not worth a wrong gradient."""
-    return slot_tensors(*args)
+    small beside the attention's; the launches it saves are not worth a wrong gradient. ε is drawn here
+    from `noise_seed`, as every path draws it (a generator cannot be traced)."""
+    eps = None
+    if noise_seed is not None:
+        B, _, H, D = heads[0].shape
+        eps = summaries.noise(noise_seed, heads[0].new_empty(B, H, shape[1], D, dtype=maps[0].weight.dtype))
+    return slot_tensors(maps, heads, eps, moved, shape, scale)

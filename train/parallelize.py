@@ -70,9 +70,11 @@ def apply_activation_checkpointing(model: EvalmModel) -> None:
 def apply_compile(model: EvalmModel) -> None:
     """Compile each block in place (`nn.Module.compile`: its parameter names, so checkpoints, do not change).
     Per block rather than the whole model, as torchtitan does: one compiled graph serves every block of a
-    shape, and FSDP's per-block hooks stay outside it."""
+    shape, and FSDP's per-block hooks stay outside it. dynamic=False, as flex.py compiles its kernel: at a
+    second sequence length dynamo would otherwise recompile with symbolic lengths, which the flex route's
+    lowering does not take (an InductorError; tests/train/test_compile.py)."""
     for block in model.blocks:
-        block.compile()
+        block.compile(dynamic=False)
 
 
 def apply_fsdp(model: EvalmModel, mesh: DeviceMesh, *, bf16: bool, shard_blocks: bool = True) -> None:
