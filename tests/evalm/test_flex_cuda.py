@@ -112,7 +112,7 @@ def test_fp32_forward_and_backward_equal_the_equation(variant, stance):
     assert max(errors) < FP32, errors
 
 
-def test_a_compiled_block_at_an_unaligned_length_equals_the_eager_block():
+def test_a_compiled_block_at_an_unaligned_length_equals_the_float64_block():
     """`train.compile` compiles each block whole, the route inside it: at 300 tokens (75 chunks, where
     inductor's code for the slots' backward was wrong) a compiled block's output and every parameter's
     gradient on the GPU in fp32 equal the same block in float64 on the CPU, within FP32."""

@@ -6,7 +6,8 @@ Its dry run prints the plan and every timeout and writes nothing; each section's
 it ends (the next section finds it on disk); a section past its timeout is killed with its children,
 recorded as "timeout", and the next one runs; one that starts with too little of the budget left is
 recorded as skipped; pytest's junit XML becomes every test's name, outcome and seconds; a file's
-blob id is git's own (`git hash-object`), so a run's sources compare with `git ls-tree` offline.
+blob id is git's own (`git hash-object`), so a run's sources compare with `git ls-tree` offline; the
+evidence is packed into one file after every section; the laid-out `evalm` wins over the root's.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -104,3 +106,44 @@ def test_a_section_that_died_mid_write_is_recorded_not_fatal(tmp_path):
     assert records["attention"]["result"]["error"].startswith("no gpu.json")
     assert records["train"]["result"]["error"].startswith("no gpu.json")
     assert records["tests"]["tests"] == [] and records["tests"]["note"].startswith("no junit XML")
+
+
+def test_the_pack_holds_every_section_before_a_cut(tmp_path):
+    """With `pack_into`, the folder is packed after every section: the second section reads the pack
+    the first left (a run cut short still brings back what ran), and the last pack holds every file."""
+    folder, into = tmp_path / "2026-01-01-abc1234", tmp_path / "out"
+    folder.mkdir()
+    reader = ("import sys, tarfile; names = tarfile.open(sys.argv[1]).getnames(); "
+              "sys.exit(0 if '2026-01-01-abc1234/first.json' in names else 3)")
+    sections = [Section("first", python("print('one')"), 30),
+                Section("second", (sys.executable, "-c", reader, str(into / f"{folder.name}.tar.gz")), 30)]
+    records = run_sections(sections, folder, time.monotonic() + 120, "abc1234", pack_into=into)
+    assert [r["status"] for r in records] == ["ok", "ok"]
+    with tarfile.open(into / f"{folder.name}.tar.gz") as tar:
+        names = set(tar.getnames())
+        run = json.loads(tar.extractfile(f"{folder.name}/run.json").read())
+    assert {f"{folder.name}/{f}" for f in ("first.json", "first.log", "second.json", "second.log", "run.json")} <= names
+    assert [s["status"] for s in run["sections"]] == ["ok", "ok"]
+    assert list(into.iterdir()) == [into / f"{folder.name}.tar.gz"]  # one file back, no partial left
+
+
+def test_the_laid_out_evalm_wins_over_the_root_first_on_sys_path(tmp_path):
+    """On the device nothing is installed: pytest's rootdir and benchmarks/timing.py put the root,
+    whose evalm/ lacks the mapped floors (evalm.config_toolkit -> config_toolkit/), ahead of the site.
+    The site's finder (sitecustomize.py) keeps `evalm` the laid-out one; without it the import fails.
+    Run with -S: no site-packages' .pth, so this checkout's own editable finder is not there."""
+    site = tmp_path / "site"
+    device_run.lay_out(site)
+    packages = [p for p in sys.path if p.endswith("site-packages")]
+
+    def attempt(finder: bool) -> subprocess.CompletedProcess:
+        code = ("import runpy, sys\n" + (f"runpy.run_path({str(site / 'sitecustomize.py')!r})\n" if finder else "") +
+                f"sys.path[:0] = [{str(ROOT)!r}]\nsys.path += {packages!r}\n"
+                "import evalm.config_toolkit, evalm\nprint(evalm.__path__[0])")
+        return subprocess.run([sys.executable, "-S", "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+
+    done = attempt(True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(site / "evalm")
+    bare = attempt(False)
+    assert bare.returncode != 0 and "evalm.config_toolkit" in bare.stderr
