@@ -26,12 +26,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
-from evalm import eva_paths, flash, flex, selection, summaries, tile_call, tiles, tiling, whole_sequence
+from evalm import eva_paths, flash, flex, flex_kernel, selection, summaries, tile_call, tiles, tiling, whole_sequence
 from evalm.cache import Cache, Parts, Rows, parts_append, parts_bytes, parts_len
 from evalm.eva_paths import EvaCall, EvaPath, Route
 from evalm.eva_settings import EvaSettings
@@ -259,8 +260,14 @@ class EvaAttention(HeadProjections):
         return whole_sequence.eva_attention(call, q, k, v, bias)
 
     def _attend_flex(self, t: Tiling, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        """Path flex: one flex_attention call over tokens, summaries and sink keys (evalm/flex.py)."""
-        return flex.attend_layer(flex.LayerParts(t, self.maps, self.rel_pos_bias, self.sink_shift), q, k, v)
+        """Path flex: one flex_attention call over tokens, summaries and sink keys (evalm/flex.py). Where the
+        kernel cannot serve the call (evalm/flex_kernel.py), the `recompute` route does, with a warning."""
+        try:
+            return flex.attend_layer(flex.LayerParts(t, self.maps, self.rel_pos_bias, self.sink_shift), q, k, v)
+        except flex_kernel.KernelUnavailable as why:
+            warnings.warn(f"EVA's GPU route falls back to the recompute route (plain PyTorch, linear memory, "
+                          f"slower): {why}", RuntimeWarning, stacklevel=2)
+        return self._attend_whole(t, EvaPath(Route.RECOMPUTE, "the flex kernel cannot serve the call"), q, k, v)
 
     def _entries(self, cache: Cache | None) -> tile_call.Entries:
         """What a cached call reads besides its window: completed chunks are added in `_encode`."""

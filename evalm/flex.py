@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from evalm import dropout_mask, summaries
+from evalm import dropout_mask, flex_kernel, summaries
 from evalm.heads import upcast
 from evalm.summaries import AdaptiveMaps
 from evalm.tiling import GROUP_LOGITS, Tiling
@@ -54,24 +54,13 @@ def _up(x: int) -> int:
     return -(-x // BLOCK) * BLOCK
 
 
-@functools.cache
-def _flex():
-    """flex_attention and its `AuxRequest` (None before torch 2.9, where `return_lse` asks for ℓ),
-    or None where this torch has no flex_attention."""
-    try:
-        from torch.nn.attention import flex_attention as module
-    except ImportError:
-        return None
-    return module, getattr(module, "AuxRequest", None)
-
-
 def usable_on(x: Tensor) -> bool:
     """Whether the route takes x (B, n, H, D): a CUDA tensor in a floating dtype the kernel compiles
     (not float64), a head dimension of at least 16 and a power of two (the kernel's tile width), and
-    a torch with flex_attention."""
+    a torch with flex_attention, whose kernel has not failed to compile on this device type."""
     D = x.shape[-1]
     return (x.is_cuda and x.dtype in (torch.float32, torch.bfloat16, torch.float16) and D >= 16
-            and D & (D - 1) == 0 and _flex() is not None)
+            and D & (D - 1) == 0 and flex_kernel.module() is not None and flex_kernel.compiles_on(x.device))
 
 
 @dataclass(frozen=True)
@@ -164,7 +153,7 @@ def block_mask(rule: Tiling, s: SlotLayout, device: torch.device):
     every layer and step of a run shares one. Never traced: inside a compiled block (train.compile)
     dynamo would ignore the cache and rebuild the mask in every call, and inductor's CUDA loop merging
     failed on its index arithmetic (a graph break instead; docs/runs/2026-11-29-d9f2c41)."""
-    module, _ = _flex()
+    module, _ = flex_kernel.module()
     some, every = tile_counts(rule, s, device)
     partial = some & ~every
 
@@ -230,46 +219,10 @@ def score_mod(rule: Tiling, x: KernelInputs, dropout: float):
     return modify
 
 
-RECOMPILE_LIMIT = 64
-"""Compiled kernels per shape and score_mod a process may hold: a run holds a few (its lengths; with
-dropout, the masked and the undropped call), tests and benchmarks more. Past dynamo's own limit (8) a
-call would silently run the eager reference, which materialises every score."""
-
-
-@functools.cache
-def _compiled():
-    """flex_attention compiled once per process (dynamic=False: one kernel per shape and rule); every
-    EVA layer of a model calls it with the same rule object, so it compiles once per shape."""
-    module, _ = _flex()
-    return _with_recompile_limit(torch.compile(module.flex_attention, dynamic=False))
-
-
-def _with_recompile_limit(compiled: Callable) -> Callable:
-    """`compiled`, called with dynamo's recompile limit at `RECOMPILE_LIMIT` for the call alone: the
-    limit is read when a call would recompile, so the process's own setting stays as it was. Inside a
-    graph being traced (a compiled block, train.compile) the call is inlined and compiles nothing."""
-
-    def call(*args, **kwargs):
-        if torch.compiler.is_compiling():
-            return compiled(*args, **kwargs)
-        config = torch._dynamo.config  # the limit's name before torch 2.7: cache_size_limit
-        name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
-        with config.patch(**{name: RECOMPILE_LIMIT}):
-            return compiled(*args, **kwargs)
-
-    return call
-
-
-def _kernel(device: torch.device):
-    """The compiled kernel on CUDA; elsewhere (CPU tests of the forward) the eager reference, which
-    computes the same masked softmax densely (`flex_attention` compiles no CPU backward)."""
-    return _compiled() if device.type == "cuda" else _flex()[0].flex_attention
-
-
 def attend_slots(t: Tiling, s: SlotLayout, x: KernelInputs, dropout: float, kernel, lse: bool = True) -> tuple[Tensor, Tensor | None]:
     """o (B, H, n, D) and, with `lse`, ℓ (B, H, n) of one `kernel` call over the slots (−inf where
     every key is dropped)."""
-    _, aux = _flex()
+    _, aux = flex_kernel.module()
     rule = rule_of(t)
     kwargs = ({"return_aux": aux(lse=True)} if aux is not None else {"return_lse": True}) if lse else {}
     with torch.autocast(x.q.device.type, enabled=False):
@@ -286,7 +239,7 @@ def attend(t: Tiling, s: SlotLayout, x: KernelInputs, kernel=None) -> Tensor:
     (B, n, H, D), with attention dropout at t.dropout (module docstring; `x` without the dropout
     mask's keys, which are drawn here). `kernel`: flex_attention as called (default: compiled on
     CUDA, the eager reference elsewhere)."""
-    kernel = kernel or _kernel(x.q.device)
+    kernel = kernel or flex_kernel.for_device(x.q.device)
     if t.dropout == 0:
         out, _ = attend_slots(t, s, x, 0.0, kernel, lse=False)
         return out.transpose(1, 2)

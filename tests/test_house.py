@@ -229,6 +229,7 @@ MUTATORS = {"append", "extend", "insert", "add", "update", "setdefault", "clear"
 PROCESS_REGISTRIES = {
     "evalm.storage.lock._HELD": "the run-folder locks this process holds: the OS's lock is per process, so is its count",
     "evalm.storage.secrets._KNOWN": "the passwords this process was given: every later line it prints must mask them",
+    "evalm.flex_kernel._NOT_COMPILING": "the device types where flex_attention did not compile in this process: a fact of its toolchain, so later calls route elsewhere",
 }
 """Module-level containers written at run time on purpose: process-wide facts, not a call's state."""
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from evalm import flex
+from evalm import flex, flex_kernel
 from evalm.tiling import Ablation, Tiling
 from tests.evalm.paths import forced, recorded
 from tests.evalm.test_eva_sink import BASE, heads, model, move, oracle
@@ -165,7 +165,7 @@ def test_the_compiled_cpu_kernel_reads_the_block_mask_as_the_equation_does():
         expected = oracle(attn, q, k, v, 8, move=move)
         attn.float()  # the CPU kernel's dtype
         layer = flex.LayerParts(attn.layout, attn.maps, attn.rel_pos_bias, move)
-        compiled = torch.compile(flex._flex()[0].flex_attention, dynamic=False)
+        compiled = torch.compile(flex_kernel.module()[0].flex_attention, dynamic=False)
         got = flex.attend_layer(layer, q.float(), k.float(), v.float(), kernel=compiled)
         eager = flex.attend_layer(layer, q.float(), k.float(), v.float())
     rel = lambda a: ((a.double() - expected).norm() / expected.norm()).item()  # noqa: E731
@@ -178,8 +178,8 @@ def test_the_kernels_recompile_limit_holds_for_their_calls_alone():
     setting is left as it was, for every other compiled function of the caller."""
     before = torch._dynamo.config.recompile_limit
     seen = []
-    call = flex._with_recompile_limit(lambda x: seen.append(torch._dynamo.config.recompile_limit) or x)
+    call = flex_kernel.with_recompile_limit(lambda x: seen.append(torch._dynamo.config.recompile_limit) or x)
     assert call(3) == 3
-    assert seen == [flex.RECOMPILE_LIMIT] and torch._dynamo.config.recompile_limit == before
-    flex._compiled()  # building the compiled kernel changes nothing either
+    assert seen == [flex_kernel.RECOMPILE_LIMIT] and torch._dynamo.config.recompile_limit == before
+    flex_kernel.compiled()  # building the compiled kernel changes nothing either
     assert torch._dynamo.config.recompile_limit == before
