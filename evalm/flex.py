@@ -145,7 +145,19 @@ def tile_counts(t: Tiling, s: SlotLayout, device) -> tuple[Tensor, Tensor]:
     return torch.cat(some), torch.cat(every)
 
 
-@torch.compiler.disable
+def untraced(fn: Callable) -> Callable:
+    """`fn`, run eagerly also where dynamo traces its caller (a compiled block, train.compile: a graph
+    break there); elsewhere a plain call, not through dynamo's wrapper."""
+    disabled = torch.compiler.disable(fn)
+
+    @functools.wraps(fn)
+    def call(*args):
+        return disabled(*args) if torch.compiler.is_compiling() else fn(*args)
+
+    return call
+
+
+@untraced
 @functools.lru_cache(maxsize=32)
 def block_mask(rule: Tiling, s: SlotLayout, device: torch.device):
     """The `BlockMask` of a call: tiles that some row sees, those it sees whole ("full": the rule is
@@ -309,7 +321,7 @@ def slot_tensors(maps, heads: tuple[Tensor, Tensor, Tensor], eps: Tensor | None,
     return out[0], out[1]
 
 
-@torch.compiler.disable
+@untraced
 def _eager_slot_tensors(maps, heads: tuple[Tensor, Tensor, Tensor], noise_seed: int | None,
                         moved: tuple[Tensor, Tensor] | None, shape: tuple[int, ...], scale: float) -> tuple[Tensor, Tensor]:
     """`slot_tensors`, never compiled, also inside a compiled block (a graph break there). Inductor's CUDA
