@@ -14,7 +14,7 @@ device it runs under scripts/device_run.sh (launcher/device_run.py), a section a
   train      configs/evalm-350m.toml on one GPU (FSDP2 world of one, bf16, activation checkpointing, dropout
              and attention dropout 0.1 as Table 6) on random tokens at 8,192 and 32,768 tokens a line, 32,768
              a micro-batch, EVA and its full-attention twin (SDPA, its backend PyTorch's pick); with --compile
-             also at 8k compiled
+             also at 8k compiled, each row with dynamo's graphs and every graph break's reason
   cache      the 350M shape's cache (bf16, random weights): 16 / 256 / 2,000 demonstrations encoded
              once, then per test item a fork, its 10-token shared test prefix, two 2-token candidates;
              the full-attention twin's K/V cache over the same context beside it
@@ -199,9 +199,10 @@ def _train_row(attention: str, n: int, compiled: bool, runtime, steps: int, peak
     loader = LineLoader(RandomLines(n, config.vocab_size), rank=0, world_size=1, batch_size=TOKENS_PER_BATCH // n,
                         shuffle=False, seed=0)
     model.train()
+    (counters := torch._dynamo.utils.counters).clear()  # what this row compiles: graphs, each break's reason
     t0 = time.perf_counter()
     losses = run_steps(model, optimizer, loader, runtime, Loop(0, 2, train_step))  # compiles, warms up
-    warm_s = time.perf_counter() - t0
+    warm_s, graphs = time.perf_counter() - t0, {"graphs": counters["stats"]["unique_graphs"], "breaks": dict(counters["graph_break"])}
     torch.cuda.reset_peak_memory_stats()
     torch.cuda.synchronize()
     t0 = time.perf_counter()
@@ -216,7 +217,7 @@ def _train_row(attention: str, n: int, compiled: bool, runtime, steps: int, peak
            "flops_per_token": flops, "mfu_datasheet": tok_s * flops["total"] / peaks["datasheet"],
            "mfu_torchtitan": tok_s * flops["torchtitan"] / peaks["datasheet"],
            "mfu_measured_peak": tok_s * flops["total"] / peaks["measured"], "peak_gib": peak_gpu_gib("cuda"),
-           "warmup_s": warm_s, "loss_first": losses[0], "loss_last": losses[-1], "profile": profile}
+           "warmup_s": warm_s, "loss_first": losses[0], "loss_last": losses[-1], "profile": profile, **graphs}
     del model, optimizer
     torch.cuda.empty_cache()
     print(f"train {attention} n={n}{' compiled' if compiled else ''}: {tok_s:,.0f} tok/s, MFU {100 * row['mfu_datasheet']:.1f}% "
@@ -231,10 +232,7 @@ def train(ctx: dict) -> dict:
     plan = [(8192, kind, False) for kind in ("eva", "full")]
     plan += [(8192, kind, True) for kind in ("eva", "full")] if ctx["compile"] else []  # train.compile, same run
     plan += [(32768, kind, False) for kind in ("eva", "full")]
-
-    def row(attention: str, n: int, compiled: bool) -> dict:
-        return _train_row(attention, n, compiled, runtime, ctx["train_steps"], ctx["peaks"])
-
+    row = functools.partial(_train_row, runtime=runtime, steps=ctx["train_steps"], peaks=ctx["peaks"])
     rows = each_row(ctx, "train", [{"attention": k, "n": n, "compiled": c} for n, k, c in plan], 40, row, [])
     torch.distributed.destroy_process_group()
     return {"rows": rows, "batch_tokens": TOKENS_PER_BATCH}

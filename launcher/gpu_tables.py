@@ -131,12 +131,13 @@ def train_lines(record: dict | None) -> list[str]:
     rows, note = _section("train", record)
     return note + _table(
         ["tokens a line", "attention", "tokens/s", "step s", "MFU causal / torchtitan", "GFLOPs/token 6N + attention (K)",
-         "peak GiB", "loss first → last"], rows,
+         "peak GiB", "loss first → last", "graphs / breaks"], rows,
         lambda x: [f"{x['n']:,}", x["attention"] + " compiled" * bool(x.get("compiled")), f"{x['tokens_per_s']:,.0f}",
                    f"{x['step_s']:.3f}", f"{_mfu(x, 'mfu_datasheet')} / {_mfu(x, 'mfu_torchtitan')}",
                    f"{x['flops_per_token']['params'] / 1e9:.2f} + {x['flops_per_token']['attention'] / 1e9:.2f} "
                    f"(K = {x['flops_per_token']['keys_per_query']:,.1f})", f"{x['peak_gib']:.1f}",
-                   f"{x['loss_first']:.2f} → {x['loss_last']:.2f}"])
+                   f"{x['loss_first']:.2f} → {x['loss_last']:.2f}",
+                   f"{x['graphs']} / {sum(x['breaks'].values())}" if "graphs" in x else "n/a"])
 
 
 def cache_lines(record: dict | None) -> list[str]:

@@ -89,6 +89,19 @@ def test_a_run_whose_tests_passed_at_its_commit_makes_the_tables_between_the_mar
     assert "train: timeout after 160 s of 160 s; its output in train.log." in block and "cache: not run." in block
 
 
+def test_a_training_row_shows_its_mfu_in_both_counts_and_its_graphs_and_breaks(repo):
+    root, commit = repo
+    row = {"n": 8192, "attention": "eva", "compiled": True, "tokens_per_s": 60000.0, "step_s": 0.55, "mfu_datasheet": 0.14,
+           "mfu_torchtitan": 0.27, "peak_gib": 27.3, "loss_first": 10.85, "loss_last": 10.84, "graphs": 9,
+           "breaks": {"torch.compiler.disable": 4, "generator": 2},
+           "flops_per_token": {"params": 2.12e9, "attention": 1.7e8, "keys_per_query": 576.0, "total": 2.29e9, "torchtitan": 4.5e9}}
+    train = {"section": "train", "commit": commit, "status": "ok", "seconds": 100, "timeout_s": 140, "result": {"rows": [row]}}
+    done = tables(root, evidence(root, commit, train=train))
+    assert done.returncode == 0, done.stderr
+    line = "| 8,192 | eva compiled | 60,000 | 0.550 | 14.0% / 27.0% | 2.12 + 0.17 (K = 576.0) | 27.3 | 10.85 → 10.84 | 9 / 6 |"
+    assert line in (root / "docs" / "results.md").read_text()
+
+
 @pytest.mark.parametrize("case", ["failed test", "skipped test", "no test", "section at another commit", "sources differ"])
 def test_a_run_whose_figures_would_not_stand_is_refused_in_one_line(repo, case):
     root, commit = repo
