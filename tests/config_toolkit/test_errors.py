@@ -122,6 +122,8 @@ INTERNAL_ERRORS: dict[str, str] = {
     "RankZeroFailed": "what the other ranks of a torchrun launch raise when rank 0 hit a bug in work it did for "
                       "all of them (storage.ranks): a bug there is a bug here, never a line that sends the user to "
                       "fix an input",
+    "KernelUnavailable": "the GPU route's kernel cannot serve a call (evalm/flex_kernel.py); EVA's layer always "
+                         "catches it and answers with the recompute route and a warning, so it never reaches a user",
 }
 """Exception classes of ours that are deliberately not user errors (reported as bugs), with the reason.
 Every other class the packages define is a refusal a user can act on."""
