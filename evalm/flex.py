@@ -281,8 +281,17 @@ def attend_layer(layer: LayerParts, q: Tensor, k: Tensor, v: Tensor, kernel=None
     """EVA of one layer's heads q, k, v (B, n, H, D) -> (B, n, H, D): the slots' keys and values
     (`slot_tensors`: the chunk summaries from first_chunk on, block b's sink copy moved by
     window_start(b·w) − S as evalm/tiles.py moves it), the T5 bias by distance i − j < w + ext, then
-    one `attend`. `slot_tensors` runs eagerly everywhere, a compiled block included (`_eager_slot_tensors`)."""
-    t, n = layer.t, q.shape[1]
+    one `attend`. `slot_tensors` runs eagerly everywhere, a compiled block included (`_eager_slot_tensors`).
+
+    Lengths are bucketed: q, k, v are padded with zero rows to n′ = ⌈n/128⌉·128 and the output cut back
+    to n, so every length of a bucket runs one compiled kernel and one block mask (dynamic=False would
+    otherwise compile one per length). Exact, by causality: a real row sees no slot past itself, so
+    neither the padded tokens nor the summaries and sink copies of padded chunks and blocks, and the
+    padded rows' outputs are dropped (no gradient flows from them)."""
+    t, n_real = layer.t, q.shape[1]
+    n = _up(n_real)
+    if n != n_real:
+        q, k, v = (F.pad(x, (0, 0, 0, 0, 0, n - n_real)) for x in (q, k, v))
     first, m = t.first_chunk, max(0, n // t.chunk - t.first_chunk)
     maps = (summaries.MapTensors.of(layer.maps.mu_q), summaries.MapTensors.of(layer.maps.mu_k))
     bias = None
@@ -298,8 +307,9 @@ def attend_layer(layer: LayerParts, q: Tensor, k: Tensor, v: Tensor, kernel=None
         moved = (layer.sink_shift(sink_k.unsqueeze(2), shift).flatten(2, 3),  # (B, H, nb·S, D)
                  sink_v.unsqueeze(2).expand(-1, -1, blocks, -1, -1).flatten(2, 3))
     s = SlotLayout(n, m, t.sink, copies)
-    k_slots, v_slots = _eager_slot_tensors(maps, (q, k, v), t.noise_seed, moved, (first, m, t.chunk, s.remote, s.moved, s.length), t.scale)
-    return attend(t, s, KernelInputs(q.transpose(1, 2), k_slots, v_slots, bias, None, None), kernel)
+    noise = None if t.noise_seed is None else (t.noise_seed, max(0, n_real // t.chunk - first))  # ε of the real chunks
+    k_slots, v_slots = _eager_slot_tensors(maps, (q, k, v), noise, moved, (first, m, t.chunk, s.remote, s.moved, s.length), t.scale)
+    return attend(t, s, KernelInputs(q.transpose(1, 2), k_slots, v_slots, bias, None, None), kernel)[:, :n_real]
 
 
 def slot_tensors(maps, heads: tuple[Tensor, Tensor, Tensor], eps: Tensor | None,
@@ -322,16 +332,18 @@ def slot_tensors(maps, heads: tuple[Tensor, Tensor, Tensor], eps: Tensor | None,
 
 
 @untraced
-def _eager_slot_tensors(maps, heads: tuple[Tensor, Tensor, Tensor], noise_seed: int | None,
+def _eager_slot_tensors(maps, heads: tuple[Tensor, Tensor, Tensor], noise: tuple[int, int] | None,
                         moved: tuple[Tensor, Tensor] | None, shape: tuple[int, ...], scale: float) -> tuple[Tensor, Tensor]:
     """`slot_tensors`, never compiled, also inside a compiled block (a graph break there). Inductor's CUDA
     code for its backward (torch 2.11, H200) gave wrong gradients of q, k and the maps at 300 tokens
     (75 chunks; up to 140% of their norm) and right ones at 384, while its forward and the compiled
     flex kernel were exact: docs/runs/2026-11-29-2468550-slots-diagnosis.json. Its work is O(n·D),
     small beside the attention's; the launches it saves are not worth a wrong gradient. ε is drawn here
-    from `noise_seed`, as every path draws it (a generator cannot be traced)."""
+    as every path draws it (a generator cannot be traced): `noise` = (seed, the real chunks'
+    count), zeros for a padded length's further chunks (never visible)."""
     eps = None
-    if noise_seed is not None:
-        B, _, H, D = heads[0].shape
-        eps = summaries.noise(noise_seed, heads[0].new_empty(B, H, shape[1], D, dtype=maps[0].weight.dtype))
+    if noise is not None:
+        (seed, real), (B, _, H, D) = noise, heads[0].shape
+        eps = summaries.noise(seed, heads[0].new_empty(B, H, real, D, dtype=maps[0].weight.dtype))
+        eps = F.pad(eps, (0, 0, 0, shape[1] - real))
     return slot_tensors(maps, heads, eps, moved, shape, scale)

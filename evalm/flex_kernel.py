@@ -2,7 +2,8 @@
 process, and what happens when it cannot serve a call.
 
 A route that cannot silently degrade:
-- compiled with dynamic=False, one kernel per shape and rule; dynamo's recompile limit is raised to
+- compiled with dynamic=False, one kernel per shape and rule (evalm/flex.py pads a length to the next
+  multiple of 128, so a bucket of lengths shares one); dynamo's recompile limit is raised to
   RECOMPILE_LIMIT for the kernel's own calls alone (never the process's setting), and past it the
   call fails (`fail_on_recompile_limit_hit`) instead of silently running flex's dense eager
   reference, which materialises every score and runs out of memory at long lengths;

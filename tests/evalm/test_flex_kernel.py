@@ -2,6 +2,7 @@
 flex_attention's forward compiles too:
 - past the recompile limit a call raises `KernelUnavailable` instead of running flex's dense eager
   reference (which holds every score), and the process's dynamo settings stay as they were;
+- lengths in one bucket of 128 share one compiled kernel, each exact at its own length;
 - a kernel that does not compile (here: inductor given a C++ compiler that does not exist) raises
   `KernelUnavailable`, and the device type is remembered (`compiles_on`, so `flex.usable_on`);
 - an EVA layer on the route answers either with the `recompute` route and one warning that says
@@ -53,6 +54,22 @@ def test_past_the_recompile_limit_a_call_is_refused_not_run_densely(fresh, monke
         with pytest.raises(flex_kernel.KernelUnavailable, match="compiled flex_attention 2 times"):
             flex.attend_layer(layer, *qkv, kernel=kernel)
     assert (torch._dynamo.config.recompile_limit, torch._dynamo.config.fail_on_recompile_limit_hit) == before
+
+
+def test_the_lengths_of_a_bucket_share_one_kernel_and_stay_exact(fresh, monkeypatch):
+    """Lengths are padded to a multiple of 128 (evalm/flex.py `attend_layer`): with room for one compiled
+    kernel, 130, 200 and 256 tokens all run it, each equal to the eager reference at its own length;
+    300 tokens, the next bucket, needs a second kernel."""
+    monkeypatch.setattr(flex_kernel, "RECOMPILE_LIMIT", 1)
+    kernel = flex_kernel.with_recompile_limit(torch.compile(flex_kernel.module()[0].flex_attention, dynamic=False))
+    with torch.no_grad():
+        for n in (130, 200, 256):
+            _, layer, qkv = layer_and_heads(n)
+            got, want = flex.attend_layer(layer, *qkv, kernel=kernel), flex.attend_layer(layer, *qkv)
+            assert got.shape == qkv[0].shape and ((got - want).norm() / want.norm()).item() < 1e-5, n
+        _, layer, qkv = layer_and_heads(300)
+        with pytest.raises(flex_kernel.KernelUnavailable):
+            flex.attend_layer(layer, *qkv, kernel=kernel)
 
 
 def test_a_kernel_that_does_not_compile_is_refused_and_remembered(fresh):
