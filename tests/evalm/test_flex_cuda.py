@@ -41,6 +41,7 @@ from evalm import EvalmModel, ModelConfig, flex, whole_sequence
 from tests import models
 from tests.evalm.paths import forced, recorded
 from tests.evalm.test_eva_sink import heads, move, oracle
+from train.parallelize import apply_compile
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 DEVICE = "cuda"
@@ -118,8 +119,9 @@ def test_a_compiled_block_at_an_unaligned_length_equals_the_float64_block():
     gradient on the GPU in fp32 equal the same block in float64 on the CPU, within FP32."""
     config = dataclasses.replace(LAYER, overlap_window=True, use_t5_bias=True, sink_tokens=8)
     cpu = models.visible_model(config, seed=2).double().eval().blocks[0]
-    dev = models.visible_model(config, seed=2).to(DEVICE).float().eval().blocks[0]
-    dev.compile()  # as train/parallelize.py's apply_compile does
+    model = models.visible_model(config, seed=2).to(DEVICE).float().eval()
+    apply_compile(model)  # train.compile's own
+    dev = model.blocks[0]
     x = torch.randn(2, 300, LAYER.d_model, dtype=torch.float64)
     weight = torch.randn_like(x)
     want_out = cpu(x)
