@@ -37,7 +37,7 @@ def attend(call: TiledCall, g: TileGroup, sets: KeySets) -> Tensor:
     back = None if call.select_shift is None else call.select_shift(q, -t.window_start(g.q_pos).view(G, 1, rows))
     chosen, index, valid = _choice(call, sets, (q, back), remote)
     kept = [] if t.select_only or not sets.n_vis else list(  # the chosen summaries leave: no mass counted twice
-        remote.masked_fill(chosen, float("-inf")).split([k.shape[-2] for k in sets.keys[sets.remote]], -1))
+        remote.masked_fill_(chosen, float("-inf")).split([k.shape[-2] for k in sets.keys[sets.remote]], -1))
     picked, picked_v = _picks(call, (q, back), index, valid)
     shared = [i for i in range(len(sets.keys)) if not sets.remote.start <= i < sets.remote.stop]
     if call.path.kernel:
