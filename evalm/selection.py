@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 
-def choose(scores: Tensor, k: int, group: int) -> tuple[Tensor, Tensor, Tensor]:
+def choose(scores: Tensor, k: int, group: int, mask: bool = True) -> tuple[Tensor | None, Tensor, Tensor]:
     """The chunks each query reads exactly: scores (B, G, H, R, n), the candidates' logits (−inf for a chunk
     that is not a candidate) -> chosen (B, G, H, R, n) booleans, and the chosen chunks' indices (B, G, H, R, k)
     in chunk order with `valid` (B, G, H, R, k), False where a query had fewer than k candidates.
@@ -34,7 +34,8 @@ def choose(scores: Tensor, k: int, group: int) -> tuple[Tensor, Tensor, Tensor]:
     The top k by score; among equal scores at the cut the earlier chunks (torch.topk does not order ties).
     Heads in consecutive groups of `group` rank their summed scores, so a group reads one set of chunks.
     Where no query has a tie at the cut (its k-th score above its (k+1)-th; float logits almost never tie)
-    one topk decides; otherwise `_choose_ties` takes the earliest of the tied chunks, several passes over n."""
+    one topk decides; otherwise `_choose_ties` takes the earliest of the tied chunks, several passes over n.
+    Without `mask`, `chosen` is None where one topk decided (a pass over n saved: the indices say the same)."""
     B, G, H, R, n = scores.shape
     k = min(k, n)
     if k == 0:
@@ -51,7 +52,7 @@ def choose(scores: Tensor, k: int, group: int) -> tuple[Tensor, Tensor, Tensor]:
     valid = top.values[..., :k] > float("-inf")
     ordered = torch.where(valid, top.indices[..., :k], n).sort(-1).values  # chunk order, the missing (n) last
     valid = ordered < n
-    chosen = summed.new_zeros(*summed.shape[:-1], n + 1, dtype=torch.bool).scatter_(-1, ordered, True)[..., :n]
+    chosen = summed.new_zeros(*summed.shape[:-1], n + 1, dtype=torch.bool).scatter_(-1, ordered, True)[..., :n] if mask else None
     return _spread((chosen, torch.where(valid, ordered, 0), valid), group)
 
 
@@ -72,7 +73,7 @@ def _choose_ties(summed: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
 
 def _spread(choice: tuple[Tensor, Tensor, Tensor], group: int) -> tuple[Tensor, Tensor, Tensor]:
     """A group's choice given to each of its heads."""
-    return choice if group == 1 else tuple(x.repeat_interleave(group, 2) for x in choice)
+    return choice if group == 1 else tuple(None if x is None else x.repeat_interleave(group, 2) for x in choice)
 
 
 def gather(sources: tuple[tuple[Tensor, ...], ...], index: Tensor, c: int) -> tuple[Tensor, ...]:

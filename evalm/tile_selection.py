@@ -35,9 +35,9 @@ def attend(call: TiledCall, g: TileGroup, sets: KeySets) -> Tensor:
     remote = [upcast(set_logits(q, k)).add_(m.unsqueeze(1)) for k, m in zip(sets.keys[sets.remote], masks[sets.remote])]
     remote = torch.cat(remote, -1) if remote else q.new_zeros(B, G, H, rows, 0, dtype=upcast(q[..., :0, :0]).dtype)
     back = None if call.select_shift is None else call.select_shift(q, -t.window_start(g.q_pos).view(G, 1, rows))
-    chosen, index, valid = _choice(call, sets, (q, back), remote)
+    index, valid = _choice(call, sets, (q, back), remote)
     kept = [] if t.select_only or not sets.n_vis else list(  # the chosen summaries leave: no mass counted twice
-        remote.masked_fill_(chosen, float("-inf")).split([k.shape[-2] for k in sets.keys[sets.remote]], -1))
+        _leave(remote, index, valid).split([k.shape[-2] for k in sets.keys[sets.remote]], -1))
     picked, picked_v = _picks(call, (q, back), index, valid)
     shared = [i for i in range(len(sets.keys)) if not sets.remote.start <= i < sets.remote.stop]
     if call.path.kernel:
@@ -61,19 +61,30 @@ def attend(call: TiledCall, g: TileGroup, sets: KeySets) -> Tensor:
     return out
 
 
-def _choice(call: TiledCall, sets: KeySets, readers: tuple, remote: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """`selection.choose` over the group's candidates, ranked by their summary logits `remote` (B, G, H, rows,
-    n_vis; −inf where not visible) or by Quest's bound (`select_by = "bound"` read by the query q; "window-bound":
-    the bounds of keys turned back to −c … −1, read by the query turned back by its window's start, `back`,
-    `EvaAttention._bound_keys`)."""
+def _leave(remote: Tensor, index: Tensor, valid: Tensor) -> Tensor:
+    """`remote` (…, n_vis) with the chosen summaries' logits at −inf, in place: −inf added at each valid index
+    (k a row; an invalid one adds 0, so it may share index 0 with a valid one), not a pass over n_vis."""
+    return remote.scatter_add_(-1, index, torch.zeros_like(index, dtype=remote.dtype).masked_fill_(valid, float("-inf")))
+
+
+def _choice(call: TiledCall, sets: KeySets, readers: tuple, remote: Tensor) -> tuple[Tensor, Tensor]:
+    """`selection.choose`'s indices and `valid` over the group's candidates, ranked by their summary logits
+    `remote` (B, G, H, rows, n_vis; −inf where not visible) or by Quest's bound (`select_by = "bound"` read by the
+    query q; "window-bound": the bounds of keys turned back to −c … −1, read by the query turned back by its
+    window's start, `back`, `EvaAttention._bound_keys`). The candidates are each row's first ones: the scores are
+    cut to the most any row has (a view), and masked only where rows differ."""
     t = call.t
     q, back = readers
-    candidate = torch.arange(sets.n_vis, device=q.device) < sets.candidates  # (G, rows, n_vis)
-    scores = remote
+    most = int(sets.candidates.max()) if sets.candidates.numel() else 0
+    scores = remote[..., :most]
     if t.by_bound:  # Quest's bound ranks the same candidates (evalm/selection.py)
         bound = selection.bound_scores(q if t.select_by == "bound" else back, call.entries.bounds or (), sets.n_vis)
-        scores = torch.where(remote > float("-inf"), upcast(bound), float("-inf"))
-    return selection.choose(scores.masked_fill(~candidate.unsqueeze(1), float("-inf")), t.select, t.select_group)
+        scores = torch.where(scores > float("-inf"), upcast(bound[..., :most]), float("-inf"))
+    if bool((sets.candidates < most).any()):
+        candidate = torch.arange(most, device=q.device) < sets.candidates  # (G, rows, most)
+        scores = scores.masked_fill(~candidate.unsqueeze(1), float("-inf"))
+    _, index, valid = selection.choose(scores, t.select, t.select_group, mask=False)
+    return index, valid
 
 
 def _picks(call: TiledCall, readers: tuple, index: Tensor, valid: Tensor) -> tuple[Tensor | None, Tensor | None]:
