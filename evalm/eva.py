@@ -213,7 +213,7 @@ class EvaAttention(HeadProjections):
         dropout = self.attn_dropout if self.training else 0.0
         seed = self._dropout_seed() if dropout > 0 else 0
         return dataclasses.replace(self.layout, dropout=dropout, seed=seed, group_logits=tiling.GROUP_LOGITS,
-                                   noise_seed=self._noise_seed())
+                                   noise_seed=self._noise_seed() if self.training else None)  # eval: no call, no graph break
 
     def _describe(self, q: Tensor, cache: Cache | None) -> tuple[tile_call.TilePlan, EvaCall]:
         """The query grid of this call and the facts that choose its path (q: (B, T, H, D))."""
