@@ -10,8 +10,9 @@ the few compiled ones, one per CPython) into a site folder with pip, offline, an
 out there for import as pyproject.toml maps it (`evalm` plus its floors, as links: no build, no
 setuptools). Every child runs with that folder first on PYTHONPATH.
 
-The evidence, OUT/<date>-<commit>/, committed as docs/runs/<date>-<commit>/ and read by
-`python -m evalm.launcher.gpu_tables` (docs/results.md, "EVA on a GPU"):
+The evidence, OUT/<date>-<commit>/ (with --pack also PACK/<date>-<commit>.tar.gz, rewritten after set-up and
+every section: scripts/device_run.sh packs into the run tool's $OUT), committed as docs/runs/<date>-<commit>/
+and read by `python -m evalm.launcher.gpu_tables` (docs/results.md, "EVA on a GPU"):
     env.json        device, driver, torch, CUDA, Triton, Python, host, the commit, and `sources`: the
                     git blob id of every .py and .toml file the run imported from (a commit is only a
                     claim; the blob ids prove the tree that ran was the commit's)
