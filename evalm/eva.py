@@ -166,10 +166,10 @@ class EvaAttention(HeadProjections):
     # inductor's generator, not torch's, so a compiled run would not draw what an eager one does, nor what
     # activation checkpointing replays.
     @torch.compiler.disable
-    def _noise_seed(self) -> int | None:
+    def _noise_seed(self) -> int:
         """A seed for the training noise ε of this forward (drawn from torch's RNG, so
-        `torch.manual_seed` and activation checkpointing replay it); None in eval: no ε."""
-        return int(torch.randint(0, 2**62, (1,))) if self.training else None
+        `torch.manual_seed` and activation checkpointing replay it); called in training only (`_tiling`)."""
+        return int(torch.randint(0, 2**62, (1,)))
 
     @torch.compiler.disable
     def _dropout_seed(self) -> int:

@@ -136,7 +136,8 @@ def _choose(x: Operands, g: Remote, q_g: Tensor, bounds: Tensor | None) -> Tenso
         scores = q @ upcast(x.rk[..., : g.end, :]).transpose(-1, -2)
     pos = torch.arange(g.r0, g.r1, device=q.device)
     candidate = torch.arange(g.end, device=q.device) < t.candidate_count(pos).unsqueeze(-1)  # (R, end)
-    _, index, valid = selection.choose(scores.masked_fill_(~candidate, float("-inf")).unsqueeze(1), t.select, t.select_group)
+    _, index, valid = selection.choose(scores.masked_fill_(~candidate, float("-inf")).unsqueeze(1), t.select, t.select_group,
+                                       mask=False)
     picks = q.new_full((*q.shape[:-1], t.select), -1, dtype=torch.long)
     picks[..., : index.shape[-1]] = torch.where(valid, index, -1).squeeze(1)  # fewer candidates than k
     return picks
